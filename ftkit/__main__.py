@@ -1,0 +1,3 @@
+from ftkit.cli import run
+
+run()

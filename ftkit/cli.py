@@ -1,0 +1,122 @@
+"""The ``ftkit`` command: the Typer root app and the error -> exit code mapping.
+
+Exit codes (DESIGN.md section 6): 0 clean, 1 findings, 2 usage / config / unreadable input,
+3 internal error. ``main`` is the console-script entry point: it runs the app without Click's
+standalone handling so that every exception is mapped here, once: ``FtkitError`` and Click
+usage errors print ``Error: <what>`` plus a hint (exit 2), anything else is an internal
+error (exit 3) whose traceback is shown only with ``--debug``.
+
+Subcommands live in ``ftkit.commands``; each module exposes ``register(app)``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Annotated, Optional, Sequence
+
+import typer
+
+try:  # typer >= 0.20 vendors click under typer._click
+    from typer._click import exceptions as _cx
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as _cx
+
+from ftkit import __version__
+from ftkit.errors import FtkitError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+app = typer.Typer(
+    name="ftkit",
+    help="Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="Exit codes: 0 clean, 1 findings, 2 usage or unreadable input, 3 internal error.",
+)
+
+_state = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"ftkit {__version__}\n")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    """Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct."""
+    _state["debug"] = debug
+
+
+def _register_commands() -> None:
+    from ftkit.commands import COMMAND_MODULES
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"ftkit.commands.{name}").register(app)
+
+
+_register_commands()
+
+
+def _error(message: str, hint: str | None = None) -> None:
+    sys.stderr.write(f"Error: {message}\n")
+    if hint:
+        sys.stderr.write(f"Hint: {hint}\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns (and, as a console script, exits with) the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        code = app(args=args, prog_name="ftkit", standalone_mode=False)
+        code = EXIT_OK if code is None else int(code)
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        _error("interrupted")
+        code = 130
+    except _cx.ClickException as exc:  # bad options: Click's own message, exit 2
+        if debug:
+            traceback.print_exc()
+        if type(exc).__name__ == "NoArgsIsHelpError":  # help was printed already
+            return EXIT_USAGE
+        ctx_help = ""
+        if isinstance(exc, _cx.UsageError) and exc.ctx is not None:
+            ctx_help = f"run '{exc.ctx.command_path} --help' for the options"
+        _error(exc.format_message(), ctx_help or None)
+        code = EXIT_USAGE
+    except FtkitError as exc:
+        if debug:
+            traceback.print_exc()
+        _error(exc.message, exc.hint)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        _error("interrupted")
+        code = 130
+    except BrokenPipeError:
+        code = EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the top-level handler of the CLI contract
+        if debug:
+            traceback.print_exc()
+        _error(f"internal error: {type(exc).__name__}: {exc}",
+               "this is a bug in ftkit; rerun with --debug for the traceback and report it")
+        code = EXIT_INTERNAL
+    return code
+
+
+def run() -> None:  # pragma: no cover - console script
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()
