@@ -31,6 +31,7 @@ app = typer.Typer(
     name="ftkit",
     help="Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct.",
     no_args_is_help=True,
+    add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},

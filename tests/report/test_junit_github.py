@@ -1,0 +1,55 @@
+"""JUnit XML and GitHub annotations rendered from findings."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+from ftkit.analysis.findings import FailOn, Finding, RuleSummary, Severity, sort_findings, verdict
+from ftkit.report import github, junit
+
+
+def _findings():
+    return [
+        Finding(code="FT109", rule="non-finite-metric", severity=Severity.warning, message="loss is NaN"),
+        Finding(code="FT101", rule="replica-divergence", severity=Severity.error, message="cell 2 differs, a:b",
+                evidence={"file": "events/x.jsonl", "line": 7}),
+    ]
+
+
+def test_junit_has_one_case_per_rule_and_failures(tmp_path):
+    rules = [RuleSummary(code="FT101", rule="replica-divergence", severity=Severity.error, checked=3, findings=1),
+             RuleSummary(code="FT102", rule="engine-weights", severity=Severity.error, checked=2)]
+    path = tmp_path / "r.xml"
+    junit.write_junit(path, "ftkit.test", rules, _findings())
+    suite = ET.parse(path).getroot().find("testsuite")
+    names = [tc.get("name") for tc in suite.findall("testcase")]
+    assert names == ["FT101 replica-divergence", "FT102 engine-weights", "FT109 non-finite-metric"]
+    assert suite.get("failures") == "1"
+    assert suite.findall("testcase")[0].find("failure").get("message") == "cell 2 differs, a:b"
+    assert suite.findall("testcase")[1].find("failure") is None
+
+
+def test_github_annotation_escapes_and_locates():
+    line = github.annotation(_findings()[1])
+    assert line == "::error file=events/x.jsonl,line=7,title=FT101 replica-divergence::cell 2 differs, a:b"
+    assert github.annotation(Finding(code="X", rule="r", severity=Severity.info, message="a\nb%")) \
+        == "::notice title=X r::a%0Ab%25"
+
+
+def test_step_summary_appends(tmp_path, monkeypatch):
+    target = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+    assert github.append_step_summary("# one")
+    assert github.append_step_summary(github.markdown_table(["a"], [["x|y"]]))
+    assert target.read_text() == "# one\n\n| a |\n|---|\n| x\\|y |\n\n"
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")
+    assert not github.append_step_summary("ignored")
+
+
+def test_fail_on_and_sorting():
+    fs = _findings()
+    assert [f.code for f in sort_findings(fs)] == ["FT101", "FT109"]
+    assert verdict(fs, FailOn.error) == "fail"
+    assert verdict(fs[:1], FailOn.error) == "pass"
+    assert verdict(fs[:1], FailOn.warning) == "fail"
+    assert verdict(fs, FailOn.never) == "pass"
