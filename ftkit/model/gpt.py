@@ -1,0 +1,141 @@
+"""Building the megatron-core GPT model of a preset, on CPU or CUDA.
+
+Contract:
+
+* ``init_local_parallel(device)`` makes this process a torch.distributed world of one
+  (a private ``HashStore``; gloo on CPU, nccl on CUDA) and initialises megatron's parallel
+  state with TP = PP = 1. Engines, the plain baseline loop and tests use it. It is a no-op
+  when a world already exists.
+* ``build_gpt(cfg, device)`` builds the ``GPTModel`` of ``cfg.model`` for the TP/PP layout
+  of megatron's *already initialised* parallel state. It is deterministic: the weights
+  depend on ``cfg.seed`` only. On CPU every weight is initialised through megatron's
+  CPU path (``use_cpu_initialization``), which draws the full master weight from the torch
+  generator and keeps this rank's slice, so a TP=2 cell holds exactly the slices of the
+  TP=1 model of the same seed. On CUDA with Transformer Engine the TE spec is used and its
+  init follows megatron's CUDA RNG tracker (seeded by ``model_parallel_cuda_manual_seed``).
+* ``configure_determinism(threads)`` is called by every rank before it builds or trains:
+  deterministic kernels and a fixed intra-op thread count (never derived from the host).
+
+Heavy imports (torch, megatron) stay inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftkit.model.presets import get_preset
+
+
+def configure_determinism(threads: int) -> None:
+    """Deterministic algorithms and exactly ``threads`` intra-op threads in this process."""
+    import os
+
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(threads)
+
+
+def init_local_parallel(device: str) -> None:
+    """Make this process a world of one and initialise megatron parallel state (TP=PP=1)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    if not dist.is_initialized():
+        backend = "nccl" if device == "cuda" else "gloo"
+        if device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+
+
+def _te_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def layer_spec(device: str) -> Any:
+    """The transformer-layer spec: Transformer Engine on CUDA when installed, else the local
+    spec with ``SDPAttention`` as core attention (works on CPU and CUDA)."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if device == "cuda" and _te_available():
+        return specs.get_gpt_layer_with_transformer_engine_spec()
+    from ftkit.model.attention import SDPAttention
+
+    spec = specs.get_gpt_layer_local_spec()
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def transformer_config(model: str, tp: int, pp: int, device: str) -> Any:
+    """The megatron ``TransformerConfig`` of preset ``model`` for a TP x PP layout."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    p = get_preset(model)
+    return TransformerConfig(
+        num_layers=p.num_layers,
+        hidden_size=p.hidden_size,
+        num_attention_heads=p.num_heads,
+        ffn_hidden_size=p.ffn_hidden_size,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        params_dtype=torch.float32,
+        use_cpu_initialization=not (device == "cuda" and _te_available()),
+        perform_initialization=True,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        deterministic_mode=True,
+        pipeline_dtype=torch.float32,
+    )
+
+
+def build_gpt(cfg: Any, device: str) -> Any:
+    """The deterministic ``GPTModel`` of ``cfg`` (a ``TrainConfig`` or its dict) on ``device``.
+
+    Megatron's parallel state must be initialised (by the cell's world or
+    ``init_local_parallel``). The model has no witness; see ``ftkit.train.witness``.
+    """
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt import GPTModel
+
+    from ftkit.train.config import TrainConfig
+
+    if isinstance(cfg, dict):
+        cfg = TrainConfig.model_validate(cfg)
+    p = get_preset(cfg.model)
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    pp = parallel_state.get_pipeline_model_parallel_world_size()
+    torch.manual_seed(cfg.seed)
+    if device == "cuda":
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        torch.cuda.manual_seed(cfg.seed)
+        model_parallel_cuda_manual_seed(cfg.seed)
+    model = GPTModel(
+        config=transformer_config(cfg.model, tp, pp, device),
+        transformer_layer_spec=layer_spec(device),
+        vocab_size=p.vocab_size,
+        max_sequence_length=p.max_seq_len,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="learned_absolute",
+    )
+    return model.to(device)

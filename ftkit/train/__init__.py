@@ -1,0 +1,1 @@
+"""Training: config, driver, cells, rank worker, micro-shards, exact reduction, witness, engines."""

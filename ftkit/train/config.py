@@ -1,0 +1,147 @@
+"""The typed configuration of ``ftkit train`` (``TrainConfig``).
+
+One pydantic model, ``extra="forbid"``, shared by the command (options, ``--config FILE``,
+``--print-config``), the driver and every rank worker (which receives it as a plain dict via
+``model_dump()``). Validation gives one clear line per bad value or bad combination;
+``load_config`` turns a pydantic ``ValidationError`` into ``ftkit.errors.ConfigError`` (exit 2).
+
+The batch geometry is fixed here: a rollout of ``samples_per_rollout`` samples is trained in
+``steps_per_rollout`` optimizer steps of ``step_samples`` samples, each cut into
+``micro_shards`` micro-shards of ``shard_samples`` samples. A micro-shard is the unit of work a
+cell computes, so there must be at least as many micro-shards as cells.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ftkit.errors import ConfigError
+
+DUMP_WHAT = ("activations", "grads", "weights")
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run needs to be reproduced (recorded in ``run.json``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    out: Path = Field(Path("runs/train"), description="Run directory to create.")
+    overwrite: bool = Field(False, description="Replace an existing run directory.")
+    cells: int = Field(2, ge=1, le=64, description="Independent model replicas (cells).")
+    tp: int = Field(1, ge=1, le=8, description="Tensor-parallel ranks per cell.")
+    pp: int = Field(1, ge=1, le=8, description="Pipeline-parallel ranks per cell.")
+    engines: int = Field(1, ge=1, le=16, description="Inference engine actors.")
+    rollouts: int = Field(3, ge=1, description="Rollouts to train.")
+    steps_per_rollout: int = Field(2, ge=1, description="Optimizer steps per rollout.")
+    samples_per_rollout: int = Field(32, ge=1, description="Samples (prompt+response) per rollout.")
+    group_size: int = Field(4, ge=1, description="Responses per prompt (advantage group).")
+    micro_shards: int = Field(8, ge=1, description="Micro-shards per optimizer step.")
+    model: Literal["tiny", "small"] = Field("tiny", description="Model preset.")
+    seed: int = Field(0, ge=0, description="Seed of init, sampling and every RNG stream.")
+    reduce: Literal["exact", "float"] = Field(
+        "exact", description="exact: int64 fixed-point reduction (membership invariant); "
+        "float: plain float all-reduce (faster, not invariant).")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available.")
+    ray_address: str | None = Field(None, description="Join this Ray cluster instead of a local one.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    threads_per_rank: int = Field(1, ge=1, le=64, description="torch intra-op threads per rank.")
+    response_len: int = Field(8, ge=1, description="Generated tokens per response.")
+    dump_rollouts: str = Field(
+        "first,last", description="Rollouts to dump: 'none', 'all', or a comma list of "
+        "'first', 'last' and rollout indices.")
+    dump_what: tuple[Literal["activations", "grads", "weights"], ...] = Field(
+        DUMP_WHAT, description="What dumps hold.")
+    dump_cells: Literal["first", "all"] = Field(
+        "first", description="Replicated state dumped by the first live cell, or by all cells.")
+    bookkeeping: bool = Field(
+        True, description="False turns off fingerprints, witness and exact reduction (overhead bench).")
+
+    @field_validator("dump_rollouts")
+    @classmethod
+    def _check_dump_rollouts(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v in ("none", "all"):
+            return v
+        for part in v.split(","):
+            part = part.strip()
+            if part not in ("first", "last") and not (part.isdigit()):
+                raise ValueError(f"{part!r} is not 'first', 'last' or a rollout index")
+        return v
+
+    @model_validator(mode="after")
+    def _check_geometry(self) -> "TrainConfig":
+        K, M, B = self.steps_per_rollout, self.micro_shards, self.samples_per_rollout
+        if B % (K * M):
+            raise ValueError(
+                f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards "
+                f"({K} * {M} = {K * M})")
+        if M < self.cells:
+            raise ValueError(f"micro_shards ({M}) must be at least cells ({self.cells})")
+        if B % self.group_size:
+            raise ValueError(f"samples_per_rollout ({B}) must be divisible by group_size ({self.group_size})")
+        from ftkit.model.presets import get_preset
+
+        preset = get_preset(self.model)
+        if preset.num_heads % self.tp:
+            raise ValueError(f"tp ({self.tp}) must divide the {self.model} model's heads ({preset.num_heads})")
+        if preset.vocab_size % self.tp:
+            raise ValueError(f"tp ({self.tp}) must divide the vocabulary ({preset.vocab_size})")
+        if preset.num_layers % self.pp:
+            raise ValueError(f"pp ({self.pp}) must divide the {self.model} model's layers ({preset.num_layers})")
+        if self.response_len >= preset.max_seq_len // 2:
+            raise ValueError(
+                f"response_len ({self.response_len}) must be below half the {self.model} model's "
+                f"sequence length ({preset.max_seq_len})")
+        if self.device == "cpu" and self.pp > 1:
+            raise ValueError("pp > 1 needs --device cuda (megatron pipeline schedules need CUDA)")
+        if not self.bookkeeping and self.reduce == "exact":
+            # bookkeeping off means the plain float path; say so rather than silently ignore.
+            raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
+        return self
+
+    # --- derived geometry -------------------------------------------------------------
+    @property
+    def step_samples(self) -> int:
+        """Samples per optimizer step (B / K)."""
+        return self.samples_per_rollout // self.steps_per_rollout
+
+    @property
+    def shard_samples(self) -> int:
+        """Samples per micro-shard (B / (K * M))."""
+        return self.step_samples // self.micro_shards
+
+    def resolved_device(self) -> str:
+        """``cpu`` or ``cuda``; ``auto`` picks cuda when torch sees a GPU (imports torch)."""
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def dumps_rollout(self, rollout: int) -> bool:
+        """Whether rollout ``rollout`` (0-based) is dumped according to ``dump_rollouts``."""
+        if self.dump_rollouts == "none":
+            return False
+        if self.dump_rollouts == "all":
+            return True
+        wanted: set[int] = set()
+        for part in self.dump_rollouts.split(","):
+            part = part.strip()
+            wanted.add(0 if part == "first" else self.rollouts - 1 if part == "last" else int(part))
+        return rollout in wanted
+
+
+def load_config(values: dict[str, Any]) -> TrainConfig:
+    """Validate ``values`` into a ``TrainConfig``; any problem is a one-line ``ConfigError``."""
+    try:
+        return TrainConfig.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = str(err.get("msg", "invalid value"))
+        msg = msg.removeprefix("Value error, ")
+        raise ConfigError(f"{loc}: {msg}" if loc else msg,
+                          hint="Fix the option or the --config file; --print-config shows the values in use.") from None
