@@ -1,0 +1,180 @@
+"""Cross-cell gradient reduction: exact int64 fixed point (membership invariant) or plain float.
+
+Every rank position (tp, pp) of every live cell holds, for each of its micro-shards, that
+micro-shard's gradient of every local tensor, as one row of a ``[shards, numel]`` float32
+buffer laid out by a ``GradLayout``. ``reduce_exact`` turns them into the sum over *all*
+micro-shards of the step, bitwise identical whatever the alive set and whichever cell
+computed which micro-shard:
+
+1. per tensor, the exponent ``e`` with ``max|g_m| < 2**e`` over the cell's micro-shards;
+   all-reduce MAX across cells -> the exponent over all ``M`` micro-shards (partition free);
+   a non-finite flag rides in the same collective;
+2. ``scale = 2**(61 - e - ceil(log2 M))``; each micro-shard becomes
+   ``q_m = round(g_m * scale)`` in float64 (exact: a power-of-two scale of a float32) then
+   int64; ``|q_m| <= 2**61 / M``, so no sum of ``M`` of them can leave int64 (no wrap, by
+   construction);
+3. integer sum of the cell's ``q_m``, int64 all-reduce SUM across cells (integer addition
+   is associative: any grouping, any order gives the same integer);
+4. ``(sum / scale)`` in float64, then float32.
+
+A non-finite gradient anywhere, or a sum that does not fit float32, is a collective
+decision: every cell sees the same flags and the same integers, so every cell returns
+``None`` together (the step is discarded, never committed).
+
+``reduce_float`` sums the cell's micro-shards in float32 and all-reduces SUM in float32: fast,
+but the bits depend on the grouping (not invariant).
+
+``CrossCellGroup`` is the per-rank-position group over the alive cells, built directly on a
+``PrefixStore(f"xcell/e{epoch}/r{rank}", store)`` (gloo on CPU, NCCL on CUDA): it is outside
+the cell's own torch.distributed world, so ``new_group`` cannot make it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+# Exponent of an all-zero tensor: below any float32 exponent, so MAX ignores it.
+ZERO_EXPONENT = -(1 << 20)
+# int64 headroom: |q| <= 2**(INT_BITS - ceil(log2 M)), so a sum of M values stays < 2**62.
+INT_BITS = 61
+
+AllReduce = Callable[[Any, str], None]   # allreduce(tensor, "sum" | "max"), in place, across cells
+
+
+@dataclass(frozen=True)
+class GradLayout:
+    """Where each tensor lives in a flat gradient row: ``names[i]`` at ``offsets[i]``, ``shapes[i]``."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    numel: int
+
+    @classmethod
+    def of(cls, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> "GradLayout":
+        names, shapes, offsets, off = [], [], [], 0
+        for name, shape in named_shapes:
+            n = 1
+            for d in shape:
+                n *= int(d)
+            names.append(name)
+            shapes.append(tuple(int(d) for d in shape))
+            offsets.append(off)
+            off += n
+        return cls(tuple(names), tuple(shapes), tuple(offsets), off)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of each tensor in a flat row."""
+        ends = list(self.offsets[1:]) + [self.numel]
+        return list(zip(self.offsets, ends))
+
+    def unflatten(self, flat: Any) -> dict[str, Any]:
+        """Views of a flat ``[numel]`` tensor as ``{name: tensor of its shape}``."""
+        return {n: flat[a:b].view(s) for n, s, (a, b) in zip(self.names, self.shapes, self.segments())}
+
+
+def _ceil_log2(m: int) -> int:
+    return (m - 1).bit_length()
+
+
+def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: AllReduce) -> Any | None:
+    """Exact sum over all micro-shards of the step: a float32 ``[numel]`` tensor, or ``None``.
+
+    ``shards`` is this cell's ``[k, numel]`` float32 buffer (k >= 1 micro-shards);
+    ``total_shards`` is ``M`` of the config (the same on every cell). Collective: every cell
+    of the group must call it for the same step with the same layout. Returns ``None`` on
+    every cell when any gradient is non-finite or the sum overflows float32.
+    """
+    import torch
+
+    segs = layout.segments()
+    amax = shards.abs().amax(dim=0) if shards.shape[0] > 1 else shards[0].abs()
+    head = torch.empty(len(segs) + 1, dtype=torch.int64)
+    finite = bool(torch.isfinite(amax).all())
+    for i, (a, b) in enumerate(segs):
+        top = amax[a:b].max() if b > a else amax.new_zeros(())
+        # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| < 2**exp.
+        head[i] = int(torch.frexp(top).exponent) if finite and top > 0 else ZERO_EXPONENT
+    head[-1] = 0 if finite else 1
+    allreduce(head, "max")
+    if int(head[-1]):
+        return None
+
+    log_m = _ceil_log2(total_shards)
+    q = torch.zeros(layout.numel, dtype=torch.int64)
+    shifts = []
+    for i, (a, b) in enumerate(segs):
+        e = int(head[i])
+        if e == ZERO_EXPONENT:
+            shifts.append(None)
+            continue
+        k = INT_BITS - e - log_m
+        shifts.append(k)
+        scaled = torch.ldexp(shards[:, a:b].double(), torch.tensor(k, dtype=torch.float64))
+        q[a:b] = torch.round(scaled).to(torch.int64).sum(dim=0)
+    allreduce(q, "sum")
+
+    out = torch.zeros(layout.numel, dtype=torch.float32)
+    for (a, b), k in zip(segs, shifts):
+        if k is not None:
+            out[a:b] = torch.ldexp(q[a:b].double(), torch.tensor(-k, dtype=torch.float64)).float()
+    if not bool(torch.isfinite(out).all()):
+        return None  # the float32 sum overflowed: same integers everywhere, same decision
+    return out
+
+
+def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:
+    """Float32 sum of the cell's micro-shards, float all-reduce SUM; ``None`` if non-finite.
+
+    Not membership invariant (float addition is not associative). The finiteness decision
+    is collective: all cells see the same all-reduced sum.
+    """
+    local = shards.sum(dim=0) if shards.dim() == 2 else shards
+    local = local.contiguous()
+    allreduce(local, "sum")
+    import torch
+
+    return local if bool(torch.isfinite(local).all()) else None
+
+
+class CrossCellGroup:
+    """The process group of one rank position (tp, pp) across the alive cells of an epoch.
+
+    ``alive`` is the set of live cells; this cell's rank in the group is its index in the
+    sorted alive list. On CPU a ``ProcessGroupGloo``; on CUDA a ``ProcessGroupNCCL`` and
+    tensors are moved to the device for the collective.
+    """
+
+    def __init__(self, store: Any, epoch: int, rank: int, cell: int, alive: Sequence[int],
+                 device: str = "cpu", timeout_s: float = 300.0) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        members = sorted(set(alive))
+        if cell not in members:
+            raise ValueError(f"cell {cell} is not in the alive set {members}")
+        self.members = members
+        self.device = device
+        prefixed = dist.PrefixStore(f"xcell/e{epoch}/r{rank}", store)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if device == "cuda":
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, members.index(cell), len(members), opts)
+        else:
+            self.pg = dist.ProcessGroupGloo(prefixed, members.index(cell), len(members), timeout)
+
+    def allreduce(self, tensor: Any, op: str) -> None:
+        """In-place all-reduce of ``tensor`` with ``op`` ("sum" or "max") across the group."""
+        import torch.distributed as dist
+
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        if self.device == "cuda":
+            dev = tensor.cuda()
+            self.pg.allreduce([dev], opts).wait()
+            tensor.copy_(dev.cpu())
+        else:
+            self.pg.allreduce([tensor], opts).wait()

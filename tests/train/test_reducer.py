@@ -1,0 +1,118 @@
+"""Exact reduction: the same bits for any alive set and any grouping, over real gloo groups.
+
+Three spawned processes play cells 1, 4 and 7; each scenario is a different alive set, run
+over a real ``CrossCellGroup`` (ProcessGroupGloo on a PrefixStore of a loopback TCPStore the
+test hosts, like the driver does). Each process writes its reduced gradient to a .npy file.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ftkit.train.microshards import assign
+from ftkit.train.reducer import CrossCellGroup, GradLayout, reduce_exact, reduce_float
+
+M = 6
+LAYOUT = GradLayout.of([("w", (5, 3)), ("b", (7,)), ("zero", (2, 2)), ("tiny", (3,))])
+CELLS = [1, 4, 7]
+# (name, alive, reverse local rows, micro-shard holding a NaN)
+SCENARIOS = [
+    ("one", [4], False, None),
+    ("two", [1, 7], False, None),
+    ("three", [1, 4, 7], False, None),
+    ("three_reversed", [7, 4, 1], True, None),
+    ("nan", [1, 4], False, 4),
+]
+
+
+def shard_grad(m: int, nan_shard=None) -> torch.Tensor:
+    """Micro-shard m's gradient row: mixed magnitudes, a zero tensor, a subnormal-ish tensor."""
+    g = torch.Generator().manual_seed(1000 + m)
+    row = torch.randn(LAYOUT.numel, generator=g, dtype=torch.float32)
+    mags = torch.pow(10.0, torch.empty(LAYOUT.numel).uniform_(-6, 3, generator=g))
+    row = row * mags
+    views = LAYOUT.unflatten(row)
+    views["zero"].zero_()
+    views["tiny"].mul_(1e-30)
+    if m == nan_shard:
+        row[2] = float("nan")
+    return row
+
+
+def _cell_proc(index: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    cell = CELLS[index]
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    for epoch, (name, alive, reverse, nan_shard) in enumerate(SCENARIOS):
+        if cell not in alive:
+            continue
+        group = CrossCellGroup(store, epoch=epoch, rank=0, cell=cell, alive=alive)
+        mine = assign(M, alive)[cell]
+        if reverse:
+            mine = mine[::-1]
+        shards = torch.stack([shard_grad(m, nan_shard) for m in mine])
+        out = reduce_exact(shards, LAYOUT, M, group.allreduce)
+        result = np.array([]) if out is None else out.numpy()
+        np.save(f"{out_dir}/{name}_cell{cell}.npy", result)
+        fl = reduce_float(shards.clone(), group.allreduce)
+        np.save(f"{out_dir}/{name}_float_cell{cell}.npy", np.array([]) if fl is None else fl.numpy())
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("reduce")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mp.start_processes(_cell_proc, args=(store.port, str(out_dir)), nprocs=len(CELLS),
+                       start_method="spawn", join=True)
+    return out_dir
+
+
+def _load(out_dir, name, cell):
+    return np.load(out_dir / f"{name}_cell{cell}.npy")
+
+
+def test_exact_reduction_is_bitwise_identical_for_any_alive_set_and_order(reduced):
+    ref = _load(reduced, "one", 4)
+    assert ref.shape == (LAYOUT.numel,) and ref.dtype == np.float32
+    for name, alive, _, nan_shard in SCENARIOS:
+        if nan_shard is not None:
+            continue
+        for cell in alive:
+            got = _load(reduced, name, cell)
+            assert got.tobytes() == ref.tobytes(), f"{name} on cell {cell} differs from one cell"
+
+
+def test_exact_reduction_equals_the_true_sum_to_float32_rounding(reduced):
+    exact = sum(shard_grad(m).double() for m in range(M))
+    got = torch.from_numpy(_load(reduced, "three", 1)).double()
+    views = LAYOUT.unflatten(got)
+    assert torch.count_nonzero(views["zero"]) == 0
+    assert torch.count_nonzero(views["tiny"]) == 3    # tiny magnitudes survive the scale
+    assert torch.allclose(got, exact, rtol=1e-6, atol=0)
+
+
+def test_a_nonfinite_gradient_is_refused_by_every_cell_together(reduced):
+    for cell in (1, 4):
+        assert _load(reduced, "nan", cell).size == 0            # None: the step is discarded
+        assert np.load(reduced / f"nan_float_cell{cell}.npy").size == 0
+
+
+def test_float_reduction_is_the_float_sum(reduced):
+    exact = sum(shard_grad(m).double() for m in range(M))
+    for cell in (1, 4, 7):
+        got = torch.from_numpy(np.load(reduced / f"three_float_cell{cell}.npy")).double()
+        assert torch.allclose(got, exact, rtol=1e-5, atol=1e-12)
+
+
+def test_reduce_exact_single_process_identity_group_matches_local_sum():
+    shards = torch.stack([shard_grad(m) for m in range(M)])
+    out = reduce_exact(shards, LAYOUT, M, lambda t, op: None)
+    exact = shards.double().sum(0)
+    assert torch.allclose(out.double(), exact, rtol=1e-6, atol=0)
+
+
+def test_reduce_exact_refuses_a_float32_overflow_of_the_sum():
+    shards = torch.full((2, LAYOUT.numel), 3.0e38, dtype=torch.float32)
+    assert reduce_exact(shards, LAYOUT, 2, lambda t, op: None) is None
