@@ -1,0 +1,318 @@
+"""The event log schema: one pydantic model per event type, one discriminated union on ``type``.
+
+The event log is a public, versioned contract (schema 1): external tools write and read it, so
+the field names below never change; new fields and new types may be added. Every line is one
+JSON object carrying the envelope (:class:`Envelope`) plus the fields of its type. Models allow
+extra fields (forward compatibility); readers skip unknown types with a warning.
+
+``parse_event(obj)`` validates one decoded line fully (the analyzer does this lazily, only for
+lines its fast path rejects); ``schema_markdown()`` renders ``docs/event-schema.md``
+deterministically from the models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+SCHEMA = 1
+Role = Literal["driver", "trainer", "engine", "tool"]
+CellStatus = Literal["pending", "starting", "alive", "errored", "stopped"]
+Hex = Annotated[str, Field(description="lowercase hex digest")]
+
+
+class Source(BaseModel):
+    """Who wrote the line: one process incarnation (one file under ``events/``)."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Role = Field(description="driver, trainer (a rank), engine or tool")
+    cell: Optional[int] = Field(description="cell index, null for the driver / tools")
+    rank: Optional[int] = Field(description="rank inside the cell, null outside trainers")
+    incarnation: int = Field(description="restart count of this (role, cell, rank), from 0")
+    pid: int = Field(description="process id")
+    host: str = Field(description="host name")
+
+
+class Envelope(BaseModel):
+    """Fields on every line."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+    schema_: Literal[1] = Field(alias="schema", description="schema version of the line (1)")
+    type: str = Field(description="event type (the discriminator)")
+    run: str = Field(description="run name")
+    time: float = Field(description="unix seconds when the line was written")
+    source: Source = Field(description="the writing process incarnation")
+    seq: int = Field(ge=0, description="from 0 per source incarnation, without gaps")
+
+
+class RunStarted(Envelope):
+    """The driver started a run."""
+
+    type: Literal["run_started"]
+    config: dict[str, Any] = Field(description="the full training configuration")
+    num_cells: int = Field(description="cells requested")
+    tp: int = Field(description="tensor-parallel size inside a cell")
+    pp: int = Field(description="pipeline-parallel size inside a cell")
+    num_engines: int = Field(description="inference engines")
+    ftkit_version: str = Field(description="version of ftkit that wrote the run")
+
+
+class RunFinished(Envelope):
+    """The driver finished a run; nothing may be logged after it."""
+
+    type: Literal["run_finished"]
+    status: Literal["completed", "failed", "interrupted"] = Field(description="how the run ended")
+    reason: Optional[str] = Field(default=None, description="why, for failed / interrupted runs")
+
+
+class CellStateEvent(Envelope):
+    """A cell changed state in the driver's state machine."""
+
+    type: Literal["cell_state"]
+    cell: int = Field(description="the cell")
+    old: CellStatus = Field(description="previous state")
+    new: CellStatus = Field(description="new state")
+    reason: Optional[str] = Field(default=None, description="why it changed")
+
+
+class Reconfigure(Envelope):
+    """The cross-cell groups were rebuilt for a new alive set (a new epoch)."""
+
+    type: Literal["reconfigure"]
+    epoch: int = Field(description="the new epoch; steps of this membership carry it")
+    alive_before: list[int] = Field(description="alive cells of the previous epoch")
+    alive_after: list[int] = Field(description="alive cells of the new epoch")
+    reason: Optional[str] = Field(default=None, description="why")
+
+
+class StepOutcome(Envelope):
+    """What one rank of one cell did with one attempt of an optimizer step."""
+
+    type: Literal["step_outcome"]
+    rollout: int = Field(description="rollout index")
+    step: int = Field(description="run-global optimizer step (a retry keeps it)")
+    attempt: int = Field(description="attempt of this step, from 0")
+    epoch: int = Field(description="membership epoch the attempt ran in")
+    cell: int = Field(description="the cell")
+    rank: Optional[int] = Field(default=None, description="rank in the cell (default: source.rank)")
+    outcome: Literal["committed", "discarded", "failed"] = Field(description="the result")
+    micro_shards: list[int] = Field(description="micro-shards this cell computed")
+
+
+class StateFingerprint(Envelope):
+    """Fingerprint of one rank's full state after a committed step."""
+
+    type: Literal["state_fingerprint"]
+    rollout: int = Field(description="rollout index")
+    step: int = Field(description="run-global optimizer step")
+    attempt: int = Field(description="the committed attempt")
+    cell: int = Field(description="the cell")
+    rank: Optional[int] = Field(default=None, description="rank in the cell (default: source.rank)")
+    total: Hex = Field(description="order-independent fingerprint of params and optimizer state")
+    params: dict[str, Hex] = Field(description="fingerprint per parameter")
+    optimizer: dict[str, Hex] = Field(description="fingerprint per optimizer state tensor")
+
+
+class WitnessAllocated(Envelope):
+    """Witness ids allocated to a rollout's samples."""
+
+    type: Literal["witness_allocated"]
+    rollout: int = Field(description="rollout index")
+    attempt: int = Field(description="allocation attempt (the latest one counts)")
+    ids: list[int] = Field(description="one id per sample, in sample order")
+    expected: int = Field(description="count each id must reach over the rollout (usually 1)")
+
+
+class WitnessCounts(Envelope):
+    """Per-sample witness counts read from one step attempt's reduced gradient."""
+
+    type: Literal["witness_counts"]
+    rollout: int = Field(description="rollout index")
+    step: int = Field(description="run-global optimizer step")
+    attempt: int = Field(description="attempt of the step")
+    cell: int = Field(description="the reporting cell (every cell sees the same global counts)")
+    rank: Optional[int] = Field(default=None, description="reporting rank (default: source.rank)")
+    ids: list[int] = Field(description="witness ids with a non-zero count")
+    counts: list[int] = Field(description="count per id")
+    contributions: list[float] = Field(description="loss contribution channel per id")
+
+
+class WeightsSent(Envelope):
+    """The driver pushed a weights version to the engines."""
+
+    type: Literal["weights_sent"]
+    rollout: int = Field(description="rollout index")
+    version: int = Field(description="weights version")
+    total: Hex = Field(description="fingerprint of the weights sent")
+    params: dict[str, Hex] = Field(description="fingerprint per parameter")
+
+
+class EngineWeights(Envelope):
+    """An inference engine reports what it loaded."""
+
+    type: Literal["engine_weights"]
+    rollout: int = Field(description="rollout index")
+    version: int = Field(description="weights version loaded")
+    engine: int = Field(description="engine index")
+    total: Hex = Field(description="fingerprint of the loaded weights")
+    params: dict[str, Hex] = Field(description="fingerprint per parameter")
+
+
+class Metric(Envelope):
+    """Scalar metrics of a step (loss, grad_norm, reward, ...)."""
+
+    type: Literal["metric"]
+    rollout: int = Field(description="rollout index")
+    step: Optional[int] = Field(description="run-global optimizer step (null: per rollout)")
+    values: dict[str, Optional[float]] = Field(description="name -> value (NaN / Infinity literals allowed)")
+
+
+class FaultInjected(Envelope):
+    """A fault was injected on purpose (fault schedule)."""
+
+    type: Literal["fault_injected"]
+    kind: str = Field(description="what was injected (kill, exception, nonfinite, ...)")
+    point: str = Field(description="where in the step it struck")
+    cell: Optional[int] = Field(description="target cell")
+    rank: Optional[int] = Field(description="target rank")
+    rollout: Optional[int] = Field(description="rollout index")
+    step: Optional[int] = Field(description="run-global optimizer step")
+
+
+class Heal(Envelope):
+    """A restarted cell received the full state from a live donor."""
+
+    type: Literal["heal"]
+    cell: int = Field(description="the healed cell")
+    donor: int = Field(description="the donor cell")
+    epoch: int = Field(description="epoch the healed cell joins")
+    bytes: int = Field(description="state bytes transferred")
+    seconds: dict[str, float] = Field(description="phase -> seconds")
+    total: Hex = Field(description="fingerprint of the state the healed cell holds")
+    donor_total: Hex = Field(description="fingerprint of the donor's state")
+
+
+class GradNonfinite(Envelope):
+    """A rank found a non-finite gradient (the step is discarded)."""
+
+    type: Literal["grad_nonfinite"]
+    rollout: int = Field(description="rollout index")
+    step: int = Field(description="run-global optimizer step")
+    cell: int = Field(description="the cell")
+    rank: Optional[int] = Field(description="the rank")
+    where: str = Field(description="which tensor or stage")
+
+
+class CheckpointPublished(Envelope):
+    """A checkpoint was published (its manifest written)."""
+
+    type: Literal["checkpoint_published"]
+    step: int = Field(description="run-global optimizer step of the checkpoint")
+    path: str = Field(description="checkpoint directory")
+    kind: Literal["latest", "best", "ema"] = Field(description="which slot")
+    metric: Optional[float] = Field(description="the ranking metric")
+    manifest_sha256: str = Field(description="sha256 of MANIFEST.json")
+    guard_from_step: int = Field(description="first step of the finiteness guard interval")
+    guard_to_step: int = Field(description="last step of the finiteness guard interval")
+
+
+class CheckpointRejected(Envelope):
+    """A checkpoint was not published (guard or verification failed)."""
+
+    type: Literal["checkpoint_rejected"]
+    step: int = Field(description="run-global optimizer step")
+    kind: str = Field(description="which slot")
+    reason: str = Field(description="why")
+
+
+class DumpWritten(Envelope):
+    """A tensor dump file was written."""
+
+    type: Literal["dump_written"]
+    rollout: int = Field(description="rollout index")
+    phase: str = Field(description="dump phase")
+    path: str = Field(description="safetensors file")
+    tensors: int = Field(description="tensors in the file")
+    bytes: int = Field(description="file size")
+
+
+class EventsDropped(Envelope):
+    """The writer could not write some lines (reported on close; the seq gap shows where)."""
+
+    type: Literal["events_dropped"]
+    count: int = Field(description="lines that could not be written")
+    last_error: str = Field(description="the last error")
+
+
+EVENT_MODELS: tuple[type[Envelope], ...] = (
+    RunStarted, RunFinished, CellStateEvent, Reconfigure, StepOutcome, StateFingerprint,
+    WitnessAllocated, WitnessCounts, WeightsSent, EngineWeights, Metric, FaultInjected, Heal,
+    GradNonfinite, CheckpointPublished, CheckpointRejected, DumpWritten, EventsDropped,
+)
+EVENT_TYPES: dict[str, type[Envelope]] = {
+    m.model_fields["type"].annotation.__args__[0]: m for m in EVENT_MODELS  # type: ignore[union-attr]
+}
+Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
+
+
+def parse_event(obj: Any) -> Envelope:
+    """Validate one decoded line; raises ``pydantic.ValidationError`` (unknown types included)."""
+    return _ADAPTER.validate_python(obj)
+
+
+def _type_name(ann: Any) -> str:
+    """A short, table-safe rendering of a field annotation (``[int]``, ``{str: hex}``, ``int or null``)."""
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin is Literal:
+        return " or ".join(f"`{a}`" for a in args)
+    if origin is Union:
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names + (["null"] if type(None) in args else []))
+    if origin is list:
+        return f"[{_type_name(args[0])}]"
+    if origin is dict:
+        return f"{{{_type_name(args[0])}: {_type_name(args[1])}}}"
+    if ann is Any:
+        return "any"
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return "object"
+    return getattr(ann, "__name__", str(ann))
+
+
+def schema_markdown() -> str:
+    """The reference page ``docs/event-schema.md`` (deterministic: model order, field order)."""
+    lines = [
+        "# Event log schema (version 1)",
+        "",
+        "<!-- generated from ftkit/events/schema.py; do not edit -->",
+        "",
+        "One JSON object per line, UTF-8. Files live under `events/`, one per process incarnation",
+        "(`<role>[-c<cell>][-r<rank>]-i<incarnation>.jsonl`, optionally gzipped). Field names are a",
+        "public contract: fields and types may be added, never renamed. Non-finite floats are the",
+        "`NaN` / `Infinity` / `-Infinity` literals Python's json module writes. Readers skip unknown",
+        "types with a warning. `step` is the run-global optimizer step (a retried step keeps its",
+        "number and raises `attempt`); `rollout` is the rollout index.",
+        "",
+        "## Envelope (every line)",
+        "",
+        "| field | type | meaning |",
+        "|---|---|---|",
+    ]
+    for name, f in Envelope.model_fields.items():
+        lines.append(f"| `{f.alias or name}` | {_type_name(f.annotation)} | {f.description} |")
+    lines += ["", "`source`:", "", "| field | type | meaning |", "|---|---|---|"]
+    for name, f in Source.model_fields.items():
+        lines.append(f"| `{name}` | {_type_name(f.annotation)} | {f.description} |")
+    for type_name, model in EVENT_TYPES.items():
+        lines += ["", f"## `{type_name}`", "", (model.__doc__ or "").strip(), "",
+                  "| field | type | required | meaning |", "|---|---|---|---|"]
+        for name, f in model.model_fields.items():
+            if name in Envelope.model_fields:
+                continue
+            req = "yes" if f.is_required() else "no"
+            lines.append(f"| `{name}` | {_type_name(f.annotation)} | {req} | {f.description} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,198 @@
+"""``EventWriter``: one append-only JSONL file per process incarnation (invariant I5).
+
+Contract:
+
+- The file is ``<events_dir>/<role>[-c<cell>][-r<rank>]-i<incarnation>.jsonl``. It is opened
+  with ``O_APPEND | O_CREAT`` and never truncated; ``incarnation=None`` claims the next free
+  incarnation for (role, cell, rank) atomically (``O_EXCL``), so a restarted process never
+  writes over its predecessor. Reopening an existing incarnation appends and continues its
+  ``seq`` after the last complete line.
+- ``emit`` writes one whole line with a single ``write`` system call (so the line is in the
+  kernel when ``emit`` returns: "flushed per line"); ``sync`` fsyncs (call it at step
+  boundaries); ``close`` fsyncs and closes. All three are thread-safe.
+- The writer never raises into training: anything that fails (serialisation, a full disk, a
+  closed file) increments ``dropped`` and keeps ``last_error``. Every emit consumes a ``seq``
+  even when its line is lost, so the gap is visible to ``analyze-events`` (FT111); ``close``
+  also writes an ``events_dropped`` line when anything was dropped.
+- ``emit`` validates nothing (it is called per step on the hot path); the analyzer validates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ftkit.events.schema import SCHEMA
+
+log = logging.getLogger("ftkit.events")
+
+
+def file_stem(role: str, cell: Optional[int], rank: Optional[int]) -> str:
+    """The file name prefix of a (role, cell, rank): ``trainer-c0-r1``, ``driver``."""
+    stem = role
+    if cell is not None:
+        stem += f"-c{cell}"
+    if rank is not None:
+        stem += f"-r{rank}"
+    return stem
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):  # numpy / torch scalars and arrays
+        return obj.tolist()
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if hasattr(obj, "__fspath__"):
+        return os.fspath(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+class EventWriter:
+    """Append events of one process incarnation to its own file under ``events_dir``."""
+
+    def __init__(self, events_dir: str | os.PathLike[str], run: str, role: str,
+                 cell: Optional[int] = None, rank: Optional[int] = None,
+                 incarnation: Optional[int] = None) -> None:
+        self.dir = Path(events_dir)
+        self.run, self.role, self.cell, self.rank = run, role, cell, rank
+        self.dropped = 0
+        self.last_error: Optional[str] = None
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._fd: Optional[int] = None
+        self.dir.mkdir(parents=True, exist_ok=True)
+        stem = file_stem(role, cell, rank)
+        if incarnation is None:
+            self.incarnation, self._fd = self._claim(stem)
+        else:
+            self.incarnation = incarnation
+            path = self.dir / f"{stem}-i{incarnation}.jsonl"
+            self._seq = _next_seq(path)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if _ends_unterminated(path):  # a crashed predecessor's fragment stays its own line
+                os.write(self._fd, b"\n")
+        self.path = self.dir / f"{stem}-i{self.incarnation}.jsonl"
+        _fsync_dir(self.dir)
+        self._source = {"role": role, "cell": cell, "rank": rank, "incarnation": self.incarnation,
+                        "pid": os.getpid(), "host": socket.gethostname()}
+
+    def _claim(self, stem: str) -> tuple[int, int]:
+        pattern = re.compile(re.escape(stem) + r"-i(\d+)\.jsonl(\.gz)?$")
+        taken = [int(m.group(1)) for p in self.dir.iterdir() if (m := pattern.match(p.name))]
+        inc = max(taken, default=-1) + 1
+        while True:
+            try:
+                fd = os.open(self.dir / f"{stem}-i{inc}.jsonl",
+                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                return inc, fd
+            except FileExistsError:  # another process claimed it first
+                inc += 1
+
+    @property
+    def seq(self) -> int:
+        """The ``seq`` the next event will carry."""
+        return self._seq
+
+    def emit(self, type: str, **fields: Any) -> bool:
+        """Append one event; returns whether its line was written (never raises)."""
+        with self._lock:
+            seq = self._seq
+            self._seq += 1
+            try:
+                event = {"schema": SCHEMA, "type": type, "run": self.run, "time": time.time(),
+                         "source": self._source, "seq": seq, **fields}
+                data = (json.dumps(event, default=_json_default, separators=(",", ":")) + "\n").encode()
+                if self._fd is None:
+                    raise OSError("event writer is closed")
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(self._fd, view):]
+                return True
+            except Exception as exc:  # noqa: BLE001 - the writer never raises into training
+                self._drop(exc)
+                return False
+
+    def _drop(self, exc: BaseException) -> None:
+        self.dropped += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        if self.dropped == 1:
+            log.warning("event writer %s could not write a line: %s", self.path, self.last_error)
+
+    def sync(self) -> None:
+        """fsync the file (call at step boundaries); failures are counted, never raised."""
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                self._drop(exc)
+
+    def close(self) -> None:
+        """Report drops (``events_dropped``), fsync and close; idempotent."""
+        if self._fd is None:
+            return
+        if self.dropped:
+            self.emit("events_dropped", count=self.dropped, last_error=self.last_error or "")
+        self.sync()
+        with self._lock:
+            fd, self._fd = self._fd, None
+        try:
+            os.close(fd)
+        except OSError as exc:
+            self._drop(exc)
+
+    def __enter__(self) -> "EventWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _next_seq(path: Path) -> int:
+    """``seq`` after the last complete line of an existing file (0 when absent or empty)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - (1 << 20)))
+            tail = fh.read().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    for line in reversed(tail[:-1]):  # tail[-1] is empty or an unterminated fragment
+        try:
+            return int(json.loads(line)["seq"]) + 1
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
+
+
+def _ends_unterminated(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
