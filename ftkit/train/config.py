@@ -49,6 +49,9 @@ class TrainConfig(BaseModel):
     lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
     threads_per_rank: int = Field(1, ge=1, le=64, description="torch intra-op threads per rank.")
     response_len: int = Field(8, ge=1, description="Generated tokens per response.")
+    reward: Literal["task", "deterministic_random"] = Field(
+        "task", description="task: the addition task's verifiable reward; deterministic_random: "
+        "0/1 from a stable hash of prompt and response tokens (fault tests).")
     dump_rollouts: str = Field(
         "first,last", description="Rollouts to dump: 'none', 'all', or a comma list of "
         "'first', 'last' and rollout indices.")
