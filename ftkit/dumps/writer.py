@@ -1,0 +1,113 @@
+"""``DumpWriter``: one writer's tensors of one rollout, written atomically with their index.
+
+Usage (training drives it)::
+
+    dw = DumpWriter(run_dir / "dumps", prefix="actor", phase="fwd_bwd", rollout=3,
+                    writer="step000004-ms003-tp0-pp0", meta={"cell": 0, "rank": 0})
+    dw.add("decoder.layers.0.mlp.output", t, step=4, micro_shard=3, sharding=Sharding(...))
+    info = dw.write()
+
+Contract:
+- ``add`` snapshots the tensor (detached, copied to CPU unless ``copy=False`` is passed for a
+  tensor the caller already owns); capture order is the order of ``add`` calls; the same
+  (name, step, micro_shard) twice is a ``ValueError``.
+- ``write`` writes everything added so far: ``<writer>.safetensors`` first, then
+  ``<writer>.index.json`` (the commit marker), each atomically (temp in the same directory,
+  fsync, rename). It may be called again after more ``add`` calls and then replaces both
+  files. It only ever creates or replaces this writer's two files (and deletes this
+  writer's stale temp files left by dead processes); it never removes anything else, so a
+  retried or healed rollout replaces only that writer's files.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftkit import __version__
+from ftkit.dumps.layout import (DATA_SUFFIX, INDEX_SCHEMA, INDEX_SUFFIX, INDEX_VERSION, check_component,
+                                kind_of, rollout_dir, storage_key)
+from ftkit.tensors.sharding import Sharding
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass(frozen=True)
+class WriteInfo:
+    path: Path  # the safetensors file
+    index_path: Path
+    tensors: int
+    bytes: int  # size of the safetensors file
+
+
+class DumpWriter:
+    def __init__(self, dumps_root: str | Path, prefix: str, phase: str, rollout: int, writer: str,
+                 meta: dict[str, Any] | None = None) -> None:
+        check_component("writer", writer)
+        self.directory = rollout_dir(dumps_root, prefix, phase, rollout)
+        self.prefix, self.phase, self.rollout, self.writer = prefix, phase, int(rollout), writer
+        self.meta = dict(meta or {})
+        json.dumps(self.meta)  # fail early on metadata that cannot go into the index
+        self._tensors: dict[str, "torch.Tensor"] = {}
+        self._entries: list[dict[str, Any]] = []
+
+    @property
+    def path(self) -> Path:
+        return self.directory / f"{self.writer}{DATA_SUFFIX}"
+
+    @property
+    def index_path(self) -> Path:
+        return self.directory / f"{self.writer}{INDEX_SUFFIX}"
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, name: str, tensor: "torch.Tensor", *, step: int, micro_shard: int | None = None,
+            sharding: Sharding | None = None, copy: bool = True) -> None:
+        """Record ``tensor`` under ``name`` for (step, micro_shard); see the module contract."""
+        from ftkit.tensors.fingerprint import dtype_name, fingerprint
+        from ftkit.tensors.st import TORCH_TO_ST
+
+        key = storage_key(name, step, micro_shard)
+        if key in self._tensors:
+            raise ValueError(f"{name!r} was already added for step {step}, micro-shard {micro_shard}")
+        if dtype_name(tensor.dtype) not in TORCH_TO_ST:
+            raise ValueError(f"{name!r}: dtype {tensor.dtype} cannot be stored in a dump")
+        t = tensor.detach()
+        t = t.to("cpu", copy=True) if copy else t.to("cpu")
+        t = t.contiguous()
+        sharding = sharding or Sharding.replicated()
+        if sharding.kind == "split" and sharding.dim >= max(t.dim(), 1):
+            raise ValueError(f"{name!r}: split dim {sharding.dim} out of range for shape {tuple(t.shape)}")
+        self._tensors[key] = t
+        self._entries.append({
+            "order": len(self._entries), "name": name, "key": key, "kind": kind_of(name),
+            "step": int(step), "micro_shard": None if micro_shard is None else int(micro_shard),
+            "dtype": dtype_name(t.dtype), "shape": list(t.shape), "fingerprint": fingerprint(t),
+            "sharding": sharding.to_dict(),
+        })
+
+    def write(self) -> WriteInfo:
+        """Atomically write (or replace) this writer's safetensors file and index."""
+        from ftkit.tensors.st import remove_stale_temps, write_bytes_atomic, write_safetensors_atomic
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for target in (self.path, self.index_path):
+            remove_stale_temps(target)
+        st_meta = {"ftkit.schema": f"{INDEX_SCHEMA}/{INDEX_VERSION}", "prefix": self.prefix,
+                   "phase": self.phase, "rollout": str(self.rollout), "writer": self.writer}
+        size = write_safetensors_atomic(self.path, self._tensors, metadata=st_meta)
+        index = {
+            "schema": INDEX_SCHEMA, "schema_version": INDEX_VERSION, "ftkit_version": __version__,
+            "prefix": self.prefix, "phase": self.phase, "rollout": self.rollout, "writer": self.writer,
+            "file": self.path.name, "file_bytes": size,
+            "cell": self.meta.get("cell"), "rank": self.meta.get("rank"), "meta": self.meta,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "tensors": self._entries,
+        }
+        write_bytes_atomic(self.index_path, (json.dumps(index, indent=1) + "\n").encode())
+        return WriteInfo(self.path, self.index_path, len(self._entries), size)

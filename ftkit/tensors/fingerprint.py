@@ -1,0 +1,183 @@
+"""128-bit tensor fingerprints and order-independent state fingerprints.
+
+``fingerprint(t)`` is xxh3-128 over a small header (format tag, dtype name, shape) followed by
+the tensor's bytes in logical row-major order. Consequences (the contract):
+
+- a tensor and its contiguous copy have the same fingerprint, whatever the strides;
+- the same values on CPU and on CUDA have the same fingerprint; a CUDA tensor is streamed to
+  host memory in bounded chunks (``CHUNK_BYTES``), never copied whole;
+- dtype and shape are part of the digest (``zeros(4, int32)`` differs from ``zeros(2, int64)``
+  and from ``zeros(2, 2, int32)``); 0-d and empty tensors are covered;
+- every flipped bit of the data changes it (up to xxh3-128 collisions);
+- it is a pure function of (dtype name, shape, little-endian bytes), so a file reader can
+  compute it from raw safetensors bytes without torch (``fingerprint_buffers``).
+
+``combine`` folds ``{name: fingerprint}`` into one state fingerprint that does not depend on
+the dict's insertion order; ``fingerprint_tensors`` does both at once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+
+import xxhash
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+CHUNK_BYTES = 64 << 20  # host staging size for non-contiguous pieces and device copies
+_FORMAT = b"ftkit-fp1"
+_COMBINE_FORMAT = b"ftkit-state-fp1\n"
+
+
+def dtype_name(dtype: "torch.dtype") -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (the name used in digests and dump indexes)."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def _header(dtype: str, shape: Sequence[int]) -> bytes:
+    return b"\0".join([_FORMAT, dtype.encode(), ",".join(str(int(d)) for d in shape).encode(), b""])
+
+
+def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[object]) -> str:
+    """Fingerprint from a dtype name, a shape and the logical bytes given as buffers in order.
+
+    ``buffers`` are objects supporting the buffer protocol (bytes, memoryview, numpy arrays);
+    their concatenation must be the tensor's row-major little-endian bytes.
+    """
+    h = xxhash.xxh3_128(_header(dtype, shape))
+    for buf in buffers:
+        h.update(buf)
+    return h.hexdigest()
+
+
+def fingerprint(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> str:
+    """32 lowercase hex chars (128 bit) of ``t``'s dtype, shape and logical bytes.
+
+    Works for every dense strided dtype whose elements are whole bytes (floats including
+    bfloat16 and float8, ints, uints, bool, complex). Raises ``TypeError`` for sparse,
+    quantized or sub-byte tensors. Does not modify ``t`` and does not synchronise more than
+    needed to read it.
+    """
+    return fingerprint_buffers(dtype_name(t.dtype), tuple(t.shape), logical_bytes(t, chunk_bytes))
+
+
+def combine(fingerprints: Mapping[str, str]) -> str:
+    """Order-independent state fingerprint of ``{name: fingerprint}``.
+
+    The digest covers the sorted ``(name, fingerprint)`` pairs, so two dicts with the same
+    items in any insertion order give the same result, and renaming, adding or dropping an
+    entry changes it.
+    """
+    h = xxhash.xxh3_128(_COMBINE_FORMAT)
+    for name in sorted(fingerprints):
+        h.update(json.dumps(name).encode())
+        h.update(b":")
+        h.update(str(fingerprints[name]).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def fingerprint_tensors(tensors: Mapping[str, "torch.Tensor"]) -> tuple[str, dict[str, str]]:
+    """``(total, {name: fingerprint})`` for a dict of tensors; ``total = combine(per_name)``."""
+    per_name = {name: fingerprint(t) for name, t in tensors.items()}
+    return combine(per_name), per_name
+
+
+def logical_bytes(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> Iterator[object]:
+    """Yield ``t``'s bytes in logical row-major order as host buffers.
+
+    A contiguous CPU tensor is yielded as one zero-copy view. A non-contiguous CPU tensor is
+    made contiguous piece by piece (each piece at most ``chunk_bytes`` unless a single element
+    is larger). Any other device goes through ``_device_chunks``: pieces are copied into two
+    alternating pinned host buffers, so a large tensor never needs a full host copy. Each
+    yielded buffer is valid only until the next one is requested.
+    """
+    import torch
+
+    if t.layout != torch.strided or t.is_quantized:
+        raise TypeError(f"cannot fingerprint a {t.layout} / quantized tensor of dtype {t.dtype}")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.numel() == 0:
+        return
+    if t.device.type == "cpu":
+        if t.is_contiguous():
+            yield _host_bytes(t)
+        else:
+            for piece in _pieces(t, chunk_bytes):
+                yield _host_bytes(piece.contiguous())
+        return
+    yield from _device_chunks(t, chunk_bytes)
+
+
+def _host_bytes(t: "torch.Tensor") -> object:
+    import torch
+
+    try:
+        return t.reshape(-1).view(torch.uint8).numpy()
+    except RuntimeError as exc:  # sub-byte or otherwise unviewable dtypes
+        raise TypeError(f"cannot fingerprint dtype {t.dtype}: {exc}") from exc
+
+
+def _pieces(t: "torch.Tensor", max_bytes: int) -> Iterator["torch.Tensor"]:
+    """Sub-tensors of ``t`` that tile it in row-major order, each at most ``max_bytes``."""
+    es = t.element_size()
+    if t.dim() == 0 or t.numel() * es <= max_bytes:
+        yield t
+        return
+    if t.is_contiguous():
+        flat = t.reshape(-1)
+        step = max(1, max_bytes // es)
+        for i in range(0, flat.numel(), step):
+            yield flat[i:i + step]
+        return
+    row_bytes = (t.numel() // t.shape[0]) * es
+    if row_bytes <= max_bytes:
+        rows = max(1, max_bytes // row_bytes)
+        for i in range(0, t.shape[0], rows):
+            yield t[i:i + rows]
+    else:
+        for i in range(t.shape[0]):
+            yield from _pieces(t[i], max_bytes)
+
+
+def _device_chunks(t: "torch.Tensor", chunk_bytes: int) -> Iterator[object]:
+    """Stream a non-CPU tensor to host through two alternating staging buffers.
+
+    The copy of piece k+1 is issued (asynchronously where the device allows it) before piece k
+    is handed to the hasher, so transfer and hashing overlap on CUDA.
+    """
+    import torch
+
+    cuda = t.device.type == "cuda"
+    pin = cuda and torch.cuda.is_available()
+    size = min(chunk_bytes, t.numel() * t.element_size())
+    size = max(size, t.element_size())
+    staging = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
+    pending: tuple[object, object] | None = None
+    k = 0
+    for piece in _pieces(t, chunk_bytes):
+        src = piece.contiguous().reshape(-1).view(torch.uint8)
+        buf = staging[k % 2][: src.numel()]
+        buf.copy_(src, non_blocking=pin)
+        event = None
+        if pin:
+            event = torch.cuda.Event()
+            event.record()
+        if pending is not None:
+            yield _ready(*pending)
+        pending = (buf, event)
+        k += 1
+    if pending is not None:
+        yield _ready(*pending)
+
+
+def _ready(buf: "torch.Tensor", event: object) -> object:
+    if event is not None:
+        event.synchronize()
+    return buf.numpy()

@@ -1,0 +1,156 @@
+"""Tensor-parallel sharding metadata, megatron attribute readers, and shard reassembly.
+
+A ``Sharding`` says how a tensor held by one TP rank relates to the full tensor:
+
+- ``replicated``: every TP rank holds the full tensor (copies must be identical);
+- ``split``: the full tensor is cut along ``dim`` into ``tp_size * stride`` equal blocks and
+  TP rank ``r`` holds blocks ``r, r + tp_size, r + 2*tp_size, ...`` concatenated (megatron's
+  ``partition_stride``; ``stride == 1`` is the plain contiguous split).
+
+``assemble`` inverts that, so a TP=2 dump compares with a TP=1 one. Megatron is imported
+lazily; for plain torch modules and parameters everything is ``replicated``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass(frozen=True)
+class Sharding:
+    kind: Literal["replicated", "split"] = "replicated"
+    dim: int | None = None
+    tp_rank: int = 0
+    tp_size: int = 1
+    stride: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("replicated", "split"):
+            raise ValueError(f"sharding kind must be 'replicated' or 'split', not {self.kind!r}")
+        if not (0 <= self.tp_rank < self.tp_size) or self.stride < 1:
+            raise ValueError(f"invalid sharding tp_rank={self.tp_rank} tp_size={self.tp_size} stride={self.stride}")
+        if self.kind == "split" and (self.dim is None or self.dim < 0):
+            raise ValueError("a split sharding needs a non-negative dim")
+
+    @classmethod
+    def replicated(cls, tp_rank: int = 0, tp_size: int = 1) -> "Sharding":
+        return cls("replicated", None, tp_rank, tp_size, 1)
+
+    @classmethod
+    def split(cls, dim: int, tp_rank: int, tp_size: int, stride: int = 1) -> "Sharding":
+        return cls("split", dim, tp_rank, tp_size, stride)
+
+    @property
+    def is_split(self) -> bool:
+        return self.kind == "split" and self.tp_size > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sharding":
+        """Parse the index form; raises ``ValueError``/``TypeError`` when malformed."""
+        return cls(kind=d.get("kind", "replicated"), dim=d.get("dim"), tp_rank=int(d.get("tp_rank", 0)),
+                   tp_size=int(d.get("tp_size", 1)), stride=int(d.get("stride", 1)))
+
+
+def tp_coords() -> tuple[int, int]:
+    """``(tp_rank, tp_size)`` from megatron's parallel state, ``(0, 1)`` when not initialised."""
+    try:
+        from megatron.core import parallel_state as ps
+    except ImportError:  # pragma: no cover - megatron is a dependency
+        return 0, 1
+    if not ps.model_parallel_is_initialized():
+        return 0, 1
+    return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+
+
+def param_sharding(param: "torch.Tensor", tp_rank: int, tp_size: int) -> Sharding:
+    """Sharding of a parameter from megatron's ``tensor_model_parallel`` / ``partition_dim`` /
+    ``partition_stride`` attributes; ``replicated`` for plain parameters or ``tp_size == 1``."""
+    if tp_size > 1 and getattr(param, "tensor_model_parallel", False):
+        dim = getattr(param, "partition_dim", -1)
+        if dim is not None and dim >= 0:
+            return Sharding.split(int(dim), tp_rank, tp_size, int(getattr(param, "partition_stride", 1) or 1))
+    return Sharding.replicated(tp_rank, tp_size)
+
+
+def output_sharding(module: Any, index: int, tensor: "torch.Tensor", tp_rank: int, tp_size: int) -> Sharding:
+    """Sharding of output ``index`` of ``module`` (a tuple output counts from 0).
+
+    Known megatron cases: column-parallel linears without ``gather_output`` (local or
+    Transformer Engine ``parallel_mode == "column"``) split their output on the last dim with
+    the weight's stride, and a returned bias on dim 0; row-parallel linears and the vocab
+    embedding are replicated, or split on dim 0 (sequence) under sequence parallelism; core
+    attention splits its output on the last dim (heads). Anything else is ``replicated``.
+    """
+    if tp_size <= 1:
+        return Sharding.replicated(tp_rank, tp_size)
+    mode = _parallel_mode(module)
+    if mode == "column" and not getattr(module, "gather_output", False):
+        weight = getattr(module, "weight", None)
+        stride = int(getattr(weight, "partition_stride", 1) or 1)
+        dim = tensor.dim() - 1 if index == 0 else 0
+        return Sharding.split(dim, tp_rank, tp_size, stride) if tensor.dim() else Sharding.replicated(tp_rank, tp_size)
+    if mode in ("row", "embedding") and index == 0 and _sequence_parallel(module) and tensor.dim():
+        return Sharding.split(0, tp_rank, tp_size)
+    if mode == "attention" and index == 0 and tensor.dim():
+        return Sharding.split(tensor.dim() - 1, tp_rank, tp_size)
+    return Sharding.replicated(tp_rank, tp_size)
+
+
+def _parallel_mode(module: Any) -> str | None:
+    te_mode = getattr(module, "parallel_mode", None)
+    if te_mode in ("column", "row"):
+        return te_mode
+    names = {cls.__name__ for cls in type(module).__mro__}
+    if "ColumnParallelLinear" in names:
+        return "column"
+    if "RowParallelLinear" in names:
+        return "row"
+    if "VocabParallelEmbedding" in names:
+        return "embedding"
+    if any(n.endswith("DotProductAttention") for n in names):
+        return "attention"
+    return None
+
+
+def _sequence_parallel(module: Any) -> bool:
+    return bool(getattr(module, "sequence_parallel", False) or getattr(module, "reduce_scatter_embeddings", False))
+
+
+def assemble(pieces: Sequence[tuple[Sharding, "torch.Tensor"]]) -> "torch.Tensor":
+    """The full tensor from the shards of all TP ranks (one piece per rank).
+
+    Replicated pieces: the first is returned (callers compare copies beforehand). Split
+    pieces must agree on ``dim``, ``tp_size`` and ``stride`` and cover every rank exactly
+    once; raises ``ValueError`` otherwise.
+    """
+    import torch
+
+    if not pieces:
+        raise ValueError("no shards to assemble")
+    first = pieces[0][0]
+    if not first.is_split:
+        return pieces[0][1]
+    if any((s.kind, s.dim, s.tp_size, s.stride) != (first.kind, first.dim, first.tp_size, first.stride)
+           for s, _ in pieces):
+        raise ValueError("shards disagree on their sharding (dim, tp_size or stride)")
+    by_rank = {s.tp_rank: t for s, t in pieces}
+    if sorted(by_rank) != list(range(first.tp_size)) or len(pieces) != first.tp_size:
+        missing = sorted(set(range(first.tp_size)) - set(by_rank))
+        raise ValueError(f"TP shards incomplete: have ranks {sorted(by_rank)}, missing {missing}")
+    dim, stride = first.dim, first.stride
+    shards = [by_rank[r] for r in range(first.tp_size)]
+    if any(dim >= t.dim() for t in shards):
+        raise ValueError(f"split dim {dim} out of range for a {shards[0].dim()}-d shard")
+    if stride == 1:
+        return torch.cat(shards, dim=dim)
+    if any(t.shape[dim] % stride for t in shards):
+        raise ValueError(f"shard length along dim {dim} is not a multiple of stride {stride}")
+    blocks = [t.chunk(stride, dim=dim) for t in shards]
+    return torch.cat([blocks[r][j] for j in range(stride) for r in range(first.tp_size)], dim=dim)

@@ -1,0 +1,243 @@
+"""Safetensors helpers: atomic writes and a header reader that trusts nothing.
+
+Writing: ``write_safetensors_atomic`` serialises with the safetensors library into a hidden
+temp file in the destination directory, fsyncs it, renames it over the destination and
+fsyncs the directory, so a reader sees the old file or the complete new one, never a
+partial one. A process killed mid-write leaves only a hidden ``.NAME.tmp-HOST-PID-RAND``
+file, which ``remove_stale_temps`` of the same writer later deletes.
+
+Reading: ``read_header`` validates a file before anything else touches it (length prefix,
+JSON, known dtypes, shapes, offsets that tile the data area exactly and match
+dtype x shape, file size) and raises ``ftkit.errors.InputError`` with one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+from ftkit.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+# safetensors dtype code -> (torch dtype name, bytes per element); what safetensors can load.
+ST_DTYPES: dict[str, tuple[str, int]] = {
+    "BOOL": ("bool", 1), "U8": ("uint8", 1), "I8": ("int8", 1),
+    "I16": ("int16", 2), "U16": ("uint16", 2), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "I32": ("int32", 4), "U32": ("uint32", 4), "F32": ("float32", 4),
+    "I64": ("int64", 8), "U64": ("uint64", 8), "F64": ("float64", 8), "C64": ("complex64", 8),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1), "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
+}
+TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
+_MAX_HEADER = 100 << 20
+_TMP_MARK = ".tmp-"
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """fsync a directory so a rename inside it is durable (no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_path(target: Path) -> Path:
+    """A hidden temp name next to ``target`` that records the writing host and pid."""
+    host = socket.gethostname().replace("-", "_") or "host"
+    return target.with_name(f".{target.name}{_TMP_MARK}{host}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Delete temp files of ``target`` left by dead processes of this host; returns them.
+
+    Only temps named for ``target`` are considered, and only those whose recorded pid is no
+    longer running here; temps of live processes or of other hosts are left alone.
+    """
+    host = socket.gethostname().replace("-", "_") or "host"
+    removed = []
+    for p in target.parent.glob(f".{target.name}{_TMP_MARK}*"):
+        parts = p.name[len(target.name) + 1 + len(_TMP_MARK):].split("-")
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        if _pid_alive(int(parts[1])):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> int:
+    """Write ``data`` to ``path`` atomically (temp in the same dir, fsync, rename, fsync dir)."""
+    target = Path(path)
+    tmp = temp_path(target)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+    return len(data)
+
+
+def write_safetensors_atomic(path: str | os.PathLike[str], tensors: Mapping[str, "torch.Tensor"],
+                             metadata: Mapping[str, str] | None = None) -> int:
+    """Write ``tensors`` as a safetensors file at ``path`` atomically; returns the file size.
+
+    Tensors may live on any device and have any strides (they are made contiguous on CPU).
+    Raises ``ValueError`` for a dtype safetensors cannot load back (see ``ST_DTYPES``).
+    No pickle is involved at any point.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    from ftkit.tensors.fingerprint import dtype_name
+
+    host: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if dtype_name(t.dtype) not in TORCH_TO_ST:
+            raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors")
+        host[name] = t.detach().to("cpu").contiguous()
+    target = Path(path)
+    tmp = temp_path(target)
+    try:
+        save_file(host, str(tmp), metadata=dict(metadata) if metadata else None)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        size = tmp.stat().st_size
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(target.parent)
+    return size
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a validated safetensors header; offsets are absolute file offsets."""
+
+    name: str
+    code: str  # safetensors dtype code, e.g. "BF16"
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class Header:
+    """A validated safetensors header: tensors in file-offset order, metadata, sizes."""
+
+    path: Path
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str] = field(default_factory=dict)
+    data_start: int = 0
+    size: int = 0
+
+
+def read_header(path: str | os.PathLike[str]) -> Header:
+    """Read and validate the header of a safetensors file; ``InputError`` if it is malformed."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        with open(p, "rb") as fh:
+            prefix = fh.read(8)
+            if len(prefix) < 8:
+                raise _bad(p, f"truncated: {size} bytes, not even the 8-byte header length")
+            (n,) = struct.unpack("<Q", prefix)
+            if n > _MAX_HEADER or 8 + n > size:
+                raise _bad(p, f"header length {n} exceeds the file size {size} (truncated or not safetensors)")
+            raw = fh.read(n)
+    except OSError as exc:
+        raise InputError(f"cannot read {p}: {exc.strerror or exc}", "check the path and permissions") from exc
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _bad(p, f"header is not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise _bad(p, "header is not a JSON object")
+    meta = doc.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _bad(p, "__metadata__ must map strings to strings")
+    data_start = 8 + n
+    infos = [_entry(p, name, spec, data_start) for name, spec in doc.items()]
+    infos.sort(key=lambda i: (i.start, i.end))
+    pos = data_start
+    for info in infos:
+        if info.start != pos:
+            raise _bad(p, f"tensor {info.name!r}: data offsets overlap or leave a gap (start {info.start - data_start}, expected {pos - data_start})")
+        pos = info.end
+    if pos != size:
+        what = "truncated" if pos > size else "has trailing bytes"
+        raise _bad(p, f"{what}: header describes {pos} bytes, file has {size}")
+    return Header(p, {i.name: i for i in infos}, dict(meta), data_start, size)
+
+
+def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
+    if not isinstance(spec, dict):
+        raise _bad(p, f"tensor {name!r}: entry is not an object")
+    code = spec.get("dtype")
+    if code not in ST_DTYPES:
+        raise _bad(p, f"tensor {name!r}: unsupported dtype {code!r}")
+    shape, offsets = spec.get("shape"), spec.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise _bad(p, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise _bad(p, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+    dtype, itemsize = ST_DTYPES[code]
+    numel = 1
+    for d in shape:
+        numel *= d
+    if offsets[1] - offsets[0] != numel * itemsize:
+        raise _bad(p, f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but "
+                      f"{code}{shape} needs {numel * itemsize}")
+    return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+def _bad(p: Path, what: str) -> InputError:
+    return InputError(f"malformed safetensors file {p}: {what}",
+                      "the file is corrupt or truncated; re-create it (e.g. re-run the dump)")
