@@ -1,0 +1,101 @@
+"""The state of one rank: naming, fingerprints, TP-gathered export and the final state file.
+
+Names (shared by fingerprints, the final state and dumps):
+
+* parameters: megatron's ``named_parameters()`` names (``decoder.layers.0.mlp.linear_fc1.weight``);
+* optimizer state: ``<param name>.<state key>`` (``...weight.exp_avg``, ``...weight.exp_avg_sq``,
+  ``...weight.step``) for every tensor in ``optimizer.state[param]``.
+
+The witness table is not a model parameter and not in the optimizer, so it appears in none
+of these. ``export`` is a collective over the cell's tensor-parallel group; the rest is local.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+FINAL_SCHEMA = "ftkit.final-state/1"
+
+
+def param_tensors(model: Any) -> dict[str, Any]:
+    """``{name: parameter}`` of the model (detached views, no copy)."""
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def optimizer_tensors(model: Any, optimizer: Any) -> dict[str, Any]:
+    """``{<param>.<key>: tensor}`` of every tensor-valued optimizer state entry."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for name, p in model.named_parameters():
+        for key, value in sorted(optimizer.state.get(p, {}).items()):
+            if isinstance(value, torch.Tensor):
+                out[f"{name}.{key}"] = value.detach()
+    return out
+
+
+def fingerprint_state(model: Any, optimizer: Any) -> tuple[str, dict[str, str], dict[str, str]]:
+    """``(total, params, optimizer)``: per-tensor fingerprints and one state fingerprint.
+
+    ``total`` combines both maps with ``param/`` and ``optimizer/`` name prefixes, so a
+    parameter and an optimizer tensor can never stand in for each other.
+    """
+    from ftkit.tensors.fingerprint import combine, fingerprint
+
+    params = {n: fingerprint(t) for n, t in param_tensors(model).items()}
+    optim = {n: fingerprint(t) for n, t in optimizer_tensors(model, optimizer).items()}
+    total = combine({**{f"param/{n}": h for n, h in params.items()},
+                     **{f"optimizer/{n}": h for n, h in optim.items()}})
+    return total, params, optim
+
+
+def export(model: Any) -> dict[str, Any]:
+    """The TP=1 state dict of the cell's model, gathered over the tensor-parallel group.
+
+    Collective inside the cell: every TP rank must call it. Split parameters are
+    all-gathered and concatenated along their ``partition_dim`` (megatron's fused QKV and
+    vocab shards are contiguous per rank with stride 1, so concatenation is the TP=1 layout).
+    Returns CPU tensors; pipeline parallelism is not supported here (``pp == 1``).
+    """
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from ftkit.tensors.sharding import Sharding, assemble, param_sharding
+
+    if ps.get_pipeline_model_parallel_world_size() != 1:
+        raise NotImplementedError("exporting weights of a pipeline-parallel cell (pp > 1) is not supported")
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    tp_size = ps.get_tensor_model_parallel_world_size()
+    group = ps.get_tensor_model_parallel_group()
+    out: dict[str, Any] = {}
+    for name, p in model.named_parameters():
+        sh = param_sharding(p, tp_rank, tp_size)
+        if not sh.is_split:
+            out[name] = p.detach().cpu().clone()
+            continue
+        local = p.detach().contiguous()
+        parts = [torch.empty_like(local) for _ in range(tp_size)]
+        dist.all_gather(parts, local, group=group)
+        pieces = [(Sharding.split(sh.dim, r, tp_size, sh.stride), t.cpu()) for r, t in enumerate(parts)]
+        out[name] = assemble(pieces)
+    return out
+
+
+def final_path(run_dir: str | Path, tp: int, pp: int) -> Path:
+    """``<run_dir>/final/tp{t}-pp{p}.safetensors``."""
+    return Path(run_dir) / "final" / f"tp{tp}-pp{pp}.safetensors"
+
+
+def save_final(run_dir: str | Path, model: Any, optimizer: Any, tp: int, pp: int, meta: dict[str, str]) -> Path:
+    """Write this rank's parameters (``model.<name>``) and optimizer state
+    (``optimizer.<param>.<key>``) atomically to ``final_path``; returns the path."""
+    from ftkit.tensors.st import write_safetensors_atomic
+
+    tensors = {f"model.{n}": t for n, t in param_tensors(model).items()}
+    tensors.update({f"optimizer.{n}": t for n, t in optimizer_tensors(model, optimizer).items()})
+    path = final_path(run_dir, tp, pp)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_safetensors_atomic(path, tensors, metadata={"schema": FINAL_SCHEMA, **meta})
+    return path
