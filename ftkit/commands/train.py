@@ -1,0 +1,177 @@
+"""``ftkit train``: run the RL training job, then print the forensics verdict over its log.
+
+Values come from ``TrainConfig`` defaults, then ``--config FILE`` (JSON, or TOML by the
+``.toml`` suffix), then the options given on the command line. ``--print-config`` prints
+the resulting config as JSON and exits. Live progress (one line per optimizer step) goes to
+stderr; the final report (run summary, analyzer verdict and findings) is the command's data
+on stdout in ``--format human|json|github``. Exit 0 when the analyzer finds nothing at or
+above ``--fail-on``, 1 when it does, 2 for a bad config, run directory or layout.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ftkit.analysis.findings import FailOn, sort_findings, verdict
+from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.errors import InputError
+from ftkit.report.sink import Format, Output
+
+PANEL = "Training"
+PANEL_DUMPS = "Dumps"
+
+
+class ModelName(str, Enum):
+    tiny = "tiny"
+    small = "small"
+
+
+class Reduce(str, Enum):
+    exact = "exact"
+    float = "float"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DumpCells(str, Enum):
+    first = "first"
+    all = "all"
+
+
+class Reward(str, Enum):
+    task = "task"
+    deterministic_random = "deterministic_random"
+
+
+def _opt(*names: str, help: str, panel: str = PANEL, **kw: Any) -> Any:
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read config file {path}: {exc.strerror or exc}",
+                         hint="pass an existing JSON or TOML file to --config") from None
+    try:
+        if path.suffix.lower() == ".toml":
+            import tomllib
+
+            values = tomllib.loads(raw.decode("utf-8"))
+        else:
+            values = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
+        raise InputError(f"config file {path} is not valid {kind}: {str(exc).splitlines()[0]}",
+                         hint="--print-config writes a valid JSON config to start from") from None
+    if not isinstance(values, dict):
+        raise InputError(f"config file {path} must hold a table/object of config values",
+                         hint="--print-config writes a valid JSON config to start from")
+    return values
+
+
+def parse_dump_what(text: str) -> tuple[str, ...]:
+    """``activations,grads`` -> ``("activations", "grads")``; ``none`` -> ``()``."""
+    text = text.strip().lower()
+    if text in ("", "none"):
+        return ()
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train")
+    def train(
+        out: Annotated[Optional[Path], _opt("--out", "-o", help="Run directory to create [default: runs/train].",
+                                            file_okay=False)] = None,
+        cells: Annotated[Optional[int], _opt("--cells", help="Cells (model replicas) [default: 2].")] = None,
+        tp: Annotated[Optional[int], _opt("--tp", help="Tensor-parallel ranks per cell [default: 1].")] = None,
+        pp: Annotated[Optional[int], _opt("--pp", help="Pipeline-parallel ranks per cell (CUDA) [default: 1].")] = None,
+        engines: Annotated[Optional[int], _opt("--engines", help="Inference engine actors [default: 1].")] = None,
+        rollouts: Annotated[Optional[int], _opt("--rollouts", help="Rollouts to train [default: 3].")] = None,
+        steps_per_rollout: Annotated[Optional[int], _opt("--steps-per-rollout",
+                                                         help="Optimizer steps per rollout [default: 2].")] = None,
+        samples_per_rollout: Annotated[Optional[int], _opt("--samples-per-rollout",
+                                                           help="Samples per rollout [default: 32].")] = None,
+        micro_shards: Annotated[Optional[int], _opt("--micro-shards",
+                                                    help="Micro-shards per step, at least --cells [default: 8].")] = None,
+        model: Annotated[Optional[ModelName], _opt("--model", help="Model preset [default: tiny].")] = None,
+        seed: Annotated[Optional[int], _opt("--seed", help="Seed of init, sampling and every RNG stream "
+                                                           "[default: 0].")] = None,
+        reduce: Annotated[Optional[Reduce], _opt("--reduce", help="exact: int64 fixed point, membership "
+                                                 "invariant; float: plain all-reduce [default: exact].")] = None,
+        reward: Annotated[Optional[Reward], _opt("--reward", help="Reward: the task's, or a stable hash "
+                                                 "of the tokens [default: task].")] = None,
+        device: Annotated[Optional[Device], _opt("--device", help="auto picks cuda when available "
+                                                 "[default: auto].")] = None,
+        ray_address: Annotated[Optional[str], _opt("--ray-address", metavar="ADDRESS",
+                                                   help="Join this Ray cluster instead of starting a local one.")] = None,
+        dump_rollouts: Annotated[Optional[str], _opt("--dump-rollouts", metavar="LIST", panel=PANEL_DUMPS,
+                                                     help="Rollouts to dump: none, all, or a comma list of "
+                                                          "first, last and indices [default: first,last].")] = None,
+        dump_what: Annotated[Optional[str], _opt("--dump-what", metavar="LIST", panel=PANEL_DUMPS,
+                                                 help="Comma list of activations, grads, weights; or none "
+                                                      "[default: all three].")] = None,
+        dump_cells: Annotated[Optional[DumpCells], _opt("--dump-cells", panel=PANEL_DUMPS,
+                                                        help="Replicated state dumped by the first live cell "
+                                                             "or by all [default: first].")] = None,
+        config: Annotated[Optional[Path], _opt("--config", metavar="FILE", dir_okay=False,
+                                               help="Read config values from a JSON or TOML file; options "
+                                                    "given on the command line override them.")] = None,
+        print_config: Annotated[bool, _opt("--print-config", help="Print the resulting config as JSON "
+                                           "and exit.")] = False,
+        overwrite: Annotated[bool, _opt("--overwrite", help="Replace an existing run directory.")] = False,
+        fmt: FormatOpt = Format.human,
+        junit_xml: JunitOpt = None,
+        fail_on: FailOnOpt = FailOn.error,
+    ) -> None:
+        """Train: cells of megatron-core ranks under Ray, exact steps, full forensics.
+
+        Runs an RL loop (engines generate, rewards, group-normalised advantages, K optimizer
+        steps per rollout over micro-shards reduced exactly across cells) and writes the run
+        directory: run.json, events/, rollouts/, dumps/, final/. Then replays its own event
+        log through the analyzer and prints the verdict.
+        """
+        from ftkit.train.config import load_config
+
+        values: dict[str, Any] = read_config_file(config) if config is not None else {}
+        given = {
+            "out": out, "cells": cells, "tp": tp, "pp": pp, "engines": engines, "rollouts": rollouts,
+            "steps_per_rollout": steps_per_rollout, "samples_per_rollout": samples_per_rollout,
+            "micro_shards": micro_shards, "model": model, "seed": seed, "reduce": reduce, "reward": reward,
+            "device": device, "ray_address": ray_address, "dump_rollouts": dump_rollouts,
+            "dump_what": None if dump_what is None else parse_dump_what(dump_what), "dump_cells": dump_cells,
+        }
+        values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
+        if overwrite:
+            values["overwrite"] = True
+        cfg = load_config(values)
+        output = Output(fmt)
+        if print_config:
+            output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
+            raise typer.Exit(0)
+
+        from ftkit.commands.train_report import render, step_line
+        from ftkit.train.driver import run_training
+
+        if output.human:
+            output.info(f"training {cfg.cells} cell(s) x tp {cfg.tp} x pp {cfg.pp}, {cfg.engines} engine(s), "
+                        f"{cfg.rollouts} rollout(s) x {cfg.steps_per_rollout} step(s), model {cfg.model}, "
+                        f"reduce {cfg.reduce} -> {cfg.out}")
+        result = run_training(cfg, on_step=lambda r: output.info(step_line(r)))
+        findings = sort_findings(result.analysis.findings)
+        render(output, result, findings, fail_on)
+        if junit_xml is not None:
+            from ftkit.report.junit import write_junit
+
+            write_junit(junit_xml, "ftkit.train", result.analysis.rules, findings)
+        raise typer.Exit(1 if verdict(findings, fail_on) == "fail" else 0)
