@@ -1,0 +1,80 @@
+"""Test harness: run RankWorkers of several cells as spawned processes, without Ray.
+
+``run_cells(tmp, runs, steps)`` starts one process per (run, cell, rank), each joining its
+run's loopback TCPStore (hosted here, like the driver does), and trains ``steps`` steps of
+rollout 0 on a deterministic synthetic batch. Cell ``c`` writes its final state under
+``<run_dir>/cell{c}/final/`` and rank 0 its TP-gathered export to
+``<run_dir>/cell{c}/export.safetensors``; events and dumps go to ``<run_dir>`` as in a run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def synthetic_batch(cfg) -> dict:
+    """A rollout batch shaped like the driver's (prompt 5 tokens, response ``response_len``)."""
+    g = torch.Generator().manual_seed(1234)
+    n, s = cfg.samples_per_rollout, 5 + cfg.response_len
+    tokens = torch.randint(0, 15, (n, s), generator=g)
+    loss_mask = torch.zeros(n, s)
+    loss_mask[:, 4:s - 1] = 1.0
+    rewards = torch.randint(0, 2, (n,), generator=g).float()
+    adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
+    return {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv.float(), "rewards": rewards,
+            "witness_ids": torch.arange(n, dtype=torch.int64)}
+
+
+def _proc(index: int, jobs: list, steps: int) -> None:
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.microshards import assign
+    from ftkit.train.worker import RankWorker
+    from ftkit.tensors.st import write_safetensors_atomic
+
+    run_dir, cfg_dict, alive, cell, rank, port = jobs[index]
+    cfg = TrainConfig.model_validate(cfg_dict)
+    batch = synthetic_batch(cfg)
+    w = RankWorker(cfg_dict, run_dir, cell, rank, 0)
+    w.init_cell("127.0.0.1", port)
+    w.join_cross_cell(0, alive, "127.0.0.1", port)
+    results = []
+    for step in range(steps):
+        shards = assign(cfg.micro_shards, alive)[cell]
+        results.append(w.train_step(0, step, 0, 0, batch, shards, dump=True, dump_replicated=cell == min(alive)))
+    out = Path(run_dir) / f"cell{cell}"
+    w.save_final(str(out))
+    weights = w.export_weights()
+    if weights:
+        write_safetensors_atomic(out / "export.safetensors", weights)
+    (out / f"results-r{rank}.json").write_text(json.dumps(results))
+    w.shutdown()
+
+
+def run_cells(tmp: Path, runs: dict[str, tuple[dict, list[int]]], steps: int) -> dict[str, Path]:
+    """Run every ``name: (cfg_dict, alive)`` concurrently; returns ``{name: run_dir}``."""
+    stores, jobs, dirs = [], [], {}
+    for name, (cfg_dict, alive) in runs.items():
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        stores.append(store)
+        run_dir = tmp / name
+        (run_dir).mkdir(parents=True)
+        dirs[name] = run_dir
+        world = cfg_dict.get("tp", 1) * cfg_dict.get("pp", 1)
+        for cell in alive:
+            for rank in range(world):
+                jobs.append((str(run_dir), cfg_dict, alive, cell, rank, store.port))
+    mp.start_processes(_proc, args=(jobs, steps), nprocs=len(jobs), start_method="spawn", join=True)
+    return dirs
+
+
+def events(run_dir: Path, type_: str) -> list[dict]:
+    """Every event of ``type_`` in the run's trainer logs."""
+    out = []
+    for path in sorted((run_dir / "events").glob("*.jsonl")):
+        out += [e for e in map(json.loads, path.read_text().splitlines()) if e["type"] == type_]
+    return out
