@@ -1,0 +1,23 @@
+"""Shared fixtures of the training tests.
+
+``ray_session``: one local Ray instance for the whole test session (8 logical CPUs on any
+machine, no dashboard, worker logs kept out of the test output), shut down at the end. The
+driver reuses an initialised Ray instead of starting its own, so tests that run training
+in-process share it.
+"""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    from ftkit.train.driver import LOCAL_RAY_CPUS
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

@@ -1,0 +1,116 @@
+"""Inference engines as real Ray actors holding a real megatron-core GPTModel."""
+
+import json
+
+import pytest
+import torch
+
+from ftkit.train.engines import GEN_CHUNK, InferenceEngine, split
+from ftkit.train.task import RESPONSE_TOKENS, AdditionTask
+
+
+def test_split_gives_contiguous_chunk_aligned_ranges():
+    for n in (1, 15, 16, 17, 40, 64):
+        for engines in (1, 2, 3, 5):
+            ranges = split(n, engines)
+            assert len(ranges) == engines
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a == prev_b for (_, prev_b), (a, _) in zip(ranges, ranges[1:]))
+            assert all(a % GEN_CHUNK == 0 for a, b in ranges if b > a)
+            chunks = [-(-(b - a) // GEN_CHUNK) for a, b in ranges]
+            assert max(chunks) - min(chunks) <= 1  # whole chunks, spread evenly
+    assert split(40, 3) == [(0, 16), (16, 32), (32, 40)]
+
+
+def _cfg(seed=0, **kw):
+    from ftkit.train.config import TrainConfig
+
+    return TrainConfig(seed=seed, response_len=6, **kw).model_dump(mode="json")
+
+
+_SAVE_MODEL = """
+import sys
+from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+from ftkit.tensors.st import write_safetensors_atomic
+from ftkit.train.config import TrainConfig
+configure_determinism(1)
+init_local_parallel("cpu")
+for seed in (0, 5):
+    model = build_gpt(TrainConfig(seed=seed, response_len=6), "cpu")
+    write_safetensors_atomic(f"{sys.argv[1]}/seed{seed}.safetensors",
+                             {n: p.detach() for n, p in model.named_parameters()})
+"""
+
+
+def _states(tmp_path):
+    """``{seed: TP=1 weights}`` of the models of seeds 0 and 5, built in a process of their own."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    subprocess.run([sys.executable, "-c", _SAVE_MODEL, str(tmp_path)], check=True, timeout=300)
+    return {seed: load_file(tmp_path / f"seed{seed}.safetensors") for seed in (0, 5)}
+
+
+@pytest.fixture(scope="module")
+def engines(ray_session, tmp_path_factory):
+    ray = ray_session
+    run_dir = tmp_path_factory.mktemp("engines") / "run"
+    cls = ray.remote(num_cpus=0.5)(InferenceEngine)
+    actors = {"a": cls.remote(_cfg(0), str(run_dir), 0), "b": cls.remote(_cfg(0), str(run_dir), 1)}
+    yield ray, actors, _states(run_dir.parent), run_dir
+    for a in actors.values():
+        ray.kill(a)
+
+
+@pytest.mark.slow
+def test_responses_do_not_depend_on_the_engine_split(engines):
+    ray, actors, _, _ = engines
+    task = AdditionTask(response_len=6)
+    prompts = task.prompts(seed=0, rollout=3, count=10).repeat_interleave(4, dim=0)  # 40 samples
+    whole = ray.get(actors["a"].generate.remote(prompts, 3, 0))
+    assert whole.shape == (40, 6) and whole.dtype == torch.int64
+    assert set(whole.unique().tolist()) <= set(RESPONSE_TOKENS)
+    assert len({tuple(r) for r in whole.tolist()}) > 10  # sampled, not one constant answer
+    for n_engines in (2, 3):
+        ranges = split(40, n_engines)
+        parts = [ray.get(actors["ab"[i % 2]].generate.remote(prompts[a:b], 3, a)) for i, (a, b) in enumerate(ranges)]
+        assert torch.equal(torch.cat(parts), whole)
+    assert not torch.equal(ray.get(actors["a"].generate.remote(prompts, 4, 0)), whole)  # another rollout
+
+
+@pytest.mark.slow
+def test_load_weights_fingerprints_what_the_engine_holds(engines):
+    from ftkit.tensors.fingerprint import fingerprint_tensors
+
+    ray, actors, states, run_dir = engines
+    prompts = AdditionTask(response_len=6).prompts(seed=0, rollout=0, count=16)
+    before = ray.get(actors["b"].generate.remote(prompts, 0, 0))
+    state = states[5]
+    total = ray.get(actors["b"].load_weights.remote(state, 7, 2))
+    assert total == fingerprint_tensors(state)[0]
+    # the loaded weights are really used: other weights, other samples; the own weights back, the same
+    assert not torch.equal(ray.get(actors["b"].generate.remote(prompts, 0, 0)), before)
+    own = ray.get(actors["b"].load_weights.remote(states[0], 8, 3))
+    assert own == fingerprint_tensors(states[0])[0] != total
+    assert torch.equal(ray.get(actors["b"].generate.remote(prompts, 0, 0)), before)
+    ray.get(actors["b"].shutdown.remote())
+    lines = [json.loads(line) for line in (run_dir / "events" / "engine-r1-i0.jsonl").read_text().splitlines()]
+    loaded = [e for e in lines if e["type"] == "engine_weights"]
+    assert [e["version"] for e in loaded] == [7, 8]
+    assert loaded[0]["total"] == total and loaded[0]["version"] == 7 and loaded[0]["rollout"] == 2
+    assert loaded[0]["engine"] == 1 and loaded[0]["params"] == fingerprint_tensors(state)[1]
+
+
+@pytest.mark.slow
+def test_load_weights_refuses_a_state_of_another_model(engines):
+    ray, actors, states, _ = engines
+    state = dict(states[5])
+    state.pop("output_layer.weight")
+    with pytest.raises(ray.exceptions.RayTaskError, match="missing"):
+        ray.get(actors["a"].load_weights.remote(state, 1, 1))
+    state = dict(states[5])
+    state["output_layer.weight"] = state["output_layer.weight"][:, :8]
+    with pytest.raises(ray.exceptions.RayTaskError, match="output_layer.weight"):
+        ray.get(actors["a"].load_weights.remote(state, 1, 1))
