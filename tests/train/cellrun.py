@@ -1,8 +1,9 @@
 """Test harness: run RankWorkers of several cells as spawned processes, without Ray.
 
-``run_cells(tmp, runs, steps)`` starts one process per (run, cell, rank), each joining its
-run's loopback TCPStore (hosted here, like the driver does), and trains ``steps`` steps of
-rollout 0 on a deterministic synthetic batch. Cell ``c`` writes its final state under
+``run_cells(tmp, runs)`` starts one process per (run, cell, rank), each joining its run's
+loopback TCPStore (hosted here, like the driver does), and trains the run's ``steps``
+steps of rollout 0 on a deterministic synthetic batch (0 steps: just build and export).
+Cell ``c`` writes its final state under
 ``<run_dir>/cell{c}/final/`` and rank 0 its TP-gathered export to
 ``<run_dir>/cell{c}/export.safetensors``; events and dumps go to ``<run_dir>`` as in a run.
 """
@@ -30,13 +31,13 @@ def synthetic_batch(cfg) -> dict:
             "witness_ids": torch.arange(n, dtype=torch.int64)}
 
 
-def _proc(index: int, jobs: list, steps: int) -> None:
+def _proc(index: int, jobs: list) -> None:
     from ftkit.train.config import TrainConfig
     from ftkit.train.microshards import assign
     from ftkit.train.worker import RankWorker
     from ftkit.tensors.st import write_safetensors_atomic
 
-    run_dir, cfg_dict, alive, cell, rank, port = jobs[index]
+    run_dir, cfg_dict, alive, steps, cell, rank, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
     w = RankWorker(cfg_dict, run_dir, cell, rank, 0)
@@ -55,10 +56,10 @@ def _proc(index: int, jobs: list, steps: int) -> None:
     w.shutdown()
 
 
-def run_cells(tmp: Path, runs: dict[str, tuple[dict, list[int]]], steps: int) -> dict[str, Path]:
-    """Run every ``name: (cfg_dict, alive)`` concurrently; returns ``{name: run_dir}``."""
+def run_cells(tmp: Path, runs: dict[str, tuple[dict, list[int], int]]) -> dict[str, Path]:
+    """Run every ``name: (cfg_dict, alive, steps)`` concurrently; returns ``{name: run_dir}``."""
     stores, jobs, dirs = [], [], {}
-    for name, (cfg_dict, alive) in runs.items():
+    for name, (cfg_dict, alive, steps) in runs.items():
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         stores.append(store)
         run_dir = tmp / name
@@ -67,8 +68,8 @@ def run_cells(tmp: Path, runs: dict[str, tuple[dict, list[int]]], steps: int) ->
         world = cfg_dict.get("tp", 1) * cfg_dict.get("pp", 1)
         for cell in alive:
             for rank in range(world):
-                jobs.append((str(run_dir), cfg_dict, alive, cell, rank, store.port))
-    mp.start_processes(_proc, args=(jobs, steps), nprocs=len(jobs), start_method="spawn", join=True)
+                jobs.append((str(run_dir), cfg_dict, alive, steps, cell, rank, store.port))
+    mp.start_processes(_proc, args=(jobs,), nprocs=len(jobs), start_method="spawn", join=True)
     return dirs
 
 
