@@ -1,0 +1,46 @@
+"""TrainConfig: defaults, one-line errors for bad combinations, dump selection."""
+
+import pytest
+
+from ftkit.errors import ConfigError
+from ftkit.train.config import TrainConfig, load_config
+
+
+def test_defaults_are_the_documented_ones():
+    c = TrainConfig()
+    assert (c.cells, c.tp, c.pp, c.engines, c.rollouts, c.steps_per_rollout, c.samples_per_rollout,
+            c.group_size, c.micro_shards, c.model, c.reduce, c.device, c.threads_per_rank) == \
+        (2, 1, 1, 1, 3, 2, 32, 4, 8, "tiny", "exact", "auto", 1)
+    assert (c.step_samples, c.shard_samples) == (16, 2)
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(micro_shards=3), "must be divisible by steps_per_rollout * micro_shards"),
+    (dict(cells=9), "micro_shards (8) must be at least cells (9)"),
+    (dict(tp=3), "tp (3) must divide"),
+    (dict(group_size=5, samples_per_rollout=32), "divisible by group_size"),
+    (dict(response_len=16), "response_len (16) must be below"),
+    (dict(dump_rollouts="first,x"), "'x' is not 'first', 'last' or a rollout index"),
+    (dict(bookkeeping=False), "bookkeeping=false needs reduce='float'"),
+    (dict(pp=2, device="cpu"), "pp > 1 needs --device cuda"),
+    (dict(cells=0), "cells: Input should be greater than or equal to 1"),
+    (dict(colour="red"), "colour: Extra inputs are not permitted"),
+])
+def test_bad_values_are_one_line_config_errors(values, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(values)
+    assert message in err.value.message and "\n" not in err.value.message
+    assert err.value.hint
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("first,last", [0, 4]), ("all", [0, 1, 2, 3, 4]), ("none", []), ("2, last", [2, 4]), ("first", [0]),
+])
+def test_dump_rollouts_selection(spec, expected):
+    c = TrainConfig(rollouts=5, dump_rollouts=spec)
+    assert [r for r in range(5) if c.dumps_rollout(r)] == expected
+
+
+def test_config_round_trips_through_a_plain_dict():
+    c = TrainConfig(cells=3, micro_shards=8, dump_what=("grads",))
+    assert TrainConfig.model_validate(c.model_dump(mode="json")) == c
