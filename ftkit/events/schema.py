@@ -28,7 +28,7 @@ class Source(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Role = Field(description="driver, trainer (a rank), engine or tool")
     cell: Optional[int] = Field(description="cell index, null for the driver / tools")
-    rank: Optional[int] = Field(description="rank inside the cell, null outside trainers")
+    rank: Optional[int] = Field(description="rank inside the cell (trainers), engine index (engines), else null")
     incarnation: int = Field(description="restart count of this (role, cell, rank), from 0")
     pid: int = Field(description="process id")
     host: str = Field(description="host name")
@@ -258,8 +258,9 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 
 
 def parse_event(obj: Any) -> Envelope:
-    """Validate one decoded line; raises ``pydantic.ValidationError`` (unknown types included)."""
-    return _ADAPTER.validate_python(obj)
+    """Validate one decoded line strictly (no coercion); raises ``pydantic.ValidationError``
+    (unknown types included)."""
+    return _ADAPTER.validate_python(obj, strict=True)
 
 
 def _type_name(ann: Any) -> str:

@@ -15,6 +15,8 @@ Contract:
   even when its line is lost, so the gap is visible to ``analyze-events`` (FT111); ``close``
   also writes an ``events_dropped`` line when anything was dropped.
 - ``emit`` validates nothing (it is called per step on the hot path); the analyzer validates.
+- ``clock``, ``pid`` and ``host`` default to the real ones; tools that replay or synthesise
+  logs (``ftkit.events.synthetic``) pass their own. Engines pass their engine index as ``rank``.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ftkit.events.schema import SCHEMA
 
@@ -61,11 +63,13 @@ class EventWriter:
 
     def __init__(self, events_dir: str | os.PathLike[str], run: str, role: str,
                  cell: Optional[int] = None, rank: Optional[int] = None,
-                 incarnation: Optional[int] = None) -> None:
+                 incarnation: Optional[int] = None, *, clock: Callable[[], float] = time.time,
+                 pid: Optional[int] = None, host: Optional[str] = None) -> None:
         self.dir = Path(events_dir)
         self.run, self.role, self.cell, self.rank = run, role, cell, rank
         self.dropped = 0
         self.last_error: Optional[str] = None
+        self._clock = clock
         self._lock = threading.Lock()
         self._seq = 0
         self._fd: Optional[int] = None
@@ -83,7 +87,8 @@ class EventWriter:
         self.path = self.dir / f"{stem}-i{self.incarnation}.jsonl"
         _fsync_dir(self.dir)
         self._source = {"role": role, "cell": cell, "rank": rank, "incarnation": self.incarnation,
-                        "pid": os.getpid(), "host": socket.gethostname()}
+                        "pid": os.getpid() if pid is None else pid,
+                        "host": socket.gethostname() if host is None else host}
 
     def _claim(self, stem: str) -> tuple[int, int]:
         pattern = re.compile(re.escape(stem) + r"-i(\d+)\.jsonl(\.gz)?$")
@@ -108,7 +113,7 @@ class EventWriter:
             seq = self._seq
             self._seq += 1
             try:
-                event = {"schema": SCHEMA, "type": type, "run": self.run, "time": time.time(),
+                event = {"schema": SCHEMA, "type": type, "run": self.run, "time": self._clock(),
                          "source": self._source, "seq": seq, **fields}
                 data = (json.dumps(event, default=_json_default, separators=(",", ":")) + "\n").encode()
                 if self._fd is None:

@@ -1,0 +1,93 @@
+"""The rule registry: every analyzer rule is a ``Rule`` subclass registered under its code.
+
+A rule states its stable ``code`` (``FT101``), ``name``, default ``severity``, a one-line
+``description`` and a ``fix`` (both rendered into docs/analyze-events.md and the reports).
+It observes the replay through hooks, all optional:
+
+- ``events``: event types routed to ``on_event(event, where)`` as they are replayed;
+- ``on_step(record)``: a step attempt (``StepRecord``) was closed, i.e. every source has moved
+  on from it, so its evidence is complete;
+- ``on_rollout(record)``: a rollout (``RolloutRecord``) was closed;
+- ``finish()``: the log ended.
+
+It calls ``self.check(n)`` for what it checked and ``self.report(...)`` for each finding.
+Rules read shared state (membership, run info) from ``self.replay``; they keep only state that
+is bounded by open steps / rollouts, so memory does not grow with the log.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
+
+from ftkit.analysis.findings import Severity
+from ftkit.errors import UsageError
+
+if TYPE_CHECKING:
+    from ftkit.analysis.replay import Replay, RolloutRecord, StepRecord
+
+RULES: dict[str, type["Rule"]] = {}
+
+
+class Rule:
+    code: ClassVar[str]
+    name: ClassVar[str]
+    severity: ClassVar[Severity] = Severity.error
+    description: ClassVar[str]
+    fix: ClassVar[str]
+    events: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, replay: "Replay") -> None:
+        self.replay = replay
+        self.checked = 0
+        self.found = 0
+
+    def check(self, n: int = 1) -> None:
+        self.checked += n
+
+    def report(self, message: str, severity: Optional[Severity] = None, **evidence: Any) -> None:
+        self.found += 1
+        self.replay.add_finding(self, message, severity or self.severity, evidence)
+
+    def on_event(self, event: dict[str, Any], where: tuple[str, int]) -> None:  # pragma: no cover
+        raise NotImplementedError(f"{self.code} subscribes to {self.events} but has no on_event")
+
+    def on_step(self, record: "StepRecord") -> None:
+        return None
+
+    def on_rollout(self, record: "RolloutRecord") -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+
+def register(cls: type[Rule]) -> type[Rule]:
+    """Class decorator: add a rule to ``RULES`` (codes are unique)."""
+    if cls.code in RULES:
+        raise RuntimeError(f"rule {cls.code} registered twice")
+    RULES[cls.code] = cls
+    return cls
+
+
+def all_rules() -> dict[str, type[Rule]]:
+    """Every registered rule, by code, in code order (imports ``ftkit.analysis.rules.*``)."""
+    import ftkit.analysis.rules as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        importlib.import_module(f"{pkg.__name__}.{mod.name}")
+    return dict(sorted(RULES.items()))
+
+
+def select_rules(select: Optional[list[str]] = None, skip: Optional[list[str]] = None) -> list[type[Rule]]:
+    """The rules to run: ``select`` (default all) minus ``skip``; unknown codes are a UsageError."""
+    rules = all_rules()
+    wanted = [c.strip().upper() for c in (select or [])]
+    skipped = [c.strip().upper() for c in (skip or [])]
+    unknown = sorted({c for c in wanted + skipped if c not in rules})
+    if unknown:
+        raise UsageError(f"unknown rule code(s): {', '.join(unknown)}",
+                         f"known rules: {', '.join(rules)}")
+    codes = wanted or list(rules)
+    return [rules[c] for c in sorted(set(codes)) if c not in skipped]

@@ -1,0 +1,473 @@
+"""The replay: walks the merged event stream once and keeps the shared state the rules read.
+
+Per event it validates the line's structure (fast path, ``ftkit.events.validate``), checks the
+per-file ``seq`` chain, updates the shared state and hands the event to the rules that
+subscribed to its type. Step evidence (outcomes, fingerprints, witness counts) is gathered in
+one ``StepRecord`` per open (rollout, step, attempt); a step is *closed* -- rules' ``on_step``
+runs and the record is dropped -- once every active file that reports steps has reached step
+``s + LAG`` (or ended), so everything that belongs to it has been read. A rollout is closed
+when every such file has moved past it and its steps are closed. Memory therefore follows
+the open steps and rollouts (plus one row per fault, checkpoint and non-finite step), never the
+length of the log. Files are expected to be time-ordered (the writer's are: one process each).
+
+Membership: ``alive(epoch)`` is the ``alive_after`` of the epoch's ``reconfigure``; epoch 0
+without one is the set of cells ``alive`` by ``cell_state`` when its first step began, or all
+``num_cells`` cells when the log has no ``cell_state``. A cell is *lost* for a step when it died
+during it (see ``cell_lost``); lost cells are excused from "missing" checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Iterable, Optional
+
+from ftkit.analysis.findings import Finding, Severity
+from ftkit.analysis.recovery import RecoveryTracker
+from ftkit.analysis.registry import Rule
+from pydantic import ValidationError
+
+from ftkit.events.schema import Source
+from ftkit.events.validate import explain, is_valid, known
+
+LAG = 2                # a step closes when every reporting file is this many steps ahead
+MAX_STORED = 500       # findings kept per rule (all are counted)
+STEP_TYPES = frozenset({"step_outcome", "state_fingerprint", "witness_counts", "grad_nonfinite"})
+Where = tuple[str, int]
+
+
+class StepRecord:
+    """Evidence of one step attempt, keyed (rollout, step, attempt)."""
+
+    __slots__ = ("rollout", "step", "attempt", "t0", "epoch", "outcomes", "fingerprints", "fp_detail",
+                 "witness", "witness_conflicts", "alive_snapshot", "live", "lost", "committed_cells")
+
+    def __init__(self, rollout: int, step: int, attempt: int, t0: float,
+                 alive_snapshot: Optional[frozenset[int]]) -> None:
+        self.rollout, self.step, self.attempt, self.t0 = rollout, step, attempt, t0
+        self.epoch: Optional[int] = None
+        self.outcomes: dict[int, dict[Optional[int], tuple[str, Where]]] = {}
+        self.fingerprints: dict[Optional[int], dict[int, str]] = {}
+        self.fp_detail: dict[tuple[Optional[int], str], tuple[dict, dict, int, Where]] = {}
+        self.witness: Optional[tuple[list, list, int, Where]] = None
+        self.witness_conflicts: list[tuple[int, Where]] = []
+        self.alive_snapshot = alive_snapshot
+        self.live: frozenset[int] = frozenset()
+        self.lost: frozenset[int] = frozenset()
+        self.committed_cells: frozenset[int] = frozenset()
+
+    @property
+    def committed(self) -> bool:
+        return bool(self.committed_cells)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"rollout": self.rollout, "step": self.step, "attempt": self.attempt, "epoch": self.epoch}
+
+
+class RolloutRecord:
+    """Witness evidence of one rollout: the allocation and the counts of committed steps."""
+
+    __slots__ = ("rollout", "ids", "expected", "alloc_attempt", "where", "tally", "committed_steps",
+                 "counted_steps")
+
+    def __init__(self, rollout: int) -> None:
+        self.rollout = rollout
+        self.ids: Optional[list[int]] = None
+        self.expected = 1
+        self.alloc_attempt = -1
+        self.where: Optional[Where] = None
+        self.tally: dict[int, int] = {}
+        self.committed_steps = 0
+        self.counted_steps = 0
+
+    def expected_counts(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for i in self.ids or ():
+            out[i] = out.get(i, 0) + self.expected
+        return out
+
+    def deficit(self) -> Optional[int]:
+        if self.ids is None:
+            return None
+        return sum(max(0, n - self.tally.get(i, 0)) for i, n in self.expected_counts().items())
+
+
+class Replay:
+    def __init__(self, rule_classes: Iterable[type[Rule]], files: list[str]) -> None:
+        self.files = files
+        self.rules = [cls(self) for cls in rule_classes]
+        self.by_code = {r.code: r for r in self.rules}
+        self.findings: list[Finding] = []
+        self.stored: Counter[str] = Counter()
+        self.notes: list[str] = []
+        self.unknown_types: Counter[str] = Counter()
+        self.by_type: Counter[str] = Counter()
+        self.events = 0
+        # run and membership
+        self.run_started: Optional[dict[str, Any]] = None
+        self.run_finished: Optional[tuple[dict[str, Any], Where]] = None
+        self.runs: dict[str, Where] = {}
+        self.after_finish: list[Any] = [0, None]
+        self.epochs: dict[int, frozenset[int]] = {}
+        self.cell_status: dict[int, str] = {}
+        self.max_rank = -1
+        # open steps and rollouts
+        self.pending: dict[tuple[int, int, int], StepRecord] = {}
+        self.rollouts: dict[int, RolloutRecord] = {}
+        self.closed_below = 0
+        self.late: list[Any] = [0, None]
+        self.steps_closed = self.steps_committed = 0
+        # per file
+        self.seq_next: dict[int, int] = {}
+        self.file_source: dict[int, dict[str, Any]] = {}
+        self.mixed: set[int] = set()
+        self.last_time: dict[int, float] = {}
+        self.file_step: dict[int, int] = {}
+        self.file_rollout: dict[int, int] = {}
+        self.step_marks: Counter[int] = Counter()
+        self.rollout_marks: Counter[int] = Counter()
+        self.cell_files: Counter[int] = Counter()
+        self.file_cell: dict[int, int] = {}
+        self.recovery = RecoveryTracker()
+        self.t_first: Optional[float] = None
+        self.t_last: Optional[float] = None
+        self.cell_last: dict[int, int] = {}
+        self.deaths: dict[int, list[list[Any]]] = {}
+        self.max_step = -1
+        core = {"run_started": self._run_started, "run_finished": self._run_finished,
+                "cell_state": self._cell_state, "reconfigure": self._reconfigure,
+                "step_outcome": self._step_outcome, "state_fingerprint": self._fingerprint,
+                "witness_counts": self._witness_counts, "witness_allocated": self._witness_allocated,
+                "grad_nonfinite": self._grad_nonfinite, "fault_injected": self._fault, "heal": self._heal}
+        self.handlers: dict[str, list[Any]] = {t: [core[t]] if t in core else [] for t in _all_types()}
+        for rule in self.rules:
+            for t in rule.events:
+                self.handlers[t].append(rule.on_event)
+
+    # ----------------------------------------------------------------- reporting
+    def where(self, fi: int, line: int) -> Where:
+        return (self.files[fi], line)
+
+    def add_finding(self, rule: Rule, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
+        if self.stored[rule.code] >= MAX_STORED:
+            return
+        self.stored[rule.code] += 1
+        where = evidence.pop("where", None)
+        if where is not None:
+            evidence["file"], evidence["line"] = where
+        self.findings.append(Finding(code=rule.code, rule=rule.name, severity=severity, message=message,
+                                     evidence={k: v for k, v in evidence.items() if v is not None}))
+
+    def report(self, code: str, message: str, severity: Optional[Severity] = None, **evidence: Any) -> None:
+        """Report for rule ``code`` when it is selected (the replay's own checks use this)."""
+        rule = self.by_code.get(code)
+        if rule is not None:
+            rule.report(message, severity, **evidence)
+
+    def check(self, code: str, n: int = 1) -> None:
+        rule = self.by_code.get(code)
+        if rule is not None:
+            rule.checked += n
+
+    def issue(self, file: str, line: int, kind: str, message: str) -> None:
+        """A line the reader could not decode (FT111)."""
+        sev = Severity.warning if kind == "truncated" else Severity.error
+        self.report("FT111", f"{kind} line: {message}", sev, file=file, line=line, kind=kind)
+
+    # ----------------------------------------------------------------- the loop
+    def feed(self, event: Optional[dict[str, Any]], fi: int, line: int) -> None:
+        if event is None:
+            self._file_ended(fi)
+            return
+        self.events += 1
+        t = event.get("type")
+        if not is_valid(event):
+            if not known(t):
+                self.unknown_types[str(t)[:64]] += 1
+                return
+            self.report("FT111", f"invalid {t} event: {explain(event)}", where=self.where(fi, line))
+            return
+        self.by_type[t] += 1
+        self._envelope(event, fi, line)
+        for handler in self.handlers[t]:
+            handler(event, fi, line)
+
+    def _envelope(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        src = ev["source"]
+        first = self.file_source.get(fi)
+        if first is None:
+            self._file_started(fi, src, line)
+        elif src != first and fi not in self.mixed:
+            self.mixed.add(fi)
+            self.report("FT111", "file holds events of several sources; seq is checked per source",
+                        Severity.warning, where=self.where(fi, line))
+        key: Any = fi if fi not in self.mixed else (fi, src.get("role"), src.get("cell"), src.get("rank"),
+                                                    src.get("incarnation"))
+        seq, expected = ev["seq"], self.seq_next.get(key, 0)
+        if seq != expected:
+            what = f"seq gap: {expected}..{seq - 1} missing" if seq > expected else \
+                f"seq went back from {expected - 1} to {seq}"
+            self.report("FT111", f"{what} (lost or duplicated lines)", where=self.where(fi, line))
+        self.seq_next[key] = seq + 1
+        t = ev["time"]
+        if t < self.last_time.get(fi, t) - 1.0 and fi not in self.mixed:
+            self.mixed.add(fi)
+            self.report("FT111", "events are not in time order in this file (a concatenation?); "
+                        "pass the per-process files", Severity.warning, where=self.where(fi, line))
+        self.last_time[fi] = t
+        if self.t_first is None:
+            self.t_first = t
+        self.t_last = t
+        run = ev["run"]
+        if run not in self.runs:
+            self.runs[run] = self.where(fi, line)
+            if len(self.runs) > 1:
+                self.report("FT111", f"events of several runs in one log: {sorted(self.runs)}",
+                            where=self.where(fi, line))
+        if self.run_finished is not None:
+            self.after_finish[0] += 1
+            self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
+
+    def _file_started(self, fi: int, src: dict[str, Any], line: int) -> None:
+        try:
+            Source.model_validate(src, strict=True)
+        except ValidationError as exc:
+            self.report("FT111", f"invalid source {src}: {exc.errors()[0]['msg']}", where=self.where(fi, line))
+        self.file_source[fi] = src
+        cell = src.get("cell")
+        if src.get("role") == "trainer" and type(cell) is int:
+            self.file_cell[fi] = cell
+            self.cell_files[cell] += 1
+
+    def _file_ended(self, fi: int) -> None:
+        cell = self.file_cell.pop(fi, None)
+        if cell is not None:
+            self.cell_files[cell] -= 1
+            if self.cell_files[cell] <= 0:
+                self._died(cell, definite=False)
+        step = self.file_step.pop(fi, None)
+        if step is not None:
+            self._unmark(self.step_marks, step)
+            self._unmark(self.rollout_marks, self.file_rollout.pop(fi))
+            self._advance()
+
+    # ----------------------------------------------------------------- watermark
+    @staticmethod
+    def _unmark(marks: Counter[int], value: int) -> None:
+        marks[value] -= 1
+        if not marks[value]:
+            del marks[value]
+
+    def _progress(self, fi: int, line: int, step: int, rollout: int) -> bool:
+        """Record that file ``fi`` reached ``step``; False when the step is already closed."""
+        if step < self.closed_below:
+            self.late[0] += 1
+            self.late[1] = self.late[1] or self.where(fi, line)
+            return False
+        last = self.file_step.get(fi)
+        if last is None or step > last:
+            if last is not None:
+                self._unmark(self.step_marks, last)
+                self._unmark(self.rollout_marks, self.file_rollout[fi])
+            self.file_step[fi] = step
+            if step > self.max_step:
+                self.max_step = step
+            cell = self.file_cell.get(fi)
+            if cell is not None:
+                if step > self.cell_last.get(cell, -1):
+                    self.cell_last[cell] = step
+                deaths = self.deaths.get(cell)
+                if deaths and deaths[-1][1] is None and step > deaths[-1][0]:
+                    deaths[-1][1] = step  # a new incarnation reports: the cell is back
+            self.file_rollout[fi] = max(rollout, self.file_rollout.get(fi, rollout))
+            self.step_marks[step] += 1
+            self.rollout_marks[self.file_rollout[fi]] += 1
+            if last is not None:
+                self._advance()
+        return True
+
+    def _advance(self, final: bool = False) -> None:
+        if not final and not self.step_marks:
+            return  # no file reports steps right now: wait for the next one (or the end)
+        step_mark = min(self.step_marks) if not final else math.inf
+        roll_mark = min(self.rollout_marks) if not final else math.inf
+        limit = step_mark - LAG + 1
+        if limit > self.closed_below and self.pending:
+            for key in sorted(k for k in self.pending if k[1] < limit):
+                self._close_step(self.pending.pop(key))
+        if limit > self.closed_below and limit != math.inf:
+            self.closed_below = int(limit)
+        open_rollouts = {k[0] for k in self.pending}
+        for r in sorted(self.rollouts):
+            if r < roll_mark and r not in open_rollouts:
+                self._close_rollout(self.rollouts.pop(r))
+
+    def finish(self) -> None:
+        self._advance(final=True)
+        for rule in self.rules:
+            rule.finish()
+
+    # ----------------------------------------------------------------- membership
+    def alive(self, epoch: Optional[int], rec: StepRecord) -> Optional[frozenset[int]]:
+        """Alive set of ``epoch`` (see the module docstring); None when it cannot be known."""
+        if epoch in self.epochs:
+            return self.epochs[epoch]
+        if epoch is None or self.epochs and epoch > min(self.epochs):
+            return None
+        if rec.alive_snapshot:
+            alive = rec.alive_snapshot
+        elif self.run_started is not None:
+            alive = frozenset(range(self.run_started["num_cells"]))
+        else:
+            alive = frozenset(rec.outcomes) | {c for fps in rec.fingerprints.values() for c in fps}
+        self.epochs[epoch] = alive
+        return alive
+
+    @property
+    def ranks_per_cell(self) -> int:
+        if self.run_started is not None:
+            return max(1, self.run_started["tp"] * self.run_started["pp"])
+        return self.max_rank + 1
+
+    def cell_lost(self, cell: int, step: int) -> bool:
+        """The cell died during ``step``: its last report before dying was at or before ``step`` and it
+        had not come back (a new incarnation reporting) by then. A death is its state turning
+        ``errored``/``stopped``, or all its rank files ending while the log went on past them."""
+        for died, back, definite in self.deaths.get(cell, ()):
+            if died <= step and (back is None or step < back) and (definite or self.max_step > died):
+                return True
+        return False
+
+    def _died(self, cell: int, definite: bool) -> None:
+        deaths = self.deaths.setdefault(cell, [])
+        if deaths and deaths[-1][1] is None:
+            deaths[-1][2] = deaths[-1][2] or definite
+            return
+        deaths.append([self.cell_last.get(cell, -1), None, definite])
+
+    # ----------------------------------------------------------------- core handlers
+    def _record(self, ev: dict[str, Any], fi: int, line: int) -> Optional[StepRecord]:
+        key = (ev["rollout"], ev["step"], ev["attempt"])
+        rec = self.pending.get(key)
+        if rec is None:
+            if not self._progress(fi, line, key[1], key[0]):
+                return None
+            snapshot = frozenset(c for c, s in self.cell_status.items() if s == "alive") \
+                if self.cell_status else None
+            rec = self.pending[key] = StepRecord(key[0], key[1], key[2], ev["time"], snapshot)
+            if key[0] not in self.rollouts:
+                self.rollouts[key[0]] = RolloutRecord(key[0])
+        elif not self._progress(fi, line, key[1], key[0]):
+            return None
+        return rec
+
+    def _rank(self, ev: dict[str, Any]) -> Optional[int]:
+        rank = ev.get("rank")
+        if rank is None:
+            rank = ev["source"].get("rank")
+        if type(rank) is int and rank > self.max_rank:
+            self.max_rank = rank
+        return rank
+
+    def _run_started(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if self.run_started is None:
+            self.run_started = ev
+        else:
+            self.report("FT111", "run_started logged twice", Severity.warning, where=self.where(fi, line))
+
+    def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.run_finished = (ev, self.where(fi, line))
+
+    def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.cell_status[ev["cell"]] = ev["new"]
+        if ev["new"] in ("errored", "stopped"):
+            self._died(ev["cell"], definite=True)
+        if ev["new"] == "errored":
+            self.recovery.detected(ev["time"], ev["cell"])
+
+    def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.epochs[ev["epoch"]] = frozenset(ev["alive_after"])
+        self.recovery.reconfigured(ev["time"])
+
+    def _step_outcome(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        rec = self._record(ev, fi, line)
+        if rec is None:
+            return
+        rec.epoch = ev["epoch"] if rec.epoch is None else rec.epoch
+        rec.outcomes.setdefault(ev["cell"], {})[self._rank(ev)] = (ev["outcome"], self.where(fi, line))
+        if ev["outcome"] != "committed":
+            self.recovery.detected(ev["time"])
+
+    def _fingerprint(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        rec = self._record(ev, fi, line)
+        if rec is None:
+            return
+        rank, total = self._rank(ev), ev["total"]
+        rec.fingerprints.setdefault(rank, {})[ev["cell"]] = total
+        if (rank, total) not in rec.fp_detail:
+            rec.fp_detail[(rank, total)] = (ev["params"], ev["optimizer"], ev["cell"], self.where(fi, line))
+
+    def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        rec = self._record(ev, fi, line)
+        if rec is None:
+            return
+        if rec.witness is None:
+            rec.witness = (ev["ids"], ev["counts"], ev["cell"], self.where(fi, line))
+        elif ev["ids"] != rec.witness[0] or ev["counts"] != rec.witness[1]:
+            rec.witness_conflicts.append((ev["cell"], self.where(fi, line)))
+
+    def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        ro = self.rollouts.get(ev["rollout"])
+        if ro is None:
+            if self.rollout_marks and ev["rollout"] < min(self.rollout_marks):  # already closed
+                self.late[0] += 1
+                self.late[1] = self.late[1] or self.where(fi, line)
+                return
+            ro = self.rollouts[ev["rollout"]] = RolloutRecord(ev["rollout"])
+        if ev["attempt"] >= ro.alloc_attempt:
+            ro.ids, ro.expected, ro.alloc_attempt = ev["ids"], ev["expected"], ev["attempt"]
+            ro.where = self.where(fi, line)
+
+    def _grad_nonfinite(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self._progress(fi, line, ev["step"], ev["rollout"])
+        self.recovery.detected(ev["time"], ev["cell"])
+
+    def _fault(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.recovery.fault(ev, self.where(fi, line))
+
+    def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.recovery.healed(ev["time"], ev["cell"])
+
+    # ----------------------------------------------------------------- closing
+    def _close_step(self, rec: StepRecord) -> None:
+        rec.committed_cells = frozenset(c for c, ranks in rec.outcomes.items()
+                                        if any(o == "committed" for o, _ in ranks.values()))
+        alive = self.alive(rec.epoch, rec)
+        rec.live = alive if alive is not None else frozenset(rec.outcomes)
+        rec.lost = frozenset(c for c in rec.live if self.cell_lost(c, rec.step))
+        self.steps_closed += 1
+        if rec.committed:
+            self.steps_committed += 1
+            ro = self.rollouts.get(rec.rollout)
+            if ro is not None:
+                ro.committed_steps += 1
+                if rec.witness is not None:
+                    ro.counted_steps += 1
+                    tally = ro.tally
+                    for i, n in zip(rec.witness[0], rec.witness[1]):
+                        tally[i] = tally.get(i, 0) + n
+        if rec.outcomes:
+            self.recovery.step_closed(rec.t0, rec.committed, rec.attempt)
+        for rule in self.rules:
+            rule.on_step(rec)
+
+    def _close_rollout(self, ro: RolloutRecord) -> None:
+        self.recovery.rollout_closed(ro.rollout, ro.deficit())
+        for rule in self.rules:
+            rule.on_rollout(ro)
+
+
+def _all_types() -> list[str]:
+    from ftkit.events.schema import EVENT_TYPES
+
+    return list(EVENT_TYPES)

@@ -1,0 +1,176 @@
+"""Replica and engine identity (invariant I1): FT101 divergence, FT102 engine weights, FT107 heal."""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from typing import Any, Optional
+
+from ftkit.analysis.findings import Severity
+from ftkit.analysis.registry import Rule, register
+from ftkit.analysis.replay import StepRecord
+
+MAX_NAMES = 5
+KEEP_VERSIONS = 8
+
+
+def differing_tensors(ref: tuple[dict, dict], other: tuple[dict, dict]) -> list[str]:
+    """Tensor names (in the reference's order) whose fingerprints differ; optimizer state is
+    prefixed ``optimizer/``."""
+    names: list[str] = []
+    for prefix, a, b in (("", ref[0], other[0]), ("optimizer/", ref[1], other[1])):
+        names += [prefix + n for n, h in a.items() if b.get(n) != h]
+        names += [prefix + n for n in b if n not in a]
+        if len(names) >= MAX_NAMES:
+            break
+    return names[:MAX_NAMES]
+
+
+def majority(by_cell: dict[int, str]) -> Optional[str]:
+    """The value held by strictly more cells than any other, or None on a tie."""
+    ranked = Counter(by_cell.values()).most_common()
+    if len(ranked) == 1 or ranked[0][1] > ranked[1][1]:
+        return ranked[0][0]
+    return None
+
+
+@register
+class ReplicaDivergence(Rule):
+    code = "FT101"
+    name = "replica-divergence"
+    description = ("state_fingerprint.total differs between cells for the same (rollout, step, attempt, rank), "
+                   "or cells report different witness counts for the same reduced gradient")
+    fix = ("the replicas are no longer identical: look at the first differing tensors of the outlier cell; "
+           "check for non-deterministic kernels, thread counts or a float (non-exact) reduction")
+
+    def on_step(self, rec: StepRecord) -> None:
+        for rank, by_cell in rec.fingerprints.items():
+            if len(by_cell) < 2:
+                continue
+            self.check()
+            if len(set(by_cell.values())) == 1:
+                continue
+            top = majority(by_cell)
+            ref_total = top or Counter(by_cell.values()).most_common(1)[0][0]
+            ref = rec.fp_detail[(rank, ref_total)]
+            outliers = sorted(c for c, t in by_cell.items() if t != top) if top else sorted(by_cell)
+            first = next(c for c in outliers if by_cell[c] != ref_total) if top is None else outliers[0]
+            other = rec.fp_detail[(rank, by_cell[first])]
+            names = differing_tensors(ref[:2], other[:2])
+            who = f"cell(s) {outliers} differ from the majority" if top else f"no majority among cells {outliers}"
+            self.report(f"replica divergence at step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) "
+                        f"rank {rank}: {who}; first differing tensors: {', '.join(names) or '?'}",
+                        cells=outliers, rank=rank, tensors=names,
+                        majority_cells=sorted(c for c, t in by_cell.items() if t == top) if top else None,
+                        where=other[3], **rec.evidence())
+        if rec.witness is not None and rec.committed:
+            self.check()
+            if rec.witness_conflicts:
+                cells = sorted({c for c, _ in rec.witness_conflicts})
+                self.report(f"cells disagree on the witness counts of step {rec.step} (rollout {rec.rollout}, "
+                            f"attempt {rec.attempt}): cell {rec.witness[2]} vs cell(s) {cells}",
+                            cells=[rec.witness[2], *cells], where=rec.witness_conflicts[0][1], **rec.evidence())
+
+
+@register
+class EngineWeights(Rule):
+    code = "FT102"
+    name = "engine-weights"
+    description = ("an engine loaded weights other than those sent for that version, engines disagree, "
+                   "or an engine did not report a version that was sent")
+    fix = "check the weight transfer to the engines (dtype casts, TP gather order, a stale version)"
+    events = ("weights_sent", "engine_weights")
+
+    def __init__(self, replay: Any) -> None:
+        super().__init__(replay)
+        self.sent: OrderedDict[int, tuple[str, dict, tuple[str, int]]] = OrderedDict()
+        self.loaded: OrderedDict[int, dict[int, str]] = OrderedDict()
+
+    def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        where = self.replay.where(fi, line)
+        version = ev["version"]
+        if ev["type"] == "weights_sent":
+            for old in list(self.sent):
+                self._close(old)
+            self.sent[version] = (ev["total"], ev["params"], where)
+            self.loaded.setdefault(version, {})
+            return
+        self.check()
+        engines = self.loaded.setdefault(version, {})
+        engines[ev["engine"]] = ev["total"]
+        sent = self.sent.get(version)
+        if sent is not None:
+            if ev["total"] != sent[0]:
+                names = differing_tensors((sent[1], {}), (ev["params"], {}))
+                self.report(f"engine {ev['engine']} loaded weights {ev['total'][:12]} for version {version}, "
+                            f"sent {sent[0][:12]}; first differing tensors: {', '.join(names) or '?'}",
+                            engine=ev["engine"], version=version, rollout=ev["rollout"], tensors=names, where=where)
+        elif len(set(engines.values())) > 1:
+            self.report(f"engines disagree on version {version}: {engines}", engines=sorted(engines),
+                        version=version, rollout=ev["rollout"], where=where)
+        elif len(engines) == 1:
+            self.report(f"engine {ev['engine']} loaded version {version}, which was never sent (weights_sent)",
+                        Severity.warning, engine=ev["engine"], version=version, where=where)
+
+    def _close(self, version: int) -> None:
+        sent = self.sent.pop(version, None)
+        engines = self.loaded.pop(version, {})
+        started = self.replay.run_started
+        n = started["num_engines"] if started is not None else 0
+        missing = [e for e in range(n) if e not in engines]
+        if sent is not None and missing:
+            self.report(f"engine(s) {missing} did not report loading weights version {version}",
+                        engines=missing, version=version, where=sent[2])
+        while len(self.loaded) > KEEP_VERSIONS:
+            self.loaded.popitem(last=False)
+
+    def finish(self) -> None:
+        for version in list(self.sent):
+            self._close(version)
+
+
+@register
+class HealUnverified(Rule):
+    code = "FT107"
+    name = "heal-unverified"
+    description = ("a heal's total differs from donor_total, or the healed cell's first committed fingerprint "
+                   "differs from its peers'")
+    fix = "the state transfer to the restarted cell is incomplete or corrupted: check what the donor sends"
+    events = ("heal",)
+
+    def __init__(self, replay: Any) -> None:
+        super().__init__(replay)
+        self.pending: dict[int, tuple[float, tuple[str, int]]] = {}
+
+    def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        where = self.replay.where(fi, line)
+        self.check()
+        if ev["total"] != ev["donor_total"]:
+            self.report(f"heal of cell {ev['cell']} from donor {ev['donor']}: received state {ev['total'][:12]} "
+                        f"!= donor's {ev['donor_total'][:12]}", cell=ev["cell"], donor=ev["donor"],
+                        epoch=ev["epoch"], where=where)
+        self.pending[ev["cell"]] = (ev["time"], where)
+
+    def on_step(self, rec: StepRecord) -> None:
+        if not self.pending or not rec.committed:
+            return
+        for cell, (t, where) in list(self.pending.items()):
+            if rec.t0 < t:
+                continue
+            checked = False
+            for rank, by_cell in rec.fingerprints.items():
+                peers = {c: h for c, h in by_cell.items() if c != cell}
+                if cell not in by_cell or not peers:
+                    continue
+                checked = True
+                ref = majority(peers)
+                if by_cell[cell] != ref:
+                    self.report(f"healed cell {cell}: first committed fingerprint at step {rec.step} rank {rank} "
+                                f"differs from its peers {sorted(peers)}", cell=cell, rank=rank, where=where,
+                                **rec.evidence())
+            if checked:
+                del self.pending[cell]
+
+    def finish(self) -> None:
+        for cell, (_, where) in self.pending.items():
+            self.report(f"heal of cell {cell} never verified: it committed no step alongside a peer afterwards",
+                        Severity.warning, cell=cell, where=where)

@@ -1,0 +1,71 @@
+"""Exactly-once sample accounting (invariant I2): FT103 missing, FT104 duplicate, FT105 unknown.
+
+Counts come from committed step attempts only, once per (rollout, step, attempt) whichever cell
+reported them; a rollout is judged when it is closed (every source has moved past it).
+"""
+
+from __future__ import annotations
+
+from ftkit.analysis.registry import Rule, register
+from ftkit.analysis.replay import RolloutRecord
+
+MAX_IDS = 20
+
+
+def _sample(items: list[tuple[int, int, int]]) -> list[dict[str, int]]:
+    return [{"id": i, "counted": got, "expected": exp} for i, got, exp in items[:MAX_IDS]]
+
+
+@register
+class WitnessMissing(Rule):
+    code = "FT103"
+    name = "witness-missing"
+    description = "an allocated witness id was counted fewer than `expected` times over the rollout's committed steps"
+    fix = "samples were lost: check micro-shard redistribution after a reconfigure and the retry of discarded steps"
+
+    def on_rollout(self, ro: RolloutRecord) -> None:
+        if ro.ids is None:
+            return
+        expected = ro.expected_counts()
+        self.check(len(expected))
+        short = [(i, ro.tally.get(i, 0), n) for i, n in expected.items() if ro.tally.get(i, 0) < n]
+        if short:
+            self.report(f"rollout {ro.rollout}: {len(short)} of {len(expected)} samples counted fewer times than "
+                        f"expected ({ro.committed_steps} committed steps)", rollout=ro.rollout, samples=len(short),
+                        ids=_sample(short), where=ro.where)
+
+
+@register
+class WitnessDuplicate(Rule):
+    code = "FT104"
+    name = "witness-duplicate"
+    description = "an allocated witness id was counted more than `expected` times (trained twice)"
+    fix = "samples were trained twice: a discarded attempt leaked into a commit, or micro-shards overlap"
+
+    def on_rollout(self, ro: RolloutRecord) -> None:
+        if ro.ids is None:
+            return
+        expected = ro.expected_counts()
+        self.check(len(expected))
+        extra = [(i, ro.tally[i], n) for i, n in expected.items() if ro.tally.get(i, 0) > n]
+        if extra:
+            self.report(f"rollout {ro.rollout}: {len(extra)} samples counted more times than expected",
+                        rollout=ro.rollout, samples=len(extra), ids=_sample(extra), where=ro.where)
+
+
+@register
+class WitnessUnknown(Rule):
+    code = "FT105"
+    name = "witness-unknown"
+    description = "a witness id was counted that was not allocated to that rollout"
+    fix = "data from another rollout (or a stale batch) reached the model"
+
+    def on_rollout(self, ro: RolloutRecord) -> None:
+        if ro.ids is None:
+            return
+        allocated = set(ro.ids)
+        self.check(len(ro.tally))
+        unknown = [(i, n, 0) for i, n in ro.tally.items() if i not in allocated]
+        if unknown:
+            self.report(f"rollout {ro.rollout}: {len(unknown)} counted witness ids were never allocated to it",
+                        rollout=ro.rollout, samples=len(unknown), ids=_sample(unknown), where=ro.where)

@@ -1,0 +1,221 @@
+"""Streaming reader of event logs: files, directories, ``.gz``; merged by time; never crashes.
+
+``discover(paths)`` resolves the inputs: a file is taken as is (gzip recognised by its magic
+bytes), a directory contributes every ``*.jsonl`` and ``*.jsonl.gz`` below it. A missing or
+unreadable path, or a directory without logs, raises ``InputError`` (exit 2).
+
+``EventStream(files).events()`` yields ``(event, file_index, line_number)`` for every line that
+decodes to a JSON object, merging the files by ``time`` with a heap (each file stays in its own
+order), so memory is bounded by one pending line per file plus ``MAX_LINE``. Lines that do not
+decode are reported to ``on_issue`` and skipped:
+
+- ``truncated``: the last line of a file is unterminated and does not decode (a writer died
+  mid-line) -- a warning;
+- ``malformed``: any other line that is not a JSON object (bad bytes, bad JSON) -- an error;
+- ``too_long``: a line over ``MAX_LINE`` bytes (skipped without being held in memory);
+- ``unreadable``: an I/O or decompression error part-way through a file.
+
+Decoding uses orjson when installed (it rejects the ``NaN``/``Infinity`` literals, so lines it
+refuses are retried with the standard json module, which accepts them).
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import io
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+from ftkit.errors import InputError
+
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    _fast_loads = json.loads
+
+MAX_LINE = 16 << 20
+LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+IssueCallback = Callable[[str, int, str, str], None]  # (file, line, kind, message)
+
+
+def decode(line: bytes) -> Any:
+    """Decode one line (orjson fast path, json fallback for NaN/Infinity); raises ValueError."""
+    try:
+        return _fast_loads(line)
+    except ValueError:
+        try:
+            return json.loads(line)
+        except RecursionError as exc:
+            raise ValueError("nested too deeply") from exc
+
+
+def discover(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """The log files named by ``paths`` (sorted per directory, duplicates removed)."""
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or directory",
+                             "pass an events/ directory, a run directory or .jsonl files")
+        if path.is_dir():
+            try:
+                found = sorted(p for p in path.rglob("*") if p.name.endswith(LOG_SUFFIXES) and p.is_file())
+            except OSError as exc:
+                raise InputError(f"{path}: cannot list directory: {exc.strerror or exc}",
+                                 "check the permissions of the directory") from exc
+            if not found:
+                raise InputError(f"{path}: no *.jsonl or *.jsonl.gz event logs below it",
+                                 "point at the run's events/ directory")
+            files.extend(found)
+        else:
+            files.append(path)
+    unique = list(dict.fromkeys(p.resolve() for p in files))
+    for p in unique:
+        try:
+            with open(p, "rb") as fh:
+                fh.read(1)
+        except OSError as exc:
+            raise InputError(f"{p}: cannot read: {exc.strerror or exc}",
+                             "check the file's permissions") from exc
+    return unique
+
+
+def _open(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
+    """(line reader, raw file): the raw file's position is the progress on disk."""
+    fh = open(path, "rb")
+    if fh.read(2) == _GZIP_MAGIC:
+        fh.seek(0)
+        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh  # type: ignore[arg-type]
+    fh.seek(0)
+    return fh, fh
+
+
+class EventStream:
+    """Merge the events of ``files`` by time; see the module docstring for the contract."""
+
+    def __init__(self, files: list[Path], on_issue: IssueCallback) -> None:
+        self.files = files
+        self.on_issue = on_issue
+        self.lines = 0
+        self.bytes = 0
+        self._raw: dict[int, io.BufferedIOBase] = {}
+        self._done = 0
+
+    def position(self) -> int:
+        """Bytes consumed on disk (compressed bytes for .gz), for progress bars."""
+        pos = self._done
+        for raw in list(self._raw.values()):
+            try:
+                pos += raw.tell()
+            except (OSError, ValueError):
+                pass
+        return pos
+
+    def _file_events(self, index: int) -> Iterator[tuple[float, Any, int]]:
+        path = self.files[index]
+        name = str(path)
+        try:
+            fh, raw = _open(path)
+        except OSError as exc:
+            self.on_issue(name, 0, "unreadable", f"cannot open: {exc}")
+            return
+        self._raw[index] = raw
+        with fh, raw:
+            try:
+                yield from self._lines(fh, name)
+            finally:
+                self._done += path.stat().st_size if path.exists() else 0
+                del self._raw[index]
+
+    def _lines(self, fh: io.BufferedIOBase, name: str) -> Iterator[tuple[float, Any, int]]:
+        last_time = float("-inf")
+        lineno = 0
+        while True:
+            try:
+                line = fh.readline(MAX_LINE + 1)
+            except (OSError, EOFError, zlib.error) as exc:
+                kind = "truncated" if isinstance(exc, EOFError) else "unreadable"
+                self.on_issue(name, lineno + 1, kind, f"cannot read past line {lineno}: {exc}")
+                return
+            if not line:
+                return
+            lineno += 1
+            self.lines += 1
+            self.bytes += len(line)
+            if len(line) > MAX_LINE and not line.endswith(b"\n"):
+                if not self._skip_rest(fh, name, lineno):
+                    return
+                continue
+            if not line.strip():
+                continue
+            try:
+                event = decode(line)
+            except ValueError as exc:
+                if line.endswith(b"\n"):
+                    self.on_issue(name, lineno, "malformed", f"not valid JSON: {_short(exc)}")
+                else:
+                    self.on_issue(name, lineno, "truncated", "last line is incomplete (writer died mid-line?)")
+                continue
+            if not isinstance(event, dict):
+                self.on_issue(name, lineno, "malformed", f"a JSON {type(event).__name__}, not an object")
+                continue
+            t = event.get("time")
+            if type(t) is float or type(t) is int:
+                last_time = t
+            yield last_time, event, lineno
+
+    def _skip_rest(self, fh: io.BufferedIOBase, name: str, lineno: int) -> bool:
+        """Skip the rest of an over-long line; returns False at end of file."""
+        self.on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+        while True:
+            try:
+                chunk = fh.readline(MAX_LINE)
+            except (OSError, EOFError, zlib.error):
+                return False
+            self.bytes += len(chunk)
+            if not chunk:
+                return False
+            if chunk.endswith(b"\n"):
+                return True
+
+    def events(self) -> Iterator[tuple[Any, int, int]]:
+        """Yield ``(event, file_index, line_number)`` in time order across files; after a file's
+        last event, ``(None, file_index, last_line)`` marks its end."""
+        gens = [self._file_events(i) for i in range(len(self.files))]
+        heap: list[tuple[float, int, Any, int]] = []
+        for i, gen in enumerate(gens):
+            first = next(gen, None)
+            if first is not None:
+                heap.append((first[0], i, first[1], first[2]))
+        heapq.heapify(heap)
+        heapreplace, heappop = heapq.heapreplace, heapq.heappop
+        while heap:
+            _, i, event, lineno = heap[0]
+            nxt = next(gens[i], None)
+            if nxt is None:
+                heappop(heap)
+            else:
+                heapreplace(heap, (nxt[0], i, nxt[1], nxt[2]))
+            yield event, i, lineno
+            if nxt is None:
+                yield None, i, lineno  # end of file i
+
+
+def _short(exc: BaseException, limit: int = 120) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def iter_events(paths: Iterable[str | os.PathLike[str]],
+                on_issue: Optional[IssueCallback] = None) -> Iterator[dict[str, Any]]:
+    """Convenience: the decoded events of ``paths`` in time order (issues ignored unless asked)."""
+    stream = EventStream(discover(paths), on_issue or (lambda *a: None))
+    for event, _, _ in stream.events():
+        if event is not None:
+            yield event
