@@ -35,6 +35,28 @@ def write_junit(path: str | os.PathLike[str], suite: str, rules: Iterable[RuleSu
             tc = ET.SubElement(ts, "testcase", classname=suite, name=f"{code} {fs[0].rule}")
             for f in fs:
                 ET.SubElement(tc, "failure", message=f.message, type=f.severity.value)
+    _write(root, path)
+
+
+def write_junit_cases(path: str | os.PathLike[str], suite: str,
+                      cases: Iterable[tuple[str, str, list[tuple[str, str]]]]) -> None:
+    """Write ``path`` atomically with one ``testcase`` per checked item.
+
+    ``cases`` are ``(classname, name, failures)``; each failure is ``(message, text)`` and
+    fails the case. Used where a command checks many items (compare-dumps: one case per tensor).
+    """
+    cases = list(cases)
+    root = ET.Element("testsuites")
+    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)),
+                       failures=str(sum(1 for c in cases if c[2])), errors="0", skipped="0")
+    for classname, name, failures in cases:
+        tc = ET.SubElement(ts, "testcase", classname=classname, name=name)
+        for message, text in failures:
+            ET.SubElement(tc, "failure", message=message, type="error").text = text
+    _write(root, path)
+
+
+def _write(root: ET.Element, path: str | os.PathLike[str]) -> None:
     tree = ET.ElementTree(root)
     ET.indent(tree)
     target = Path(path)

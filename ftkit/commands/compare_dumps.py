@@ -1,0 +1,120 @@
+"""``ftkit compare-dumps A B``: tensor-by-tensor comparison of two runs, dumps or file trees.
+
+Thin layer over ``ftkit.dumps.compare``: parse options, run the comparison with a progress
+bar on stderr (human mode), render the report on stdout, optionally write JUnit XML and an
+HTML report. Exit 0 when nothing differs (or all within tolerance), 1 on findings at or above
+``--fail-on``, 2 for unreadable or malformed input.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+from ftkit.analysis.findings import FailOn, verdict
+from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.errors import UsageError
+from ftkit.report.sink import Format, Output
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ftkit.dumps.compare import CompareOptions, CompareResult
+
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-8
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("compare-dumps")
+    def compare_dumps(
+        a: Annotated[Path, typer.Argument(help="Run directory, dump directory, directory of .safetensors "
+                                               "files, or one .safetensors file.", show_default=False)],
+        b: Annotated[Path, typer.Argument(help="The same kind of thing to compare with (B is the reference "
+                                               "for --rtol).", show_default=False)],
+        exact: Annotated[bool, typer.Option("--exact", help="Any differing bit is a finding (NaNs compare "
+                                                            "by bits, -0.0 differs from 0.0).")] = False,
+        rtol: Annotated[Optional[float], typer.Option("--rtol", help=f"Relative tolerance: |a-b| <= atol + "
+                                                      f"rtol*|b| [default: {DEFAULT_RTOL:g}].",
+                                                      show_default=False)] = None,
+        atol: Annotated[Optional[float], typer.Option("--atol", help=f"Absolute tolerance [default: "
+                                                      f"{DEFAULT_ATOL:g}].", show_default=False)] = None,
+        rules: Annotated[Optional[Path], typer.Option("--rules", metavar="FILE", dir_okay=False,
+                                                      help="TOML rules: regex over tensor ids -> predicate "
+                                                           "over the metrics; tensors no rule covers fail "
+                                                           "(see docs/dumps.md).")] = None,
+        top: Annotated[int, typer.Option("--top", min=0, help="How many of the most different tensors to "
+                                                              "list.")] = 10,
+        html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", dir_okay=False,
+                                                     help="Also write a self-contained HTML report with a "
+                                                          "per-layer divergence plot.")] = None,
+        fmt: FormatOpt = Format.human,
+        junit_xml: JunitOpt = None,
+        fail_on: FailOnOpt = FailOn.error,
+    ) -> None:
+        """Compare two runs tensor by tensor and report where they first diverge.
+
+        Dumps pair by (prefix, phase, rollout, step, micro-shard, name) with TP shards
+        reassembled, so a TP=2 run compares with a TP=1 run; other safetensors files pair by
+        relative path and tensor name. Missing rollouts, files or tensors are findings.
+        Default mode: tolerance (rtol 1e-5, atol 1e-8); --exact for bitwise; --rules FILE.
+        """
+        from ftkit.dumps.compare import CompareOptions, compare_paths
+
+        options = _options(exact, rtol, atol, rules)
+        out = Output(fmt)
+        with out.progress("Comparing", total=None) as task:
+            result = compare_paths(a, b, options, progress=task.advance,
+                                   on_start=lambda total: task.update(total=total))
+        outcome = verdict(result.findings, fail_on)
+        _render(out, result, outcome, top)
+        if junit_xml is not None:
+            from ftkit.report.compare_formats import SUITE, junit_cases
+            from ftkit.report.junit import write_junit_cases
+
+            write_junit_cases(junit_xml, SUITE, junit_cases(result))
+        if html is not None:
+            from ftkit.report.html import render_html
+            from ftkit.tensors.st import write_bytes_atomic
+
+            write_bytes_atomic(html, render_html(result, outcome, max(top, 50)).encode("utf-8"))
+            if out.human:
+                out.info(f"[dim]HTML report: {html}[/dim]")
+        raise typer.Exit(1 if outcome == "fail" else 0)
+
+
+def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | None) -> CompareOptions:
+    from ftkit.dumps.compare import CompareOptions
+
+    tol_given = rtol is not None or atol is not None
+    if exact and (tol_given or rules is not None):
+        raise UsageError("--exact cannot be combined with --rtol/--atol or --rules",
+                         "--exact compares bits; drop the tolerances, or drop --exact")
+    if rules is not None and tol_given:
+        raise UsageError("--rules cannot be combined with --rtol/--atol",
+                         "put the tolerances into the rules' predicates (max_rel, max_abs, ...)")
+    for name, value in (("--rtol", rtol), ("--atol", atol)):
+        if value is not None and not value >= 0:
+            raise UsageError(f"{name} must be a non-negative number, not {value}", f"e.g. {name} 1e-5")
+    if rules is not None:
+        from ftkit.dumps.rules import load_rules
+
+        return CompareOptions(mode="rules", rules=load_rules(rules))
+    return CompareOptions(mode="exact" if exact else "tolerance",
+                          rtol=DEFAULT_RTOL if rtol is None else rtol, atol=DEFAULT_ATOL if atol is None else atol)
+
+
+def _render(out: Output, result: CompareResult, outcome: str, top: int) -> None:
+    if out.format is Format.json:
+        from ftkit.report.compare_formats import json_document
+
+        out.json(json_document(result, outcome, top))
+    elif out.format is Format.github:
+        from ftkit.report.compare_formats import github_text, step_summary
+        from ftkit.report.github import append_step_summary
+
+        out.data(github_text(result, outcome))
+        append_step_summary(step_summary(result, outcome, top))
+    else:
+        from ftkit.report.compare_human import render_human
+
+        render_human(out.out, result, outcome, top)

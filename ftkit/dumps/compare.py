@@ -1,0 +1,256 @@
+"""The comparator behind ``ftkit compare-dumps``: pair, stream, measure, decide, report findings.
+
+``compare_paths(a, b, options)`` opens both sources (``ftkit.dumps.sources``), pairs their
+tensors in capture order (``ftkit.dumps.pairing``) and compares item by item, so only one
+item's tensors are in memory at a time. Per item:
+
+1. each side is resolved (``ftkit.dumps.sides``): loaded lazily, fingerprinted, verified
+   against its index, copies checked (CD007), TP shards checked (CD008);
+2. dtype (CD003) and full shape (CD002) must match;
+3. equal fingerprint signatures prove bitwise equality (only NaN/Inf counts are computed);
+   otherwise the shards are assembled and ``diff_metrics`` runs;
+4. the mode decides (CD001): ``exact`` fails on any differing bit, ``tolerance`` on any element
+   outside ``atol + rtol·|b|`` (NaN positions must match), ``rules`` on the first matching
+   rule's predicate, and on tensors no rule covers (CD009).
+
+Missing rollouts (CD006), files (CD005) and tensors (CD004, grouped per micro-shard or file)
+are findings: evidence that is absent never passes. ``first_divergence`` is the earliest
+failing item in capture order.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ftkit.analysis.findings import Finding, RuleSummary
+from ftkit.dumps.codes import finding, summaries
+from ftkit.dumps.loader import TensorLoader
+from ftkit.dumps.metrics import Metrics, bits_view, diff_metrics, equal_metrics, nonfinite_counts
+from ftkit.dumps.pairing import Item, pair
+from ftkit.dumps.rules import RuleSet
+from ftkit.dumps.sides import SideValue, resolve_side
+from ftkit.dumps.sources import check_compatible, open_source
+
+FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
+
+
+@dataclass
+class CompareOptions:
+    mode: str = "tolerance"  # "tolerance" | "exact" | "rules"
+    rtol: float = 1e-5
+    atol: float = 1e-8
+    rules: RuleSet | None = None
+
+    def describe(self) -> str:
+        if self.mode == "exact":
+            return "exact (bitwise)"
+        if self.mode == "rules":
+            return f"rules from {self.rules.path if self.rules else '?'}"
+        return f"tolerance rtol={self.rtol:g} atol={self.atol:g}"
+
+
+@dataclass
+class PairResult:
+    id: str
+    group: str
+    name: str
+    kind: str
+    status: str  # equal | close | differ | shape | dtype | missing_in_a | missing_in_b | invalid | uncovered
+    message: str = ""
+    metrics: Metrics | None = None
+    dtype: tuple[str | None, str | None] = (None, None)
+    shape: tuple[list[int] | None, list[int] | None] = (None, None)
+    origins: tuple[list[str], list[str]] = ([], [])
+    rule: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILING
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "group": self.group, "name": self.name, "kind": self.kind, "status": self.status,
+                "message": self.message, "dtype_a": self.dtype[0], "dtype_b": self.dtype[1],
+                "shape_a": self.shape[0], "shape_b": self.shape[1], "origins_a": self.origins[0],
+                "origins_b": self.origins[1], "rule": self.rule,
+                "metrics": self.metrics.to_dict() if self.metrics else None}
+
+
+@dataclass
+class CompareResult:
+    a: Path
+    b: Path
+    kind: str
+    options: CompareOptions
+    pairs: list[PairResult] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    rules: list[RuleSummary] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def first_divergence(self) -> PairResult | None:
+        return next((p for p in self.pairs if p.failed), None)
+
+
+def compare_paths(a: str | Path, b: str | Path, options: CompareOptions,
+                  progress: Callable[[int], None] | None = None,
+                  on_start: Callable[[int], None] | None = None) -> CompareResult:
+    """Compare two run directories, dump directories, directories of safetensors or files.
+
+    ``on_start(total_bytes)`` is called once the work is known; ``progress(nbytes)`` after
+    each item. Raises ``InputError``/``UsageError`` for unreadable or incompatible input.
+    """
+    sa, sb = open_source(a), open_source(b)
+    check_compatible(sa, sb)
+    pairing = pair(sa, sb)
+    result = CompareResult(Path(a), Path(b), sa.kind, options)
+    if on_start:
+        on_start(sum(i.nbytes for i in pairing.items))
+    for label, lacking in pairing.missing_rollouts:
+        result.findings.append(finding("CD006", f"rollout {label} is missing in {lacking}", rollout=label, missing_in=lacking))
+    for rel, lacking in pairing.missing_files:
+        result.findings.append(finding("CD005", f"file {rel} is missing in {lacking}", path=rel, missing_in=lacking))
+    for side, src in (("A", sa), ("B", sb)):
+        for rel in src.orphans:
+            result.findings.append(finding("CD011", f"{side}: {rel} has no index (interrupted write?); not compared",
+                                           path=str(src.root / rel), side=side))
+    loader = TensorLoader()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for item in pairing.items:
+                pr, found = _compare_item(item, options, loader, pool)
+                result.pairs.append(pr)
+                result.findings.extend(found)
+                if progress:
+                    progress(item.nbytes)
+    finally:
+        loader.close()
+    result.findings.extend(_missing_findings(result.pairs))
+    result.stats = _stats(result, sa.total_bytes() + sb.total_bytes(), len(pairing.missing_rollouts),
+                          len(pairing.missing_files))
+    compared = sum(1 for p in result.pairs if p.metrics is not None)
+    result.rules = summaries({
+        "CD001": compared, "CD002": compared, "CD003": compared, "CD004": len(result.pairs),
+        "CD005": len(sa.files.keys() | sb.files.keys()), "CD006": len(sa.rollouts | sb.rollouts),
+        "CD007": len(result.pairs), "CD008": len(result.pairs),
+        "CD009": len(result.pairs) if options.mode == "rules" else 0, "CD010": compared,
+        "CD011": len(sa.orphans) + len(sb.orphans)}, result.findings)
+    return result
+
+
+def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: Any) -> tuple[PairResult, list[Finding]]:
+    pr = PairResult(item.id, item.group, item.name, item.kind, "equal",
+                    origins=(sorted({p.origin for p in item.a}), sorted({p.origin for p in item.b})))
+    if not item.a or not item.b:
+        pr.status = "missing_in_a" if not item.a else "missing_in_b"
+        pr.message = f"missing in {'A' if not item.a else 'B'}"
+        return pr, []
+    va, fa = resolve_side(item.id, "A", item.a, loader, pool)
+    vb, fb = resolve_side(item.id, "B", item.b, loader, pool)
+    found = fa + fb
+    if va is None or vb is None:
+        pr.status, pr.message = "invalid", "; ".join(f.message for f in found if f.code == "CD008")
+        return pr, found
+    pr.dtype, pr.shape = (va.dtype, vb.dtype), (list(va.shape), list(vb.shape))
+    if va.shape != vb.shape:
+        pr.status, pr.message = "shape", f"shape {list(va.shape)} in A, {list(vb.shape)} in B"
+        return pr, found + [finding("CD002", f"{item.id}: {pr.message}", tensor=item.id, shape_a=list(va.shape),
+                                    shape_b=list(vb.shape))]
+    pr.metrics = _metrics(va, vb, opt)
+    if va.dtype != vb.dtype:
+        pr.status, pr.message = "dtype", f"dtype {va.dtype} in A, {vb.dtype} in B"
+        return pr, found + [finding("CD003", f"{item.id}: {pr.message}", tensor=item.id, dtype_a=va.dtype,
+                                    dtype_b=vb.dtype, **_brief(pr.metrics))]
+    found += _decide(pr, opt)
+    if not pr.failed and pr.metrics.nonfinite:
+        m = pr.metrics
+        found.append(finding("CD010", f"{item.id}: holds non-finite values (NaN {m.nan_a}, Inf {m.inf_a})",
+                             tensor=item.id, nan=m.nan_a, inf=m.inf_a))
+    return pr, found
+
+
+def _metrics(va: SideValue, vb: SideValue, opt: CompareOptions) -> Metrics:
+    if va.signature == vb.signature:
+        nan = inf = 0
+        for _, t in va.chosen:
+            n, i = nonfinite_counts(t)
+            nan, inf = nan + n, inf + i
+        return Metrics(va.numel, True, nan_a=nan, nan_b=nan, inf_a=inf, inf_b=inf)
+    ta, tb = va.full(), vb.full()
+    if ta.dtype == tb.dtype and _bitwise_equal(ta, tb):  # same bits, different TP layout
+        return equal_metrics(ta)
+    return diff_metrics(ta, tb, opt.rtol, opt.atol)
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return torch.equal(bits_view(a.contiguous().reshape(-1)), bits_view(b.contiguous().reshape(-1)))
+
+
+def _decide(pr: PairResult, opt: CompareOptions) -> list[Finding]:
+    m = pr.metrics
+    assert m is not None
+    if opt.mode == "rules":
+        rule = opt.rules.rule_for(pr.id) if opt.rules else None
+        if rule is None:
+            pr.status, pr.message = "uncovered", "no rule covers this tensor"
+            return [finding("CD009", f"{pr.id}: no --rules entry matches it", tensor=pr.id)]
+        pr.rule = rule.name
+        ok = rule.passes(m.to_dict())
+        why = f"fails rule '{rule.name}' ({rule.require})"
+    elif opt.mode == "exact":
+        ok = m.bitwise_equal
+        why = f"bits differ in {m.bits_differ} of {m.numel} elements"
+    else:
+        ok = m.tol_fail == 0
+        why = f"{m.tol_fail} of {m.numel} elements outside rtol={opt.rtol:g} atol={opt.atol:g}"
+    if ok:
+        pr.status = "equal" if m.bitwise_equal else "close"
+        return []
+    pr.status = "differ"
+    pr.message = f"{why}; {_summary(m)}"
+    return [finding("CD001", f"{pr.id}: {pr.message}", tensor=pr.id, rule=pr.rule, **_brief(m))]
+
+
+def _summary(m: Metrics) -> str:
+    parts = [f"max_abs={m.max_abs:.3g}", f"max_rel={m.max_rel:.3g}", f"dissimilarity={m.dissimilarity:.3g}"]
+    if m.argmax is not None:
+        parts.append(f"at {m.argmax} (A={m.a_at!r}, B={m.b_at!r})")
+    if m.nan_a or m.nan_b:
+        parts.append(f"NaN A={m.nan_a} B={m.nan_b}")
+    if m.inf_a or m.inf_b:
+        parts.append(f"Inf A={m.inf_a} B={m.inf_b}")
+    return ", ".join(parts)
+
+
+def _brief(m: Metrics) -> dict[str, Any]:
+    return {k: v for k, v in m.to_dict().items() if k in (
+        "max_abs", "max_rel", "mean_abs", "dissimilarity", "bits_differ", "tol_fail", "argmax", "a_at", "b_at",
+        "nan_a", "nan_b", "inf_a", "inf_b")}
+
+
+def _missing_findings(pairs: list[PairResult]) -> list[Finding]:
+    """One CD004 finding per (group, side) listing the tensors missing there."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for p in pairs:
+        if p.status in ("missing_in_a", "missing_in_b"):
+            groups.setdefault((p.group, p.status[-1].upper()), []).append(p.name)
+    out = []
+    for (group, side), names in groups.items():
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        out.append(finding("CD004", f"{group}: {len(names)} tensor(s) missing in {side}: {shown}",
+                           group=group, missing_in=side, count=len(names), tensors=names[:50]))
+    return out
+
+
+def _stats(result: CompareResult, total_bytes: int, missing_rollouts: int, missing_files: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for p in result.pairs:
+        counts[p.status] = counts.get(p.status, 0) + 1
+    return {"tensors": len(result.pairs), "bytes": total_bytes, "missing_rollouts": missing_rollouts,
+            "missing_files": missing_files,
+            **{s: counts.get(s, 0) for s in ("equal", "close", "differ", "shape", "dtype", "missing_in_a",
+                                              "missing_in_b", "invalid", "uncovered")}}

@@ -1,0 +1,69 @@
+"""Lazy tensor loading through safetensors' ``safe_open`` (memory-mapped, no full-file read).
+
+``TensorLoader.load(ref)`` returns a CPU tensor backed by the file mapping; pages are read
+when the tensor is touched, so memory follows what is being compared, not the dump size.
+A few files stay open (least recently used first out). Headers were validated by
+``ftkit.tensors.st.read_header`` before any ``TensorRef`` exists; any error safetensors still
+raises becomes an ``InputError`` (exit 2). ``fingerprint_verified`` checks a dump tensor
+against its index fingerprint.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftkit.dumps.sources import TensorRef
+from ftkit.errors import InputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+class TensorLoader:
+    def __init__(self, max_open: int = 8) -> None:
+        self._open: OrderedDict[Path, Any] = OrderedDict()
+        self._max_open = max_open
+
+    def load(self, ref: TensorRef) -> "torch.Tensor":
+        handle = self._handle(ref.file)
+        try:
+            t = handle.get_tensor(ref.info.name)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
+            raise InputError(f"cannot read tensor {ref.info.name!r} from {ref.file}: {exc}",
+                             "the file is corrupt or changed while reading; re-create it") from exc
+        if tuple(t.shape) != ref.info.shape:
+            raise InputError(f"tensor {ref.info.name!r} in {ref.file} changed while reading",
+                             "do not modify dumps while comparing them")
+        return t
+
+    def _handle(self, path: Path) -> Any:
+        from safetensors import safe_open
+
+        if path in self._open:
+            self._open.move_to_end(path)
+            return self._open[path]
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(f"cannot open {path} as safetensors: {exc}",
+                             "the file is corrupt or truncated; re-create it") from exc
+        self._open[path] = handle
+        while len(self._open) > self._max_open:
+            self._open.popitem(last=False)
+        return handle
+
+    def close(self) -> None:
+        self._open.clear()
+
+
+def fingerprint_verified(ref: TensorRef, t: "torch.Tensor") -> str:
+    """``t``'s fingerprint; ``InputError`` if ``ref`` carries an index fingerprint that differs."""
+    from ftkit.tensors.fingerprint import fingerprint
+
+    fp = fingerprint(t)
+    if ref.fingerprint is not None and fp != ref.fingerprint:
+        raise InputError(f"tensor {ref.info.name!r} in {ref.file} does not match the fingerprint in its index",
+                         "the dump data is corrupt (changed after it was written); re-create it")
+    return fp

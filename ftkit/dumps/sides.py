@@ -1,0 +1,110 @@
+"""One side of one comparison item: load its pieces, verify them, resolve copies and shards.
+
+``resolve_side`` loads every piece (lazily, through ``TensorLoader``), fingerprints them in a
+small thread pool (xxh3 releases the GIL), verifies dump pieces against their index
+fingerprints, then:
+
+- copies of the same data (replicated pieces from several TP ranks or cells, or the same TP
+  shard from several cells) must be bitwise identical: distinct fingerprints give a CD007
+  finding and the copy from the first origin (sorted) is used;
+- split pieces must cover every TP rank with one layout (dim, tp_size, stride), mixing
+  replicated and split pieces is not allowed: otherwise a CD008 finding and no value.
+
+``SideValue.signature`` identifies the stored bits per layout: equal signatures on both sides
+prove bitwise equality without assembling anything; otherwise ``full()`` assembles the TP
+shards into the full tensor.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ftkit.analysis.findings import Finding
+from ftkit.dumps.codes import finding
+from ftkit.dumps.loader import TensorLoader, fingerprint_verified
+from ftkit.dumps.pairing import Piece
+from ftkit.tensors.sharding import Sharding, assemble
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+@dataclass
+class SideValue:
+    dtype: str
+    shape: tuple[int, ...]
+    chosen: list[tuple[Sharding, "torch.Tensor"]]  # one piece per TP rank (or one replicated piece)
+    signature: tuple
+    origins: list[str]
+
+    def full(self) -> "torch.Tensor":
+        return assemble(self.chosen)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def resolve_side(item_id: str, side: str, pieces: list[Piece], loader: TensorLoader,
+                 pool: Executor) -> tuple[SideValue | None, list[Finding]]:
+    """The value of one side of ``item_id`` (``side`` is "A" or "B") and any CD007/CD008 findings."""
+    tensors = [loader.load(p.ref) for p in pieces]
+    fps = list(pool.map(fingerprint_verified, [p.ref for p in pieces], tensors))
+    origins = sorted({p.origin for p in pieces})
+    if len({p.sharding.is_split for p in pieces}) > 1:
+        return None, [finding("CD008", f"{item_id}: side {side} mixes replicated and split TP pieces",
+                              tensor=item_id, side=side, origins=origins)]
+    split = pieces[0].sharding.is_split
+    groups: dict[int | None, list[int]] = {}
+    for i, p in enumerate(pieces):
+        groups.setdefault(p.sharding.tp_rank if split else None, []).append(i)
+    findings: list[Finding] = []
+    chosen_idx = []
+    for rank, members in sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
+        members.sort(key=lambda i: pieces[i].origin)
+        distinct = {}
+        for i in members:
+            distinct.setdefault(fps[i], []).append(pieces[i].origin)
+        if len(distinct) > 1:
+            what = "copies" if rank is None else f"copies of TP shard {rank}"
+            findings.append(finding(
+                "CD007", f"{item_id}: side {side} holds {len(distinct)} different {what} ({len(members)} copies)",
+                tensor=item_id, side=side, variants=[sorted(o) for o in distinct.values()]))
+        chosen_idx.append(members[0])
+    chosen = [(pieces[i].sharding, tensors[i]) for i in chosen_idx]
+    if split:
+        layouts = {(s.dim, s.tp_size, s.stride) for s, _ in chosen}
+        ranks = sorted(s.tp_rank for s, _ in chosen)
+        tp_size = chosen[0][0].tp_size
+        if len(layouts) > 1 or ranks != list(range(tp_size)):
+            return None, findings + [finding(
+                "CD008", f"{item_id}: side {side} has TP shards {ranks} of {tp_size}"
+                + (" with different layouts" if len(layouts) > 1 else ""), tensor=item_id, side=side, origins=origins)]
+        try:
+            shape = _full_shape(chosen)
+        except ValueError as exc:
+            return None, findings + [finding("CD008", f"{item_id}: side {side}: {exc}", tensor=item_id, side=side)]
+        sig = tuple(((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx))
+    else:
+        shape = tuple(chosen[0][1].shape)
+        sig = (("replicated",), fps[chosen_idx[0]])
+    dtype = pieces[chosen_idx[0]].ref.info.dtype
+    return SideValue(dtype, shape, chosen, (dtype, shape, sig), origins), findings
+
+
+def _full_shape(chosen: list[tuple[Sharding, "torch.Tensor"]]) -> tuple[int, ...]:
+    s0, t0 = chosen[0]
+    dim = s0.dim
+    if any(dim >= t.dim() for _, t in chosen):
+        raise ValueError(f"split dim {dim} out of range for a {t0.dim()}-d shard")
+    rest = {tuple(d for j, d in enumerate(t.shape) if j != dim) for _, t in chosen}
+    if len(rest) > 1:
+        raise ValueError("TP shards differ in their non-split dimensions")
+    shape = list(t0.shape)
+    shape[dim] = sum(t.shape[dim] for _, t in chosen)
+    return tuple(shape)
