@@ -1,0 +1,78 @@
+"""``ftkit analyze-events PATH...`` (alias ``ftkit analyze``): replay an event log, apply the rules.
+
+Thin layer over ``ftkit.analysis.engine.analyze_paths``: parse options, analyse with a progress
+bar on stderr (human mode), render on stdout (human / json / github), optionally write JUnit
+XML (one test case per rule). Exit 0 clean, 1 findings at or above ``--fail-on``, 2 unreadable
+input or unknown rule codes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ftkit.analysis.findings import FailOn
+from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.report.sink import Format, Output
+
+HELP = """Replay a run's event log and apply the forensic rules (FT101-FT113).
+
+PATH is an events/ directory (every *.jsonl and *.jsonl.gz below it), a run directory or
+one or more log files. Prints a run summary, the rules with checked / finding counts, the
+findings (most severe first), a recovery table per injected fault and a verdict.
+"""
+
+
+def register(app: typer.Typer) -> None:
+    def analyze_events(
+        paths: Annotated[list[Path], typer.Argument(help="Event log files or directories.", metavar="PATH",
+                                                     show_default=False)],
+        rule: Annotated[Optional[list[str]], typer.Option("--rule", metavar="CODE",
+                                                          help="Run only this rule (repeatable).")] = None,
+        skip_rule: Annotated[Optional[list[str]], typer.Option("--skip-rule", metavar="CODE",
+                                                               help="Do not run this rule (repeatable).")] = None,
+        fmt: FormatOpt = Format.human,
+        junit_xml: JunitOpt = None,
+        fail_on: FailOnOpt = FailOn.error,
+    ) -> None:
+        from ftkit.analysis.engine import analyze_paths
+        from ftkit.analysis.registry import select_rules
+
+        select_rules(rule, skip_rule)  # unknown codes: exit 2 before reading anything
+        out = Output(fmt)
+        with out.progress("Analyzing events", total=None) as task:
+            result = analyze_paths(paths, select=rule, skip=skip_rule,
+                                   progress=lambda done, total: task.update(completed=done, total=total))
+        for note in result.notes:
+            out.warn(note)
+        outcome = result.verdict(fail_on)
+        _render(out, result, outcome)
+        if junit_xml is not None:
+            from ftkit.report.analysis_formats import SUITE
+            from ftkit.report.junit import write_junit
+
+            write_junit(junit_xml, SUITE, result.rules, result.findings)
+        raise typer.Exit(1 if outcome == "fail" else 0)
+
+    analyze_events.__doc__ = HELP
+    app.command("analyze-events")(analyze_events)
+    app.command("analyze", help="Alias of analyze-events.", hidden=False)(analyze_events)
+
+
+def _render(out: Output, result, outcome: str) -> None:  # type: ignore[no-untyped-def]
+    if out.format is Format.json:
+        from ftkit.report.analysis_formats import json_document
+
+        out.json(json_document(result, outcome))
+    elif out.format is Format.github:
+        from ftkit.report.analysis_formats import github_text, step_summary
+        from ftkit.report.github import append_step_summary
+
+        out.data(github_text(result, outcome))
+        append_step_summary(step_summary(result, outcome))
+    else:
+        from ftkit.report.analysis_human import render_human
+
+        render_human(out.out, result, outcome)
