@@ -3,6 +3,8 @@
 ``run_cells(tmp, runs)`` starts one process per (run, cell, rank), each joining its run's
 loopback TCPStore (hosted here, like the driver does), and trains the run's ``steps``
 steps of rollout 0 on a deterministic synthetic batch (0 steps: just build and export).
+An optional fourth item ``nan_step`` first runs that step with a NaN advantage in the last
+sample (attempt 0, which must be discarded everywhere), then retries it clean (attempt 1).
 Cell ``c`` writes its final state under
 ``<run_dir>/cell{c}/final/`` and rank 0 its TP-gathered export to
 ``<run_dir>/cell{c}/export.safetensors``; events and dumps go to ``<run_dir>`` as in a run.
@@ -37,16 +39,23 @@ def _proc(index: int, jobs: list) -> None:
     from ftkit.train.worker import RankWorker
     from ftkit.tensors.st import write_safetensors_atomic
 
-    run_dir, cfg_dict, alive, steps, cell, rank, port = jobs[index]
+    run_dir, cfg_dict, alive, steps, nan_step, cell, rank, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
     w = RankWorker(cfg_dict, run_dir, cell, rank, 0)
     w.init_cell("127.0.0.1", port)
     w.join_cross_cell(0, alive, "127.0.0.1", port)
     results = []
+    shards = assign(cfg.micro_shards, alive)[cell]
     for step in range(steps):
-        shards = assign(cfg.micro_shards, alive)[cell]
-        results.append(w.train_step(0, step, 0, 0, batch, shards, dump=True, dump_replicated=cell == min(alive)))
+        attempt = 0
+        if step == nan_step:
+            poisoned = dict(batch, advantages=batch["advantages"].clone())
+            poisoned["advantages"][-1] = float("nan")
+            results.append(w.train_step(0, step, 0, 0, poisoned, shards, dump=False, dump_replicated=False))
+            attempt = 1
+        results.append(w.train_step(0, step, attempt, 0, batch, shards, dump=True,
+                                    dump_replicated=cell == min(alive)))
     out = Path(run_dir) / f"cell{cell}"
     w.save_final(str(out))
     weights = w.export_weights()
@@ -56,10 +65,11 @@ def _proc(index: int, jobs: list) -> None:
     w.shutdown()
 
 
-def run_cells(tmp: Path, runs: dict[str, tuple[dict, list[int], int]]) -> dict[str, Path]:
-    """Run every ``name: (cfg_dict, alive, steps)`` concurrently; returns ``{name: run_dir}``."""
+def run_cells(tmp: Path, runs: dict[str, tuple]) -> dict[str, Path]:
+    """Run every ``name: (cfg_dict, alive, steps[, nan_step])`` concurrently; returns ``{name: run_dir}``."""
     stores, jobs, dirs = [], [], {}
-    for name, (cfg_dict, alive, steps) in runs.items():
+    for name, (cfg_dict, alive, steps, *rest) in runs.items():
+        nan_step = rest[0] if rest else None
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         stores.append(store)
         run_dir = tmp / name
@@ -68,7 +78,7 @@ def run_cells(tmp: Path, runs: dict[str, tuple[dict, list[int], int]]) -> dict[s
         world = cfg_dict.get("tp", 1) * cfg_dict.get("pp", 1)
         for cell in alive:
             for rank in range(world):
-                jobs.append((str(run_dir), cfg_dict, alive, steps, cell, rank, store.port))
+                jobs.append((str(run_dir), cfg_dict, alive, steps, nan_step, cell, rank, store.port))
     mp.start_processes(_proc, args=(jobs,), nprocs=len(jobs), start_method="spawn", join=True)
     return dirs
 

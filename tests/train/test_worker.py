@@ -48,6 +48,7 @@ def runs(tmp_path_factory):
         "one_init": (_cfg(cells=1, dump_rollouts="none"), [0], 0),
         "tp2_init": (_cfg(cells=1, tp=2, dump_rollouts="none"), [0], 0),
         "tp2": (_cfg(cells=2, tp=2, dump_rollouts="none"), [0, 1], 2),
+        "nan": (_cfg(cells=2), [0, 1], 2, 1),
     })
 
 
@@ -92,6 +93,23 @@ def test_worker_events_step_outcome_witness_and_fingerprints(runs):
     assert not any("witness" in k for k in fp["params"])
     written = events(run, "dump_written")
     assert len(written) == 13 and all(e["bytes"] > 0 for e in written)
+
+
+@pytest.mark.slow
+def test_a_nonfinite_attempt_is_discarded_by_every_cell_and_leaves_no_trace(runs):
+    run = runs["nan"]
+    outcomes = sorted((e["step"], e["attempt"], e["cell"], e["outcome"]) for e in events(run, "step_outcome"))
+    assert outcomes == [(0, 0, 0, "committed"), (0, 0, 1, "committed"),
+                        (1, 0, 0, "discarded"), (1, 0, 1, "discarded"),     # NaN only in cell 1's shard
+                        (1, 1, 0, "committed"), (1, 1, 1, "committed")]
+    assert {(e["step"], e["cell"]) for e in events(run, "grad_nonfinite")} == {(1, 0), (1, 1)}
+    assert {(e["step"], e["attempt"]) for e in events(run, "witness_counts")} == {(0, 0), (1, 1)}
+    assert [r["committed"] for r in json.loads((run / "cell0" / "results-r0.json").read_text())] == [True, False, True]
+    # the retried step ends exactly where the fault-free run does
+    ref = _final(runs["one"], 0)
+    for cell in (0, 1):
+        got = _final(run, cell)
+        assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
 @pytest.mark.slow
