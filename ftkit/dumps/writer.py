@@ -11,18 +11,24 @@ Contract:
 - ``add`` snapshots the tensor (detached, copied to CPU unless ``copy=False`` is passed for a
   tensor the caller already owns); capture order is the order of ``add`` calls; the same
   (name, step, micro_shard) twice is a ``ValueError``.
-- ``write`` writes everything added so far: ``<writer>.safetensors`` first, then
-  ``<writer>.index.json`` (the commit marker), each atomically (temp in the same directory,
-  fsync, rename). It may be called again after more ``add`` calls and then replaces both
-  files. It only ever creates or replaces this writer's two files (and deletes this
-  writer's stale temp files left by dead processes); it never removes anything else, so a
-  retried or healed rollout replaces only that writer's files.
+- ``write`` writes everything added so far as ``<writer>.safetensors`` plus
+  ``<writer>.index.json``. Commit protocol: both are written to hidden temps in the same
+  directory and fsynced; an existing index is removed (uncommitting the old pair), the data
+  temp is renamed over the data file, then the index temp over the index, and the directory
+  is fsynced. Every visible file is therefore complete, and an index (the commit marker)
+  always describes the data file next to it; a process killed between the renames leaves a
+  data file without index, which readers report as an uncommitted orphan (CD011).
+- ``write`` may be called again after more ``add`` calls and then replaces both files. It
+  only ever creates, replaces or removes this writer's own two files (and this writer's
+  stale temp files left by dead processes); it never touches anything else, so a retried or
+  healed rollout replaces only that writer's files.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,22 +98,33 @@ class DumpWriter:
         })
 
     def write(self) -> WriteInfo:
-        """Atomically write (or replace) this writer's safetensors file and index."""
-        from ftkit.tensors.st import remove_stale_temps, write_bytes_atomic, write_safetensors_atomic
+        """Write (or replace) this writer's safetensors file and index; see the commit protocol."""
+        from ftkit.tensors.st import fsync_dir, remove_stale_temps, save_safetensors, temp_path, write_durable
 
         self.directory.mkdir(parents=True, exist_ok=True)
         for target in (self.path, self.index_path):
             remove_stale_temps(target)
         st_meta = {"ftkit.schema": f"{INDEX_SCHEMA}/{INDEX_VERSION}", "prefix": self.prefix,
                    "phase": self.phase, "rollout": str(self.rollout), "writer": self.writer}
-        size = write_safetensors_atomic(self.path, self._tensors, metadata=st_meta)
-        index = {
-            "schema": INDEX_SCHEMA, "schema_version": INDEX_VERSION, "ftkit_version": __version__,
-            "prefix": self.prefix, "phase": self.phase, "rollout": self.rollout, "writer": self.writer,
-            "file": self.path.name, "file_bytes": size,
-            "cell": self.meta.get("cell"), "rank": self.meta.get("rank"), "meta": self.meta,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
-            "tensors": self._entries,
-        }
-        write_bytes_atomic(self.index_path, (json.dumps(index, indent=1) + "\n").encode())
+        tmp_data, tmp_index = temp_path(self.path), temp_path(self.index_path)
+        try:
+            size = save_safetensors(tmp_data, self._tensors, metadata=st_meta)
+            index = {
+                "schema": INDEX_SCHEMA, "schema_version": INDEX_VERSION, "ftkit_version": __version__,
+                "prefix": self.prefix, "phase": self.phase, "rollout": self.rollout, "writer": self.writer,
+                "file": self.path.name, "file_bytes": size,
+                "cell": self.meta.get("cell"), "rank": self.meta.get("rank"), "meta": self.meta,
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
+                "tensors": self._entries,
+            }
+            write_durable(tmp_index, (json.dumps(index, indent=1) + "\n").encode())
+            if self.index_path.exists():  # uncommit the old pair before replacing its data
+                self.index_path.unlink()
+                fsync_dir(self.directory)
+            os.replace(tmp_data, self.path)
+            os.replace(tmp_index, self.index_path)
+        finally:
+            tmp_data.unlink(missing_ok=True)
+            tmp_index.unlink(missing_ok=True)
+        fsync_dir(self.directory)
         return WriteInfo(self.path, self.index_path, len(self._entries), size)

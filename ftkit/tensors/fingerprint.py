@@ -115,13 +115,21 @@ def logical_bytes(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> Iterator
     yield from _device_chunks(t, chunk_bytes)
 
 
-def _host_bytes(t: "torch.Tensor") -> object:
+def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":
+    """A contiguous tensor as a flat uint8 view (no copy)."""
     import torch
 
+    flat = t.reshape(-1)
+    if flat.numel() <= 1:  # torch calls 1-element tensors contiguous whatever their stride
+        flat = flat.as_strided((flat.numel(),), (1,))
     try:
-        return t.reshape(-1).view(torch.uint8).numpy()
+        return flat.view(torch.uint8)
     except RuntimeError as exc:  # sub-byte or otherwise unviewable dtypes
         raise TypeError(f"cannot fingerprint dtype {t.dtype}: {exc}") from exc
+
+
+def _host_bytes(t: "torch.Tensor") -> object:
+    return _flat_bytes(t).numpy()
 
 
 def _pieces(t: "torch.Tensor", max_bytes: int) -> Iterator["torch.Tensor"]:
@@ -162,7 +170,7 @@ def _device_chunks(t: "torch.Tensor", chunk_bytes: int) -> Iterator[object]:
     pending: tuple[object, object] | None = None
     k = 0
     for piece in _pieces(t, chunk_bytes):
-        src = piece.contiguous().reshape(-1).view(torch.uint8)
+        src = _flat_bytes(piece.contiguous())
         buf = staging[k % 2][: src.numel()]
         buf.copy_(src, non_blocking=pin)
         event = None

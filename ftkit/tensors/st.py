@@ -98,10 +98,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> int:
     target = Path(path)
     tmp = temp_path(target)
     try:
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_durable(tmp, data)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -110,31 +107,48 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> int:
     return len(data)
 
 
-def write_safetensors_atomic(path: str | os.PathLike[str], tensors: Mapping[str, "torch.Tensor"],
-                             metadata: Mapping[str, str] | None = None) -> int:
-    """Write ``tensors`` as a safetensors file at ``path`` atomically; returns the file size.
+def write_durable(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it (no rename; for temp files)."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, "torch.Tensor"],
+                     metadata: Mapping[str, str] | None = None) -> int:
+    """Serialise ``tensors`` into ``path`` (no rename) and fsync it; returns the file size.
 
     Tensors may live on any device and have any strides (they are made contiguous on CPU).
     Raises ``ValueError`` for a dtype safetensors cannot load back (see ``ST_DTYPES``).
     No pickle is involved at any point.
     """
-    import torch
     from safetensors.torch import save_file
 
     from ftkit.tensors.fingerprint import dtype_name
 
-    host: dict[str, torch.Tensor] = {}
+    host = {}
     for name, t in tensors.items():
         if dtype_name(t.dtype) not in TORCH_TO_ST:
             raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be stored in safetensors")
         host[name] = t.detach().to("cpu").contiguous()
+    save_file(host, str(path), metadata=dict(metadata) if metadata else None)
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+    return Path(path).stat().st_size
+
+
+def write_safetensors_atomic(path: str | os.PathLike[str], tensors: Mapping[str, "torch.Tensor"],
+                             metadata: Mapping[str, str] | None = None) -> int:
+    """Write ``tensors`` as a safetensors file at ``path`` atomically; returns the file size.
+
+    ``save_safetensors`` into a hidden temp in the same directory, rename over ``path``,
+    fsync the directory: readers see the old file or the complete new one.
+    """
     target = Path(path)
     tmp = temp_path(target)
     try:
-        save_file(host, str(tmp), metadata=dict(metadata) if metadata else None)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        size = tmp.stat().st_size
+        size = save_safetensors(tmp, tensors, metadata)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
