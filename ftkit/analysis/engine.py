@@ -81,7 +81,7 @@ def _result(replay: Replay, stream: EventStream, n_files: int) -> AnalysisResult
         "engines": started.get("num_engines"),
         "steps_closed": replay.steps_closed, "steps_committed": replay.steps_committed,
         "faults": len(replay.recovery.rows), "heals": replay.by_type.get("heal", 0),
-        "duration_s": (replay.t_last - replay.t_first) if replay.t_first is not None else None,
+        "duration_s": replay.duration,
     }
     return AnalysisResult(findings=sort_findings(replay.findings), rules=rules, stats=stats,
                           recovery=replay.recovery.table(), notes=notes)

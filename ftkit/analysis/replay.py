@@ -118,10 +118,13 @@ class Replay:
         self.late: list[Any] = [0, None]
         self.steps_closed = self.steps_committed = 0
         # per file
-        self.seq_next: dict[int, int] = {}
-        self.file_source: dict[int, dict[str, Any]] = {}
+        self.seq_next = [0] * len(files)
+        self.file_source: list[Optional[dict[str, Any]]] = [None] * len(files)
         self.mixed: set[int] = set()
-        self.last_time: dict[int, float] = {}
+        self.mixed_seq: dict[tuple[Any, ...], int] = {}
+        self.unordered: set[int] = set()
+        self.last_time = [-math.inf] * len(files)
+        self.first_time = [math.inf] * len(files)
         self.file_step: dict[int, int] = {}
         self.file_rollout: dict[int, int] = {}
         self.step_marks: Counter[int] = Counter()
@@ -129,8 +132,6 @@ class Replay:
         self.cell_files: Counter[int] = Counter()
         self.file_cell: dict[int, int] = {}
         self.recovery = RecoveryTracker()
-        self.t_first: Optional[float] = None
-        self.t_last: Optional[float] = None
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
@@ -193,40 +194,52 @@ class Replay:
             handler(event, fi, line)
 
     def _envelope(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        """Per-line checks of the envelope: source, seq chain, time order, run name (hot path)."""
         src = ev["source"]
-        first = self.file_source.get(fi)
-        if first is None:
-            self._file_started(fi, src, line)
-        elif src != first and fi not in self.mixed:
-            self.mixed.add(fi)
-            self.report("FT111", "file holds events of several sources; seq is checked per source",
-                        Severity.warning, where=self.where(fi, line))
-        key: Any = fi if fi not in self.mixed else (fi, src.get("role"), src.get("cell"), src.get("rank"),
-                                                    src.get("incarnation"))
-        seq, expected = ev["seq"], self.seq_next.get(key, 0)
-        if seq != expected:
-            what = f"seq gap: {expected}..{seq - 1} missing" if seq > expected else \
-                f"seq went back from {expected - 1} to {seq}"
-            self.report("FT111", f"{what} (lost or duplicated lines)", where=self.where(fi, line))
-        self.seq_next[key] = seq + 1
+        if src != self.file_source[fi]:
+            self._source_changed(fi, ev, line)
+        seq = ev["seq"]
+        if fi in self.mixed:
+            key = (fi, src.get("role"), src.get("cell"), src.get("rank"), src.get("incarnation"))
+            self._seq(fi, line, seq, self.mixed_seq.get(key, 0))
+            self.mixed_seq[key] = seq + 1
+        else:
+            if seq != self.seq_next[fi]:
+                self._seq(fi, line, seq, self.seq_next[fi])
+            self.seq_next[fi] = seq + 1
         t = ev["time"]
-        if t < self.last_time.get(fi, t) - 1.0 and fi not in self.mixed:
-            self.mixed.add(fi)
+        if t < self.last_time[fi] - 1.0 and fi not in self.unordered:
+            self.unordered.add(fi)
             self.report("FT111", "events are not in time order in this file (a concatenation?); "
                         "pass the per-process files", Severity.warning, where=self.where(fi, line))
         self.last_time[fi] = t
-        if self.t_first is None:
-            self.t_first = t
-        self.t_last = t
-        run = ev["run"]
-        if run not in self.runs:
-            self.runs[run] = self.where(fi, line)
+        if ev["run"] not in self.runs:
+            self.runs[ev["run"]] = self.where(fi, line)
             if len(self.runs) > 1:
                 self.report("FT111", f"events of several runs in one log: {sorted(self.runs)}",
                             where=self.where(fi, line))
         if self.run_finished is not None:
             self.after_finish[0] += 1
             self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
+
+    def _seq(self, fi: int, line: int, seq: int, expected: int) -> None:
+        if seq != expected:
+            what = f"seq gap: {expected}..{seq - 1} missing" if seq > expected else \
+                f"seq went back from {expected - 1} to {seq}"
+            self.report("FT111", f"{what} (lost or duplicated lines)", where=self.where(fi, line))
+
+    def _source_changed(self, fi: int, ev: dict[str, Any], line: int) -> None:
+        src = ev["source"]
+        if self.file_source[fi] is None:
+            self._file_started(fi, src, line)
+            self.first_time[fi] = self.last_time[fi] = ev["time"]
+        elif fi not in self.mixed:
+            self.mixed.add(fi)
+            self.report("FT111", "file holds events of several sources; seq is checked per source",
+                        Severity.warning, where=self.where(fi, line))
+            first = self.file_source[fi]
+            key = (fi, first.get("role"), first.get("cell"), first.get("rank"), first.get("incarnation"))
+            self.mixed_seq[key] = self.seq_next[fi]
 
     def _file_started(self, fi: int, src: dict[str, Any], line: int) -> None:
         try:
@@ -260,11 +273,13 @@ class Replay:
 
     def _progress(self, fi: int, line: int, step: int, rollout: int) -> bool:
         """Record that file ``fi`` reached ``step``; False when the step is already closed."""
+        last = self.file_step.get(fi)
+        if last == step:  # the common case: one more event of the file's current step
+            return True
         if step < self.closed_below:
             self.late[0] += 1
             self.late[1] = self.late[1] or self.where(fi, line)
             return False
-        last = self.file_step.get(fi)
         if last is None or step > last:
             if last is not None:
                 self._unmark(self.step_marks, last)
@@ -282,8 +297,8 @@ class Replay:
             self.file_rollout[fi] = max(rollout, self.file_rollout.get(fi, rollout))
             self.step_marks[step] += 1
             self.rollout_marks[self.file_rollout[fi]] += 1
-            if last is not None:
-                self._advance()
+            if last is not None and last not in self.step_marks and last < min(self.step_marks):
+                self._advance()  # the slowest file moved on
         return True
 
     def _advance(self, final: bool = False) -> None:
@@ -306,6 +321,12 @@ class Replay:
         self._advance(final=True)
         for rule in self.rules:
             rule.finish()
+
+    @property
+    def duration(self) -> Optional[float]:
+        """Seconds from the earliest to the latest event (None for an empty log)."""
+        started = [t for t in self.first_time if t != math.inf]
+        return max(self.last_time) - min(started) if started else None
 
     # ----------------------------------------------------------------- membership
     def alive(self, epoch: Optional[int], rec: StepRecord) -> Optional[frozenset[int]]:

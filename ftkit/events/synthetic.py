@@ -3,7 +3,7 @@
 ``generate(out_dir, SyntheticSpec(...))`` simulates what ``ftkit train`` logs: a driver (run,
 cell states, reconfigures, witness allocation, weights sent, metrics, checkpoints, faults and
 heals), ``cells x tp x pp`` rank processes (step outcomes, state fingerprints of ``tensors``
-tensors split across pipeline stages, witness counts from rank 0 of each cell, dumps) and
+tensors split across pipeline stages, witness counts, dumps) and
 engines (the weights they loaded). Each process writes its own file with ``EventWriter`` under
 ``out_dir/events/`` on a simulated clock, so the files merge by time exactly as real ones do.
 
@@ -266,10 +266,9 @@ class _Sim:
                            total=total, params=params, optimizer=opt)
                 if v == "FT111" and cell == self.alive[0] and rank == 0:
                     w.emit("metric", rollout=rollout, step=step, values=object())  # cannot serialise: a seq gap
-                if rank == 0:
-                    w.emit("witness_counts", rollout=rollout, step=step, attempt=attempt, cell=cell, rank=0,
-                           ids=list(counts), counts=list(counts.values()),
-                           contributions=[round(0.25 + (i % 7) / 10, 3) for i in counts])
+                w.emit("witness_counts", rollout=rollout, step=step, attempt=attempt, cell=cell, rank=rank,
+                       ids=list(counts), counts=list(counts.values()),
+                       contributions=[round(0.25 + (i % 7) / 10, 3) for i in counts])
             if v == "FT110" and cell == self.alive[0]:
                 self.rank_writers[(cell, 0)].emit("grad_nonfinite", rollout=rollout, step=step, cell=cell, rank=0,
                                                   where="decoder.layers.0.mlp.linear_fc1.weight")
