@@ -12,8 +12,8 @@ Contract:
   tensor the caller already owns); capture order is the order of ``add`` calls; the same
   (name, step, micro_shard) twice is a ``ValueError``.
 - ``write`` writes everything added so far as ``<writer>.safetensors`` plus
-  ``<writer>.index.json``. Commit protocol: both are written to hidden temps in the same
-  directory and fsynced; an existing index is removed (uncommitting the old pair), the data
+  ``<writer>.index.json``. Commit protocol: both are written into a hidden staging directory
+  next to them and fsynced; an existing index is removed (uncommitting the old pair), the data
   temp is renamed over the data file, then the index temp over the index, and the directory
   is fsynced. Every visible file is therefore complete, and an index (the commit marker)
   always describes the data file next to it; a process killed between the renames leaves a
@@ -99,16 +99,15 @@ class DumpWriter:
 
     def write(self) -> WriteInfo:
         """Write (or replace) this writer's safetensors file and index; see the commit protocol."""
-        from ftkit.tensors.st import fsync_dir, remove_stale_temps, save_safetensors, temp_path, write_durable
+        from ftkit.tensors.st import fsync_dir, remove_stale_temps, save_safetensors, staging_dir, write_durable
 
         self.directory.mkdir(parents=True, exist_ok=True)
         for target in (self.path, self.index_path):
             remove_stale_temps(target)
         st_meta = {"ftkit.schema": f"{INDEX_SCHEMA}/{INDEX_VERSION}", "prefix": self.prefix,
                    "phase": self.phase, "rollout": str(self.rollout), "writer": self.writer}
-        tmp_data, tmp_index = temp_path(self.path), temp_path(self.index_path)
-        try:
-            size = save_safetensors(tmp_data, self._tensors, metadata=st_meta)
+        with staging_dir(self.path) as stage:
+            size = save_safetensors(stage / self.path.name, self._tensors, metadata=st_meta)
             index = {
                 "schema": INDEX_SCHEMA, "schema_version": INDEX_VERSION, "ftkit_version": __version__,
                 "prefix": self.prefix, "phase": self.phase, "rollout": self.rollout, "writer": self.writer,
@@ -117,14 +116,11 @@ class DumpWriter:
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
                 "tensors": self._entries,
             }
-            write_durable(tmp_index, (json.dumps(index, indent=1) + "\n").encode())
+            write_durable(stage / self.index_path.name, (json.dumps(index, indent=1) + "\n").encode())
             if self.index_path.exists():  # uncommit the old pair before replacing its data
                 self.index_path.unlink()
                 fsync_dir(self.directory)
-            os.replace(tmp_data, self.path)
-            os.replace(tmp_index, self.index_path)
-        finally:
-            tmp_data.unlink(missing_ok=True)
-            tmp_index.unlink(missing_ok=True)
+            os.replace(stage / self.path.name, self.path)
+            os.replace(stage / self.index_path.name, self.index_path)
         fsync_dir(self.directory)
         return WriteInfo(self.path, self.index_path, len(self._entries), size)

@@ -1,10 +1,12 @@
 """Safetensors helpers: atomic writes and a header reader that trusts nothing.
 
-Writing: ``write_safetensors_atomic`` serialises with the safetensors library into a hidden
-temp file in the destination directory, fsyncs it, renames it over the destination and
-fsyncs the directory, so a reader sees the old file or the complete new one, never a
-partial one. A process killed mid-write leaves only a hidden ``.NAME.tmp-HOST-PID-RAND``
-file, which ``remove_stale_temps`` of the same writer later deletes.
+Writing: ``write_safetensors_atomic`` serialises with the safetensors library inside a hidden
+staging directory next to the destination (safetensors makes its own temp file next to
+the file it writes, so that one stays contained too), fsyncs, renames the file over the
+destination, fsyncs the directory and removes the staging directory: a reader sees the old
+file or the complete new one, never a partial one. A process killed mid-write leaves only
+a hidden ``.NAME.tmp-HOST-PID-RAND`` file or directory, which ``remove_stale_temps`` of the
+same writer later deletes.
 
 Reading: ``read_header`` validates a file before anything else touches it (length prefix,
 JSON, known dtypes, shapes, offsets that tile the data area exactly and match
@@ -13,14 +15,16 @@ dtype x shape, file size) and raises ``ftkit.errors.InputError`` with one clear 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import socket
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from ftkit.errors import InputError
 
@@ -61,8 +65,20 @@ def temp_path(target: Path) -> Path:
     return target.with_name(f".{target.name}{_TMP_MARK}{host}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
+@contextlib.contextmanager
+def staging_dir(target: Path) -> Iterator[Path]:
+    """A hidden directory next to ``target`` (named like its temps), removed on exit."""
+    stage = temp_path(target)
+    stage.mkdir()
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def remove_stale_temps(target: Path) -> list[Path]:
-    """Delete temp files of ``target`` left by dead processes of this host; returns them.
+    """Delete temp files and staging directories of ``target`` left by dead processes of this
+    host; returns them.
 
     Only temps named for ``target`` are considered, and only those whose recorded pid is no
     longer running here; temps of live processes or of other hosts are left alone.
@@ -75,11 +91,11 @@ def remove_stale_temps(target: Path) -> list[Path]:
             continue
         if _pid_alive(int(parts[1])):
             continue
-        try:
-            p.unlink()
-            removed.append(p)
-        except FileNotFoundError:
-            pass
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
     return removed
 
 
@@ -119,6 +135,7 @@ def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, "torch.
                      metadata: Mapping[str, str] | None = None) -> int:
     """Serialise ``tensors`` into ``path`` (no rename) and fsync it; returns the file size.
 
+    Write into a ``staging_dir``: safetensors creates its own temp file next to ``path``.
     Tensors may live on any device and have any strides (they are made contiguous on CPU).
     Raises ``ValueError`` for a dtype safetensors cannot load back (see ``ST_DTYPES``).
     No pickle is involved at any point.
@@ -142,17 +159,13 @@ def write_safetensors_atomic(path: str | os.PathLike[str], tensors: Mapping[str,
                              metadata: Mapping[str, str] | None = None) -> int:
     """Write ``tensors`` as a safetensors file at ``path`` atomically; returns the file size.
 
-    ``save_safetensors`` into a hidden temp in the same directory, rename over ``path``,
+    ``save_safetensors`` into a staging directory next to ``path``, rename over ``path``,
     fsync the directory: readers see the old file or the complete new one.
     """
     target = Path(path)
-    tmp = temp_path(target)
-    try:
-        size = save_safetensors(tmp, tensors, metadata)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with staging_dir(target) as stage:
+        size = save_safetensors(stage / target.name, tensors, metadata)
+        os.replace(stage / target.name, target)
     fsync_dir(target.parent)
     return size
 

@@ -117,10 +117,14 @@ def test_stale_temps_of_dead_local_processes_only(tmp_path):
     live = tmp_path / f".w.safetensors.tmp-{host}-{os.getpid()}-abcd"
     remote = tmp_path / f".w.safetensors.tmp-otherhost-{dead_pid}-abcd"
     other_writer = tmp_path / f".v.safetensors.tmp-{host}-{dead_pid}-abcd"
+    stale_dir = tmp_path / f".w.safetensors.tmp-{host}-{dead_pid}-ef01"  # a staging directory
+    stale_dir.mkdir()
+    (stale_dir / ".tmpXYZ").write_bytes(b"partial")
     for p in (stale, live, remote, other_writer):
         p.write_bytes(b"partial")
-    assert remove_stale_temps(target) == [stale]
-    assert not stale.exists() and live.exists() and remote.exists() and other_writer.exists()
+    assert sorted(remove_stale_temps(target)) == sorted([stale, stale_dir])
+    assert not stale.exists() and not stale_dir.exists()
+    assert live.exists() and remote.exists() and other_writer.exists()
 
 
 def test_temp_names_are_hidden_and_distinct(tmp_path):
