@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ftkit.analysis.findings import FailOn, sort_findings, verdict
+from ftkit.analysis.findings import FailOn
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
 from ftkit.errors import InputError
 from ftkit.report.sink import Format, Output
@@ -167,11 +167,11 @@ def register(app: typer.Typer) -> None:
             output.info(f"training {cfg.cells} cell(s) x tp {cfg.tp} x pp {cfg.pp}, {cfg.engines} engine(s), "
                         f"{cfg.rollouts} rollout(s) x {cfg.steps_per_rollout} step(s), model {cfg.model}, "
                         f"reduce {cfg.reduce} -> {cfg.out}")
-        result = run_training(cfg, on_step=lambda r: output.info(step_line(r)))
-        findings = sort_findings(result.analysis.findings)
-        render(output, result, findings, fail_on)
+        result = run_training(cfg, on_step=(lambda r: output.info(step_line(r))) if output.human else None)
+        outcome = result.analysis.verdict(fail_on)
+        render(output, result, outcome)
         if junit_xml is not None:
             from ftkit.report.junit import write_junit
 
-            write_junit(junit_xml, "ftkit.train", result.analysis.rules, findings)
-        raise typer.Exit(1 if verdict(findings, fail_on) == "fail" else 0)
+            write_junit(junit_xml, "ftkit.train", result.analysis.rules, result.analysis.findings)
+        raise typer.Exit(1 if outcome == "fail" else 0)

@@ -2,14 +2,14 @@
 
 ``step_line`` is one stderr line per optimizer step. ``render`` writes the command's data
 (stdout) in the chosen format: the run summary (steps, rewards, final state, engine
-fingerprints) and the analyzer's verdict with its findings.
+fingerprints), then the forensics, i.e. the analyzer's result over the run's own event log,
+rendered exactly as ``ftkit analyze-events`` renders it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ftkit.analysis.findings import FailOn, Finding, verdict
 from ftkit.report.sink import Format, Output
 
 
@@ -21,11 +21,9 @@ def step_line(r: Any) -> str:
             f"{r.tokens_per_s:,.0f} tok/s{state}")
 
 
-def summary(result: Any, findings: list[Finding], fail_on: FailOn) -> dict[str, Any]:
-    """The machine-readable report (the JSON document, without ``schema_version``)."""
-    analysis = result.analysis
+def run_summary(result: Any) -> dict[str, Any]:
+    """What the run did (the ``run`` part of the JSON document)."""
     return {
-        "command": "train",
         "run": result.run,
         "run_dir": str(result.run_dir),
         "steps_committed": result.steps_committed,
@@ -34,55 +32,41 @@ def summary(result: Any, findings: list[Finding], fail_on: FailOn) -> dict[str, 
         "rewards": result.rewards,
         "final_files": result.final_files,
         "engine_fingerprints": [{"version": v, "engines": totals} for v, totals in enumerate(result.engine_totals)],
-        "verdict": verdict(findings, fail_on),
-        "findings": [f.model_dump(mode="json") for f in findings],
-        "rules": [r.model_dump(mode="json") for r in analysis.rules],
-        "stats": analysis.stats,
     }
 
 
-def render(output: Output, result: Any, findings: list[Finding], fail_on: FailOn) -> None:
-    """Write the final report of a run to stdout in ``output.format``."""
-    doc = summary(result, findings, fail_on)
+def render(output: Output, result: Any, outcome: str) -> None:
+    """Write the final report of a run to stdout in ``output.format``; ``outcome`` is the
+    analyzer's verdict (``pass`` / ``fail``) for the command's ``--fail-on``."""
+    analysis = result.analysis
+    for note in analysis.notes:
+        output.warn(note)
     if output.format is Format.json:
-        output.json(doc)
-        return
-    if output.format is Format.github:
-        from ftkit.report.github import annotations, append_step_summary
+        from ftkit.report.analysis_formats import json_document
 
-        text = annotations(findings)
-        if text:
-            output.data(text)
-        append_step_summary(f"### ftkit train {result.run}: {doc['verdict']}\n\n"
-                            f"{result.steps_committed}/{result.steps_total} steps committed, "
-                            f"{len(findings)} finding(s)")
-        return
-    _human(output, result, doc, findings)
+        output.json({"command": "train", "verdict": outcome, "run": run_summary(result),
+                     "analysis": json_document(analysis, outcome)})
+    elif output.format is Format.github:
+        from ftkit.report.analysis_formats import github_text, step_summary
+        from ftkit.report.github import append_step_summary
+
+        output.data(github_text(analysis, outcome))
+        append_step_summary(f"## ftkit train {result.run}\n\n{_summary_text(result)}\n\n"
+                            + step_summary(analysis, outcome))
+    else:
+        from rich.markup import escape
+
+        from ftkit.report.analysis_human import render_human
+
+        output.out.print(f"[bold]Trained[/bold] {escape(_summary_text(result))}")
+        render_human(output.out, analysis, outcome)
 
 
-def _human(output: Output, result: Any, doc: dict[str, Any], findings: list[Finding]) -> None:
-    from rich.table import Table
-
-    con = output.out
+def _summary_text(result: Any) -> str:
     rewards = " -> ".join(f"{r:.3f}" for r in result.rewards)
     last = result.engine_totals[-1] if result.engine_totals else []
-    same = "all identical" if len(set(last)) == 1 else "DIFFER"
-    con.print(f"run [bold]{result.run}[/bold] ({result.run_dir}): {result.steps_committed}/{result.steps_total} "
-              f"steps committed in {result.seconds:.1f}s", markup=True)
-    con.print(f"reward per rollout: {rewards}", markup=False)
-    con.print(f"final state: {', '.join(result.final_files)}", markup=False)
-    if last:
-        con.print(f"engine weights (version {len(result.engine_totals) - 1}): {last[0]} on {len(last)} "
-                  f"engine(s), {same}", markup=False)
-    rules = doc["rules"]
-    checked = sum(r["checked"] for r in rules)
-    colour = "green" if doc["verdict"] == "pass" else "red"
-    con.print(f"forensics: [{colour}][bold]{doc['verdict'].upper()}[/bold][/{colour}]: {len(findings)} finding(s), "
-              f"{len(rules)} rule(s) checked {checked} item(s)", markup=True)
-    if findings:
-        table = Table(show_edge=False, header_style="bold")
-        for col in ("code", "severity", "rule", "message"):
-            table.add_column(col)
-        for f in findings:
-            table.add_row(f.code, f.severity.value, f.rule, f.message)
-        con.print(table)
+    engines = (f"engines hold weights version {len(result.engine_totals) - 1} ({last[0][:16]}"
+               f"{'' if len(set(last)) == 1 else ', ENGINES DIFFER'})" if last else "no engine weights")
+    return (f"{result.run_dir}: {result.steps_committed}/{result.steps_total} steps committed in "
+            f"{result.seconds:.1f}s; reward per rollout {rewards}; final state in "
+            f"{', '.join(result.final_files) or '-'}; {engines}")

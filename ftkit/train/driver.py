@@ -61,6 +61,7 @@ class StepReport:
     grad_norm: float
     reward: float
     tokens_per_s: float
+    seconds: float
     cells_alive: int
     cells: int
 
@@ -240,8 +241,9 @@ class Driver:
         batch = self._generate(rollout)
         rewards = get_reward(cfg.reward)(self.task, batch["prompts"], batch["responses"])
         tensors = rollouts.build_batch(batch["prompts"], batch["responses"], rewards, cfg.group_size, rollout)
-        self.events.emit("witness_allocated", rollout=rollout, attempt=0,
-                         ids=tensors["witness_ids"].tolist(), expected=1)
+        if cfg.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
+            self.events.emit("witness_allocated", rollout=rollout, attempt=0,
+                             ids=tensors["witness_ids"].tolist(), expected=1)
         rollouts.record(self.run_dir, rollout, tensors,
                         meta={"task": self.task.name, "reward": cfg.reward, "group_size": str(cfg.group_size)})
         reward = float(rewards.double().mean())
@@ -291,7 +293,7 @@ class Driver:
                                  "step_seconds": seconds})
         self.events.sync()
         self.on_step(StepReport(rollout, cfg.rollouts, step, cfg.rollouts * cfg.steps_per_rollout, committed,
-                                loss, grad_norm, reward, tps, len(self.alive), cfg.cells))
+                                loss, grad_norm, reward, tps, seconds, len(self.alive), cfg.cells))
 
     def _push_weights(self, version: int) -> None:
         """Export the first live cell's weights, fingerprint them, load them on every engine."""
