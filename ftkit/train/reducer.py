@@ -9,13 +9,13 @@ computed which micro-shard:
 1. per tensor, the exponent ``e`` with ``max|g_m| < 2**e`` over the cell's micro-shards;
    all-reduce MAX across cells -> the exponent over all ``M`` micro-shards (partition free);
    a non-finite flag rides in the same collective;
-2. ``scale = 2**(61 - e - ceil(log2 M))``; each micro-shard becomes
-   ``q_m = round(g_m * scale)`` in float64 (exact: a power-of-two scale of a float32) then
-   int64; ``|q_m| <= 2**61 / M``, so no sum of ``M`` of them can leave int64 (no wrap, by
-   construction);
+2. ``scale = 2**(61 - e - ceil(log2 M))`` (clamped to a normal float32); each micro-shard
+   becomes ``q_m = round(g_m * scale)`` (exact in float32: a power-of-two scale only moves
+   the exponent) cast to int64; ``|q_m| <= 2**61 / M``, so no sum of ``M`` of them can leave
+   int64 (no wrap, by construction);
 3. integer sum of the cell's ``q_m``, int64 all-reduce SUM across cells (integer addition
    is associative: any grouping, any order gives the same integer);
-4. ``(sum / scale)`` in float64, then float32.
+4. ``float32(sum) / scale`` (one correctly rounded conversion, then an exact power of two).
 
 A non-finite gradient anywhere, or a sum that does not fit float32, is a collective
 decision: every cell sees the same flags and the same integers, so every cell returns
@@ -38,6 +38,9 @@ from typing import Any, Callable, Sequence
 ZERO_EXPONENT = -(1 << 20)
 # int64 headroom: |q| <= 2**(INT_BITS - ceil(log2 M)), so a sum of M values stays < 2**62.
 INT_BITS = 61
+# The scale 2**shift must be a normal float32: a tensor whose largest gradient is below
+# 2**(INT_BITS - MAX_SHIFT) (~1e-20) is quantised at 2**-127 instead of relative to its max.
+MAX_SHIFT, MIN_SHIFT = 127, -126
 
 AllReduce = Callable[[Any, str], None]   # allreduce(tensor, "sum" | "max"), in place, across cells
 
@@ -81,44 +84,37 @@ def _ceil_log2(m: int) -> int:
 def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: AllReduce) -> Any | None:
     """Exact sum over all micro-shards of the step: a float32 ``[numel]`` tensor, or ``None``.
 
-    ``shards`` is this cell's ``[k, numel]`` float32 buffer (k >= 1 micro-shards);
-    ``total_shards`` is ``M`` of the config (the same on every cell). Collective: every cell
-    of the group must call it for the same step with the same layout. Returns ``None`` on
-    every cell when any gradient is non-finite or the sum overflows float32.
+    ``shards`` is this cell's ``[k, numel]`` float32 buffer (k >= 1 micro-shards; it is used
+    as scratch space and overwritten); ``total_shards`` is ``M`` of the config (the same on
+    every cell). Collective: every cell of the group must call it for the same step with the
+    same layout. Returns ``None`` on every cell when any gradient is non-finite or the sum
+    overflows float32.
     """
     import torch
 
     segs = layout.segments()
-    amax = shards.abs().amax(dim=0) if shards.shape[0] > 1 else shards[0].abs()
-    head = torch.empty(len(segs) + 1, dtype=torch.int64)
-    finite = bool(torch.isfinite(amax).all())
-    for i, (a, b) in enumerate(segs):
-        top = amax[a:b].max() if b > a else amax.new_zeros(())
-        # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| < 2**exp.
-        head[i] = int(torch.frexp(top).exponent) if finite and top > 0 else ZERO_EXPONENT
-    head[-1] = 0 if finite else 1
+    amax = shards.abs().amax(dim=0)
+    tops = torch.stack([amax[a:b].max() for a, b in segs])
+    finite = bool(torch.isfinite(tops).all())
+    # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| of the tensor < 2**exp.
+    exps = torch.frexp(tops).exponent.to(torch.int64)
+    exps[(tops == 0) | ~torch.isfinite(tops)] = ZERO_EXPONENT
+    head = torch.cat([exps, torch.tensor([0 if finite else 1], dtype=torch.int64)])
     allreduce(head, "max")
     if int(head[-1]):
         return None
 
-    log_m = _ceil_log2(total_shards)
-    q = torch.zeros(layout.numel, dtype=torch.int64)
-    shifts = []
-    for i, (a, b) in enumerate(segs):
-        e = int(head[i])
-        if e == ZERO_EXPONENT:
-            shifts.append(None)
-            continue
-        k = INT_BITS - e - log_m
-        shifts.append(k)
-        scaled = torch.ldexp(shards[:, a:b].double(), torch.tensor(k, dtype=torch.float64))
-        q[a:b] = torch.round(scaled).to(torch.int64).sum(dim=0)
+    e = head[:-1]
+    shift = (INT_BITS - _ceil_log2(total_shards) - e).clamp(MIN_SHIFT, MAX_SHIFT)
+    shift[e == ZERO_EXPONENT] = 0
+    lengths = torch.tensor([b - a for a, b in segs], dtype=torch.int64)
+    ones = torch.ones(len(segs), dtype=torch.float32)
+    scale = torch.repeat_interleave(torch.ldexp(ones, shift.float()), lengths)
+    # g * 2**shift is exact in float32 (only the exponent moves), round() is exact, and the
+    # sum casts every element to int64 before adding.
+    q = torch.sum(torch.round(shards.mul_(scale)), dim=0, dtype=torch.int64)
     allreduce(q, "sum")
-
-    out = torch.zeros(layout.numel, dtype=torch.float32)
-    for (a, b), k in zip(segs, shifts):
-        if k is not None:
-            out[a:b] = torch.ldexp(q[a:b].double(), torch.tensor(-k, dtype=torch.float64)).float()
+    out = q.to(torch.float32).mul_(torch.repeat_interleave(torch.ldexp(ones, -shift.float()), lengths))
     if not bool(torch.isfinite(out).all()):
         return None  # the float32 sum overflowed: same integers everywhere, same decision
     return out

@@ -2,8 +2,9 @@
 
 A ``WitnessTable`` is a ``[capacity, 2]`` float32 parameter that sits *beside* the model
 (never registered inside it: it is in no ``model.parameters()``, so it is never in the
-optimizer, the exported weights, the final state or a dump). ``apply(x, ids)`` runs the
-embedding output ``x`` (``[s, b, h]``, megatron layout) through ``WitnessFn``:
+optimizer, the exported weights, the final state or a dump). ``apply(x, rows)`` runs the
+embedding output ``x`` (``[s, b, h]``, megatron layout) through ``WitnessFn``, with the
+table rows of the micro-batch's witness ids (``rows(ids)``):
 
 * forward returns ``x`` unchanged, bitwise (a view of the same values): the model's
   activations do not depend on whether a witness is attached;
@@ -77,11 +78,12 @@ class WitnessTable:
                              "a rollout's ids must be distinct modulo samples_per_rollout")
         return rows.to(self.param.device)
 
-    def apply(self, x: Any, ids: Any) -> Any:
-        """``x`` (``[s, b, h]``) unchanged; its backward counts the ``b`` samples ``ids``."""
-        if x.shape[1] != ids.shape[0]:
-            raise ValueError(f"{ids.shape[0]} witness ids for a micro-batch of {x.shape[1]} samples")
-        return self._fn.apply(x, self.param, self.rows(ids))
+    def apply(self, x: Any, rows: Any) -> Any:
+        """``x`` (``[s, b, h]``) unchanged; its backward counts the ``b`` samples at table
+        ``rows`` (from ``rows(ids)``, checked once per step rather than per micro-shard)."""
+        if x.shape[1] != rows.shape[0]:
+            raise ValueError(f"{rows.shape[0]} witness rows for a micro-batch of {x.shape[1]} samples")
+        return self._fn.apply(x, self.param, rows)
 
     def zero_grad(self) -> None:
         self.param.grad = None

@@ -79,6 +79,11 @@ class RankWorker:
         if self.witness is not None:
             shapes.append(("witness", tuple(self.witness.param.shape)))
         self.layout = GradLayout.of(shapes)
+        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+
+        counted = [seg for seg, (_, p) in zip(self.layout.segments(), self.params)
+                   if param_is_not_tensor_parallel_duplicate(p)]
+        self.norm_ranges = _merge_ranges(counted)   # flat ranges the grad norm counts
         self.events = EventWriter(Path(self.run_dir) / "events", run=Path(self.run_dir).name, role="trainer",
                                   cell=self.cell, rank=self.rank, incarnation=self.incarnation)
         from ftkit.train.rank_dumps import RankDumps
@@ -129,6 +134,8 @@ class RankWorker:
         if not mine or mine[0] < 0 or mine[-1] >= cfg.micro_shards or len(set(mine)) != len(mine):
             raise ValueError(f"micro-shards {shards} are not distinct indices in [0, {cfg.micro_shards})")
         norm = step_tokens(data["loss_mask"])
+        if self.witness is not None:
+            data["witness_rows"] = self.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.step_samples, cfg.micro_shards)
         keep = cfg.bookkeeping
         rows = torch.empty(len(mine), self.layout.numel, dtype=torch.float32) if keep else None
@@ -167,7 +174,7 @@ class RankWorker:
             ids, counts, contribs = self.witness.read(grads["witness"], data["witness_ids"].tolist())
             ev.emit("witness_counts", rollout=rollout, step=step, attempt=attempt, cell=self.cell, rank=self.rank,
                     ids=ids, counts=counts, contributions=contribs)
-        result["grad_norm"] = self._grad_norm()
+        result["grad_norm"] = self._grad_norm(reduced)
         self.dumps.replicated(rollout, step, dump_replicated, before_step=True)
         self.optimizer.step()
         result["committed"] = True
@@ -209,7 +216,7 @@ class RankWorker:
         labels = targets(tokens)
         if self.witness is not None:
             emb = self.model.embedding(input_ids=tokens, position_ids=pos)
-            emb = self.witness.apply(emb, part["witness_ids"])
+            emb = self.witness.apply(emb, part["witness_rows"])
             nll = self.model(tokens, pos, None, decoder_input=emb, labels=labels)
         else:
             nll = self.model(tokens, pos, None, labels=labels)
@@ -233,19 +240,19 @@ class RankWorker:
             w = self.witness.param
             w.grad = torch.zeros_like(w) if w.grad is None else w.grad.zero_()
 
-    def _grad_norm(self) -> float:
+    def _grad_norm(self, reduced: Any) -> float:
         """L2 norm of the reduced gradient of the whole model (TP shards counted once)."""
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
-        sq = torch.zeros(1, dtype=torch.float64, device=self.device)
-        for _, p in self.params:
-            if param_is_not_tensor_parallel_duplicate(p):
-                sq += p.grad.double().pow(2).sum()
-        if ps.get_model_parallel_group().size() > 1:
-            dist.all_reduce(sq, group=ps.get_model_parallel_group())
+        sq = torch.zeros(1, dtype=torch.float64)
+        for a, b in self.norm_ranges:
+            sq += torch.linalg.vector_norm(reduced[a:b], dtype=torch.float64).square()
+        group = ps.get_model_parallel_group()
+        if group.size() > 1:
+            sq = sq.to(self.device)
+            dist.all_reduce(sq, group=group)
         return float(sq.sqrt())
 
     # --- state -------------------------------------------------------------------------
@@ -278,3 +285,14 @@ class RankWorker:
             ps.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent ``(start, end)`` ranges merged: fewer, larger slices for the grad norm."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out

@@ -53,7 +53,7 @@ def _cell_proc(index: int, port: int, out_dir: str) -> None:
         if reverse:
             mine = mine[::-1]
         shards = torch.stack([shard_grad(m, nan_shard) for m in mine])
-        out = reduce_exact(shards, LAYOUT, M, group.allreduce)
+        out = reduce_exact(shards.clone(), LAYOUT, M, group.allreduce)
         result = np.array([]) if out is None else out.numpy()
         np.save(f"{out_dir}/{name}_cell{cell}.npy", result)
         fl = reduce_float(shards.clone(), group.allreduce)
@@ -108,7 +108,7 @@ def test_float_reduction_is_the_float_sum(reduced):
 
 def test_reduce_exact_single_process_identity_group_matches_local_sum():
     shards = torch.stack([shard_grad(m) for m in range(M)])
-    out = reduce_exact(shards, LAYOUT, M, lambda t, op: None)
+    out = reduce_exact(shards.clone(), LAYOUT, M, lambda t, op: None)
     exact = shards.double().sum(0)
     assert torch.allclose(out.double(), exact, rtol=1e-6, atol=0)
 

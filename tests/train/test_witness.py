@@ -23,7 +23,7 @@ def _run(model, tokens, mask, adv, witness=None, ids=None):
     if witness is None:
         nll = model(tokens, pos, None, labels=targets(tokens))
     else:
-        emb = witness.apply(model.embedding(input_ids=tokens, position_ids=pos), ids)
+        emb = witness.apply(model.embedding(input_ids=tokens, position_ids=pos), witness.rows(ids))
         nll = model(tokens, pos, None, decoder_input=emb, labels=targets(tokens))
     pg_loss(nll, mask, adv, 10.0).backward()
     return nll.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
