@@ -97,7 +97,7 @@ class ModuleCapture:
                     if _is_tensor(value):
                         self._record(f"{stem}input.{key}", value, Sharding.replicated(self.tp_rank, self.tp_size))
             for index, suffix, t in _flatten_output(output):
-                sharding = output_sharding(module, index, t, self.tp_rank, self.tp_size)
+                sharding = output_sharding(module, index, t, self.tp_rank, self.tp_size, path)
                 if self.activations:
                     self._record(f"{stem}output{suffix}", t, sharding)
                 if self.grads and t.requires_grad:

@@ -79,31 +79,41 @@ def param_sharding(param: "torch.Tensor", tp_rank: int, tp_size: int) -> Shardin
     return Sharding.replicated(tp_rank, tp_size)
 
 
-def output_sharding(module: Any, index: int, tensor: "torch.Tensor", tp_rank: int, tp_size: int) -> Sharding:
-    """Sharding of output ``index`` of ``module`` (a tuple output counts from 0).
+def output_sharding(module: Any, index: int, tensor: "torch.Tensor", tp_rank: int, tp_size: int,
+                    path: str = "") -> Sharding:
+    """Sharding of output ``index`` of ``module`` at module path ``path`` (tuple outputs count
+    from 0).
 
     Known megatron cases: column-parallel linears without ``gather_output`` (local or
     Transformer Engine ``parallel_mode == "column"``) split their output on the last dim with
-    the weight's stride, and a returned bias on dim 0; row-parallel linears and the vocab
-    embedding are replicated, or split on dim 0 (sequence) under sequence parallelism; core
-    attention splits its output on the last dim (heads). Anything else is ``replicated``.
+    the weight's stride, and a returned bias on dim 0; a GPT model with ``parallel_output``
+    splits its logits on the last dim (vocab); core attention (``core_attention``,
+    ``*DotProductAttention``) splits its output on the last dim and ``q_layernorm`` /
+    ``k_layernorm`` theirs on the heads dim (-2); row-parallel linears and the vocab embedding
+    are replicated, or split on dim 0 (sequence) under sequence parallelism. Anything else is
+    ``replicated``.
     """
-    if tp_size <= 1:
+    if tp_size <= 1 or tensor.dim() == 0:
         return Sharding.replicated(tp_rank, tp_size)
-    mode = _parallel_mode(module)
+    mode = _parallel_mode(module, path.rsplit(".", 1)[-1].split("#")[0])
+    last = tensor.dim() - 1
     if mode == "column" and not getattr(module, "gather_output", False):
         weight = getattr(module, "weight", None)
         stride = int(getattr(weight, "partition_stride", 1) or 1)
-        dim = tensor.dim() - 1 if index == 0 else 0
-        return Sharding.split(dim, tp_rank, tp_size, stride) if tensor.dim() else Sharding.replicated(tp_rank, tp_size)
-    if mode in ("row", "embedding") and index == 0 and _sequence_parallel(module) and tensor.dim():
+        return Sharding.split(last if index == 0 else 0, tp_rank, tp_size, stride)
+    if mode == "logits" and index == 0:
+        weight = getattr(getattr(module, "output_layer", None), "weight", None)
+        return Sharding.split(last, tp_rank, tp_size, int(getattr(weight, "partition_stride", 1) or 1))
+    if mode in ("row", "embedding") and index == 0 and _sequence_parallel(module):
         return Sharding.split(0, tp_rank, tp_size)
-    if mode == "attention" and index == 0 and tensor.dim():
-        return Sharding.split(tensor.dim() - 1, tp_rank, tp_size)
+    if mode == "attention" and index == 0:
+        return Sharding.split(last, tp_rank, tp_size)
+    if mode == "heads" and index == 0 and tensor.dim() >= 2:
+        return Sharding.split(last - 1, tp_rank, tp_size)
     return Sharding.replicated(tp_rank, tp_size)
 
 
-def _parallel_mode(module: Any) -> str | None:
+def _parallel_mode(module: Any, attr_name: str) -> str | None:
     te_mode = getattr(module, "parallel_mode", None)
     if te_mode in ("column", "row"):
         return te_mode
@@ -114,8 +124,13 @@ def _parallel_mode(module: Any) -> str | None:
         return "row"
     if "VocabParallelEmbedding" in names:
         return "embedding"
-    if any(n.endswith("DotProductAttention") for n in names):
+    if attr_name == "core_attention" or any(n.endswith("DotProductAttention") for n in names):
         return "attention"
+    if attr_name in ("q_layernorm", "k_layernorm"):
+        return "heads"
+    if getattr(module, "parallel_output", False) and getattr(module, "post_process", False) \
+            and getattr(module, "output_layer", None) is not None:
+        return "logits"
     return None
 
 
