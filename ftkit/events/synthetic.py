@@ -105,6 +105,7 @@ class _Sim:
         self.violation_step = self._violation_step()
         self.violation_left = spec.violation  # injected once, at violation_step or the next step that allows it
         self.injected_faults: list[int] = []
+        self.healed = 0
         self.driver = self._writer("driver", None, None)
         self.rank_writers: dict[tuple[int, int], EventWriter] = {}
         self.engine_writers = [self._writer("engine", None, e) for e in range(spec.engines)]
@@ -209,6 +210,7 @@ class _Sim:
             donor = self.alive[0]
             total = _hex(self._fingerprints(step - 1)[0][0], "state")
             received = _hex("corrupt") if self.spec.violation == "FT107" else total
+            self.healed += 1
             self.driver.emit("heal", cell=cell, donor=donor, epoch=self.epoch + 1, bytes=123_456_789,
                              seconds={"transfer": 0.8, "verify": 0.05}, total=received, donor_total=total)
             self._cell_state(cell, "starting", "alive", "healed")
@@ -299,10 +301,14 @@ def _assign(m: int, alive: list[int]) -> dict[int, list[int]]:
 
 
 def generate(out_dir: str | Path, spec: Optional[SyntheticSpec] = None) -> GeneratedRun:
-    """Write a synthetic run's logs to ``out_dir/events/`` (files must not exist yet)."""
+    """Write a synthetic run's logs to ``out_dir/events/``; ValueError when ``spec.violation``
+    cannot be injected into the layout (one cell for FT101/FT106; no room to heal for FT107)."""
     spec = spec or SyntheticSpec()
     sim = _Sim(Path(out_dir), spec)
     n = sim.run()
+    if (spec.violation == "FT107" and not sim.healed) or (spec.violation in ("FT101", "FT106") and sim.violation_left):
+        raise ValueError(f"cannot inject {spec.violation} into this layout: it needs two live cells "
+                         f"(FT107: a fault healed before the last step)")
     return GeneratedRun(sim.dir, n, sim.injected_faults, sim.violation_step if sim.violation_left is None else None)
 
 

@@ -40,14 +40,15 @@ class CommitInconsistent(Rule):
         n_ranks = self.replay.ranks_per_cell
         problems = []
         for cell in sorted(rec.live | rec.committed_cells):
-            if cell in rec.lost:
-                continue
+            lost = cell in rec.lost  # died during the step: missing reports are excused, explicit ones not
             ranks = rec.outcomes.get(cell)
             if not ranks:
-                problems.append(f"missing on cell {cell}")
+                if not lost:
+                    problems.append(f"missing on cell {cell}")
                 continue
             bad = sorted((r, o) for r, (o, _) in ranks.items() if o != "committed" and r is not None)
-            bad += [(r, "missing") for r in range(n_ranks) if r not in ranks and None not in ranks]
+            if not lost:
+                bad += [(r, "missing") for r in range(n_ranks) if r not in ranks and None not in ranks]
             for r, o in bad:
                 problems.append(f"{o} on cell {cell} rank {r}")
         if problems:
