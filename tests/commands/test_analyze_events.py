@@ -1,0 +1,170 @@
+"""``ftkit analyze-events`` / ``ftkit analyze`` through the CLI: every exit code and format,
+JUnit, GitHub step summary, rule selection, corrupt inputs (never exit 3), a real subprocess."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from ftkit import cli
+from ftkit.events.synthetic import SyntheticSpec, generate
+
+
+@pytest.fixture(scope="module")
+def clean_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("clean")
+    generate(d, SyntheticSpec(cells=3, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, faults=1))
+    return d / "events"
+
+
+@pytest.fixture(scope="module")
+def bad_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    generate(d, SyntheticSpec(cells=3, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8,
+                              violation="FT104"))
+    return d / "events"
+
+
+def _run(capsys, *args):
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_clean_human(capsys, clean_dir):
+    code, out, err = _run(capsys, "analyze-events", str(clean_dir))
+    assert code == 0
+    for text in ("Rules", "FT101", "replica-divergence", "Recovery", "PASS", "Run synthetic"):
+        assert text in out
+    assert "Traceback" not in err
+
+
+def test_alias_analyze(capsys, clean_dir):
+    assert _run(capsys, "analyze", str(clean_dir))[0] == 0
+
+
+def test_findings_exit_1_in_every_format(capsys, bad_dir, tmp_path, monkeypatch):
+    code, out, _ = _run(capsys, "analyze-events", str(bad_dir))
+    assert code == 1 and "FT104" in out and "FAIL" in out
+
+    code, out, err = _run(capsys, "analyze-events", str(bad_dir), "--format", "json")
+    doc = json.loads(out)
+    assert code == 1 and doc["schema_version"] == 1 and doc["verdict"] == "fail"
+    (finding,) = doc["findings"]
+    assert set(finding) == {"code", "rule", "severity", "message", "evidence"}
+    assert finding["code"] == "FT104" and finding["evidence"]["rollout"] >= 0
+    assert {r["code"] for r in doc["rules"]} >= {"FT101", "FT113"} and doc["stats"]["events"] > 0
+    assert "recovery" in doc
+
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--format", "github")
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[0].startswith("::error file=") and "title=FT104 witness-duplicate" in lines[0]
+    assert lines[-1].startswith("::error title=ftkit analyze-events::FAIL")
+    assert "## ftkit analyze-events: FAIL" in summary.read_text() and "| FT104 |" in summary.read_text()
+
+
+def test_fail_on(capsys, bad_dir, tmp_path):
+    assert _run(capsys, "analyze-events", str(bad_dir), "--fail-on", "never")[0] == 0
+    # a warning-only log: the truncated last line
+    d = tmp_path / "w"
+    generate(d, SyntheticSpec(cells=2, engines=0, rollouts=1, faults=0))
+    with open(d / "events" / "trainer-c0-r0-i0.jsonl", "ab") as fh:
+        fh.write(b'{"schema": 1, "ty')
+    assert _run(capsys, "analyze-events", str(d), "--fail-on", "error")[0] == 0
+    code, out, _ = _run(capsys, "analyze-events", str(d), "--fail-on", "warning", "-f", "json")
+    assert code == 1 and json.loads(out)["findings"][0]["severity"] == "warning"
+
+
+def test_junit_one_case_per_rule(capsys, bad_dir, tmp_path):
+    xml = tmp_path / "out.xml"
+    code, _, _ = _run(capsys, "analyze-events", str(bad_dir), "--junit-xml", str(xml), "-f", "json")
+    assert code == 1
+    cases = ET.parse(xml).getroot().findall(".//testcase")
+    assert len(cases) == 13
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    assert failed == ["FT104 witness-duplicate"]
+
+
+def test_rule_and_skip_rule(capsys, bad_dir):
+    code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--skip-rule", "FT104", "-f", "json")
+    assert code == 0 and "FT104" not in {r["code"] for r in json.loads(out)["rules"]}
+    code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--rule", "FT101", "--rule", "FT104", "-f", "json")
+    assert code == 1 and [r["code"] for r in json.loads(out)["rules"]] == ["FT101", "FT104"]
+
+
+@pytest.mark.parametrize("args", [["--rule", "FT999"], ["--skip-rule", "nope"], ["--format", "xml"],
+                                  ["--fail-on", "sometimes"]])
+def test_bad_usage_exit_2(capsys, clean_dir, args):
+    code, out, err = _run(capsys, "analyze-events", str(clean_dir), *args)
+    assert code == 2 and out == "" and err.startswith("Error:")
+
+
+def test_unreadable_input_exit_2(capsys, tmp_path):
+    code, out, err = _run(capsys, "analyze-events", str(tmp_path / "missing"))
+    assert code == 2 and out == "" and "Error:" in err and "Hint:" in err and "Traceback" not in err
+    (tmp_path / "empty").mkdir()
+    assert _run(capsys, "analyze-events", str(tmp_path / "empty"))[0] == 2
+    assert _run(capsys, "analyze-events")[0] == 2
+
+
+CORRUPT = {
+    "garbage.jsonl": os.urandom(50_000),
+    "empty.jsonl": b"",
+    "huge.jsonl": b'{"x": "' + b"a" * (17 << 20) + b'"}\n{"schema": 1}\n',
+    "nul.jsonl": b"\x00" * 10_000 + b"\n",
+    "deep.jsonl": b"[" * 200_000 + b"\n",
+    "numbers.jsonl": b"1\n2e999999\n-Infinity\n\"str\"\n",
+    "cut.jsonl.gz": gzip.compress(b'{"schema": 1, "type": "metric"}\n' * 1000)[:300],
+    "fake.jsonl.gz": b"\x1f\x8b not really gzip",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(CORRUPT))
+def test_corrupt_inputs_give_findings_never_exit_3(capsys, tmp_path, name):
+    (tmp_path / name).write_bytes(CORRUPT[name])
+    code, out, err = _run(capsys, "analyze-events", str(tmp_path / name), "-f", "json")
+    assert code == 1, err
+    assert json.loads(out)["verdict"] == "fail" and "Traceback" not in err
+
+
+def test_mixed_directory_with_gz_and_other_files(capsys, clean_dir, tmp_path):
+    d = tmp_path / "mixed"
+    shutil.copytree(clean_dir, d / "events")
+    for p in list((d / "events").glob("trainer-c1-*.jsonl")):
+        p.with_name(p.name + ".gz").write_bytes(gzip.compress(p.read_bytes()))
+        p.unlink()
+    (d / "events" / "README.txt").write_text("ignored")
+    (d / "run.json").write_text("{}")
+    code, out, _ = _run(capsys, "analyze-events", str(d), "-f", "json")
+    assert code == 0 and json.loads(out)["stats"]["files"] == len(list(clean_dir.iterdir()))
+
+
+def test_stdout_is_data_only_warnings_on_stderr(capsys, clean_dir, tmp_path):
+    d = tmp_path / "u"
+    shutil.copytree(clean_dir, d)
+    with open(d / "driver-i0.jsonl", "a") as fh:
+        fh.write('{"type": "from_the_future"}\n')
+    code, out, err = _run(capsys, "analyze-events", str(d), "-f", "json")
+    assert code == 0 and json.loads(out)["stats"]["unknown_types"] == {"from_the_future": 1}
+    assert "from_the_future" in err
+
+
+def test_real_subprocess(clean_dir, bad_dir):
+    env = {**os.environ, "FTKIT_PROGRESS": "1"}
+    ok = subprocess.run([sys.executable, "-m", "ftkit", "analyze", str(clean_dir), "--format", "json"],
+                        capture_output=True, text=True, timeout=120, env=env)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["verdict"] == "pass"
+    bad = subprocess.run([sys.executable, "-m", "ftkit", "analyze-events", str(bad_dir)], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert bad.returncode == 1 and "FT104" in bad.stdout and "Traceback" not in bad.stderr
