@@ -25,7 +25,8 @@ from ftkit.analysis.findings import Severity
 from ftkit.errors import UsageError
 
 if TYPE_CHECKING:
-    from ftkit.analysis.replay import Replay, RolloutRecord, StepRecord
+    from ftkit.analysis.records import RolloutRecord, StepRecord
+    from ftkit.analysis.replay import Replay
 
 RULES: dict[str, type["Rule"]] = {}
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args,
 
 from pydantic import BaseModel, ValidationError
 
-from ftkit.events.schema import EVENT_TYPES, Envelope, parse_event
+from ftkit.events.schema import EVENT_TYPES, parse_event
 
 _NUM = (int, float)
 _Spec = tuple[tuple[str, tuple[type, ...], Optional[frozenset[Any]], bool], ...]
@@ -114,5 +114,3 @@ def explain(event: dict[str, Any]) -> str:
         return "; ".join(parts) + more
     return ""
 
-
-__all__ = ["is_valid", "known", "explain", "SPECS", "Envelope"]

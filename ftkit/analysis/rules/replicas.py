@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from ftkit.analysis.findings import Severity
 from ftkit.analysis.registry import Rule, register
-from ftkit.analysis.replay import StepRecord
+from ftkit.analysis.records import StepRecord
 
 MAX_NAMES = 5
 KEEP_VERSIONS = 8

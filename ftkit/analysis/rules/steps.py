@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from ftkit.analysis.registry import Rule, register
-from ftkit.analysis.replay import StepRecord
+from ftkit.analysis.records import StepRecord
 
 
 @register

@@ -7,7 +7,7 @@ reported them; a rollout is judged when it is closed (every source has moved pas
 from __future__ import annotations
 
 from ftkit.analysis.registry import Rule, register
-from ftkit.analysis.replay import RolloutRecord
+from ftkit.analysis.records import RolloutRecord
 
 MAX_IDS = 20
 

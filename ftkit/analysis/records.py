@@ -1,0 +1,64 @@
+"""Evidence records of the replay: one ``StepRecord`` per open step attempt, one ``RolloutRecord``
+per open rollout. Rules read them in ``on_step`` / ``on_rollout``; they are dropped once closed."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+Where = tuple[str, int]  # (file, line)
+
+
+class StepRecord:
+    """Evidence of one step attempt, keyed (rollout, step, attempt)."""
+
+    __slots__ = ("rollout", "step", "attempt", "t0", "epoch", "outcomes", "fingerprints", "fp_detail",
+                 "witness", "witness_conflicts", "alive_snapshot", "live", "lost", "committed_cells")
+
+    def __init__(self, rollout: int, step: int, attempt: int, t0: float,
+                 alive_snapshot: Optional[frozenset[int]]) -> None:
+        self.rollout, self.step, self.attempt, self.t0 = rollout, step, attempt, t0
+        self.epoch: Optional[int] = None
+        self.outcomes: dict[int, dict[Optional[int], tuple[str, Where]]] = {}
+        self.fingerprints: dict[Optional[int], dict[int, str]] = {}
+        self.fp_detail: dict[tuple[Optional[int], str], tuple[dict, dict, int, Where]] = {}
+        self.witness: Optional[tuple[list, list, int, Where]] = None
+        self.witness_conflicts: list[tuple[int, Where]] = []
+        self.alive_snapshot = alive_snapshot
+        self.live: frozenset[int] = frozenset()
+        self.lost: frozenset[int] = frozenset()
+        self.committed_cells: frozenset[int] = frozenset()
+
+    @property
+    def committed(self) -> bool:
+        return bool(self.committed_cells)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"rollout": self.rollout, "step": self.step, "attempt": self.attempt, "epoch": self.epoch}
+
+
+class RolloutRecord:
+    """Witness evidence of one rollout: the allocation and the counts of committed steps."""
+
+    __slots__ = ("rollout", "ids", "expected", "alloc_attempt", "where", "tally", "committed_steps",
+                 "counted_steps")
+
+    def __init__(self, rollout: int) -> None:
+        self.rollout = rollout
+        self.ids: Optional[list[int]] = None
+        self.expected = 1
+        self.alloc_attempt = -1
+        self.where: Optional[Where] = None
+        self.tally: dict[int, int] = {}
+        self.committed_steps = 0
+        self.counted_steps = 0
+
+    def expected_counts(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for i in self.ids or ():
+            out[i] = out.get(i, 0) + self.expected
+        return out
+
+    def deficit(self) -> Optional[int]:
+        if self.ids is None:
+            return None
+        return sum(max(0, n - self.tally.get(i, 0)) for i, n in self.expected_counts().items())
