@@ -14,7 +14,8 @@ Contract:
   TP=1 model of the same seed. On CUDA with Transformer Engine the TE spec is used and its
   init follows megatron's CUDA RNG tracker (seeded by ``model_parallel_cuda_manual_seed``).
 * ``configure_determinism(threads)`` is called by every rank before it builds or trains:
-  deterministic kernels and a fixed intra-op thread count (never derived from the host).
+  deterministic kernels, a fixed intra-op thread count (never derived from the host), and
+  on CUDA deterministic cuBLAS / Transformer Engine attention and a pinned NCCL algorithm.
 
 Heavy imports (torch, megatron) stay inside the functions.
 """
@@ -33,6 +34,10 @@ def configure_determinism(threads: int) -> None:
     import torch
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # Transformer Engine refuses megatron's deterministic_mode unless this is 0; a fixed NCCL
+    # algorithm keeps TP all-reduces the same bits in every cell (set before any communicator).
+    os.environ["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] = "0"
+    os.environ.setdefault("NCCL_ALGO", "Ring")
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(threads)
 

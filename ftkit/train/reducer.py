@@ -84,14 +84,15 @@ def _ceil_log2(m: int) -> int:
 def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: AllReduce) -> Any | None:
     """Exact sum over all micro-shards of the step: a float32 ``[numel]`` tensor, or ``None``.
 
-    ``shards`` is this cell's ``[k, numel]`` float32 buffer (k >= 1 micro-shards; it is used
-    as scratch space and overwritten); ``total_shards`` is ``M`` of the config (the same on
+    ``shards`` is this cell's ``[k, numel]`` float32 buffer on any device (k >= 1
+    micro-shards; it is used as scratch space and overwritten; the result is on its device); ``total_shards`` is ``M`` of the config (the same on
     every cell). Collective: every cell of the group must call it for the same step with the
     same layout. Returns ``None`` on every cell when any gradient is non-finite or the sum
     overflows float32.
     """
     import torch
 
+    dev = shards.device
     segs = layout.segments()
     amax = shards.abs().amax(dim=0)
     tops = torch.stack([amax[a:b].max() for a, b in segs])
@@ -99,7 +100,7 @@ def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: 
     # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| of the tensor < 2**exp.
     exps = torch.frexp(tops).exponent.to(torch.int64)
     exps[(tops == 0) | ~torch.isfinite(tops)] = ZERO_EXPONENT
-    head = torch.cat([exps, torch.tensor([0 if finite else 1], dtype=torch.int64)])
+    head = torch.cat([exps, torch.tensor([0 if finite else 1], dtype=torch.int64, device=dev)])
     allreduce(head, "max")
     if int(head[-1]):
         return None
@@ -107,8 +108,8 @@ def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: 
     e = head[:-1]
     shift = (INT_BITS - _ceil_log2(total_shards) - e).clamp(MIN_SHIFT, MAX_SHIFT)
     shift[e == ZERO_EXPONENT] = 0
-    lengths = torch.tensor([b - a for a, b in segs], dtype=torch.int64)
-    ones = torch.ones(len(segs), dtype=torch.float32)
+    lengths = torch.tensor([b - a for a, b in segs], dtype=torch.int64, device=dev)
+    ones = torch.ones(len(segs), dtype=torch.float32, device=dev)
     scale = torch.repeat_interleave(torch.ldexp(ones, shift.float()), lengths)
     # g * 2**shift is exact in float32 (only the exponent moves), round() is exact, and the
     # sum casts every element to int64 before adding.
@@ -138,8 +139,8 @@ class CrossCellGroup:
     """The process group of one rank position (tp, pp) across the alive cells of an epoch.
 
     ``alive`` is the set of live cells; this cell's rank in the group is its index in the
-    sorted alive list. On CPU a ``ProcessGroupGloo``; on CUDA a ``ProcessGroupNCCL`` and
-    tensors are moved to the device for the collective.
+    sorted alive list. On CPU a ``ProcessGroupGloo``; on CUDA a ``ProcessGroupNCCL`` (host
+    tensors are copied to the device for the collective and back).
     """
 
     def __init__(self, store: Any, epoch: int, rank: int, cell: int, alive: Sequence[int],
@@ -168,7 +169,7 @@ class CrossCellGroup:
 
         opts = dist.AllreduceOptions()
         opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        if self.device == "cuda":
+        if self.device == "cuda" and not tensor.is_cuda:   # NCCL needs device memory
             dev = tensor.cuda()
             self.pg.allreduce([dev], opts).wait()
             tensor.copy_(dev.cpu())

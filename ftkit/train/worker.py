@@ -138,7 +138,7 @@ class RankWorker:
             data["witness_rows"] = self.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.step_samples, cfg.micro_shards)
         keep = cfg.bookkeeping
-        rows = torch.empty(len(mine), self.layout.numel, dtype=torch.float32) if keep else None
+        rows = torch.empty(len(mine), self.layout.numel, dtype=torch.float32, device=self.device) if keep else None
         losses = torch.zeros(cfg.micro_shards, dtype=torch.float64)
         self._zero_grads()
         for i, m in enumerate(mine):
@@ -167,7 +167,7 @@ class RankWorker:
                     rank=self.rank, outcome="discarded", micro_shards=mine)
             ev.sync()
             return result
-        grads = self.layout.unflatten(reduced.to(self.device))
+        grads = self.layout.unflatten(reduced)
         for name, p in self.params:
             p.grad = grads[name]
         if self.witness is not None:
@@ -255,12 +255,11 @@ class RankWorker:
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        sq = torch.zeros(1, dtype=torch.float64)
+        sq = torch.zeros(1, dtype=torch.float64, device=reduced.device)
         for a, b in self.norm_ranges:
             sq += torch.linalg.vector_norm(reduced[a:b], dtype=torch.float64).square()
         group = ps.get_model_parallel_group()
         if group.size() > 1:
-            sq = sq.to(self.device)
             dist.all_reduce(sq, group=group)
         return float(sq.sqrt())
 
