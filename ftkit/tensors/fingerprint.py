@@ -89,8 +89,8 @@ def logical_bytes(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> Iterator
     """Yield ``t``'s bytes in logical row-major order as host buffers.
 
     A contiguous CPU tensor is yielded as one zero-copy view. A non-contiguous CPU tensor is
-    made contiguous piece by piece (each piece at most ``chunk_bytes`` unless a single element
-    is larger). Any other device goes through ``_device_chunks``: pieces are copied into two
+    copied piece by piece into one reused staging buffer (each piece at most ``chunk_bytes``
+    unless a single element is larger). Any other device goes through ``_device_chunks``: pieces are copied into two
     alternating pinned host buffers, so a large tensor never needs a full host copy. Each
     yielded buffer is valid only until the next one is requested.
     """
@@ -108,9 +108,15 @@ def logical_bytes(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> Iterator
     if t.device.type == "cpu":
         if t.is_contiguous():
             yield _host_bytes(t)
-        else:
-            for piece in _pieces(t, chunk_bytes):
-                yield _host_bytes(piece.contiguous())
+            return
+        staging = torch.empty(min(chunk_bytes, t.numel() * t.element_size()), dtype=torch.uint8)
+        for piece in _pieces(t, chunk_bytes):
+            n = piece.numel() * piece.element_size()
+            if n > staging.numel():  # a single element larger than the chunk
+                staging = torch.empty(n, dtype=torch.uint8)
+            dst = staging[:n].view(piece.dtype).view(piece.shape)
+            dst.copy_(piece)
+            yield _host_bytes(dst)
         return
     yield from _device_chunks(t, chunk_bytes)
 
