@@ -297,7 +297,7 @@ class Replay:
     def cell_lost(self, cell: int, step: int) -> bool:
         """The cell died during ``step``: its last report before dying was at or before ``step`` and it
         had not come back (a new incarnation reporting) by then. A death is its state turning
-        ``errored``/``stopped``, or all its rank files ending while the log went on past them."""
+        ``errored``, or all its rank files ending while the log went on past them."""
         for died, back, definite in self.deaths.get(cell, ()):
             if died <= step and (back is None or step < back) and (definite or self.max_step > died):
                 return True
@@ -345,9 +345,8 @@ class Replay:
 
     def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.cell_status[ev["cell"]] = ev["new"]
-        if ev["new"] in ("errored", "stopped"):
+        if ev["new"] == "errored":  # "stopped" is a deliberate stop at a step boundary, not a death
             self._died(ev["cell"], definite=True)
-        if ev["new"] == "errored":
             self.recovery.detected(ev["time"], ev["cell"])
 
     def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:

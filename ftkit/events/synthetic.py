@@ -181,6 +181,8 @@ class _Sim:
                         (spec.violation == "FT110" and step == self.violation_step):
                     self._checkpoint(step, last_ckpt + 1)
                     last_ckpt = step
+        for cell in self.alive:
+            self._cell_state(cell, "alive", "stopped", "run end")
         status = "failed" if spec.violation == "FT113" else "completed"
         d.emit("run_finished", status=status, reason="injected" if status == "failed" else None)
         for w in [*self.rank_writers.values(), *self.engine_writers, d]:
