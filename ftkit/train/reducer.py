@@ -113,7 +113,7 @@ def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: 
     scale = torch.repeat_interleave(torch.ldexp(ones, shift.float()), lengths)
     # g * 2**shift is exact in float32 (only the exponent moves), round() is exact, and the
     # sum casts every element to int64 before adding.
-    q = torch.sum(torch.round(shards.mul_(scale)), dim=0, dtype=torch.int64)
+    q = torch.sum(shards.mul_(scale).round_(), dim=0, dtype=torch.int64)
     allreduce(q, "sum")
     out = q.to(torch.float32).mul_(torch.repeat_interleave(torch.ldexp(ones, -shift.float()), lengths))
     if not bool(torch.isfinite(out).all()):
@@ -122,13 +122,13 @@ def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: 
 
 
 def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:
-    """Float32 sum of the cell's micro-shards, float all-reduce SUM; ``None`` if non-finite.
+    """Float32 sum of the rows of ``shards`` (``[k, numel]``, the cell's micro-shards or one
+    row they accumulated into; overwritten), float all-reduce SUM; ``None`` if non-finite.
 
     Not membership invariant (float addition is not associative). The finiteness decision
     is collective: all cells see the same all-reduced sum.
     """
-    local = shards.sum(dim=0) if shards.dim() == 2 else shards
-    local = local.contiguous()
+    local = (shards.sum(dim=0) if shards.shape[0] > 1 else shards[0]).contiguous()
     allreduce(local, "sum")
     import torch
 

@@ -20,8 +20,8 @@ ids of one step that land on the same row (that would merge their counts).
 
 The table's gradient is reduced across cells exactly like every other gradient (counts are
 small integers, so the fixed-point sum is exact); ``read`` then gives the global count and
-contribution per id, before the optimizer step. The table is zeroed with the model's
-gradients before every micro-shard.
+contribution per id, before the optimizer step. The worker points the table's gradient at
+a fresh zeroed row with the model's gradients before every micro-shard.
 """
 
 from __future__ import annotations
@@ -84,9 +84,6 @@ class WitnessTable:
         if x.shape[1] != rows.shape[0]:
             raise ValueError(f"{rows.shape[0]} witness rows for a micro-batch of {x.shape[1]} samples")
         return self._fn.apply(x, self.param, rows)
-
-    def zero_grad(self) -> None:
-        self.param.grad = None
 
     def read(self, grad: Any, ids: Sequence[int]) -> tuple[list[int], list[int], list[float]]:
         """``(ids, counts, contributions)`` from a reduced ``[capacity, 2]`` gradient for the

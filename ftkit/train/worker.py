@@ -138,21 +138,18 @@ class RankWorker:
             data["witness_rows"] = self.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.step_samples, cfg.micro_shards)
         keep = cfg.bookkeeping
-        rows = torch.empty(len(mine), self.layout.numel, dtype=torch.float32, device=self.device) if keep else None
+        # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
+        # bookkeeping (kept apart for the exact reduction), one shared row without.
+        rows = torch.zeros(len(mine) if keep else 1, self.layout.numel, dtype=torch.float32, device=self.device)
         losses = torch.zeros(cfg.micro_shards, dtype=torch.float64)
-        self._zero_grads()
         for i, m in enumerate(mine):
-            if keep:
-                self._zero_grads()
+            self._bind_grads(rows[i if keep else 0])
             self._seed(shard_seed(cfg.seed, rollout, step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
             with self.dumps.micro_shard(rollout, step, m, dump):
                 losses[m] = float(self._forward_backward(part, norm))
-            if keep:
-                torch.cat([g.reshape(-1) for g in self._grads()], out=rows[i])
-        if not keep:
-            reduced = reduce_float(torch.cat([g.reshape(-1) for g in self._grads()]), self.xgroup.allreduce)
-        elif cfg.reduce == "exact":
+            self._check_bound(rows[i if keep else 0])
+        if keep and cfg.reduce == "exact":
             reduced = reduce_exact(rows, self.layout, cfg.micro_shards, self.xgroup.allreduce)
         else:
             reduced = reduce_float(rows, self.xgroup.allreduce)
@@ -233,21 +230,21 @@ class RankWorker:
         if self.device == "cuda":
             torch.cuda.manual_seed(seed)
 
-    def _grads(self) -> list[Any]:
-        out = [p.grad for _, p in self.params]
+    def _bind_grads(self, row: Any) -> None:
+        """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row``:
+        autograd then accumulates the backward in place, straight into the row."""
+        grads = self.layout.unflatten(row)
+        for name, p in self.params:
+            p.grad = grads[name]
         if self.witness is not None:
-            out.append(self.witness.param.grad)
-        return out
+            self.witness.param.grad = grads["witness"]
 
-    def _zero_grads(self) -> None:
-        """Zero (not free) every gradient, the witness included, so ``_grads`` never sees ``None``."""
-        import torch
-
-        for _, p in self.params:
-            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
-        if self.witness is not None:
-            w = self.witness.param
-            w.grad = torch.zeros_like(w) if w.grad is None else w.grad.zero_()
+    def _check_bound(self, row: Any) -> None:
+        """Every gradient must still live in ``row`` (autograd accumulated in place)."""
+        lo, hi = row.data_ptr(), row.data_ptr() + row.numel() * row.element_size()
+        grads = [p.grad for _, p in self.params] + ([self.witness.param.grad] if self.witness is not None else [])
+        if any(g is None or not lo <= g.data_ptr() < hi for g in grads):
+            raise RuntimeError("a gradient left its micro-shard buffer (autograd replaced .grad)")
 
     def _grad_norm(self, reduced: Any) -> float:
         """L2 norm of the reduced gradient of the whole model (TP shards counted once)."""
