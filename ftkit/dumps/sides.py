@@ -38,6 +38,7 @@ class SideValue:
     chosen: list[tuple[Sharding, "torch.Tensor"]]  # one piece per TP rank (or one replicated piece)
     signature: tuple
     origins: list[str]
+    counts: list[tuple[int, int] | None]  # (NaN, Inf) per chosen piece, from verified indexes
 
     def full(self) -> "torch.Tensor":
         return assemble(self.chosen)
@@ -94,7 +95,8 @@ def resolve_side(item_id: str, side: str, pieces: list[Piece], loader: TensorLoa
         shape = tuple(chosen[0][1].shape)
         sig = (("replicated",), fps[chosen_idx[0]])
     dtype = pieces[chosen_idx[0]].ref.info.dtype
-    return SideValue(dtype, shape, chosen, (dtype, shape, sig), origins), findings
+    counts = [pieces[i].ref.nonfinite for i in chosen_idx]
+    return SideValue(dtype, shape, chosen, (dtype, shape, sig), origins, counts), findings
 
 
 def _full_shape(chosen: list[tuple[Sharding, "torch.Tensor"]]) -> tuple[int, ...]:

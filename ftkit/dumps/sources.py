@@ -39,6 +39,7 @@ class TensorRef:
     file: Path
     info: TensorInfo
     fingerprint: str | None = None  # from a dump index; None for plain files
+    nonfinite: tuple[int, int] | None = None  # (NaN, Inf) counts from a dump index
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ def _entry(path: Path, i: int, t: Any, header: Header, prefix: str, phase: str, 
         sharding = Sharding.from_dict(t.get("sharding") or {})
         step, ms = int(t["step"]), None if ms is None else int(ms)
         dtype, shape, fp, order = t["dtype"], tuple(int(d) for d in t["shape"]), t.get("fingerprint"), int(t.get("order", i))
+        nonfinite = (int(t["nan"]), int(t["inf"])) if "nan" in t and "inf" in t and fp else None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _bad(path, f"tensor entry {i}: missing or invalid field ({exc})") from exc
     info = header.tensors.get(key)
@@ -177,7 +179,7 @@ def _entry(path: Path, i: int, t: Any, header: Header, prefix: str, phase: str, 
     if (info.dtype, info.shape) != (dtype, shape):
         raise _bad(path, f"tensor {name!r}: index says {dtype}{list(shape)}, file has {info.dtype}{list(info.shape)}")
     return DumpEntry(prefix, phase, rollout, step, ms, name, t.get("kind") or kind_of(name), order, writer, cell,
-                     sharding, TensorRef(header.path, info, fp))
+                     sharding, TensorRef(header.path, info, fp, nonfinite))
 
 
 def _bad(path: Path, what: str) -> InputError:

@@ -75,6 +75,7 @@ class DumpWriter:
     def add(self, name: str, tensor: "torch.Tensor", *, step: int, micro_shard: int | None = None,
             sharding: Sharding | None = None, copy: bool = True) -> None:
         """Record ``tensor`` under ``name`` for (step, micro_shard); see the module contract."""
+        from ftkit.dumps.metrics import nonfinite_counts
         from ftkit.tensors.fingerprint import dtype_name, fingerprint
         from ftkit.tensors.st import TORCH_TO_ST
 
@@ -90,11 +91,12 @@ class DumpWriter:
         if sharding.kind == "split" and sharding.dim >= max(t.dim(), 1):
             raise ValueError(f"{name!r}: split dim {sharding.dim} out of range for shape {tuple(t.shape)}")
         self._tensors[key] = t
+        nan, inf = nonfinite_counts(t)
         self._entries.append({
             "order": len(self._entries), "name": name, "key": key, "kind": kind_of(name),
             "step": int(step), "micro_shard": None if micro_shard is None else int(micro_shard),
             "dtype": dtype_name(t.dtype), "shape": list(t.shape), "fingerprint": fingerprint(t),
-            "sharding": sharding.to_dict(),
+            "sharding": sharding.to_dict(), "nan": nan, "inf": inf,
         })
 
     def write(self) -> WriteInfo:

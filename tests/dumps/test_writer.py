@@ -45,7 +45,8 @@ def test_layout_and_index_content(tmp_path):
     assert first == {"order": 0, "name": "decoder.layers.1.mlp.output", "key": first["key"], "kind": "output",
                      "step": 4, "micro_shard": 3, "dtype": "bfloat16", "shape": [2, 5],
                      "fingerprint": fingerprint(out),
-                     "sharding": {"kind": "split", "dim": 1, "tp_rank": 1, "tp_size": 2, "stride": 1}}
+                     "sharding": {"kind": "split", "dim": 1, "tp_rank": 1, "tp_size": 2, "stride": 1},
+                     "nan": 0, "inf": 0}
     assert second["order"] == 1 and second["kind"] == "param" and second["micro_shard"] is None
     assert second["sharding"]["kind"] == "replicated"
     with safe_open(str(info.path), "pt") as f:  # a plain safetensors file, no pickle anywhere
@@ -170,3 +171,13 @@ def test_writer_killed_mid_write_leaves_no_visible_partial_file(tmp_path):
     dw.add("count.param", torch.tensor(-1), step=0)
     dw.write()  # the same writer, restarted, cleans up its dead predecessor's temps
     assert not [n for n in os.listdir(rdir) if n.startswith(".")]
+
+
+def test_index_records_non_finite_counts(tmp_path):
+    x = torch.tensor([1.0, float("nan"), float("inf"), float("-inf"), float("nan")]).to(torch.bfloat16)
+    dw = DumpWriter(tmp_path, "actor", "fwd_bwd", 0, "w")
+    dw.add("x.output", x, step=0, micro_shard=0)
+    dw.add("i.output", torch.arange(3), step=0, micro_shard=0)
+    dw.write()
+    entries = json.loads(dw.index_path.read_text())["tensors"]
+    assert [(e["nan"], e["inf"]) for e in entries] == [(2, 2), (0, 0)]

@@ -1,0 +1,170 @@
+"""Speed and memory of ``ftkit compare-dumps`` on a generated dump pair (issue 3, part 3).
+
+Generates two run directories A and B whose dumps total ``--size`` MiB (default 2048 = 2 GiB,
+half per side): ``--rollouts`` rollouts, each with ``--writers`` micro-shard writers of
+activation-like tensors (float32 and bfloat16, 1-32 MiB) and one replicated writer. B is
+written from the same tensors, except a ``--differ`` fraction that gets a small perturbation.
+With the page cache warm, it then measures in the same run (best of ``--repeat``):
+
+- ``cat``: ``cat`` of every file of both trees to /dev/null (the time to read them);
+- ``compare (library)``: ``compare_paths(A, B, exact)`` in a fresh process, imports excluded;
+- ``compare (CLI)``: ``ftkit compare-dumps A B --exact --format json`` as a subprocess
+  (interpreter start and imports included);
+- ``naive``: ``safetensors.torch.load_file`` of every file of both sides, then
+  ``torch.allclose`` per tensor pair.
+
+and prints ``ratio = compare (library) / cat`` (target <= 1.5), the CLI ratio, the speedup over
+the naive loop, and the peak RSS of each process (``os.wait4``). Usage::
+
+    python bench/compare_dumps.py                 # 2 GiB pair
+    python bench/compare_dumps.py --size 256      # smaller
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+_WORKER = r"""
+import json, sys, time
+mode, a, b = sys.argv[1:4]
+import torch
+if mode == "library":
+    from ftkit.dumps.compare import CompareOptions, compare_paths
+    t0 = time.perf_counter()
+    r = compare_paths(a, b, CompareOptions("exact"))
+    dt = time.perf_counter() - t0
+    print(json.dumps({"seconds": dt, "tensors": r.stats["tensors"], "differ": r.stats["differ"]}))
+else:
+    from pathlib import Path
+    from safetensors.torch import load_file
+    t0 = time.perf_counter()
+    files = sorted(p.relative_to(a) for p in Path(a).rglob("*.safetensors"))
+    sa = {f: load_file(Path(a) / f) for f in files}
+    sb = {f: load_file(Path(b) / f) for f in files}
+    differ = sum(1 for f in files for k in sa[f] if not torch.allclose(sa[f][k].float(), sb[f][k].float()))
+    dt = time.perf_counter() - t0
+    print(json.dumps({"seconds": dt, "tensors": sum(len(v) for v in sa.values()), "differ": differ}))
+"""
+
+
+def generate(root: Path, size_mib: int, rollouts: int, writers: int, differ: float, seed: int) -> int:
+    """Write runs A and B under ``root``; returns the number of tensors per side."""
+    import torch
+
+    from ftkit.dumps.layout import microshard_writer, replicated_writer
+    from ftkit.dumps.writer import DumpWriter
+    from ftkit.tensors.sharding import Sharding
+
+    g = torch.Generator().manual_seed(seed)
+    per_side = (size_mib << 20) // 2
+    per_writer = per_side // (rollouts * (writers + 1))
+    sizes = [1 << 20, 4 << 20, 8 << 20, 32 << 20]
+    count = 0
+    for side in ("a", "b"):
+        (root / side / "events").mkdir(parents=True)
+        (root / side / "run.json").write_text("{}")
+    for r in range(rollouts):
+        for w in range(writers + 1):
+            name = replicated_writer(0, 0) if w == writers else microshard_writer(0, w, 0, 0)
+            dws = {s: DumpWriter(root / s / "dumps", "actor", "fwd_bwd", r, name) for s in ("a", "b")}
+            left, i = per_writer, 0
+            while left >= (1 << 20):
+                nbytes = min(sizes[i % len(sizes)], left) >> 20 << 20
+                dtype = torch.bfloat16 if i % 3 == 2 else torch.float32
+                numel = nbytes // (2 if dtype == torch.bfloat16 else 4)
+                t = torch.randn(numel, generator=g).to(dtype).reshape(-1, 256)
+                kind = "param" if w == writers else "output"
+                tname = f"decoder.layers.{i}.mlp.linear_fc1.{kind}"
+                ms = None if w == writers else w
+                perturbed = t
+                if torch.rand(1, generator=g).item() < differ:
+                    perturbed = t.clone()
+                    perturbed.view(-1)[:: 997] += 1e-3
+                dws["a"].add(tname, t, step=0, micro_shard=ms, sharding=Sharding.replicated(), copy=False)
+                dws["b"].add(tname, perturbed, step=0, micro_shard=ms, sharding=Sharding.replicated(), copy=False)
+                left -= nbytes
+                i += 1
+                count += 1
+            for dw in dws.values():
+                dw.write()
+    return count
+
+
+def run_child(argv: list[str]) -> tuple[float, int, str]:
+    """Wall seconds, peak RSS bytes and stdout of one child process."""
+    out = tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    out.seek(0)
+    text = out.read().decode()
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, 1):
+        raise SystemExit(f"{argv[:4]} exited {code}")
+    return wall, usage.ru_maxrss * 1024, text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=2048, help="total dump size of both sides in MiB (default 2048)")
+    ap.add_argument("--rollouts", type=int, default=4)
+    ap.add_argument("--writers", type=int, default=4, help="micro-shard writers per rollout")
+    ap.add_argument("--differ", type=float, default=0.0, help="fraction of tensors perturbed in B")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dir", type=Path, default=None, help="where to generate (default: a temp dir, removed)")
+    ap.add_argument("--skip-naive", action="store_true")
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="ftkit-bench-", dir=args.dir))
+    try:
+        tensors = generate(root, args.size, args.rollouts, args.writers, args.differ, args.seed)
+        a, b = root / "a", root / "b"
+        files = [str(p) for p in sorted(a.rglob("*")) + sorted(b.rglob("*")) if p.is_file()]
+        total = sum(os.path.getsize(f) for f in files)
+        cat = ["cat", *files]
+        subprocess.run(cat, stdout=subprocess.DEVNULL, check=True)  # warm the page cache
+
+        def best(fn):
+            return min((fn() for _ in range(args.repeat)), key=lambda r: r[0])
+
+        def cat_once():
+            t0 = time.perf_counter()
+            subprocess.run(cat, stdout=subprocess.DEVNULL, check=True)
+            return time.perf_counter() - t0, 0, ""
+
+        t_cat = best(cat_once)[0]
+        lib = best(lambda: (lambda w: (json.loads(w[2])["seconds"], w[1], w[2]))(
+            run_child([sys.executable, "-c", _WORKER, "library", str(a), str(b)])))
+        cli = best(lambda: run_child([sys.executable, "-m", "ftkit", "compare-dumps", str(a), str(b), "--exact",
+                                      "--format", "json"]))
+        lib_doc = json.loads(lib[2])
+        naive = None if args.skip_naive else best(lambda: (lambda w: (json.loads(w[2])["seconds"], w[1], w[2]))(
+            run_child([sys.executable, "-c", _WORKER, "naive", str(a), str(b)])))
+        largest = max(e for e in (os.path.getsize(f) for f in files if f.endswith(".safetensors")))
+        print(f"pair: {total / 2**30:.2f} GiB in {len(files)} files, {tensors} tensors per side, "
+              f"differ {args.differ:g} ({lib_doc['differ']} tensors differ)")
+        print(f"  cat both trees       {t_cat:8.3f} s")
+        print(f"  compare (library)    {lib[0]:8.3f} s   peak RSS {lib[1] / 2**20:7.0f} MiB")
+        print(f"  compare (CLI)        {cli[0]:8.3f} s   peak RSS {cli[1] / 2**20:7.0f} MiB")
+        if naive:
+            print(f"  naive load+allclose  {naive[0]:8.3f} s   peak RSS {naive[1] / 2**20:7.0f} MiB")
+        print(f"compare (library) / cat: {lib[0] / t_cat:.2f} (target <= 1.5)")
+        print(f"compare (CLI) / cat:     {cli[0] / t_cat:.2f}")
+        if naive:
+            print(f"naive / compare (library): {naive[0] / lib[0]:.1f}x")
+        print(f"largest file {largest / 2**20:.0f} MiB")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
