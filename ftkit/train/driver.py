@@ -131,7 +131,8 @@ def connect_ray(cfg: TrainConfig) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.ray_address or "a local Ray instance"
         raise ConfigError(f"cannot connect to {where}: {exc}".splitlines()[0],
-                          hint="check the address (ray start --head prints it) or omit --ray-address") from None
+                          hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
+                               "with token authentication also needs RAY_AUTH_MODE=token here") from None
     return True
 
 

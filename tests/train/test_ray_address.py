@@ -1,0 +1,82 @@
+"""``ftkit train --ray-address`` joins a Ray cluster it did not start: a head node this test
+starts on loopback in a subprocess (its own process group and temp dir), stopped in teardown
+by killing that process group only.
+
+Head and client both run with token authentication on a token file of the test's own
+(``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``): since Ray 2.59 ``ray start --head``
+turns token auth on by itself whenever ``~/.ray/auth_token`` exists, while a client only
+sends the token when ``RAY_AUTH_MODE=token`` is set (ray-project/ray#64755), so pinning both
+keeps the test independent of what earlier Ray sessions left in the home directory.
+"""
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    port = _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ftr", dir="/tmp")  # short: Ray's socket paths must fit
+    token = os.path.join(temp_dir, "auth_token")
+    with open(token, "w") as fh:
+        fh.write(secrets.token_hex(32))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
+    log = open(os.path.join(temp_dir, "head.log"), "w+")
+    head = subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
+         "--node-ip-address=127.0.0.1", "--num-cpus=4", "--include-dashboard=false", f"--temp-dir={temp_dir}",
+         "--disable-usage-stats"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in open(log.name).read():
+            assert head.poll() is None, open(log.name).read()
+            assert time.monotonic() < deadline, "the Ray head did not start in 120 s"
+            time.sleep(0.5)
+        yield f"127.0.0.1:{port}", temp_dir, env
+    finally:
+        try:
+            os.killpg(head.pid, signal.SIGTERM)   # the head and the processes it spawned
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
+        except ProcessLookupError:
+            pass
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_train_joins_an_existing_cluster(ray_head, tmp_path):
+    address, temp_dir, env = ray_head
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftkit", "train", "--ray-address", address, "--out", str(out), "--cells", "2",
+         "--rollouts", "1", "--steps-per-rollout", "1", "--samples-per-rollout", "8", "--micro-shards", "2",
+         "--format", "json"],
+        capture_output=True, text=True, timeout=540, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["verdict"] == "pass" and doc["schema_version"] == 1
+    assert doc["run"]["steps_committed"] == 1
+    assert json.loads((out / "run.json").read_text())["config"]["ray_address"] == address
+    # the rank and engine actors ran in the cluster the test started, not in a local instance
+    logs = os.path.join(temp_dir, "session_latest", "logs")
+    assert any(name.startswith("worker-") for name in os.listdir(logs))
