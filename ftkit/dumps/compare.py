@@ -31,7 +31,7 @@ from ftkit.dumps.loader import TensorLoader
 from ftkit.dumps.metrics import Metrics, bits_view, diff_metrics, equal_metrics, nonfinite_counts
 from ftkit.dumps.pairing import Item, pair
 from ftkit.dumps.rules import RuleSet
-from ftkit.dumps.sides import SideValue, resolve_side
+from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
 from ftkit.dumps.sources import check_compatible, open_source
 
 FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
@@ -147,8 +147,10 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
         pr.status = "missing_in_a" if not item.a else "missing_in_b"
         pr.message = f"missing in {'A' if not item.a else 'B'}"
         return pr, []
-    va, fa = resolve_side(item.id, "A", item.a, loader, pool)
-    vb, fb = resolve_side(item.id, "B", item.b, loader, pool)
+    tensors, fps = load_pieces(item.a + item.b, loader, pool)
+    n = len(item.a)
+    va, fa = resolve_side(item.id, "A", item.a, tensors[:n], fps[:n])
+    vb, fb = resolve_side(item.id, "B", item.b, tensors[n:], fps[n:])
     found = fa + fb
     if va is None or vb is None:
         pr.status, pr.message = "invalid", "; ".join(f.message for f in found if f.code == "CD008")

@@ -1,8 +1,9 @@
 """One side of one comparison item: load its pieces, verify them, resolve copies and shards.
 
-``resolve_side`` loads every piece (lazily, through ``TensorLoader``), fingerprints them in a
-small thread pool (xxh3 releases the GIL), verifies dump pieces against their index
-fingerprints, then:
+``load_pieces`` loads the pieces of both sides of an item (lazily, through ``TensorLoader``)
+and fingerprints them all at once in a small thread pool (xxh3 releases the GIL, so the two
+sides hash in parallel), verifying dump pieces against their index fingerprints.
+``resolve_side`` then resolves one side:
 
 - copies of the same data (replicated pieces from several TP ranks or cells, or the same TP
   shard from several cells) must be bitwise identical: distinct fingerprints give a CD007
@@ -51,11 +52,17 @@ class SideValue:
         return n
 
 
-def resolve_side(item_id: str, side: str, pieces: list[Piece], loader: TensorLoader,
-                 pool: Executor) -> tuple[SideValue | None, list[Finding]]:
-    """The value of one side of ``item_id`` (``side`` is "A" or "B") and any CD007/CD008 findings."""
+def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list, list[str]]:
+    """``(tensors, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
+    piece does not match its index fingerprint."""
     tensors = [loader.load(p.ref) for p in pieces]
-    fps = list(pool.map(fingerprint_verified, [p.ref for p in pieces], tensors))
+    return tensors, list(pool.map(fingerprint_verified, [p.ref for p in pieces], tensors))
+
+
+def resolve_side(item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
+                 ) -> tuple[SideValue | None, list[Finding]]:
+    """The value of one side of ``item_id`` (``side`` is "A" or "B") from its loaded pieces,
+    and any CD007/CD008 findings."""
     origins = sorted({p.origin for p in pieces})
     if len({p.sharding.is_split for p in pieces}) > 1:
         return None, [finding("CD008", f"{item_id}: side {side} mixes replicated and split TP pieces",
