@@ -3,23 +3,25 @@
 ``run_training(cfg, on_step)`` runs one training run to the end and returns a ``RunResult``
 (with the analyzer's verdict over the run's own event log). In order:
 
-1. the run directory (``cfg.out``; an existing one only with ``overwrite``, and only if it
-   is an ftkit run directory or empty) and ``run.json`` (config, ftkit version, layout, seed);
-2. the driver's ``EventWriter`` and ``run_started``;
-3. Ray: an existing connection is reused; else ``cfg.ray_address`` is joined, or a local
-   instance with ``LOCAL_RAY_CPUS`` logical CPUs is started (and shut down at the end);
-4. a ``TCPStore`` hosted here, on this node's Ray IP and a free port, through which every
+1. checks that fail fast, before anything is written: the device, the run directory
+   (``cfg.out``; an existing one only with ``overwrite``, and only if it is an ftkit run
+   directory or empty), Ray (an existing connection is reused; else ``cfg.ray_address`` is
+   joined, or a local instance with ``LOCAL_RAY_CPUS`` logical CPUs is started, and shut
+   down at the end) and whether its resources hold the cells and engines;
+2. the run directory, ``run.json`` (config, ftkit version, layout, seed), the driver's
+   ``EventWriter`` and ``run_started``; from here on ``run_finished`` always ends the log;
+3. a ``TCPStore`` hosted here, on this node's Ray IP and a free port, through which every
    rank builds its cell world and the cross-cell groups;
-5. the cells (``ftkit.train.cells``), ``init_cell`` and ``join_cross_cell`` (epoch 0), and the
+4. the cells (``ftkit.train.cells``), ``init_cell`` and ``join_cross_cell`` (epoch 0), and the
    engines, which load the initial weights (version 0);
-6. per rollout ``r``: prompts -> engines generate -> rewards -> advantages ->
+5. per rollout ``r``: prompts -> engines generate -> rewards -> advantages ->
    ``witness_allocated`` -> ``rollouts/rollout_r.safetensors`` -> ``steps_per_rollout``
    optimizer steps (micro-shards assigned by ``microshards.assign`` over the alive cells,
    ``train_step`` on every rank of every cell in parallel) with a ``metric`` per step and
    per rollout -> weights version ``r+1`` exported by the first live cell, fingerprinted
    (``weights_sent``) and loaded by every engine (``engine_weights``);
-7. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
-8. ``analyze_paths`` over ``events/``.
+6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
+7. ``analyze_paths`` over ``events/``.
 
 Weights version ``v`` is the state after ``v`` rollouts; it is sent with ``rollout = v``,
 the rollout it generates (version ``rollouts`` is the final state, generating nothing).
@@ -31,18 +33,15 @@ were never trained.
 from __future__ import annotations
 
 import datetime
-import json
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ftkit import __version__
-from ftkit.errors import ConfigError, UsageError
+from ftkit.errors import ConfigError
 from ftkit.train.config import TrainConfig
 
-RUN_SCHEMA = "ftkit.run/1"
 #: Logical CPUs of the local Ray instance (more than the cores: actors ask for fractions).
 LOCAL_RAY_CPUS = 8
 STORE_TIMEOUT = datetime.timedelta(seconds=300)
@@ -79,42 +78,6 @@ class RunResult:
     rewards: list[float] = field(default_factory=list)          # mean reward per rollout
     engine_totals: list[list[str]] = field(default_factory=list)  # per version, per engine
     analysis: Any = None                                         # ftkit.analysis.engine result
-
-
-def prepare_run_dir(out: Path, overwrite: bool) -> Path:
-    """Create ``out`` (fresh). An existing non-empty directory needs ``overwrite`` and must
-    hold a ``run.json`` (ftkit never deletes a directory it did not write)."""
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise UsageError(f"run directory {out} already exists",
-                             hint="pass --overwrite to replace it, or choose another --out")
-        if not (out / "run.json").is_file():
-            raise UsageError(f"{out} exists and is not an ftkit run directory (no run.json); not replacing it",
-                             hint="choose another --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    return out
-
-
-def write_run_json(run_dir: Path, cfg: TrainConfig, device: str, task: Any) -> None:
-    """``run.json``: what reproduces the run (config, version, layout, seed)."""
-    from ftkit.tensors.st import write_bytes_atomic
-
-    doc = {
-        "schema": RUN_SCHEMA,
-        "run": run_dir.name,
-        "ftkit_version": __version__,
-        "created": time.time(),
-        "seed": cfg.seed,
-        "config": cfg.model_dump(mode="json"),
-        "layout": {"cells": cfg.cells, "tp": cfg.tp, "pp": cfg.pp, "engines": cfg.engines,
-                   "device": device, "micro_shards": cfg.micro_shards,
-                   "samples_per_step": cfg.step_samples, "samples_per_micro_shard": cfg.shard_samples},
-        "task": {"name": task.name, "vocab_size": task.vocab_size, "prompt_len": task.prompt_len,
-                 "response_len": task.response_len, "reward": cfg.reward},
-    }
-    write_bytes_atomic(run_dir / "run.json", (json.dumps(doc, indent=2) + "\n").encode())
 
 
 def connect_ray(cfg: TrainConfig) -> bool:
@@ -168,18 +131,28 @@ class Driver:
     def run(self) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
+        from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
         self.device = cfg.resolved_device()
-        self.run_dir = prepare_run_dir(cfg.out, cfg.overwrite).resolve()
+        if self.device == "cuda" and not _cuda_available():
+            raise ConfigError("--device cuda, but torch sees no CUDA device here",
+                              hint="use --device cpu (or auto), or run on a machine with a GPU")
+        check_run_dir(cfg.out, cfg.overwrite)
+        own_ray = connect_ray(cfg)
+        try:
+            check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
+        except BaseException:
+            _disconnect(own_ray)
+            raise
+        # From here on the run exists: whatever happens, its log says how it ended.
+        self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
         write_run_json(self.run_dir, cfg, self.device, self.task)
         self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
         self.events.emit("run_started", config=cfg.model_dump(mode="json"), num_cells=cfg.cells, tp=cfg.tp,
                          pp=cfg.pp, num_engines=cfg.engines, ftkit_version=__version__)
-        own_ray, status, reason = False, "failed", None
+        status, reason = "failed", None
         try:
-            own_ray = connect_ray(cfg)
-            check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             self.store = host_store()
             self._start()
             for rollout in range(cfg.rollouts):
@@ -196,10 +169,7 @@ class Driver:
             self._shutdown()
             self.events.emit("run_finished", status=status, reason=reason)
             self.events.close()
-            if own_ray:
-                import ray
-
-                ray.shutdown()
+            _disconnect(own_ray)
         return RunResult(self.run_dir, self.run_dir.name, self.steps_committed,
                          cfg.rollouts * cfg.steps_per_rollout, time.perf_counter() - started, final,
                          self.rewards, self.engine_totals, analyze(self.run_dir))
@@ -344,6 +314,20 @@ class Driver:
             except Exception:  # noqa: BLE001
                 pass
         self.cells, self.engines = [], []
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _disconnect(own_ray: bool) -> None:
+    """Shut Ray down if this run started (or joined) it."""
+    if own_ray:
+        import ray
+
+        ray.shutdown()
 
 
 def analyze(run_dir: Path) -> Any:
