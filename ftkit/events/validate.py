@@ -87,12 +87,12 @@ def _compile(spec: _Spec) -> Callable[[dict[str, Any]], bool]:
 
 
 SPECS: dict[str, _Spec] = {name: _spec(model) for name, model in EVENT_TYPES.items()}
-_CHECKS: dict[Any, Callable[[dict[str, Any]], bool]] = {name: _compile(spec) for name, spec in SPECS.items()}
+CHECKS: dict[Any, Callable[[dict[str, Any]], bool]] = {name: _compile(spec) for name, spec in SPECS.items()}
 
 
 def is_valid(event: dict[str, Any]) -> bool:
     """True when ``event`` (of a known type) has every required field with the right JSON type."""
-    check = _CHECKS.get(event.get("type"))
+    check = CHECKS.get(event.get("type"))
     return check is not None and check(event)
 
 
