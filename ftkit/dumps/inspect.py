@@ -89,7 +89,7 @@ def _row(item_id: str, name: str, kind: str, origin: str, sharding: dict[str, An
                            "shape": list(ref.info.shape), "sharding": sharding, "fingerprint": ref.fingerprint}
     if stats:
         t = loader.load(ref)
-        row["fingerprint"] = fingerprint_verified(ref, t)
+        row["fingerprint"] = fingerprint_verified(ref)
         row["stats"] = tensor_stats(t)
     return row
 

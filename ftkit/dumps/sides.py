@@ -55,8 +55,8 @@ class SideValue:
 def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list, list[str]]:
     """``(tensors, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
     piece does not match its index fingerprint."""
-    tensors = [loader.load(p.ref) for p in pieces]
-    return tensors, list(pool.map(fingerprint_verified, [p.ref for p in pieces], tensors))
+    tensors = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
+    return tensors, list(pool.map(fingerprint_verified, [p.ref for p in pieces]))
 
 
 def resolve_side(item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
