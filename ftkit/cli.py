@@ -33,7 +33,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode="markdown",
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="Exit codes: 0 clean, 1 findings, 2 usage or unreadable input, 3 internal error.",
 )
