@@ -27,9 +27,9 @@ DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-8
 def register(app: typer.Typer) -> None:
     @app.command("compare-dumps")
     def compare_dumps(
-        a: Annotated[Path, typer.Argument(help="Run directory, dump directory, directory of .safetensors "
+        a: Annotated[Path, typer.Argument(metavar="A", help="Run directory, dump directory, directory of .safetensors "
                                                "files, or one .safetensors file.", show_default=False)],
-        b: Annotated[Path, typer.Argument(help="The same kind of thing to compare with (B is the reference "
+        b: Annotated[Path, typer.Argument(metavar="B", help="The same kind of thing to compare with (B is the reference "
                                                "for --rtol).", show_default=False)],
         exact: Annotated[bool, typer.Option("--exact", help="Any differing bit is a finding (NaNs compare "
                                                             "by bits, -0.0 differs from 0.0).")] = False,

@@ -31,7 +31,7 @@ class DumpFormat(str, Enum):
 def register(app: typer.Typer) -> None:
     @app.command("dump")
     def dump(
-        path: Annotated[Path, typer.Argument(help="Run directory, dump directory (any level), directory of "
+        path: Annotated[Path, typer.Argument(metavar="PATH", help="Run directory, dump directory (any level), directory of "
                                                   ".safetensors files, or one file.", show_default=False)],
         filter_: Annotated[Optional[str], typer.Option("--filter", "-k", metavar="REGEX",
                                                        help="Only tensors whose id matches REGEX (re.search), "
