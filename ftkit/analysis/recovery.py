@@ -16,8 +16,9 @@ All times are seconds after the fault's own ``time``. Memory is one row per faul
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 @dataclass
@@ -46,53 +47,69 @@ class FaultRow:
 
 
 class RecoveryTracker:
+    """Fills the rows in; each update touches only the rows still waiting for it, so a long run
+    with many faults stays linear."""
+
     def __init__(self) -> None:
         self.rows: list[FaultRow] = []
+        self._times: list[float] = []
+        self._waiting: dict[str, list[FaultRow]] = {"detect": [], "reconfigure": [], "heal": [], "recover": []}
+        self._by_rollout: dict[Optional[int], list[FaultRow]] = {}
 
     def fault(self, ev: dict[str, Any], where: tuple[str, int]) -> None:
-        self.rows.append(FaultRow(len(self.rows), ev["kind"], ev["point"], ev.get("cell"), ev.get("rank"),
-                                  ev.get("rollout"), ev.get("step"), float(ev["time"]), where))
+        row = FaultRow(len(self.rows), ev["kind"], ev["point"], ev.get("cell"), ev.get("rank"), ev.get("rollout"),
+                       ev.get("step"), float(ev["time"]), where)
+        self.rows.append(row)
+        self._times.append(max(row.time, self._times[-1]) if self._times else row.time)
+        for waiting in self._waiting.values():
+            waiting.append(row)
+        self._by_rollout.setdefault(row.rollout, []).append(row)
 
-    def _after(self, t: float) -> list[FaultRow]:
-        return [r for r in self.rows if r.time <= t]
+    def _take(self, what: str, t: float, match: Callable[[FaultRow], bool] = lambda r: True) -> list[FaultRow]:
+        """Rows waiting for ``what`` that struck at or before ``t`` and ``match``; no longer waiting."""
+        waiting = self._waiting[what]
+        taken = [r for r in waiting if r.time <= t and match(r)]
+        if taken:
+            self._waiting[what] = [r for r in waiting if r not in taken]
+        return taken
 
-    def _recovered(self, row: FaultRow, how: str) -> None:
-        if row.recovered_by is None:
-            row.recovered_by = how
+    def _recovered(self, rows: list[FaultRow], how: str) -> None:
+        for r in rows:
+            if r.recovered_by is None:
+                r.recovered_by = how
+        self._waiting["recover"] = [r for r in self._waiting["recover"] if r.recovered_by is None]
 
     def detected(self, t: float, cell: Optional[int] = None) -> None:
         """A failure sign at ``t`` (for ``cell`` when it names one)."""
-        for r in self._after(t):
-            if r.detect_s is None and (cell is None or r.cell is None or r.cell == cell):
+        if self._waiting["detect"]:
+            for r in self._take("detect", t, lambda r: cell is None or r.cell is None or r.cell == cell):
                 r.detect_s = t - r.time
 
     def reconfigured(self, t: float) -> None:
-        for r in self._after(t):
-            if r.reconfigure_s is None:
-                r.reconfigure_s = t - r.time
-                self._recovered(r, "reconfigure")
+        rows = self._take("reconfigure", t)
+        for r in rows:
+            r.reconfigure_s = t - r.time
+        self._recovered(rows, "reconfigure")
 
     def healed(self, t: float, cell: int) -> None:
-        for r in self._after(t):
-            if r.heal_s is None and (r.cell is None or r.cell == cell):
-                r.heal_s = t - r.time
-                self._recovered(r, "heal")
+        rows = self._take("heal", t, lambda r: r.cell is None or r.cell == cell)
+        for r in rows:
+            r.heal_s = t - r.time
+        self._recovered(rows, "heal")
 
     def step_closed(self, t0: float, committed: bool, attempt: int) -> None:
         """A step attempt that started at ``t0`` closed."""
-        before = self._after(t0)
-        if not before:
+        n = bisect_right(self._times, t0)
+        if not n:
             return
         if not committed:
-            before[-1].steps_discarded += 1
-        elif attempt > 0:
-            for r in before:
-                self._recovered(r, "retry")
+            self.rows[n - 1].steps_discarded += 1
+        elif attempt > 0 and self._waiting["recover"]:
+            self._recovered([r for r in self._waiting["recover"] if r.time <= t0], "retry")
 
     def rollout_closed(self, rollout: int, deficit: Optional[int]) -> None:
-        for r in self.rows:
-            if r.rollout == rollout:
-                r.samples_lost = deficit
+        for r in self._by_rollout.get(rollout, ()):
+            r.samples_lost = deficit
 
     def table(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.rows]
