@@ -122,3 +122,51 @@ def test_a_real_run_reports_progress_and_verdict(tmp_path):
     assert suite.get("name") == "ftkit.train" and suite.get("failures") == "0" and int(suite.get("tests")) >= 13
     # --dump-rollouts last: only the last rollout was dumped
     assert [p.name for p in (out / "dumps" / "actor" / "fwd_bwd").iterdir()] == ["rollout_000001"]
+
+
+def _result(tmp_path, violation=None):
+    """A ``RunResult`` around a synthetic run's analysis (the report renders any analysis)."""
+    from ftkit.analysis.engine import analyze_paths
+    from ftkit.events.synthetic import SyntheticSpec, generate
+    from ftkit.train.driver import RunResult
+
+    generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8,
+                                     faults=0, violation=violation))
+    return RunResult(tmp_path, "synthetic", 4, 4, 1.5, [str(tmp_path / "final" / "tp0-pp0.safetensors")],
+                     [0.25, 0.5], [["a" * 32], ["b" * 32], ["c" * 32]], analyze_paths([tmp_path / "events"]))
+
+
+def test_report_formats(tmp_path, capsys, monkeypatch):
+    from ftkit.commands.train_report import render
+    from ftkit.report.sink import Format, Output
+
+    clean = _result(tmp_path / "clean")
+    render(Output(Format.json), clean, clean.analysis.verdict())
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema_version"] == 1 and doc["command"] == "train" and doc["verdict"] == "pass"
+    assert doc["run"]["rewards"] == [0.25, 0.5] and doc["run"]["engine_fingerprints"][2] == {
+        "version": 2, "engines": ["c" * 32]}
+    assert doc["analysis"]["findings"] == [] and len(doc["analysis"]["rules"]) >= 13
+
+    bad = _result(tmp_path / "bad", violation="FT104")
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    render(Output(Format.github), bad, bad.analysis.verdict())
+    out = capsys.readouterr().out
+    assert any(line.startswith("::error") and "FT104" in line for line in out.splitlines())
+    assert "## ftkit train synthetic" in summary.read_text()
+
+    render(Output(Format.human), bad, bad.analysis.verdict())
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Trained" in text and "4/4 steps committed" in text and "reward per rollout 0.250 -> 0.500" in text
+    assert "FAIL" in text and "FT104" in text
+
+
+def test_step_line():
+    from ftkit.commands.train_report import step_line
+    from ftkit.train.driver import StepReport
+
+    line = step_line(StepReport(rollout=1, rollouts=3, step=3, steps=6, committed=True, loss=-0.0123, grad_norm=0.5,
+                                reward=0.25, tokens_per_s=1234.5, seconds=0.1, cells_alive=2, cells=2))
+    assert line == ("rollout 2/3  step 4/6  loss -0.01230  reward 0.250  grad_norm 0.5  cells 2/2  1,234 tok/s")
+    assert "DISCARDED" in step_line(StepReport(0, 1, 0, 1, False, 0.0, float("nan"), 0.0, 0.0, 0.1, 1, 1))
