@@ -6,7 +6,46 @@ _ftkit() {
     cmd=""
     for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done
     case "$cmd" in
-        "") COMPREPLY=( $(compgen -W "--version --debug" -- "$cur") ); return;;
+        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze --version --debug" -- "$cur") ); return;;
+        train)
+            case "$prev" in
+            --model) COMPREPLY=( $(compgen -W "tiny small" -- "$cur") ); return;;
+            --reduce) COMPREPLY=( $(compgen -W "exact float" -- "$cur") ); return;;
+            --reward) COMPREPLY=( $(compgen -W "task deterministic_random" -- "$cur") ); return;;
+            --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
+            --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
+            --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+            --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
+            --out|-o|--cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+        dump)
+            case "$prev" in
+            --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
+            --filter|-k) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--filter -k --stats --no-stats --format -f --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+        compare-dumps)
+            case "$prev" in
+            --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+            --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
+            --rtol|--atol|--rules|--top|--html|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--exact --rtol --atol --rules --top --html --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+        analyze-events)
+            case "$prev" in
+            --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+            --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
+            --rule|--skip-rule|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+        analyze)
+            case "$prev" in
+            --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+            --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
+            --rule|--skip-rule|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit
