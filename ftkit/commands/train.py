@@ -52,7 +52,18 @@ class Reward(str, Enum):
     deterministic_random = "deterministic_random"
 
 
-def _opt(*names: str, help: str, panel: str = PANEL, **kw: Any) -> Any:
+def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
+    """A Typer option; for a config ``field`` its help is the field's description and default,
+    so the command line and ``TrainConfig`` cannot drift apart."""
+    if field is not None:
+        from ftkit.train.config import TrainConfig
+
+        info = TrainConfig.model_fields[field]
+        default = info.default
+        shown = ",".join(default) if isinstance(default, tuple) else default
+        help = help or info.description
+        if shown is not None and not isinstance(default, bool):
+            help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
@@ -91,45 +102,35 @@ def parse_dump_what(text: str) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
-        out: Annotated[Optional[Path], _opt("--out", "-o", help="Run directory to create [default: runs/train].",
-                                            file_okay=False)] = None,
-        cells: Annotated[Optional[int], _opt("--cells", help="Cells (model replicas) [default: 2].")] = None,
-        tp: Annotated[Optional[int], _opt("--tp", help="Tensor-parallel ranks per cell [default: 1].")] = None,
-        pp: Annotated[Optional[int], _opt("--pp", help="Pipeline-parallel ranks per cell (CUDA) [default: 1].")] = None,
-        engines: Annotated[Optional[int], _opt("--engines", help="Inference engine actors [default: 1].")] = None,
-        rollouts: Annotated[Optional[int], _opt("--rollouts", help="Rollouts to train [default: 3].")] = None,
-        steps_per_rollout: Annotated[Optional[int], _opt("--steps-per-rollout",
-                                                         help="Optimizer steps per rollout [default: 2].")] = None,
+        out: Annotated[Optional[Path], _opt("--out", "-o", field="out", file_okay=False)] = None,
+        cells: Annotated[Optional[int], _opt("--cells", field="cells")] = None,
+        tp: Annotated[Optional[int], _opt("--tp", field="tp")] = None,
+        pp: Annotated[Optional[int], _opt("--pp", field="pp", help="Pipeline-parallel ranks per cell "
+                                          "(not implemented yet: 1 only).")] = None,
+        engines: Annotated[Optional[int], _opt("--engines", field="engines")] = None,
+        rollouts: Annotated[Optional[int], _opt("--rollouts", field="rollouts")] = None,
+        steps_per_rollout: Annotated[Optional[int], _opt("--steps-per-rollout", field="steps_per_rollout")] = None,
         samples_per_rollout: Annotated[Optional[int], _opt("--samples-per-rollout",
-                                                           help="Samples per rollout [default: 32].")] = None,
-        micro_shards: Annotated[Optional[int], _opt("--micro-shards",
-                                                    help="Micro-shards per step, at least --cells [default: 8].")] = None,
-        model: Annotated[Optional[ModelName], _opt("--model", help="Model preset [default: tiny].")] = None,
-        seed: Annotated[Optional[int], _opt("--seed", help="Seed of init, sampling and every RNG stream "
-                                                           "[default: 0].")] = None,
-        reduce: Annotated[Optional[Reduce], _opt("--reduce", help="exact: int64 fixed point, membership "
-                                                 "invariant; float: plain all-reduce [default: exact].")] = None,
-        reward: Annotated[Optional[Reward], _opt("--reward", help="Reward: the task's, or a stable hash "
-                                                 "of the tokens [default: task].")] = None,
-        device: Annotated[Optional[Device], _opt("--device", help="auto picks cuda when available "
-                                                 "[default: auto].")] = None,
-        ray_address: Annotated[Optional[str], _opt("--ray-address", metavar="ADDRESS",
-                                                   help="Join this Ray cluster instead of starting a local one.")] = None,
-        dump_rollouts: Annotated[Optional[str], _opt("--dump-rollouts", metavar="LIST", panel=PANEL_DUMPS,
-                                                     help="Rollouts to dump: none, all, or a comma list of "
-                                                          "first, last and indices [default: first,last].")] = None,
-        dump_what: Annotated[Optional[str], _opt("--dump-what", metavar="LIST", panel=PANEL_DUMPS,
-                                                 help="Comma list of activations, grads, weights; or none "
-                                                      "[default: all three].")] = None,
-        dump_cells: Annotated[Optional[DumpCells], _opt("--dump-cells", panel=PANEL_DUMPS,
-                                                        help="Replicated state dumped by the first live cell "
-                                                             "or by all [default: first].")] = None,
+                                                           field="samples_per_rollout")] = None,
+        micro_shards: Annotated[Optional[int], _opt("--micro-shards", field="micro_shards", help="Micro-shards "
+                                                    "per optimizer step, at least --cells.")] = None,
+        model: Annotated[Optional[ModelName], _opt("--model", field="model")] = None,
+        seed: Annotated[Optional[int], _opt("--seed", field="seed")] = None,
+        reduce: Annotated[Optional[Reduce], _opt("--reduce", field="reduce")] = None,
+        reward: Annotated[Optional[Reward], _opt("--reward", field="reward")] = None,
+        device: Annotated[Optional[Device], _opt("--device", field="device")] = None,
+        ray_address: Annotated[Optional[str], _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
+        dump_rollouts: Annotated[Optional[str], _opt("--dump-rollouts", field="dump_rollouts", metavar="LIST",
+                                                     panel=PANEL_DUMPS)] = None,
+        dump_what: Annotated[Optional[str], _opt("--dump-what", field="dump_what", metavar="LIST", panel=PANEL_DUMPS,
+                                                 help="Comma list of activations, grads, weights; or none.")] = None,
+        dump_cells: Annotated[Optional[DumpCells], _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
         config: Annotated[Optional[Path], _opt("--config", metavar="FILE", dir_okay=False,
                                                help="Read config values from a JSON or TOML file; options "
                                                     "given on the command line override them.")] = None,
         print_config: Annotated[bool, _opt("--print-config", help="Print the resulting config as JSON "
                                            "and exit.")] = False,
-        overwrite: Annotated[bool, _opt("--overwrite", help="Replace an existing run directory.")] = False,
+        overwrite: Annotated[bool, _opt("--overwrite", field="overwrite")] = False,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
