@@ -144,13 +144,13 @@ class Driver:
         own_ray = connect_ray(cfg)
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
+            self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
+            write_run_json(self.run_dir, cfg, self.device, self.task)
+            self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
         except BaseException:
             _disconnect(own_ray)
             raise
         # From here on the run exists: whatever happens, its log says how it ended.
-        self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
-        write_run_json(self.run_dir, cfg, self.device, self.task)
-        self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
         self.events.emit("run_started", config=cfg.model_dump(mode="json"), num_cells=cfg.cells, tp=cfg.tp,
                          pp=cfg.pp, num_engines=cfg.engines, ftkit_version=__version__)
         status, reason = "failed", None

@@ -72,6 +72,10 @@ def test_bad_config_files_exit_2(capsys, tmp_path):
     unknown.write_text('{"cells": 2, "learning_rate": 0.1}')
     code, _, err = _run(capsys, "train", "--config", str(unknown))
     assert code == 2 and "learning_rate" in err and "Traceback" not in err
+    short = tmp_path / "short.json"
+    short.write_text('{"response_len": 2}')
+    code, _, err = _run(capsys, "train", "--config", str(short), "--out", str(tmp_path / "run"))
+    assert code == 2 and "response_len (2) must be at least 3" in err and not (tmp_path / "run").exists()
     listed = tmp_path / "list.json"
     listed.write_text("[1, 2]")
     code, _, err = _run(capsys, "train", "--config", str(listed))
