@@ -7,15 +7,14 @@ A few files stay open (least recently used first out). Headers were validated by
 raises becomes an ``InputError`` (exit 2).
 
 ``fingerprint_verified(ref)`` fingerprints a stored tensor straight from its byte range in the
-file (read in ``READ_CHUNK`` pieces into a reused per-thread buffer, like ``cat`` does, so no
-page of the mapping is faulted in) and checks it against the index fingerprint of a dump
-tensor. Safetensors data is contiguous little-endian row-major bytes, exactly the bytes
+file (a read-only mapping that is closed right after, so hashed pages do not stay mapped) and
+checks it against the index fingerprint of a dump tensor. Safetensors data is contiguous little-endian row-major bytes, exactly the bytes
 ``ftkit.tensors.fingerprint`` hashes, so the result equals ``fingerprint(tensor)``.
 """
 
 from __future__ import annotations
 
-import threading
+import mmap
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,35 +63,22 @@ class TensorLoader:
         self._open.clear()
 
 
-READ_CHUNK = 4 << 20
-_buffers = threading.local()
-
-
-def _file_chunks(ref: TensorRef):
-    buf = getattr(_buffers, "buf", None)
-    if buf is None:
-        buf = _buffers.buf = memoryview(bytearray(READ_CHUNK))
-    left = ref.info.nbytes
-    try:
-        with open(ref.file, "rb", buffering=0) as fh:
-            fh.seek(ref.info.start)
-            while left:
-                n = fh.readinto(buf[:min(left, READ_CHUNK)])
-                if not n:
-                    raise InputError(f"{ref.file} ended while reading tensor {ref.info.name!r}",
-                                     "the file was truncated while comparing; do not modify dumps while reading them")
-                yield buf[:n]
-                left -= n
-    except OSError as exc:
-        raise InputError(f"cannot read {ref.file}: {exc.strerror or exc}", "check the path and permissions") from exc
-
-
 def fingerprint_verified(ref: TensorRef) -> str:
-    """The stored tensor's fingerprint, read from the file; ``InputError`` if ``ref`` carries an
-    index fingerprint that differs."""
+    """The stored tensor's fingerprint, hashed from a private read-only mapping of its byte
+    range (unmapped right after); ``InputError`` if ``ref`` carries an index fingerprint that
+    differs."""
     from ftkit.tensors.fingerprint import fingerprint_buffers
 
-    fp = fingerprint_buffers(ref.info.dtype, ref.info.shape, _file_chunks(ref))
+    info = ref.info
+    try:
+        with open(ref.file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if len(mm) < info.end:
+                raise InputError(f"{ref.file} shrank to {len(mm)} bytes while reading tensor {info.name!r}",
+                                 "do not modify dumps while comparing them")
+            with memoryview(mm) as view, view[info.start:info.end] as data:
+                fp = fingerprint_buffers(info.dtype, info.shape, [data])
+    except OSError as exc:
+        raise InputError(f"cannot read {ref.file}: {exc.strerror or exc}", "check the path and permissions") from exc
     if ref.fingerprint is not None and fp != ref.fingerprint:
         raise InputError(f"tensor {ref.info.name!r} in {ref.file} does not match the fingerprint in its index",
                          "the dump data is corrupt (changed after it was written); re-create it")

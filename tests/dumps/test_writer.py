@@ -185,10 +185,7 @@ def test_index_records_non_finite_counts(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2, torch.int64,
                                    torch.uint8, torch.bool, torch.complex64], ids=str)
-def test_fingerprint_read_from_the_file_equals_the_tensor_fingerprint(tmp_path, dtype, monkeypatch):
-    import ftkit.dumps.loader as loader
-
-    monkeypatch.setattr(loader, "READ_CHUNK", 64)  # many small reads, chunk boundaries inside elements
+def test_fingerprint_read_from_the_file_equals_the_tensor_fingerprint(tmp_path, dtype):
     t = (torch.randn(7, 9) * 4).to(dtype) if dtype != torch.bool else torch.randn(7, 9) > 0
     dw = DumpWriter(tmp_path, "actor", "fwd_bwd", 0, "w")
     dw.add("x.output", t, step=0, micro_shard=0)
