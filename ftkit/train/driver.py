@@ -33,6 +33,7 @@ were never trained.
 from __future__ import annotations
 
 import datetime
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,11 +87,12 @@ def connect_ray(cfg: TrainConfig) -> bool:
 
     if ray.is_initialized():
         return False
+    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
     try:
         if cfg.ray_address:
-            ray.init(address=cfg.ray_address, log_to_driver=False)
+            ray.init(address=cfg.ray_address, **quiet)
         else:
-            ray.init(num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.ray_address or "a local Ray instance"
         raise ConfigError(f"cannot connect to {where}: {exc}".splitlines()[0],
