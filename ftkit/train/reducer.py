@@ -2,19 +2,22 @@
 
 Every rank position (tp, pp) of every live cell holds, for each of its micro-shards, that
 micro-shard's gradient of every local tensor, as one row of a ``[shards, numel]`` float32
-buffer laid out by a ``GradLayout``. ``reduce_exact`` turns them into the sum over *all*
+buffer laid out by a ``GradLayout``. ``ExactReducer.reduce`` turns them into the sum over *all*
 micro-shards of the step, bitwise identical whatever the alive set and whichever cell
 computed which micro-shard:
 
 1. per tensor, the exponent ``e`` with ``max|g_m| < 2**e`` over the cell's micro-shards;
    all-reduce MAX across cells -> the exponent over all ``M`` micro-shards (partition free);
    a non-finite flag rides in the same collective;
-2. ``scale = 2**(61 - e - ceil(log2 M))`` (clamped to a normal float32); each micro-shard
-   becomes ``q_m = round(g_m * scale)`` (exact in float32: a power-of-two scale only moves
-   the exponent) cast to int64; ``|q_m| <= 2**61 / M``, so no sum of ``M`` of them can leave
-   int64 (no wrap, by construction);
-3. integer sum of the cell's ``q_m``, int64 all-reduce SUM across cells (integer addition
-   is associative: any grouping, any order gives the same integer);
+2. ``scale = 2**(52 - e - ceil(log2 M))`` (clamped to a normal float32); each micro-shard
+   becomes ``q_m = round(g_m * scale)``, an integer (exact in float32: a power-of-two scale
+   only moves the exponent); ``|q_m| <= 2**52 / M``, so no sum of ``M`` of them can exceed
+   2**52 (no wrap, no rounding, by construction); the quantum is ``2**-49`` of the tensor's
+   largest gradient for M = 8, far below float32's own resolution;
+3. the cell's integer sum (accumulated in float64, which holds every such integer exactly,
+   so without a ``[k, numel]`` int64 temporary), converted to int64, and an int64
+   all-reduce SUM across cells (integer addition is associative: any grouping, any order
+   gives the same integer);
 4. ``float32(sum) / scale`` (one correctly rounded conversion, then an exact power of two).
 
 A non-finite gradient anywhere, or a sum that does not fit float32, is a collective
@@ -36,8 +39,9 @@ from typing import Any, Callable, Sequence
 
 # Exponent of an all-zero tensor: below any float32 exponent, so MAX ignores it.
 ZERO_EXPONENT = -(1 << 20)
-# int64 headroom: |q| <= 2**(INT_BITS - ceil(log2 M)), so a sum of M values stays < 2**62.
-INT_BITS = 61
+# Fixed-point range: |q_m| <= 2**(INT_BITS - ceil(log2 M)), so a sum of at most M of them is
+# an integer of magnitude <= 2**52: exact in int64 and in float64 (53-bit significand) alike.
+INT_BITS = 52
 # The scale 2**shift must be a normal float32: a tensor whose largest gradient is below
 # 2**(INT_BITS - MAX_SHIFT) (~1e-20) is quantised at 2**-127 instead of relative to its max.
 MAX_SHIFT, MIN_SHIFT = 127, -126
@@ -81,44 +85,82 @@ def _ceil_log2(m: int) -> int:
     return (m - 1).bit_length()
 
 
-def reduce_exact(shards: Any, layout: GradLayout, total_shards: int, allreduce: AllReduce) -> Any | None:
-    """Exact sum over all micro-shards of the step: a float32 ``[numel]`` tensor, or ``None``.
+class ExactReducer:
+    """The exact reduction of one rank position, with its workspace kept between steps.
 
-    ``shards`` is this cell's ``[k, numel]`` float32 buffer on any device (k >= 1
-    micro-shards; it is used as scratch space and overwritten; the result is on its device); ``total_shards`` is ``M`` of the config (the same on
-    every cell). Collective: every cell of the group must call it for the same step with the
-    same layout. Returns ``None`` on every cell when any gradient is non-finite or the sum
-    overflows float32.
+    ``reduce(shards, allreduce)`` returns the exact sum over all ``total_shards``
+    micro-shards of the step (float32 ``[numel]`` on the rows' device), or ``None`` on every
+    cell together when a gradient is non-finite or the sum overflows float32. ``shards`` is
+    this cell's ``[k, numel]`` float32 buffer (k >= 1; used as scratch and overwritten).
+    The result is a workspace buffer: valid until the next ``reduce``. Collective: every
+    cell of the group calls it for the same step with the same layout.
+
+    Costs are a handful of passes over the rows; every large buffer is allocated once (a
+    fresh one per step would page-fault it in again) and every per-tensor operation works on
+    a contiguous range with a scalar, since reductions along the micro-shard axis and mixed
+    dtype arithmetic are several times slower on CPU.
     """
-    import torch
 
-    dev = shards.device
-    segs = layout.segments()
-    amax = shards.abs().amax(dim=0)
-    tops = torch.stack([amax[a:b].max() for a, b in segs])
-    finite = bool(torch.isfinite(tops).all())
-    # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| of the tensor < 2**exp.
-    exps = torch.frexp(tops).exponent.to(torch.int64)
-    exps[(tops == 0) | ~torch.isfinite(tops)] = ZERO_EXPONENT
-    head = torch.cat([exps, torch.tensor([0 if finite else 1], dtype=torch.int64, device=dev)])
-    allreduce(head, "max")
-    if int(head[-1]):
-        return None
+    def __init__(self, layout: GradLayout, total_shards: int) -> None:
+        self.layout, self.total_shards = layout, int(total_shards)
+        self.segs = layout.segments()
+        self._work: dict[str, Any] = {}
 
-    e = head[:-1]
-    shift = (INT_BITS - _ceil_log2(total_shards) - e).clamp(MIN_SHIFT, MAX_SHIFT)
-    shift[e == ZERO_EXPONENT] = 0
-    lengths = torch.tensor([b - a for a, b in segs], dtype=torch.int64, device=dev)
-    ones = torch.ones(len(segs), dtype=torch.float32, device=dev)
-    scale = torch.repeat_interleave(torch.ldexp(ones, shift.float()), lengths)
-    # g * 2**shift is exact in float32 (only the exponent moves), round() is exact, and the
-    # sum casts every element to int64 before adding.
-    q = torch.sum(shards.mul_(scale).round_(), dim=0, dtype=torch.int64)
-    allreduce(q, "sum")
-    out = q.to(torch.float32).mul_(torch.repeat_interleave(torch.ldexp(ones, -shift.float()), lengths))
-    if not bool(torch.isfinite(out).all()):
-        return None  # the float32 sum overflowed: same integers everywhere, same decision
-    return out
+    def _buf(self, name: str, dtype: Any, device: Any) -> Any:
+        import torch
+
+        buf = self._work.get(name)
+        if buf is None or buf.device != device:
+            buf = self._work[name] = torch.empty(self.layout.numel, dtype=dtype, device=device)
+        return buf
+
+    def exponents(self, shards: Any) -> tuple[list[int], bool]:
+        """Per tensor, ``e`` with every ``|g| < 2**e`` over the rows (``ZERO_EXPONENT`` for an
+        all-zero tensor), and whether every value is finite."""
+        import torch
+
+        tops = torch.stack([torch.maximum(shards[:, a:b].amax(), shards[:, a:b].amin().neg())
+                            for a, b in self.segs])       # amax/amin propagate NaN
+        finite = bool(torch.isfinite(tops).all())
+        # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| < 2**exp.
+        exps = torch.frexp(tops).exponent.to(torch.int64)
+        exps[(tops == 0) | ~torch.isfinite(tops)] = ZERO_EXPONENT
+        return exps.tolist(), finite
+
+    def reduce(self, shards: Any, allreduce: AllReduce) -> Any | None:
+        import torch
+
+        dev = shards.device
+        exps, finite = self.exponents(shards)
+        head = torch.tensor(exps + [0 if finite else 1], dtype=torch.int64, device=dev)
+        allreduce(head, "max")
+        if int(head[-1]):
+            return None
+        log_m = _ceil_log2(self.total_shards)
+        shifts = [0 if e == ZERO_EXPONENT else min(MAX_SHIFT, max(MIN_SHIFT, INT_BITS - log_m - e))
+                  for e in head[:-1].tolist()]
+        # g * 2**shift is exact in float32 (only the exponent moves) and round() is exact: every
+        # row becomes integers of magnitude <= 2**INT_BITS / M. Their sums over any subset of the
+        # M micro-shards are integers of magnitude <= 2**52, so float64 adds them exactly, in
+        # any order.
+        for (a, b), k in zip(self.segs, shifts):
+            if k:
+                shards[:, a:b].mul_(2.0 ** k)
+        shards.round_()
+        acc, tmp = self._buf("acc", torch.float64, dev), self._buf("tmp", torch.float64, dev)
+        acc.copy_(shards[0])
+        for row in shards[1:]:
+            acc.add_(tmp.copy_(row))
+        q = self._buf("q", torch.int64, dev).copy_(acc)
+        allreduce(q, "sum")
+        out = self._buf("out", torch.float32, dev).copy_(q)     # one correctly rounded conversion
+        for (a, b), k, e in zip(self.segs, shifts, head[:-1].tolist()):
+            if k:
+                out[a:b].mul_(2.0 ** -k)
+            # |sum| < M * 2**e: only a tensor that close to float32's limit can overflow
+            if e != ZERO_EXPONENT and e + log_m > 127 and not bool(torch.isfinite(out[a:b]).all()):
+                return None  # same integers everywhere, same decision
+        return out
 
 
 def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:

@@ -38,6 +38,7 @@ class RankWorker:
         self._store: Any = None
         self._store_addr: tuple[str, int] | None = None
         self.xgroup: Any = None
+        self._rows_buf: Any = None
         self.events: Any = None
 
     # --- setup -----------------------------------------------------------------------
@@ -52,7 +53,7 @@ class RankWorker:
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism
         from ftkit.train.config import TrainConfig
-        from ftkit.train.reducer import GradLayout
+        from ftkit.train.reducer import ExactReducer, GradLayout
         from ftkit.train.witness import WitnessTable
 
         cfg = self.cfg = TrainConfig.model_validate(self.cfg_dict)
@@ -79,6 +80,7 @@ class RankWorker:
         if self.witness is not None:
             shapes.append(("witness", tuple(self.witness.param.shape)))
         self.layout = GradLayout.of(shapes)
+        self.reducer = ExactReducer(self.layout, cfg.micro_shards)
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
         counted = [seg for seg, (_, p) in zip(self.layout.segments(), self.params)
@@ -123,7 +125,7 @@ class RankWorker:
 
         from ftkit.train.loss import step_tokens
         from ftkit.train.microshards import shard_seed, shard_slices
-        from ftkit.train.reducer import reduce_exact, reduce_float
+        from ftkit.train.reducer import reduce_float
 
         cfg = self.cfg
         if self.xgroup is None or epoch != self.epoch:
@@ -140,7 +142,7 @@ class RankWorker:
         keep = cfg.bookkeeping
         # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
         # bookkeeping (kept apart for the exact reduction), one shared row without.
-        rows = torch.zeros(len(mine) if keep else 1, self.layout.numel, dtype=torch.float32, device=self.device)
+        rows = self._rows(len(mine) if keep else 1)
         losses = torch.zeros(cfg.micro_shards, dtype=torch.float64)
         for i, m in enumerate(mine):
             self._bind_grads(rows[i if keep else 0])
@@ -150,7 +152,7 @@ class RankWorker:
                 losses[m] = float(self._forward_backward(part, norm))
             self._check_bound(rows[i if keep else 0])
         if keep and cfg.reduce == "exact":
-            reduced = reduce_exact(rows, self.layout, cfg.micro_shards, self.xgroup.allreduce)
+            reduced = self.reducer.reduce(rows, self.xgroup.allreduce)
         else:
             reduced = reduce_float(rows, self.xgroup.allreduce)
         self.xgroup.allreduce(losses, "sum")   # one non-zero slot per micro-shard: exact
@@ -230,6 +232,17 @@ class RankWorker:
         if self.device == "cuda":
             torch.cuda.manual_seed(seed)
 
+    def _rows(self, k: int) -> Any:
+        """A zeroed ``[k, numel]`` float32 gradient buffer, kept between steps (a fresh one
+        per step would page-fault hundreds of MB in for a larger model)."""
+        import torch
+
+        buf = self._rows_buf
+        if buf is None or buf.shape[0] != k:
+            buf = self._rows_buf = torch.zeros(k, self.layout.numel, dtype=torch.float32, device=self.device)
+            return buf
+        return buf.zero_()
+
     def _bind_grads(self, row: Any) -> None:
         """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row``:
         autograd then accumulates the backward in place, straight into the row."""
@@ -254,7 +267,7 @@ class RankWorker:
 
         sq = torch.zeros(1, dtype=torch.float64, device=reduced.device)
         for a, b in self.norm_ranges:
-            sq += torch.linalg.vector_norm(reduced[a:b], dtype=torch.float64).square()
+            sq += float(torch.linalg.vector_norm(reduced[a:b])) ** 2
         group = ps.get_model_parallel_group()
         if group.size() > 1:
             dist.all_reduce(sq, group=group)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ftkit.train.microshards import assign
-from ftkit.train.reducer import CrossCellGroup, GradLayout, reduce_exact, reduce_float
+from ftkit.train.reducer import CrossCellGroup, ExactReducer, GradLayout, reduce_float
 
 M = 6
 LAYOUT = GradLayout.of([("w", (5, 3)), ("b", (7,)), ("zero", (2, 2)), ("tiny", (3,))])
@@ -53,7 +53,7 @@ def _cell_proc(index: int, port: int, out_dir: str) -> None:
         if reverse:
             mine = mine[::-1]
         shards = torch.stack([shard_grad(m, nan_shard) for m in mine])
-        out = reduce_exact(shards.clone(), LAYOUT, M, group.allreduce)
+        out = ExactReducer(LAYOUT, M).reduce(shards.clone(), group.allreduce)
         result = np.array([]) if out is None else out.numpy()
         np.save(f"{out_dir}/{name}_cell{cell}.npy", result)
         fl = reduce_float(shards.clone(), group.allreduce)
@@ -106,13 +106,13 @@ def test_float_reduction_is_the_float_sum(reduced):
         assert torch.allclose(got, exact, rtol=1e-5, atol=1e-12)
 
 
-def test_reduce_exact_single_process_identity_group_matches_local_sum():
+def test_exact_reducer_single_process_identity_group_matches_local_sum():
     shards = torch.stack([shard_grad(m) for m in range(M)])
-    out = reduce_exact(shards.clone(), LAYOUT, M, lambda t, op: None)
+    out = ExactReducer(LAYOUT, M).reduce(shards.clone(), lambda t, op: None)
     exact = shards.double().sum(0)
     assert torch.allclose(out.double(), exact, rtol=1e-6, atol=0)
 
 
-def test_reduce_exact_refuses_a_float32_overflow_of_the_sum():
+def test_exact_reducer_refuses_a_float32_overflow_of_the_sum():
     shards = torch.full((2, LAYOUT.numel), 3.0e38, dtype=torch.float32)
-    assert reduce_exact(shards, LAYOUT, 2, lambda t, op: None) is None
+    assert ExactReducer(LAYOUT, 2).reduce(shards, lambda t, op: None) is None
