@@ -106,12 +106,13 @@ class ExactReducer:
         self.segs = layout.segments()
         self._work: dict[str, Any] = {}
 
-    def _buf(self, name: str, dtype: Any, device: Any) -> Any:
+    def _buf(self, name: str, dtype: Any, device: Any, extra: int = 0) -> Any:
         import torch
 
+        size = self.layout.numel + extra
         buf = self._work.get(name)
-        if buf is None or buf.device != device:
-            buf = self._work[name] = torch.empty(self.layout.numel, dtype=dtype, device=device)
+        if buf is None or buf.device != device or buf.numel() != size:
+            buf = self._work[name] = torch.empty(size, dtype=dtype, device=device)
         return buf
 
     def exponents(self, shards: Any) -> tuple[list[int], bool]:
@@ -127,7 +128,15 @@ class ExactReducer:
         exps[(tops == 0) | ~torch.isfinite(tops)] = ZERO_EXPONENT
         return exps.tolist(), finite
 
-    def reduce(self, shards: Any, allreduce: AllReduce) -> Any | None:
+    def reduce(self, shards: Any, allreduce: AllReduce, side: Any = None) -> Any | None:
+        """The exact sum (see the class docstring), or ``None``.
+
+        ``side``: an optional float64 CPU vector in which every slot has at most one non-zero
+        contributor across the cells (the per-micro-shard losses: each set by the cell that
+        computed the micro-shard, 0.0 elsewhere). It rides in the int64 SUM as raw bits (a
+        sum with zeros is the contributor's bit pattern) and is overwritten with the merged
+        values, saving a collective. Left untouched when the result is ``None``.
+        """
         import torch
 
         dev = shards.device
@@ -151,8 +160,15 @@ class ExactReducer:
         acc.copy_(shards[0])
         for row in shards[1:]:
             acc.add_(tmp.copy_(row))
-        q = self._buf("q", torch.int64, dev).copy_(acc)
-        allreduce(q, "sum")
+        n = self.layout.numel
+        extra = 0 if side is None else side.numel()
+        qbuf = self._buf("q", torch.int64, dev, extra)
+        q = qbuf[:n].copy_(acc)
+        if side is not None:
+            qbuf[n:].copy_(side.view(torch.int64))
+        allreduce(qbuf, "sum")
+        if side is not None:
+            side.view(torch.int64).copy_(qbuf[n:])
         out = self._buf("out", torch.float32, dev).copy_(q)     # one correctly rounded conversion
         for (a, b), k, e in zip(self.segs, shifts, head[:-1].tolist()):
             if k:

@@ -151,11 +151,15 @@ class RankWorker:
             with self.dumps.micro_shard(rollout, step, m, dump):
                 losses[m] = float(self._forward_backward(part, norm))
             self._check_bound(rows[i if keep else 0])
+        # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
+        # exact; the exact reduction carries it in its own integer collective.
         if keep and cfg.reduce == "exact":
-            reduced = self.reducer.reduce(rows, self.xgroup.allreduce)
+            reduced = self.reducer.reduce(rows, self.xgroup.allreduce, side=losses)
+            if reduced is None:
+                self.xgroup.allreduce(losses, "sum")
         else:
             reduced = reduce_float(rows, self.xgroup.allreduce)
-        self.xgroup.allreduce(losses, "sum")   # one non-zero slot per micro-shard: exact
+            self.xgroup.allreduce(losses, "sum")
         result = {"committed": False, "loss": float(losses.sum()), "grad_norm": math.nan,
                   "tokens": int(round(norm)) if data["loss_mask"].sum() else 0, "total": None}
         ev = self.events

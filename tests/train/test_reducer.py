@@ -53,9 +53,12 @@ def _cell_proc(index: int, port: int, out_dir: str) -> None:
         if reverse:
             mine = mine[::-1]
         shards = torch.stack([shard_grad(m, nan_shard) for m in mine])
-        out = ExactReducer(LAYOUT, M).reduce(shards.clone(), group.allreduce)
+        side = torch.zeros(M, dtype=torch.float64)
+        side[mine] = torch.tensor([-(m + 1) / 3.0 for m in mine], dtype=torch.float64)
+        out = ExactReducer(LAYOUT, M).reduce(shards.clone(), group.allreduce, side=side)
         result = np.array([]) if out is None else out.numpy()
         np.save(f"{out_dir}/{name}_cell{cell}.npy", result)
+        np.save(f"{out_dir}/{name}_side_cell{cell}.npy", side.numpy())
         fl = reduce_float(shards.clone(), group.allreduce)
         np.save(f"{out_dir}/{name}_float_cell{cell}.npy", np.array([]) if fl is None else fl.numpy())
 
@@ -82,6 +85,17 @@ def test_exact_reduction_is_bitwise_identical_for_any_alive_set_and_order(reduce
         for cell in alive:
             got = _load(reduced, name, cell)
             assert got.tobytes() == ref.tobytes(), f"{name} on cell {cell} differs from one cell"
+
+
+def test_side_values_ride_the_integer_sum_bit_exactly(reduced):
+    expected = np.array([-(m + 1) / 3.0 for m in range(M)])
+    for name, alive, _, nan_shard in SCENARIOS:
+        for cell in alive:
+            side = np.load(reduced / f"{name}_side_cell{cell}.npy")
+            if nan_shard is None:
+                assert side.tobytes() == expected.tobytes(), (name, cell)
+            else:   # a refused step leaves the side vector as the cell filled it
+                assert np.count_nonzero(side) == len(assign(M, alive)[cell])
 
 
 def test_exact_reduction_equals_the_true_sum_to_float32_rounding(reduced):
