@@ -7,6 +7,9 @@ causal attention with ``torch.nn.functional.scaled_dot_product_attention``. Atte
 dropout is not supported (every ftkit preset has it off), so the module consumes no random
 numbers and its output depends on its inputs only.
 
+This module imports torch and megatron at import time (it subclasses ``MegatronModule``); only
+``ftkit.model.gpt.layer_spec`` imports it, lazily.
+
 Layout (megatron's): query/key/value ``[s, b, heads_per_partition, head_dim]``; the result
 is ``[s, b, heads_per_partition * head_dim]``.
 """

@@ -38,6 +38,7 @@ class RankWorker:
         self._store: Any = None
         self._store_addr: tuple[str, int] | None = None
         self.xgroup: Any = None
+        self.epoch: int | None = None
         self._rows_buf: Any = None
         self.events: Any = None
 
@@ -130,7 +131,7 @@ class RankWorker:
         cfg = self.cfg
         if self.xgroup is None or epoch != self.epoch:
             raise RuntimeError(f"train_step for epoch {epoch} but the cross-cell group is for "
-                               f"epoch {getattr(self, 'epoch', None)}: call join_cross_cell first")
+                               f"epoch {self.epoch}: call join_cross_cell first")
         data = self._step_batch(rollout, step, batch)
         mine = sorted(int(m) for m in shards)
         if not mine or mine[0] < 0 or mine[-1] >= cfg.micro_shards or len(set(mine)) != len(mine):
@@ -161,7 +162,7 @@ class RankWorker:
             reduced = reduce_float(rows, self.xgroup.allreduce)
             self.xgroup.allreduce(losses, "sum")
         result = {"committed": False, "loss": float(losses.sum()), "grad_norm": math.nan,
-                  "tokens": int(round(norm)) if data["loss_mask"].sum() else 0, "total": None}
+                  "tokens": int(data["loss_mask"].sum()), "total": None}
         ev = self.events
         if reduced is None:
             ev.emit("grad_nonfinite", rollout=rollout, step=step, cell=self.cell, rank=self.rank,
