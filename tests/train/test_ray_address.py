@@ -36,7 +36,8 @@ def ray_head():
     token = os.path.join(temp_dir, "auth_token")
     with open(token, "w") as fh:
         fh.write(secrets.token_hex(32))
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token,
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # SIGTERM stops the head at once, no drain
     log = open(os.path.join(temp_dir, "head.log"), "w+")
     head = subprocess.Popen(
         [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
