@@ -101,7 +101,8 @@ class DumpWriter:
 
     def write(self) -> WriteInfo:
         """Write (or replace) this writer's safetensors file and index; see the commit protocol."""
-        from ftkit.tensors.st import fsync_dir, remove_stale_temps, save_safetensors, staging_dir, write_durable
+        from ftkit.fsutil import fsync_dir
+        from ftkit.tensors.st import remove_stale_temps, save_safetensors, staging_dir, write_durable
 
         self.directory.mkdir(parents=True, exist_ok=True)
         for target in (self.path, self.index_path):

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ftkit.events.schema import SCHEMA
+from ftkit.fsutil import fsync_dir
 
 log = logging.getLogger("ftkit.events")
 
@@ -85,7 +86,7 @@ class EventWriter:
             if _ends_unterminated(path):  # a crashed predecessor's fragment stays its own line
                 os.write(self._fd, b"\n")
         self.path = self.dir / f"{stem}-i{self.incarnation}.jsonl"
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._source = {"role": role, "cell": cell, "rank": rank, "incarnation": self.incarnation,
                         "pid": os.getpid() if pid is None else pid,
                         "host": socket.gethostname() if host is None else host}
@@ -189,15 +190,3 @@ def _ends_unterminated(path: Path) -> bool:
         fh.seek(-1, os.SEEK_END)
         return fh.read(1) != b"\n"
 
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

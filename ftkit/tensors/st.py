@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Mapping
 
 from ftkit.errors import InputError
+from ftkit.fsutil import fsync_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -44,19 +45,6 @@ TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
 _MAX_HEADER = 100 << 20
 _TMP_MARK = ".tmp-"
 
-
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """fsync a directory so a rename inside it is durable (no-op where unsupported)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def temp_path(target: Path) -> Path:

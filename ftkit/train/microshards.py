@@ -46,11 +46,10 @@ def assign(m: int, alive: Iterable[int]) -> dict[int, list[int]]:
 
 
 def shard_seed(seed: int, rollout: int, step: int, shard: int) -> int:
-    """The RNG seed of one micro-shard: a stable 63-bit mix of (seed, rollout, step, shard).
+    """The RNG seed of one micro-shard, derived from (seed, rollout, step, shard).
 
     It never involves the cell, so a micro-shard draws the same numbers wherever it runs.
     """
-    import hashlib
+    from ftkit.train.seeds import derive_seed
 
-    data = f"ftkit-microshard:{seed}:{rollout}:{step}:{shard}".encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 1
+    return derive_seed("microshard", seed, rollout, step, shard)
