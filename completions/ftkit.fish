@@ -16,6 +16,8 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l engines -r -F -d 'In
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l rollouts -r -F -d 'Rollouts to train'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l steps-per-rollout -r -F -d 'Optimizer steps per rollout'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l samples-per-rollout -r -F -d 'Samples (prompt+response) per rollout'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l group-size -r -F -d 'Responses per prompt (advantage group)'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l lr -r -F -d 'AdamW learning rate'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l micro-shards -r -F -d 'Micro-shards per optimizer step, at least --cells'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l model -r -a 'tiny small' -d 'Model preset'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l seed -r -F -d 'Seed of init, sampling and every RNG stream'

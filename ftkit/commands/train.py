@@ -112,6 +112,8 @@ def register(app: typer.Typer) -> None:
         steps_per_rollout: Annotated[Optional[int], _opt("--steps-per-rollout", field="steps_per_rollout")] = None,
         samples_per_rollout: Annotated[Optional[int], _opt("--samples-per-rollout",
                                                            field="samples_per_rollout")] = None,
+        group_size: Annotated[Optional[int], _opt("--group-size", field="group_size")] = None,
+        lr: Annotated[Optional[float], _opt("--lr", field="lr")] = None,
         micro_shards: Annotated[Optional[int], _opt("--micro-shards", field="micro_shards", help="Micro-shards "
                                                     "per optimizer step, at least --cells.")] = None,
         model: Annotated[Optional[ModelName], _opt("--model", field="model")] = None,
@@ -148,7 +150,7 @@ def register(app: typer.Typer) -> None:
         given = {
             "out": out, "cells": cells, "tp": tp, "pp": pp, "engines": engines, "rollouts": rollouts,
             "steps_per_rollout": steps_per_rollout, "samples_per_rollout": samples_per_rollout,
-            "micro_shards": micro_shards, "model": model, "seed": seed, "reduce": reduce, "reward": reward,
+            "group_size": group_size, "lr": lr, "micro_shards": micro_shards, "model": model, "seed": seed, "reduce": reduce, "reward": reward,
             "device": device, "ray_address": ray_address, "dump_rollouts": dump_rollouts,
             "dump_what": None if dump_what is None else parse_dump_what(dump_what), "dump_cells": dump_cells,
         }

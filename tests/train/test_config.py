@@ -10,8 +10,9 @@ def test_defaults_are_the_documented_ones():
     c = TrainConfig()
     assert (c.cells, c.tp, c.pp, c.engines, c.rollouts, c.steps_per_rollout, c.samples_per_rollout,
             c.group_size, c.micro_shards, c.model, c.reduce, c.device, c.threads_per_rank) == \
-        (2, 1, 1, 1, 3, 2, 32, 4, 8, "tiny", "exact", "auto", 1)
-    assert (c.step_samples, c.shard_samples) == (16, 2)
+        (2, 1, 1, 1, 8, 2, 64, 8, 8, "tiny", "exact", "auto", 1)
+    assert (c.step_samples, c.shard_samples) == (32, 4)
+    assert c.lr == 5e-3
 
 
 @pytest.mark.parametrize("values, message", [
