@@ -91,37 +91,49 @@ class ExactReducer:
     ``reduce(shards, allreduce)`` returns the exact sum over all ``total_shards``
     micro-shards of the step (float32 ``[numel]`` on the rows' device), or ``None`` on every
     cell together when a gradient is non-finite or the sum overflows float32. ``shards`` is
-    this cell's ``[k, numel]`` float32 buffer (k >= 1; used as scratch and overwritten).
-    The result is a workspace buffer: valid until the next ``reduce``. Collective: every
-    cell of the group calls it for the same step with the same layout.
+    this cell's ``[k, numel]`` float32 buffer (k >= 1; the torch kernels use it as scratch
+    and overwrite it, the numpy ones only read it). The result is a workspace
+    buffer: valid until the next ``reduce``. Collective: every cell of the group calls it for
+    the same step with the same layout.
 
-    Costs are a handful of passes over the rows; every large buffer is allocated once (a
-    fresh one per step would page-fault it in again) and every per-tensor operation works on
-    a contiguous range with a scalar, since reductions along the micro-shard axis and mixed
-    dtype arithmetic are several times slower on CPU.
+    Cost: one read pass over the rows for the exponents, one read of the rows and one write
+    of the int64 sums for the quantisation, one pass over the sums for the result; every
+    large buffer is allocated once (a fresh one per step would page-fault it in again).
+    On CPU the kernels are numpy ufuncs applied window by window (``WINDOW`` elements, cut
+    at tensor boundaries), so the scaled, rounded and accumulated rows of a window stay in
+    the core's cache between the operations instead of making a memory pass each; on other
+    devices they are per-tensor torch operations. Both kernel sets compute the same bits
+    (``numpy_kernels=False`` selects the torch ones on CPU; a test compares them).
     """
 
-    def __init__(self, layout: GradLayout, total_shards: int) -> None:
+    def __init__(self, layout: GradLayout, total_shards: int, numpy_kernels: bool = True) -> None:
         self.layout, self.total_shards = layout, int(total_shards)
         self.segs = layout.segments()
+        self.numpy_kernels = numpy_kernels
+        self.windows = _windows(self.segs, WINDOW)
         self._work: dict[str, Any] = {}
 
-    def _buf(self, name: str, dtype: Any, device: Any, extra: int = 0) -> Any:
+    def _buf(self, name: str, dtype: Any, device: Any, size: int) -> Any:
         import torch
 
-        size = self.layout.numel + extra
         buf = self._work.get(name)
-        if buf is None or buf.device != device or buf.numel() != size:
+        if buf is None or buf.device != device or buf.dtype != dtype or buf.numel() != size:
             buf = self._work[name] = torch.empty(size, dtype=dtype, device=device)
         return buf
+
+    def _numpy(self, shards: Any) -> bool:
+        return self.numpy_kernels and shards.device.type == "cpu"
 
     def exponents(self, shards: Any) -> tuple[list[int], bool]:
         """Per tensor, ``e`` with every ``|g| < 2**e`` over the rows (``ZERO_EXPONENT`` for an
         all-zero tensor), and whether every value is finite."""
         import torch
 
-        tops = torch.stack([torch.maximum(shards[:, a:b].amax(), shards[:, a:b].amin().neg())
-                            for a, b in self.segs])       # amax/amin propagate NaN
+        if self._numpy(shards):
+            tops = torch.from_numpy(_np_tops(shards.numpy(), self.windows, len(self.segs)))
+        else:
+            tops = torch.stack([torch.maximum(shards[:, a:b].amax(), shards[:, a:b].amin().neg())
+                                for a, b in self.segs])       # amax/amin propagate NaN
         finite = bool(torch.isfinite(tops).all())
         # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| < 2**exp.
         exps = torch.frexp(tops).exponent.to(torch.int64)
@@ -143,40 +155,132 @@ class ExactReducer:
         exps, finite = self.exponents(shards)
         head = torch.tensor(exps + [0 if finite else 1], dtype=torch.int64, device=dev)
         allreduce(head, "max")
-        if int(head[-1]):
+        agreed = head.tolist()
+        if agreed[-1]:
             return None
         log_m = _ceil_log2(self.total_shards)
         shifts = [0 if e == ZERO_EXPONENT else min(MAX_SHIFT, max(MIN_SHIFT, INT_BITS - log_m - e))
-                  for e in head[:-1].tolist()]
+                  for e in agreed[:-1]]
+        n = self.layout.numel
+        extra = 0 if side is None else side.numel()
+        qbuf = self._buf("q", torch.int64, dev, n + extra)
+        q, out = qbuf[:n], self._buf("out", torch.float32, dev, n)
         # g * 2**shift is exact in float32 (only the exponent moves) and round() is exact: every
         # row becomes integers of magnitude <= 2**INT_BITS / M. Their sums over any subset of the
         # M micro-shards are integers of magnitude <= 2**52, so float64 adds them exactly, in
         # any order.
-        for (a, b), k in zip(self.segs, shifts):
-            if k:
-                shards[:, a:b].mul_(2.0 ** k)
-        shards.round_()
-        acc, tmp = self._buf("acc", torch.float64, dev), self._buf("tmp", torch.float64, dev)
-        acc.copy_(shards[0])
-        for row in shards[1:]:
-            acc.add_(tmp.copy_(row))
-        n = self.layout.numel
-        extra = 0 if side is None else side.numel()
-        qbuf = self._buf("q", torch.int64, dev, extra)
-        q = qbuf[:n].copy_(acc)
+        if self._numpy(shards):
+            _np_quantize(shards.numpy(), shifts, self.windows, q.numpy())
+        else:
+            self._torch_quantize(shards, shifts, q)
         if side is not None:
             qbuf[n:].copy_(side.view(torch.int64))
         allreduce(qbuf, "sum")
         if side is not None:
             side.view(torch.int64).copy_(qbuf[n:])
-        out = self._buf("out", torch.float32, dev).copy_(q)     # one correctly rounded conversion
-        for (a, b), k, e in zip(self.segs, shifts, head[:-1].tolist()):
-            if k:
-                out[a:b].mul_(2.0 ** -k)
+        # one correctly rounded conversion, then an exact power of two
+        if self._numpy(shards):
+            _np_dequantize(q.numpy(), shifts, self.windows, out.numpy())
+        else:
+            out.copy_(q)
+            for (a, b), k in zip(self.segs, shifts):
+                if k:
+                    out[a:b].mul_(2.0 ** -k)
+        for (a, b), e in zip(self.segs, agreed[:-1]):
             # |sum| < M * 2**e: only a tensor that close to float32's limit can overflow
             if e != ZERO_EXPONENT and e + log_m > 127 and not bool(torch.isfinite(out[a:b]).all()):
                 return None  # same integers everywhere, same decision
         return out
+
+    def _torch_quantize(self, shards: Any, shifts: list[int], q: Any) -> None:
+        """Per-tensor torch kernels (any device), in place in ``shards``: scale, round,
+        float64 sum, int64."""
+        import torch
+
+        for (a, b), k in zip(self.segs, shifts):
+            if k:
+                shards[:, a:b].mul_(2.0 ** k)
+        shards.round_()
+        acc = self._buf("acc", torch.float64, shards.device, self.layout.numel)
+        acc.copy_(shards[0])
+        if shards.shape[0] > 1:
+            tmp = self._buf("tmp", torch.float64, shards.device, self.layout.numel)
+            for row in shards[1:]:
+                acc.add_(tmp.copy_(row))
+        q.copy_(acc)
+
+
+# Elements per window of the CPU kernels: k float32 rows, a float64 and an int64 row of one
+# window stay in a core's L2 cache for the few k (micro-shards per cell) of a step.
+WINDOW = 1 << 15
+
+Window = tuple[int, int, list[tuple[int, int, int]]]   # (start, end, [(a, b, tensor index)])
+
+
+def _windows(segs: Sequence[tuple[int, int]], width: int) -> list[Window]:
+    """The flat range cut into windows of at most ``width`` elements; each lists the pieces of
+    tensors it holds (small tensors share a window, a large one spans several)."""
+    out: list[Window] = []
+    for i, (a, b) in enumerate(segs):
+        while a < b:
+            if not out or out[-1][1] - out[-1][0] >= width:
+                out.append((a, a, []))
+            start, end, parts = out[-1]
+            stop = min(b, start + width)
+            parts.append((a, stop, i))
+            out[-1] = (start, stop, parts)
+            a = stop
+    return out
+
+
+def _np_tops(x: Any, windows: list[Window], count: int) -> Any:
+    """Per tensor ``max(max(g), -min(g))`` over the rows of ``x`` (NaN propagates)."""
+    import numpy as np
+
+    pieces = [p for _, _, parts in windows for p in parts]
+    his = np.array([x[:, a:b].max() for a, b, _ in pieces], dtype=np.float32)
+    los = np.array([x[:, a:b].min() for a, b, _ in pieces], dtype=np.float32)
+    owner = np.array([i for _, _, i in pieces], dtype=np.intp)
+    hi = np.zeros(count, dtype=np.float32)     # max(0, max g) and min(0, min g): an empty
+    lo = np.zeros(count, dtype=np.float32)     # tensor tops at 0, like an all-zero one
+    np.maximum.at(hi, owner, his)          # np.maximum / np.minimum propagate NaN
+    np.minimum.at(lo, owner, los)
+    return np.maximum(hi, -lo)
+
+
+def _np_quantize(x: Any, shifts: list[int], windows: list[Window], q: Any) -> None:
+    """``q = sum_rows(round(x * 2**shift))`` as int64, window by window (in cache)."""
+    import numpy as np
+
+    k = x.shape[0]
+    width = max(end - start for start, end, _ in windows)
+    scaled = np.empty((k, width), dtype=np.float32)
+    acc = np.empty(width, dtype=np.float64)
+    scale = [np.float32(2.0 ** s) for s in shifts]
+    for start, end, parts in windows:
+        w = scaled[:, :end - start]
+        for a, b, i in parts:
+            np.multiply(x[:, a:b], scale[i], out=w[:, a - start:b - start])
+        np.rint(w, out=w)                    # half to even, like torch.round
+        if k == 1:
+            np.copyto(q[start:end], w[0], casting="unsafe")    # an integer-valued float32: exact
+        else:
+            a64 = acc[:end - start]
+            np.copyto(a64, w[0])
+            for row in w[1:]:
+                np.add(a64, row, out=a64)
+            np.copyto(q[start:end], a64, casting="unsafe")
+
+
+def _np_dequantize(q: Any, shifts: list[int], windows: list[Window], out: Any) -> None:
+    """``out = float32(q) * 2**-shift``, window by window."""
+    import numpy as np
+
+    for start, end, parts in windows:
+        np.copyto(out[start:end], q[start:end], casting="unsafe")
+        for a, b, i in parts:
+            if shifts[i]:
+                np.multiply(out[a:b], np.float32(2.0 ** -shifts[i]), out=out[a:b])
 
 
 def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:

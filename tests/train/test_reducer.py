@@ -130,3 +130,55 @@ def test_exact_reducer_single_process_identity_group_matches_local_sum():
 def test_exact_reducer_refuses_a_float32_overflow_of_the_sum():
     shards = torch.full((2, LAYOUT.numel), 3.0e38, dtype=torch.float32)
     assert ExactReducer(LAYOUT, 2).reduce(shards, lambda t, op: None) is None
+
+
+def _kernel_rows(k: int, layout: GradLayout) -> torch.Tensor:
+    """k rows over ``layout`` with magnitudes from 1e-38 to 1e30 per tensor and ties at .5."""
+    g = torch.Generator().manual_seed(77 + k)
+    rows = torch.randn(k, layout.numel, generator=g)
+    views = [layout.unflatten(r) for r in rows]
+    for j, name in enumerate(layout.names):
+        mag = 10.0 ** [-38, -20, -6, 0, 3, 30][j % 6]
+        for v in views:
+            v[name].mul_(mag)
+    return rows
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_numpy_and_torch_kernels_give_the_same_bits(k):
+    from ftkit.train.reducer import WINDOW
+
+    # small tensors sharing a window, one spanning several windows, an all-zero one
+    shapes = [(f"t{i}", (3, 7)) for i in range(8)] + [("big", (3 * WINDOW + 5,)), ("zero", (4,)), ("last", (9,))]
+    layout = GradLayout.of(shapes)
+    rows = _kernel_rows(k, layout)
+    layout.unflatten(rows[0])["zero"].zero_()
+    if k > 1:
+        layout.unflatten(rows[1])["zero"].zero_()
+        layout.unflatten(rows[2 if k > 2 else 1])["zero"].zero_()
+    side = torch.arange(M, dtype=torch.float64) - 2.5
+    outs = []
+    for numpy_kernels in (True, False):
+        red = ExactReducer(layout, 8, numpy_kernels=numpy_kernels)
+        s = side.clone()
+        src = rows.clone()
+        outs.append((red.reduce(src, lambda t, op: None, side=s).clone(), s))
+        if numpy_kernels:
+            assert torch.equal(src, rows)        # the numpy kernels only read the rows
+    (a, sa), (b, sb) = outs
+    assert a.numpy().tobytes() == b.numpy().tobytes()
+    assert sa.numpy().tobytes() == sb.numpy().tobytes() == side.numpy().tobytes()
+    exact = rows.double().sum(0)
+    # the 1e-38 tensors sit below the clamped scale: quantised at 2**-127 absolute per row
+    assert torch.allclose(a.double(), exact, rtol=1e-6, atol=k * 2.0 ** -127)
+    assert torch.count_nonzero(layout.unflatten(a)["zero"]) == 0
+
+
+def test_numpy_kernels_see_a_nan_in_any_window():
+    from ftkit.train.reducer import WINDOW
+
+    layout = GradLayout.of([("a", (5,)), ("big", (2 * WINDOW + 3,))])
+    rows = torch.ones(2, layout.numel)
+    rows[1, -2] = float("nan")
+    exps, finite = ExactReducer(layout, 2).exponents(rows)
+    assert not finite and exps[0] == 1
