@@ -18,8 +18,9 @@ the dict's insertion order; ``fingerprint_tensors`` does both at once.
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
 
 import xxhash
 
@@ -60,7 +61,30 @@ def fingerprint(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> str:
     quantized or sub-byte tensors. Does not modify ``t`` and does not synchronise more than
     needed to read it.
     """
+    import torch
+
+    t = t.detach()
+    if (t.device.type == "cpu" and t.dtype in _numpy_dtypes(torch) and t.layout == torch.strided
+            and t.is_contiguous() and not t.is_neg()):
+        # fast path (per-step state fingerprints hash ~100 small tensors): the bytes of a
+        # contiguous CPU tensor straight from its numpy view, the header cached
+        h = xxhash.xxh3_128(_cached_header(t.dtype, tuple(t.shape)))
+        if t.numel():
+            h.update(t.numpy())
+        return h.hexdigest()
     return fingerprint_buffers(dtype_name(t.dtype), tuple(t.shape), logical_bytes(t, chunk_bytes))
+
+
+@functools.lru_cache(maxsize=1)
+def _numpy_dtypes(torch: Any) -> frozenset:
+    """Dtypes whose numpy view holds exactly the tensor's bytes (no bfloat16, float8, complex)."""
+    return frozenset([torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
+                      torch.int64, torch.uint8, torch.bool])
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_header(dtype: "torch.dtype", shape: tuple[int, ...]) -> bytes:
+    return _header(dtype_name(dtype), shape)
 
 
 def combine(fingerprints: Mapping[str, str]) -> str:

@@ -155,3 +155,15 @@ def test_fingerprint_tensors():
     assert per == {"w": fingerprint(tensors["w"]), "b": fingerprint(tensors["b"])}
     assert total == combine(per)
     assert fingerprint_tensors(dict(reversed(list(tensors.items()))))[0] == total
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(5, 7), (), (0, 3), (1, 1)], ids=str)
+def test_fast_path_equals_the_streamed_bytes(dtype, shape):
+    """Contiguous CPU tensors hash their numpy view directly; the digest is the general one."""
+    t = _sample(dtype, shape=shape)
+    general = fingerprint_buffers(str(dtype).rsplit(".", 1)[-1], tuple(t.shape), logical_bytes(t))
+    assert fingerprint(t) == general
+    if dtype.is_floating_point and shape:
+        param = torch.nn.Parameter(t.clone())            # requires grad: hashed through detach
+        assert fingerprint(param) == general
