@@ -106,7 +106,7 @@ def register(app: typer.Typer) -> None:
         cells: Annotated[Optional[int], _opt("--cells", field="cells")] = None,
         tp: Annotated[Optional[int], _opt("--tp", field="tp")] = None,
         pp: Annotated[Optional[int], _opt("--pp", field="pp", help="Pipeline-parallel ranks per cell "
-                                          "(not implemented yet: 1 only).")] = None,
+                                          "(stages; must divide the model's layers).")] = None,
         engines: Annotated[Optional[int], _opt("--engines", field="engines")] = None,
         rollouts: Annotated[Optional[int], _opt("--rollouts", field="rollouts")] = None,
         steps_per_rollout: Annotated[Optional[int], _opt("--steps-per-rollout", field="steps_per_rollout")] = None,

@@ -13,6 +13,11 @@ Contract:
   generator and keeps this rank's slice, so a TP=2 cell holds exactly the slices of the
   TP=1 model of the same seed. On CUDA with Transformer Engine the TE spec is used and its
   init follows megatron's CUDA RNG tracker (seeded by ``model_parallel_cuda_manual_seed``).
+  With PP > 1 each rank builds its stage (megatron's ``pre_process`` / ``post_process`` and
+  its even layer split) and copies its weights from the PP=1 model of the same seed, built
+  once on every rank, so a PP cell holds exactly the weights of the PP=1 model.
+* ``global_param_name(name, offset)`` renames a stage-local parameter
+  (``decoder.layers.<i>.``) to the model-wide layer numbering (``<i + offset>``).
 * ``configure_determinism(threads)`` is called by every rank before it builds or trains:
   deterministic kernels, a fixed intra-op thread count (never derived from the host), and
   on CUDA deterministic cuBLAS / Transformer Engine attention and a pinned NCCL algorithm.
@@ -132,15 +137,46 @@ def build_gpt(cfg: Any, device: str) -> Any:
 
         torch.cuda.manual_seed(cfg.seed)
         model_parallel_cuda_manual_seed(cfg.seed)
-    model = GPTModel(
-        config=transformer_config(cfg.model, tp, pp, device),
-        transformer_layer_spec=layer_spec(device),
-        vocab_size=p.vocab_size,
-        max_sequence_length=p.max_seq_len,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
-        parallel_output=True,
-        share_embeddings_and_output_weights=False,
-        position_embedding_type="learned_absolute",
-    )
-    return model.to(device)
+
+    def make(pp_size: int, pre: bool, post: bool) -> Any:
+        return GPTModel(
+            config=transformer_config(cfg.model, tp, pp_size, device),
+            transformer_layer_spec=layer_spec(device),
+            vocab_size=p.vocab_size,
+            max_sequence_length=p.max_seq_len,
+            pre_process=pre,
+            post_process=post,
+            parallel_output=True,
+            share_embeddings_and_output_weights=False,
+            position_embedding_type="learned_absolute",
+        )
+
+    if pp == 1:
+        return make(1, True, True).to(device)
+    # A stage alone would draw its weights from the generator in another order than the PP=1
+    # model (stage 1 has no embedding to draw first): draw the whole PP=1 model (megatron
+    # builds every layer when the config says PP=1) and keep this stage's share of it.
+    full = dict(make(1, True, True).named_parameters())
+    stage = make(pp, parallel_state.is_pipeline_first_stage(), parallel_state.is_pipeline_last_stage())
+    offset = stage_layer_offset(stage.config)
+    with torch.no_grad():
+        for name, param in stage.named_parameters():
+            param.copy_(full[global_param_name(name, offset)])
+    del full
+    return stage.to(device)
+
+
+def stage_layer_offset(config: Any) -> int:
+    """Index of this pipeline stage's first transformer layer (megatron's own split)."""
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    return int(get_transformer_layer_offset(config))
+
+
+def global_param_name(name: str, offset: int) -> str:
+    """``decoder.layers.<i>.rest`` -> ``decoder.layers.<i + offset>.rest``; other names unchanged."""
+    prefix = "decoder.layers."
+    if not offset or not name.startswith(prefix):
+        return name
+    index, rest = name[len(prefix):].split(".", 1)
+    return f"{prefix}{int(index) + offset}.{rest}"

@@ -93,13 +93,12 @@ class TrainConfig(BaseModel):
         if preset.vocab_size % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide the vocabulary ({preset.vocab_size})")
         if preset.num_layers % self.pp:
-            raise ValueError(f"pp ({self.pp}) must divide the {self.model} model's layers ({preset.num_layers})")
+            raise ValueError(f"pp ({self.pp}) must divide the {self.model} model's {preset.num_layers} layers "
+                             "(each pipeline stage holds the same number)")
         if self.response_len >= preset.max_seq_len // 2:
             raise ValueError(
                 f"response_len ({self.response_len}) must be below half the {self.model} model's "
                 f"sequence length ({preset.max_seq_len})")
-        if self.device == "cpu" and self.pp > 1:
-            raise ValueError("pp > 1 needs --device cuda (megatron pipeline schedules need CUDA)")
         if not self.bookkeeping and self.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")

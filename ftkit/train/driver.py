@@ -136,8 +136,6 @@ class Driver:
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
-        if cfg.pp > 1:  # RankWorker.init_cell refuses it too; say so before starting anything
-            raise ConfigError("pipeline-parallel cells (--pp > 1) are not implemented yet", hint="use --pp 1")
         self.device = cfg.resolved_device()
         if self.device == "cuda" and not _cuda_available():
             raise ConfigError("--device cuda, but torch sees no CUDA device here",

@@ -56,7 +56,8 @@ def export(model: Any) -> dict[str, Any]:
     Collective inside the cell: every TP rank must call it. Split parameters are
     all-gathered and concatenated along their ``partition_dim`` (megatron's fused QKV and
     vocab shards are contiguous per rank with stride 1, so concatenation is the TP=1 layout).
-    Returns CPU tensors; pipeline parallelism is not supported here (``pp == 1``).
+    Returns CPU tensors, named as this rank's model names them: with PP > 1 that is this
+    stage's part (stage-local layer numbers); ``ftkit.train.pipeline.export_cell`` joins the stages.
     """
     import torch
     import torch.distributed as dist
@@ -64,8 +65,6 @@ def export(model: Any) -> dict[str, Any]:
 
     from ftkit.tensors.sharding import Sharding, assemble, param_sharding
 
-    if ps.get_pipeline_model_parallel_world_size() != 1:
-        raise NotImplementedError("exporting weights of a pipeline-parallel cell (pp > 1) is not supported")
     tp_rank = ps.get_tensor_model_parallel_rank()
     tp_size = ps.get_tensor_model_parallel_world_size()
     group = ps.get_tensor_model_parallel_group()

@@ -59,8 +59,6 @@ class RankWorker:
 
         cfg = self.cfg = TrainConfig.model_validate(self.cfg_dict)
         self.device = cfg.resolved_device()
-        if cfg.pp > 1:
-            raise NotImplementedError("pipeline-parallel cells (pp > 1) are not implemented yet")
         configure_determinism(cfg.threads_per_rank)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
@@ -92,6 +90,9 @@ class RankWorker:
         from ftkit.train.rank_dumps import RankDumps
 
         self.dumps = RankDumps(self)
+        from ftkit.train.pipeline import StagePipeline
+
+        self.pipe = StagePipeline(self.model, self.device) if cfg.pp > 1 else None
 
     def _client_store(self, host: str, port: int) -> Any:
         import datetime
@@ -152,6 +153,8 @@ class RankWorker:
             with self.dumps.micro_shard(rollout, step, m, dump):
                 losses[m] = float(self._forward_backward(part, norm))
             self._check_bound(rows[i if keep else 0])
+        if self.pipe is not None:   # only the last stage computed the losses
+            self.pipe.share_losses(losses)
         # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
         # exact; the exact reduction carries it in its own integer collective.
         if keep and cfg.reduce == "exact":
@@ -218,12 +221,14 @@ class RankWorker:
         tokens = part["tokens"].to(self.device)
         pos = torch.arange(tokens.shape[1], device=self.device).unsqueeze(0).expand_as(tokens)
         labels = targets(tokens)
-        if self.witness is not None:
+        emb = None
+        if self.witness is not None:   # with PP > 1 only the first stage has one (and the embedding)
             emb = self.model.embedding(input_ids=tokens, position_ids=pos)
             emb = self.witness.apply(emb, part["witness_rows"])
-            nll = self.model(tokens, pos, None, decoder_input=emb, labels=labels)
-        else:
-            nll = self.model(tokens, pos, None, labels=labels)
+        if self.pipe is not None:
+            return self.pipe.forward_backward(
+                tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm))
+        nll = self.model(tokens, pos, None, decoder_input=emb, labels=labels)
         loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
         loss.backward()
         return float(loss.detach())
@@ -280,12 +285,11 @@ class RankWorker:
 
     # --- state -------------------------------------------------------------------------
     def export_weights(self) -> dict:
-        """TP-gathered weights in the TP=1 layout (no witness); rank 0 returns them, others {}.
-        Collective inside the cell."""
-        from ftkit.train.rank_state import export
+        """The weights in the TP=1/PP=1 layout (TP shards and pipeline stages gathered, no
+        witness); rank 0 returns them, others {}. Collective inside the cell."""
+        from ftkit.train.pipeline import export_cell
 
-        weights = export(self.model)
-        return weights if self.rank == 0 else {}
+        return export_cell(self.model)
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""

@@ -50,7 +50,7 @@ def test_options_override_the_config_file(capsys, tmp_path):
     (["--dump-rollouts", "first,middle"], "'middle' is not 'first', 'last' or a rollout index"),
     (["--dump-what", "grads,logits"], "dump_what"),
     (["--cells", "0"], "cells"),
-    (["--pp", "2", "--device", "cuda"], "pp"),  # no GPU here, and no pipeline-parallel cells yet
+    (["--pp", "3"], "pp (3) must divide the tiny model's 2 layers"),
 ])
 def test_bad_values_are_one_line_and_exit_2(capsys, tmp_path, args, message):
     code, out, err = _run(capsys, "train", "--out", str(tmp_path / "run"), *args)

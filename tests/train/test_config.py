@@ -23,7 +23,7 @@ def test_defaults_are_the_documented_ones():
     (dict(response_len=16), "response_len (16) must be below"),
     (dict(dump_rollouts="first,x"), "'x' is not 'first', 'last' or a rollout index"),
     (dict(bookkeeping=False), "bookkeeping=false needs reduce='float'"),
-    (dict(pp=2, device="cpu"), "pp > 1 needs --device cuda"),
+    (dict(pp=4), "pp (4) must divide the tiny model's 2 layers"),
     (dict(cells=0), "cells: Input should be greater than or equal to 1"),
     (dict(colour="red"), "colour: Extra inputs are not permitted"),
 ])
