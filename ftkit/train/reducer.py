@@ -99,9 +99,10 @@ class ExactReducer:
     Cost: one read pass over the rows for the exponents, one read of the rows and one write
     of the int64 sums for the quantisation, one pass over the sums for the result; every
     large buffer is allocated once (a fresh one per step would page-fault it in again).
-    On CPU the kernels are numpy ufuncs applied window by window (``WINDOW`` elements, cut
-    at tensor boundaries), so the scaled, rounded and accumulated rows of a window stay in
-    the core's cache between the operations instead of making a memory pass each; on other
+    On CPU the kernels are numpy ufuncs applied window by window (at most ``WINDOW``
+    elements; the exponents take one ``reduceat`` per window, the scaling one multiply per
+    tensor piece), so the scaled, rounded and accumulated rows of a window stay in the
+    core's cache between the operations instead of making a memory pass each; on other
     devices they are per-tensor torch operations. Both kernel sets compute the same bits
     (``numpy_kernels=False`` selects the torch ones on CPU; a test compares them).
     """
@@ -214,73 +215,90 @@ class ExactReducer:
 # window stay in a core's L2 cache for the few k (micro-shards per cell) of a step.
 WINDOW = 1 << 15
 
-Window = tuple[int, int, list[tuple[int, int, int]]]   # (start, end, [(a, b, tensor index)])
+class _Window:
+    """A flat range ``[start, end)`` of at most ``WINDOW`` elements and the tensor ``pieces``
+    ``(a, b, tensor index)`` in it (small tensors share a window, a large one spans several),
+    with the pieces' ``starts`` relative to ``start`` (for ``reduceat``) and ``owners``."""
+
+    __slots__ = ("start", "end", "pieces", "starts", "owners")
+
+    def __init__(self, start: int, end: int, pieces: list[tuple[int, int, int]]) -> None:
+        import numpy as np
+
+        self.start, self.end, self.pieces = start, end, pieces
+        self.starts = np.array([a - start for a, _, _ in pieces], dtype=np.intp)
+        self.owners = np.array([i for _, _, i in pieces], dtype=np.intp)
 
 
-def _windows(segs: Sequence[tuple[int, int]], width: int) -> list[Window]:
-    """The flat range cut into windows of at most ``width`` elements; each lists the pieces of
-    tensors it holds (small tensors share a window, a large one spans several)."""
-    out: list[Window] = []
+def _windows(segs: Sequence[tuple[int, int]], width: int) -> list[_Window]:
+    """The flat range cut into windows of at most ``width`` elements, at tensor boundaries
+    where a tensor ends inside one."""
+    cuts: list[tuple[int, int, list[tuple[int, int, int]]]] = []
     for i, (a, b) in enumerate(segs):
         while a < b:
-            if not out or out[-1][1] - out[-1][0] >= width:
-                out.append((a, a, []))
-            start, end, parts = out[-1]
+            if not cuts or cuts[-1][1] - cuts[-1][0] >= width:
+                cuts.append((a, a, []))
+            start, _, pieces = cuts[-1]
             stop = min(b, start + width)
-            parts.append((a, stop, i))
-            out[-1] = (start, stop, parts)
+            pieces.append((a, stop, i))
+            cuts[-1] = (start, stop, pieces)
             a = stop
-    return out
+    return [_Window(*c) for c in cuts]
 
 
-def _np_tops(x: Any, windows: list[Window], count: int) -> Any:
+def _np_tops(x: Any, windows: list[_Window], count: int) -> Any:
     """Per tensor ``max(max(g), -min(g))`` over the rows of ``x`` (NaN propagates)."""
     import numpy as np
 
-    pieces = [p for _, _, parts in windows for p in parts]
-    his = np.array([x[:, a:b].max() for a, b, _ in pieces], dtype=np.float32)
-    los = np.array([x[:, a:b].min() for a, b, _ in pieces], dtype=np.float32)
-    owner = np.array([i for _, _, i in pieces], dtype=np.intp)
+    his, los = [], []
+    for w in windows:
+        blk = x[:, w.start:w.end]
+        his.append(np.maximum.reduceat(blk, w.starts, axis=1).max(axis=0))
+        los.append(np.minimum.reduceat(blk, w.starts, axis=1).min(axis=0))
+    owners = np.concatenate([w.owners for w in windows]) if windows else np.zeros(0, dtype=np.intp)
     hi = np.zeros(count, dtype=np.float32)     # max(0, max g) and min(0, min g): an empty
     lo = np.zeros(count, dtype=np.float32)     # tensor tops at 0, like an all-zero one
-    np.maximum.at(hi, owner, his)          # np.maximum / np.minimum propagate NaN
-    np.minimum.at(lo, owner, los)
+    if windows:
+        np.maximum.at(hi, owners, np.concatenate(his))    # np.maximum / np.minimum propagate NaN
+        np.minimum.at(lo, owners, np.concatenate(los))
     return np.maximum(hi, -lo)
 
 
-def _np_quantize(x: Any, shifts: list[int], windows: list[Window], q: Any) -> None:
+def _np_quantize(x: Any, shifts: list[int], windows: list[_Window], q: Any) -> None:
     """``q = sum_rows(round(x * 2**shift))`` as int64, window by window (in cache)."""
     import numpy as np
 
     k = x.shape[0]
-    width = max(end - start for start, end, _ in windows)
+    width = max((w.end - w.start for w in windows), default=0)
     scaled = np.empty((k, width), dtype=np.float32)
     acc = np.empty(width, dtype=np.float64)
-    scale = [np.float32(2.0 ** s) for s in shifts]
-    for start, end, parts in windows:
-        w = scaled[:, :end - start]
-        for a, b, i in parts:
-            np.multiply(x[:, a:b], scale[i], out=w[:, a - start:b - start])
-        np.rint(w, out=w)                    # half to even, like torch.round
+    scale = np.ldexp(np.float32(1), np.array(shifts, dtype=np.int32))    # exact powers of two
+    for w in windows:
+        n = w.end - w.start
+        buf = scaled[:, :n]
+        for a, b, i in w.pieces:     # a scalar per piece: cheaper than gathering a per-element scale
+            np.multiply(x[:, a:b], scale[i], out=buf[:, a - w.start:b - w.start])
+        np.rint(buf, out=buf)                    # half to even, like torch.round
         if k == 1:
-            np.copyto(q[start:end], w[0], casting="unsafe")    # an integer-valued float32: exact
+            np.copyto(q[w.start:w.end], buf[0], casting="unsafe")    # an integer-valued float32: exact
         else:
-            a64 = acc[:end - start]
-            np.copyto(a64, w[0])
-            for row in w[1:]:
+            a64 = acc[:n]
+            np.copyto(a64, buf[0])
+            for row in buf[1:]:
                 np.add(a64, row, out=a64)
-            np.copyto(q[start:end], a64, casting="unsafe")
+            np.copyto(q[w.start:w.end], a64, casting="unsafe")
 
 
-def _np_dequantize(q: Any, shifts: list[int], windows: list[Window], out: Any) -> None:
+def _np_dequantize(q: Any, shifts: list[int], windows: list[_Window], out: Any) -> None:
     """``out = float32(q) * 2**-shift``, window by window."""
     import numpy as np
 
-    for start, end, parts in windows:
-        np.copyto(out[start:end], q[start:end], casting="unsafe")
-        for a, b, i in parts:
+    inverse = np.ldexp(np.float32(1), -np.array(shifts, dtype=np.int32))
+    for w in windows:
+        np.copyto(out[w.start:w.end], q[w.start:w.end], casting="unsafe")
+        for a, b, i in w.pieces:
             if shifts[i]:
-                np.multiply(out[a:b], np.float32(2.0 ** -shifts[i]), out=out[a:b])
+                np.multiply(out[a:b], inverse[i], out=out[a:b])
 
 
 def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:
