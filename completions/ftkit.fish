@@ -11,7 +11,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -F
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l out -s o -r -F -d 'Run directory to create'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l cells -r -F -d 'Independent model replicas (cells)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l tp -r -F -d 'Tensor-parallel ranks per cell'
-complete -c ftkit -n '__fish_seen_subcommand_from train' -l pp -r -F -d 'Pipeline-parallel ranks per cell (not implemented yet: 1 only)'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l pp -r -F -d 'Pipeline-parallel ranks per cell (stages; must divide the model\'s layers)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l engines -r -F -d 'Inference engine actors'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l rollouts -r -F -d 'Rollouts to train'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l steps-per-rollout -r -F -d 'Optimizer steps per rollout'

@@ -42,7 +42,8 @@ def test_a_directory_that_is_not_a_run_is_never_replaced(tmp_path):
 
 
 def test_run_json_records_config_layout_and_seed(tmp_path):
-    cfg = TrainConfig(cells=3, micro_shards=8, seed=9, reward="deterministic_random")
+    cfg = TrainConfig(cells=3, micro_shards=8, samples_per_rollout=32, group_size=4, seed=9,
+                      reward="deterministic_random")
     write_run_json(tmp_path, cfg, "cpu", AdditionTask(cfg.response_len))
     doc = json.loads((tmp_path / "run.json").read_text())
     assert doc["schema"] == RUN_SCHEMA and doc["seed"] == 9 and doc["run"] == tmp_path.name

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from cellrun import events, run_cells
 
-BASE = dict(samples_per_rollout=24, steps_per_rollout=2, micro_shards=6, group_size=4, seed=7,
+BASE = dict(samples_per_rollout=24, steps_per_rollout=2, micro_shards=6, group_size=4, seed=7, lr=1e-3,
             response_len=6, dump_what=("activations", "grads", "weights"))
 
 
