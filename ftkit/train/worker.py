@@ -190,7 +190,7 @@ class RankWorker:
         if keep:
             from ftkit.train.rank_state import fingerprint_state
 
-            total, pfp, ofp = fingerprint_state(self.model, self.optimizer)
+            total, pfp, ofp = fingerprint_state(self.model, self.optimizer, self.params)
             ev.emit("state_fingerprint", rollout=rollout, step=step, attempt=attempt, cell=self.cell,
                     rank=self.rank, total=total, params=pfp, optimizer=ofp)
             result["total"] = total
