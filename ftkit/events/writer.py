@@ -10,6 +10,10 @@ Contract:
 - ``emit`` writes one whole line with a single ``write`` system call (so the line is in the
   kernel when ``emit`` returns: "flushed per line"); ``sync`` fsyncs (call it at step
   boundaries); ``close`` fsyncs and closes. All three are thread-safe.
+- ``sync(wait=False)`` starts the fsync on a helper thread and returns at once (a rank
+  returns its step to the driver while the disk works). Every later ``emit``, ``sync`` and
+  ``close`` first waits for it, so no line written after the boundary (and nothing the caller
+  does after its next ``emit``) can precede the durability of the lines before it.
 - The writer never raises into training: anything that fails (serialisation, a full disk, a
   closed file) increments ``dropped`` and keeps ``last_error``. Every emit consumes a ``seq``
   even when its line is lost, so the gap is visible to ``analyze-events`` (FT111); ``close``
@@ -21,6 +25,7 @@ Contract:
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -72,6 +77,9 @@ class EventWriter:
         self.last_error: Optional[str] = None
         self._clock = clock
         self._lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: Optional[concurrent.futures.Future] = None   # a background fsync (sync(wait=False))
+        self._helper: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._seq = 0
         self._fd: Optional[int] = None
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -110,6 +118,8 @@ class EventWriter:
 
     def emit(self, type: str, **fields: Any) -> bool:
         """Append one event; returns whether its line was written (never raises)."""
+        if self._pending is not None:
+            self._wait_pending()
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -133,8 +143,22 @@ class EventWriter:
         if self.dropped == 1:
             log.warning("event writer %s could not write a line: %s", self.path, self.last_error)
 
-    def sync(self) -> None:
-        """fsync the file (call at step boundaries); failures are counted, never raised."""
+    def sync(self, wait: bool = True) -> None:
+        """fsync the file (call at step boundaries); failures are counted, never raised.
+
+        ``wait=False``: the fsync runs on a helper thread; the next ``emit``, ``sync`` or
+        ``close`` waits for it to finish before doing anything else.
+        """
+        self._wait_pending()
+        if wait:
+            self._fsync()
+            return
+        with self._pending_lock:
+            if self._helper is None:   # one helper thread per writer, started on first use
+                self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftkit-events-fsync")
+            self._pending = self._helper.submit(self._fsync)
+
+    def _fsync(self) -> None:
         with self._lock:
             if self._fd is None:
                 return
@@ -143,13 +167,24 @@ class EventWriter:
             except OSError as exc:
                 self._drop(exc)
 
+    def _wait_pending(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()   # _fsync never raises: failures are counted in dropped
+
     def close(self) -> None:
         """Report drops (``events_dropped``), fsync and close; idempotent."""
         if self._fd is None:
             return
+        self._wait_pending()   # a background fsync's failure belongs in the count below
         if self.dropped:
             self.emit("events_dropped", count=self.dropped, last_error=self.last_error or "")
         self.sync()
+        with self._pending_lock:
+            helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.shutdown(wait=True)
         with self._lock:
             fd, self._fd = self._fd, None
         try:

@@ -172,7 +172,7 @@ class RankWorker:
                     where="reduced gradient")
             ev.emit("step_outcome", rollout=rollout, step=step, attempt=attempt, epoch=epoch, cell=self.cell,
                     rank=self.rank, outcome="discarded", micro_shards=mine)
-            ev.sync()
+            ev.sync(wait=False)   # the next emit waits for this fsync
             return result
         grads = self.layout.unflatten(reduced)
         for name, p in self.params:
@@ -195,7 +195,7 @@ class RankWorker:
                     rank=self.rank, total=total, params=pfp, optimizer=ofp)
             result["total"] = total
         self.dumps.replicated(rollout, step, dump_replicated, before_step=False)
-        ev.sync()
+        ev.sync(wait=False)   # the next emit waits for this fsync
         return result
 
     def _step_batch(self, rollout: int, step: int, batch: dict) -> dict:

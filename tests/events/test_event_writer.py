@@ -117,3 +117,47 @@ def test_numpy_like_values_are_serialised(tmp_path):
     with EventWriter(tmp_path, "r", "driver") as w:
         assert w.emit("metric", rollout=0, step=Scalar(), values={"loss": 0.5})
     assert _read(w.path)[0]["step"] == 7
+
+
+def test_background_sync_returns_at_once_and_the_next_emit_waits_for_it(tmp_path, monkeypatch):
+    import ftkit.events.writer as writer_mod
+
+    gate, started, calls = threading.Event(), threading.Event(), []
+    real_fsync = os.fsync
+
+    def slow_fsync(fd):
+        started.set()
+        assert gate.wait(30), "the test never released the fsync"
+        calls.append(fd)
+        real_fsync(fd)
+
+    w = EventWriter(tmp_path, run="r", role="trainer", cell=0, rank=0)
+    w.emit("step_outcome", step=0)
+    monkeypatch.setattr(writer_mod.os, "fsync", slow_fsync)
+    w.sync(wait=False)                       # returns while the fsync is still blocked
+    assert started.wait(30) and not calls
+    emitter = threading.Thread(target=w.emit, args=("step_outcome",), kwargs={"step": 1})
+    emitter.start()
+    emitter.join(0.2)
+    assert emitter.is_alive()                # the next line waits for the boundary's fsync
+    assert [e["step"] for e in _read(w.path)] == [0]
+    gate.set()
+    emitter.join(30)
+    assert not emitter.is_alive() and len(calls) == 1
+    w.close()
+    assert [e["step"] for e in _read(w.path)] == [0, 1] and len(calls) == 2 and w.dropped == 0
+
+
+def test_close_waits_for_a_background_sync_and_counts_its_failure(tmp_path, monkeypatch):
+    import ftkit.events.writer as writer_mod
+
+    def failing_fsync(fd):
+        raise OSError(5, "I/O error")
+
+    w = EventWriter(tmp_path, run="r", role="trainer")
+    w.emit("step_outcome", step=0)
+    monkeypatch.setattr(writer_mod.os, "fsync", failing_fsync)
+    w.sync(wait=False)
+    w.close()                                # joins the helper: its failure is counted and reported
+    assert w.dropped >= 1 and "I/O error" in w.last_error
+    assert [e["type"] for e in _read(w.path)] == ["step_outcome", "events_dropped"]
