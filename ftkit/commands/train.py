@@ -26,30 +26,22 @@ PANEL = "Training"
 PANEL_DUMPS = "Dumps"
 
 
-class ModelName(str, Enum):
-    tiny = "tiny"
-    small = "small"
+def _choices(name: str, field: str) -> type[Enum]:
+    """A str Enum of the values a ``TrainConfig`` Literal field admits (Typer needs an Enum
+    for choices; deriving it keeps the command line and the config from drifting apart)."""
+    import typing
+
+    from ftkit.train.config import TrainConfig
+
+    values = typing.get_args(TrainConfig.model_fields[field].annotation)
+    return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
 
 
-class Reduce(str, Enum):
-    exact = "exact"
-    float = "float"
-
-
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class DumpCells(str, Enum):
-    first = "first"
-    all = "all"
-
-
-class Reward(str, Enum):
-    task = "task"
-    deterministic_random = "deterministic_random"
+ModelName = _choices("ModelName", "model")
+Reduce = _choices("Reduce", "reduce")
+Device = _choices("Device", "device")
+DumpCells = _choices("DumpCells", "dump_cells")
+Reward = _choices("Reward", "reward")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:

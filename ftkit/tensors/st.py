@@ -15,6 +15,7 @@ dtype x shape, file size) and raises ``ftkit.errors.InputError`` with one clear 
 
 from __future__ import annotations
 
+import math
 import contextlib
 import json
 import os
@@ -175,10 +176,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass
