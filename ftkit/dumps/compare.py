@@ -32,7 +32,7 @@ from ftkit.dumps.metrics import Metrics, bits_view, diff_metrics, equal_metrics,
 from ftkit.dumps.pairing import Item, pair
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
-from ftkit.dumps.sources import check_compatible, open_source
+from ftkit.dumps.sources import check_compatible, open_source, require_exists
 
 FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
 
@@ -102,6 +102,7 @@ def compare_paths(a: str | Path, b: str | Path, options: CompareOptions,
     ``on_start(total_bytes)`` is called once the work is known; ``progress(nbytes)`` after
     each item. Raises ``InputError``/``UsageError`` for unreadable or incompatible input.
     """
+    require_exists(a), require_exists(b)  # both before either is scanned (a scan can be long)
     sa, sb = open_source(a), open_source(b)
     check_compatible(sa, sb)
     pairing = pair(sa, sb)

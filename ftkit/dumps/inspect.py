@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ftkit.dumps.loader import TensorLoader, fingerprint_verified
 from ftkit.dumps.pairing import dump_id, entry_order, file_id
 from ftkit.dumps.sources import Source, TensorRef, open_source
+from ftkit.errors import InputError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -45,7 +46,11 @@ class Inventory:
 
 
 def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = True) -> Inventory:
+    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file."""
     src = open_source(path)
+    if src.empty and not src.orphans:
+        raise InputError(f"nothing to inspect: no dumps or safetensors files in {path}",
+                         "pass a run directory, a dump directory or .safetensors files")
     regex = re.compile(pattern) if pattern else None
     inv = Inventory(Path(path), src.kind, orphans=list(src.orphans))
     loader = TensorLoader()

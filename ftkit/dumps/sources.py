@@ -81,10 +81,16 @@ class Source:
         return sum(e.ref.info.nbytes for e in self.entries) + sum(h.size for h in self.files.values())
 
 
-def open_source(path: str | os.PathLike[str]) -> Source:
+def require_exists(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a ``Path``; ``InputError`` when it does not exist."""
     p = Path(path)
     if not p.exists():
         raise InputError(f"{p} does not exist", "pass a run directory, a dump directory or safetensors files")
+    return p
+
+
+def open_source(path: str | os.PathLike[str]) -> Source:
+    p = require_exists(path)
     if p.is_file():
         if not p.name.endswith(DATA_SUFFIX):
             raise InputError(f"{p} is not a directory or a .safetensors file",

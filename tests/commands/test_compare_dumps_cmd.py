@@ -154,3 +154,13 @@ def test_progress_goes_to_stderr_only(trees, capsys, monkeypatch):
     monkeypatch.setenv("FTKIT_PROGRESS", "1")
     code, out, _ = _run(capsys, trees / "a", trees / "same", "--format", "json")
     assert code == 0 and json.loads(out)["verdict"] == "pass"
+
+
+def test_a_missing_side_is_reported_before_the_other_is_scanned(tmp_path, capsys):
+    from ftkit.cli import main
+
+    corrupt = tmp_path / "a"
+    corrupt.mkdir()
+    (corrupt / "x.safetensors").write_bytes(b"\x01")  # would be an error of its own if scanned first
+    assert main(["compare-dumps", str(corrupt), str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.startswith(f"Error: {tmp_path / 'missing'} does not exist")

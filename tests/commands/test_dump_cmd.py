@@ -85,3 +85,11 @@ def test_bad_filter_and_corrupt_input_exit_2(run_dir, capsys):
     assert code == 2 and out == "" and "malformed safetensors file" in err and "Traceback" not in err
     code, _, err = _run(capsys, run_dir / "missing")
     assert code == 2 and "does not exist" in err
+
+
+def test_a_place_without_dumps_is_exit_2(tmp_path, capsys):
+    from ftkit.cli import main
+
+    (tmp_path / "notes.txt").write_text("no tensors here")
+    assert main(["dump", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("Error: nothing to inspect: no dumps or safetensors files in")
