@@ -37,9 +37,19 @@ def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:
     per_step = 2 * args.cells * ranks + args.cells * ranks + 1  # outcome, fingerprint, witness counts; metric
     per_rollout = args.steps_per_rollout * per_step + 2 + args.engines
     rollouts = max(1, math.ceil(events / per_rollout))
-    return SyntheticSpec(cells=args.cells, tp=args.tp, pp=args.pp, engines=args.engines, rollouts=rollouts,
-                         steps_per_rollout=args.steps_per_rollout, samples_per_rollout=args.steps_per_rollout * 16,
-                         tensors=args.tensors, faults=max(1, rollouts // 50), seed=args.seed, run="bench")
+    return SyntheticSpec(
+        cells=args.cells,
+        tp=args.tp,
+        pp=args.pp,
+        engines=args.engines,
+        rollouts=rollouts,
+        steps_per_rollout=args.steps_per_rollout,
+        samples_per_rollout=args.steps_per_rollout * 16,
+        tensors=args.tensors,
+        faults=max(1, rollouts // 50),
+        seed=args.seed,
+        run="bench",
+    )
 
 
 def plain_loop(files: list[Path]) -> tuple[float, float, int]:
@@ -57,10 +67,13 @@ def plain_loop(files: list[Path]) -> tuple[float, float, int]:
 def analyze(events_dir: Path) -> tuple[float, float, int, int, dict]:
     """Wall seconds, CPU seconds, exit code, peak RSS bytes and the JSON document of one
     ``ftkit analyze-events`` subprocess (its own rusage, from ``os.wait4``)."""
-    out = tempfile.TemporaryFile()
+    out = tempfile.TemporaryFile()  # noqa: SIM115 - read back after the child exits
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "ftkit", "analyze-events", str(events_dir), "--format", "json"],
-                            stdout=out, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftkit", "analyze-events", str(events_dir), "--format", "json"],
+        stdout=out,
+        stderr=subprocess.DEVNULL,
+    )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -92,8 +105,12 @@ def main() -> int:
             gen_s = time.perf_counter() - t0
             files = sorted(run.events_dir.glob("*.jsonl"))
             size = sum(f.stat().st_size for f in files)
-            print(f"[{target}] generated {run.events} events, {size / 2**30:.2f} GiB in {len(files)} files "
-                  f"({gen_s:.0f}s)", file=sys.stderr, flush=True)
+            print(
+                f"[{target}] generated {run.events} events, {size / 2**30:.2f} GiB in {len(files)} files "
+                f"({gen_s:.0f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
             plain, cpu_plain, ana, cpu_ana, rss = [], [], [], [], 0
             for _ in range(args.repeat):  # interleaved; the best of each (noise on shared machines)
                 wall, cpu, lines = plain_loop(files)
@@ -103,20 +120,38 @@ def main() -> int:
                 ana.append(wall)
                 cpu_ana.append(cpu)
                 rss = max(rss, peak)
-                print(f"[{target}] plain json loop {plain[-1]:.1f}s, analyze {wall:.1f}s (exit {rc}, verdict "
-                      f"{doc.get('verdict')}), peak RSS {peak / 2**20:.0f} MiB", file=sys.stderr, flush=True)
-            rows.append({"events": lines, "bytes": size, "files": len(files), "plain_s": round(min(plain), 2),
-                         "analyze_s": round(min(ana), 2), "ratio": round(min(ana) / min(plain), 3),
-                         "cpu_ratio": round(min(cpu_ana) / min(cpu_plain), 3),
-                         "peak_rss_mib": round(rss / 2**20, 1), "exit": rc, "verdict": doc.get("verdict")})
+                print(
+                    f"[{target}] plain json loop {plain[-1]:.1f}s, analyze {wall:.1f}s (exit {rc}, verdict "
+                    f"{doc.get('verdict')}), peak RSS {peak / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            rows.append(
+                {
+                    "events": lines,
+                    "bytes": size,
+                    "files": len(files),
+                    "plain_s": round(min(plain), 2),
+                    "analyze_s": round(min(ana), 2),
+                    "ratio": round(min(ana) / min(plain), 3),
+                    "cpu_ratio": round(min(cpu_ana) / min(cpu_plain), 3),
+                    "peak_rss_mib": round(rss / 2**20, 1),
+                    "exit": rc,
+                    "verdict": doc.get("verdict"),
+                }
+            )
         finally:
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)
-    print(f"{'events':>10} {'GiB':>6} {'plain s':>8} {'analyze s':>10} {'ratio':>6} {'cpu ratio':>9} "
-          f"{'peak RSS MiB':>13} verdict")
+    print(
+        f"{'events':>10} {'GiB':>6} {'plain s':>8} {'analyze s':>10} {'ratio':>6} {'cpu ratio':>9} "
+        f"{'peak RSS MiB':>13} verdict"
+    )
     for r in rows:
-        print(f"{r['events']:>10} {r['bytes'] / 2**30:>6.2f} {r['plain_s']:>8.1f} {r['analyze_s']:>10.1f} "
-              f"{r['ratio']:>6.3f} {r['cpu_ratio']:>9.3f} {r['peak_rss_mib']:>13.0f} {r['verdict']}")
+        print(
+            f"{r['events']:>10} {r['bytes'] / 2**30:>6.2f} {r['plain_s']:>8.1f} {r['analyze_s']:>10.1f} "
+            f"{r['ratio']:>6.3f} {r['cpu_ratio']:>9.3f} {r['peak_rss_mib']:>13.0f} {r['verdict']}"
+        )
     print(json.dumps(rows))
     ok = all(r["ratio"] <= 1.0 and r["verdict"] == "pass" for r in rows)
     return 0 if ok else 1

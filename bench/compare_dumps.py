@@ -87,7 +87,7 @@ def generate(root: Path, size_mib: int, rollouts: int, writers: int, differ: flo
                 perturbed = t
                 if torch.rand(1, generator=g).item() < differ:
                     perturbed = t.clone()
-                    perturbed.view(-1)[:: 997] += 1e-3
+                    perturbed.view(-1)[::997] += 1e-3
                 dws["a"].add(tname, t, step=0, micro_shard=ms, sharding=Sharding.replicated(), copy=False)
                 dws["b"].add(tname, perturbed, step=0, micro_shard=ms, sharding=Sharding.replicated(), copy=False)
                 left -= nbytes
@@ -100,7 +100,7 @@ def generate(root: Path, size_mib: int, rollouts: int, writers: int, differ: flo
 
 def run_child(argv: list[str]) -> tuple[float, int, str]:
     """Wall seconds, peak RSS bytes and stdout of one child process."""
-    out = tempfile.TemporaryFile()
+    out = tempfile.TemporaryFile()  # noqa: SIM115 - read back after the child exits
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -142,16 +142,31 @@ def main() -> None:
             return time.perf_counter() - t0, 0, ""
 
         t_cat = best(cat_once)[0]
-        lib = best(lambda: (lambda w: (json.loads(w[2])["seconds"], w[1], w[2]))(
-            run_child([sys.executable, "-c", _WORKER, "library", str(a), str(b)])))
-        cli = best(lambda: run_child([sys.executable, "-m", "ftkit", "compare-dumps", str(a), str(b), "--exact",
-                                      "--format", "json"]))
+        lib = best(
+            lambda: (lambda w: (json.loads(w[2])["seconds"], w[1], w[2]))(
+                run_child([sys.executable, "-c", _WORKER, "library", str(a), str(b)])
+            )
+        )
+        cli = best(
+            lambda: run_child(
+                [sys.executable, "-m", "ftkit", "compare-dumps", str(a), str(b), "--exact", "--format", "json"]
+            )
+        )
         lib_doc = json.loads(lib[2])
-        naive = None if args.skip_naive else best(lambda: (lambda w: (json.loads(w[2])["seconds"], w[1], w[2]))(
-            run_child([sys.executable, "-c", _WORKER, "naive", str(a), str(b)])))
+        naive = (
+            None
+            if args.skip_naive
+            else best(
+                lambda: (lambda w: (json.loads(w[2])["seconds"], w[1], w[2]))(
+                    run_child([sys.executable, "-c", _WORKER, "naive", str(a), str(b)])
+                )
+            )
+        )
         largest = max(e for e in (os.path.getsize(f) for f in files if f.endswith(".safetensors")))
-        print(f"pair: {total / 2**30:.2f} GiB in {len(files)} files, {tensors} tensors per side, "
-              f"differ {args.differ:g} ({lib_doc['differ']} tensors differ)")
+        print(
+            f"pair: {total / 2**30:.2f} GiB in {len(files)} files, {tensors} tensors per side, "
+            f"differ {args.differ:g} ({lib_doc['differ']} tensors differ)"
+        )
         print(f"  cat both trees       {t_cat:8.3f} s")
         print(f"  compare (library)    {lib[0]:8.3f} s   peak RSS {lib[1] / 2**20:7.0f} MiB")
         print(f"  compare (CLI)        {cli[0]:8.3f} s   peak RSS {cli[1] / 2**20:7.0f} MiB")

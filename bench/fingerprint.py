@@ -20,7 +20,7 @@ import argparse
 import hashlib
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -56,9 +56,14 @@ def main() -> None:
         "sha256": best(lambda: hashlib.sha256(src).digest(), args.repeat),
     }
     gbps = {k: (nbytes / 2 if k == "fingerprint_strided" else nbytes) / v / 1e9 for k, v in results.items()}
-    report = {"size_mib": args.size, "threads": torch.get_num_threads(), "seconds": results, "gb_per_s": gbps,
-              "ratio_vs_memcpy": gbps["fingerprint"] / gbps["memcpy"],
-              "speedup_vs_sha256": gbps["fingerprint"] / gbps["sha256"]}
+    report = {
+        "size_mib": args.size,
+        "threads": torch.get_num_threads(),
+        "seconds": results,
+        "gb_per_s": gbps,
+        "ratio_vs_memcpy": gbps["fingerprint"] / gbps["memcpy"],
+        "speedup_vs_sha256": gbps["fingerprint"] / gbps["sha256"],
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return

@@ -39,10 +39,10 @@ from pathlib import Path
 
 # name -> (model, samples per step, micro-shards); 2 cells, 4 steps per rollout
 STANDARD = {
-    "tiny16": ("tiny", 16, 4),       # 4 samples per micro-shard: the bookkeeping's worst share on tiny
-    "tiny128": ("tiny", 128, 4),     # 32 samples per micro-shard
-    "small16": ("small", 16, 2),     # 25M parameters, 8 samples per micro-shard
-    "small64": ("small", 64, 2),     # 25M parameters, 32 samples per micro-shard
+    "tiny16": ("tiny", 16, 4),  # 4 samples per micro-shard: the bookkeeping's worst share on tiny
+    "tiny128": ("tiny", 128, 4),  # 32 samples per micro-shard
+    "small16": ("small", 16, 2),  # 25M parameters, 8 samples per micro-shard
+    "small64": ("small", 64, 2),  # 25M parameters, 32 samples per micro-shard
 }
 
 
@@ -51,8 +51,14 @@ def cell_rate(base: dict, out: Path, bookkeeping: bool) -> float:
     from ftkit.train.config import TrainConfig
     from ftkit.train.driver import run_training
 
-    cfg = TrainConfig(**base, out=out, overwrite=True, bookkeeping=bookkeeping,
-                      reduce="exact" if bookkeeping else "float", dump_rollouts="none")
+    cfg = TrainConfig(
+        **base,
+        out=out,
+        overwrite=True,
+        bookkeeping=bookkeeping,
+        reduce="exact" if bookkeeping else "float",
+        dump_rollouts="none",
+    )
     seconds: list[float] = []
     run_training(cfg, on_step=lambda r: seconds.append(r.seconds) if r.rollout > 0 else None)
     return len(seconds) / sum(seconds)
@@ -77,7 +83,7 @@ def plain_rate(base: dict, run_dir: Path) -> float:
     for r in range(cfg.rollouts):
         batch = rollouts.load(rollouts.rollout_path(run_dir, r))
         for k in range(cfg.steps_per_rollout):
-            part = {key: v[k * n:(k + 1) * n] for key, v in batch.items()}
+            part = {key: v[k * n : (k + 1) * n] for key, v in batch.items()}
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=False)
             tokens = part["tokens"]
@@ -98,12 +104,17 @@ def measure(name: str, base: dict, repeats: int, tmp: Path) -> dict:
         for keep in order:
             rate = cell_rate(base, tmp / ("ft" if keep else "nobook"), keep)
             (ft if keep else nobook).append(rate)
-        print(f"{name} pair {i + 1}/{repeats}: ft {ft[-1]:.3f} steps/s, no-bookkeeping {nobook[-1]:.3f} steps/s "
-              f"(ratio {ft[-1] / nobook[-1]:.3f})", file=sys.stderr)
+        print(
+            f"{name} pair {i + 1}/{repeats}: ft {ft[-1]:.3f} steps/s, no-bookkeeping {nobook[-1]:.3f} steps/s "
+            f"(ratio {ft[-1] / nobook[-1]:.3f})",
+            file=sys.stderr,
+        )
     plain = plain_rate(base, tmp / "ft")
     best_ft, best_nb = max(ft), max(nobook)
     return {
-        "name": name, "config": base, "repeats": repeats,
+        "name": name,
+        "config": base,
+        "repeats": repeats,
         "samples_per_step": base["samples_per_rollout"] // base["steps_per_rollout"],
         "steps_per_s": {"ft": best_ft, "no_bookkeeping": best_nb, "plain": plain},
         "all_runs": {"ft": ft, "no_bookkeeping": nobook},
@@ -116,23 +127,31 @@ def measure(name: str, base: dict, repeats: int, tmp: Path) -> dict:
 def _print(doc: dict) -> None:
     c = doc["config"]
     r = doc["steps_per_s"]
-    print(f"{doc['name']}: model {c['model']}, {c['cells']} cells, {doc['samples_per_step']} samples per step, "
-          f"{c['micro_shards']} micro-shards, {c['rollouts'] - 1} measured rollouts x {c['steps_per_rollout']} steps, "
-          f"{doc['repeats']} interleaved pairs")
+    print(
+        f"{doc['name']}: model {c['model']}, {c['cells']} cells, {doc['samples_per_step']} samples per step, "
+        f"{c['micro_shards']} micro-shards, {c['rollouts'] - 1} measured rollouts x {c['steps_per_rollout']} steps, "
+        f"{doc['repeats']} interleaved pairs"
+    )
     print(f"  ft (exact reduction, witness, fingerprints, events): {r['ft']:8.3f} steps/s (best)")
     print(f"  same cells, bookkeeping off (float all-reduce):      {r['no_bookkeeping']:8.3f} steps/s (best)")
     print(f"  plain single-process megatron-core loop:             {r['plain']:8.3f} steps/s")
-    print(f"  ft / no-bookkeeping = {doc['ratio_ft_over_no_bookkeeping_median_pair']:.3f} median of pairs, "
-          f"{doc['ratio_ft_over_no_bookkeeping_best']:.3f} best/best   (target >= 0.95)")
+    print(
+        f"  ft / no-bookkeeping = {doc['ratio_ft_over_no_bookkeeping_median_pair']:.3f} median of pairs, "
+        f"{doc['ratio_ft_over_no_bookkeeping_best']:.3f} best/best   (target >= 0.95)"
+    )
     print(f"  ft / plain          = {doc['ratio_ft_over_plain']:.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(STANDARD),
-                    help=f"comma list of standard configurations ({', '.join(STANDARD)})")
-    ap.add_argument("--model", choices=["tiny", "small"],
-                    help="one custom configuration instead (also implied by the two options below; default tiny)")
+    ap.add_argument(
+        "--only", default=",".join(STANDARD), help=f"comma list of standard configurations ({', '.join(STANDARD)})"
+    )
+    ap.add_argument(
+        "--model",
+        choices=["tiny", "small"],
+        help="one custom configuration instead (also implied by the two options below; default tiny)",
+    )
     ap.add_argument("--samples-per-rollout", type=int, help="custom configuration (default 64)")
     ap.add_argument("--micro-shards", type=int, help="custom configuration (default 4)")
     ap.add_argument("--cells", type=int, default=2)
@@ -158,8 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     docs = []
     try:
         for name, (model, per_step, shards) in configs.items():
-            base = dict(model=model, cells=args.cells, rollouts=args.rollouts, steps_per_rollout=args.steps_per_rollout,
-                        samples_per_rollout=per_step * args.steps_per_rollout, micro_shards=shards, seed=0)
+            base = dict(
+                model=model,
+                cells=args.cells,
+                rollouts=args.rollouts,
+                steps_per_rollout=args.steps_per_rollout,
+                samples_per_rollout=per_step * args.steps_per_rollout,
+                micro_shards=shards,
+                seed=0,
+            )
             with tempfile.TemporaryDirectory(prefix="ftkit-bench-") as tmp:
                 docs.append(measure(name, base, args.repeats, Path(tmp)))
     finally:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Annotated, Optional, Sequence
+from collections.abc import Sequence
+from typing import Annotated
 
 import typer
 
@@ -49,8 +50,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
-                                                    help="Print the version and exit.")] = None,
+    version: Annotated[
+        bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = None,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
     """Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct."""
@@ -58,8 +60,9 @@ def root(
 
 
 def _register_commands() -> None:
-    from ftkit.commands import COMMAND_MODULES
     import importlib
+
+    from ftkit.commands import COMMAND_MODULES
 
     for name in COMMAND_MODULES:
         importlib.import_module(f"ftkit.commands.{name}").register(app)
@@ -109,8 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the top-level handler of the CLI contract
         if debug:
             traceback.print_exc()
-        _error(f"internal error: {type(exc).__name__}: {exc}",
-               "this is a bug in ftkit; rerun with --debug for the traceback and report it")
+        _error(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "this is a bug in ftkit; rerun with --debug for the traceback and report it",
+        )
         code = EXIT_INTERNAL
     return code
 

@@ -47,8 +47,15 @@ def test_completion_script_parses(shell, name):
 def test_bash_completion_offers_commands():
     _, commands = cli_reference.collect()
     script = cli_reference.ROOT / "completions" / "ftkit.bash"
-    proc = subprocess.run(["bash", "-c", f'source "{script}"; COMP_WORDS=(ftkit ""); COMP_CWORD=1; _ftkit; '
-                           'printf "%s\\n" "${COMPREPLY[@]}"'], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'source "{script}"; COMP_WORDS=(ftkit ""); COMP_CWORD=1; _ftkit; printf "%s\\n" "${{COMPREPLY[@]}}"',
+        ],
+        capture_output=True,
+        text=True,
+    )
     offered = set(proc.stdout.split())
     assert {c.name for c in commands} <= offered
     assert "--version" in offered

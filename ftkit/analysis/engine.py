@@ -17,8 +17,9 @@ bounded by open steps (see ``ftkit.analysis.replay``).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 from ftkit.analysis.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 from ftkit.analysis.registry import select_rules
@@ -41,8 +42,12 @@ class AnalysisResult:
         return verdict(self.findings, fail_on)
 
 
-def analyze_paths(paths: Iterable[str | os.PathLike[str]], select: Optional[list[str]] = None,
-                  skip: Optional[list[str]] = None, progress: Optional[Progress] = None) -> AnalysisResult:
+def analyze_paths(
+    paths: Iterable[str | os.PathLike[str]],
+    select: list[str] | None = None,
+    skip: list[str] | None = None,
+    progress: Progress | None = None,
+) -> AnalysisResult:
     """Replay the event logs under ``paths`` and apply the selected rules (default: all)."""
     rule_classes = select_rules(select, skip)
     files = discover(paths)
@@ -51,10 +56,8 @@ def analyze_paths(paths: Iterable[str | os.PathLike[str]], select: Optional[list
     stream = EventStream(files, replay.issue)
     total = sum(p.stat().st_size for p in files)
     feed = replay.feed
-    n = 0
-    for event, fi, line in stream.events():
+    for n, (event, fi, line) in enumerate(stream.events(), start=1):
         feed(event, fi, line)
-        n += 1
         if progress is not None and n % PROGRESS_EVERY == 0:
             progress(stream.position(), total)
     replay.finish()
@@ -64,24 +67,47 @@ def analyze_paths(paths: Iterable[str | os.PathLike[str]], select: Optional[list
 
 
 def _result(replay: Replay, stream: EventStream, n_files: int) -> AnalysisResult:
-    rules = [RuleSummary(code=r.code, rule=r.name, severity=r.severity, description=r.description,
-                         checked=r.checked, findings=r.found) for r in replay.rules]
-    notes = [f"skipped {n} event(s) of unknown type {t!r} (written by a newer ftkit?)"
-             for t, n in sorted(replay.unknown_types.items())]
-    notes += [f"{r.code}: {r.found - MAX_STORED} more finding(s) counted but not listed"
-              for r in replay.rules if r.found > MAX_STORED]
+    rules = [
+        RuleSummary(
+            code=r.code,
+            rule=r.name,
+            severity=r.severity,
+            description=r.description,
+            checked=r.checked,
+            findings=r.found,
+        )
+        for r in replay.rules
+    ]
+    notes = [
+        f"skipped {n} event(s) of unknown type {t!r} (written by a newer ftkit?)"
+        for t, n in sorted(replay.unknown_types.items())
+    ]
+    notes += [
+        f"{r.code}: {r.found - MAX_STORED} more finding(s) counted but not listed"
+        for r in replay.rules
+        if r.found > MAX_STORED
+    ]
     started = replay.run_started or {}
     finished = replay.run_finished[0] if replay.run_finished else {}
     stats = {
-        "files": n_files, "lines": stream.lines, "bytes": stream.bytes, "events": replay.events,
+        "files": n_files,
+        "lines": stream.lines,
+        "bytes": stream.bytes,
+        "events": replay.events,
         "events_by_type": dict(sorted(replay.by_type.items())),
         "unknown_types": dict(sorted(replay.unknown_types.items())),
-        "runs": sorted(replay.runs), "status": finished.get("status"),
-        "cells": started.get("num_cells"), "tp": started.get("tp"), "pp": started.get("pp"),
+        "runs": sorted(replay.runs),
+        "status": finished.get("status"),
+        "cells": started.get("num_cells"),
+        "tp": started.get("tp"),
+        "pp": started.get("pp"),
         "engines": started.get("num_engines"),
-        "steps_closed": replay.steps_closed, "steps_committed": replay.steps_committed,
-        "faults": len(replay.recovery.rows), "heals": replay.by_type.get("heal", 0),
+        "steps_closed": replay.steps_closed,
+        "steps_committed": replay.steps_committed,
+        "faults": len(replay.recovery.rows),
+        "heals": replay.by_type.get("heal", 0),
         "duration_s": replay.duration,
     }
-    return AnalysisResult(findings=sort_findings(replay.findings), rules=rules, stats=stats,
-                          recovery=replay.recovery.table(), notes=notes)
+    return AnalysisResult(
+        findings=sort_findings(replay.findings), rules=rules, stats=stats, recovery=replay.recovery.table(), notes=notes
+    )

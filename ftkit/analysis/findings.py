@@ -10,8 +10,9 @@ report can show that a rule ran and found nothing (as opposed to not running at 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import BaseModel, Field
 

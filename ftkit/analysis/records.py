@@ -3,7 +3,7 @@ per open rollout. Rules read them in ``on_step`` / ``on_rollout``; they are drop
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 Where = tuple[str, int]  # (file, line)
 
@@ -11,17 +11,30 @@ Where = tuple[str, int]  # (file, line)
 class StepRecord:
     """Evidence of one step attempt, keyed (rollout, step, attempt)."""
 
-    __slots__ = ("rollout", "step", "attempt", "t0", "epoch", "outcomes", "fingerprints", "fp_detail",
-                 "witness", "witness_conflicts", "alive_snapshot", "live", "lost", "committed_cells")
+    __slots__ = (
+        "rollout",
+        "step",
+        "attempt",
+        "t0",
+        "epoch",
+        "outcomes",
+        "fingerprints",
+        "fp_detail",
+        "witness",
+        "witness_conflicts",
+        "alive_snapshot",
+        "live",
+        "lost",
+        "committed_cells",
+    )
 
-    def __init__(self, rollout: int, step: int, attempt: int, t0: float,
-                 alive_snapshot: Optional[frozenset[int]]) -> None:
+    def __init__(self, rollout: int, step: int, attempt: int, t0: float, alive_snapshot: frozenset[int] | None) -> None:
         self.rollout, self.step, self.attempt, self.t0 = rollout, step, attempt, t0
-        self.epoch: Optional[int] = None
-        self.outcomes: dict[int, dict[Optional[int], tuple[str, Where]]] = {}
-        self.fingerprints: dict[Optional[int], dict[int, str]] = {}
-        self.fp_detail: dict[tuple[Optional[int], str], tuple[dict, dict, int, Where]] = {}
-        self.witness: Optional[tuple[list, list, int, Where]] = None
+        self.epoch: int | None = None
+        self.outcomes: dict[int, dict[int | None, tuple[str, Where]]] = {}
+        self.fingerprints: dict[int | None, dict[int, str]] = {}
+        self.fp_detail: dict[tuple[int | None, str], tuple[dict, dict, int, Where]] = {}
+        self.witness: tuple[list, list, int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
         self.alive_snapshot = alive_snapshot
         self.live: frozenset[int] = frozenset()
@@ -39,15 +52,14 @@ class StepRecord:
 class RolloutRecord:
     """Witness evidence of one rollout: the allocation and the counts of committed steps."""
 
-    __slots__ = ("rollout", "ids", "expected", "alloc_attempt", "where", "tally", "committed_steps",
-                 "counted_steps")
+    __slots__ = ("rollout", "ids", "expected", "alloc_attempt", "where", "tally", "committed_steps", "counted_steps")
 
     def __init__(self, rollout: int) -> None:
         self.rollout = rollout
-        self.ids: Optional[list[int]] = None
+        self.ids: list[int] | None = None
         self.expected = 1
         self.alloc_attempt = -1
-        self.where: Optional[Where] = None
+        self.where: Where | None = None
         self.tally: dict[int, int] = {}
         self.committed_steps = 0
         self.counted_steps = 0
@@ -58,7 +70,7 @@ class RolloutRecord:
             out[i] = out.get(i, 0) + self.expected
         return out
 
-    def deficit(self) -> Optional[int]:
+    def deficit(self) -> int | None:
         if self.ids is None:
             return None
         return sum(max(0, n - self.tally.get(i, 0)) for i, n in self.expected_counts().items())

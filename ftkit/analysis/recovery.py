@@ -17,8 +17,9 @@ All times are seconds after the fault's own ``time``. Memory is one row per faul
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 @dataclass
@@ -26,18 +27,18 @@ class FaultRow:
     index: int
     kind: str
     point: str
-    cell: Optional[int]
-    rank: Optional[int]
-    rollout: Optional[int]
-    step: Optional[int]
+    cell: int | None
+    rank: int | None
+    rollout: int | None
+    step: int | None
     time: float
     where: tuple[str, int] = field(repr=False)
-    detect_s: Optional[float] = None
-    reconfigure_s: Optional[float] = None
-    heal_s: Optional[float] = None
+    detect_s: float | None = None
+    reconfigure_s: float | None = None
+    heal_s: float | None = None
     steps_discarded: int = 0
-    samples_lost: Optional[int] = None
-    recovered_by: Optional[str] = None
+    samples_lost: int | None = None
+    recovered_by: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -54,11 +55,20 @@ class RecoveryTracker:
         self.rows: list[FaultRow] = []
         self._times: list[float] = []
         self._waiting: dict[str, list[FaultRow]] = {"detect": [], "reconfigure": [], "heal": [], "recover": []}
-        self._by_rollout: dict[Optional[int], list[FaultRow]] = {}
+        self._by_rollout: dict[int | None, list[FaultRow]] = {}
 
     def fault(self, ev: dict[str, Any], where: tuple[str, int]) -> None:
-        row = FaultRow(len(self.rows), ev["kind"], ev["point"], ev.get("cell"), ev.get("rank"), ev.get("rollout"),
-                       ev.get("step"), float(ev["time"]), where)
+        row = FaultRow(
+            len(self.rows),
+            ev["kind"],
+            ev["point"],
+            ev.get("cell"),
+            ev.get("rank"),
+            ev.get("rollout"),
+            ev.get("step"),
+            float(ev["time"]),
+            where,
+        )
         self.rows.append(row)
         self._times.append(max(row.time, self._times[-1]) if self._times else row.time)
         for waiting in self._waiting.values():
@@ -79,7 +89,7 @@ class RecoveryTracker:
                 r.recovered_by = how
         self._waiting["recover"] = [r for r in self._waiting["recover"] if r.recovered_by is None]
 
-    def detected(self, t: float, cell: Optional[int] = None) -> None:
+    def detected(self, t: float, cell: int | None = None) -> None:
         """A failure sign at ``t`` (for ``cell`` when it names one)."""
         if self._waiting["detect"]:
             for r in self._take("detect", t, lambda r: cell is None or r.cell is None or r.cell == cell):
@@ -107,7 +117,7 @@ class RecoveryTracker:
         elif attempt > 0 and self._waiting["recover"]:
             self._recovered([r for r in self._waiting["recover"] if r.time <= t0], "retry")
 
-    def rollout_closed(self, rollout: int, deficit: Optional[int]) -> None:
+    def rollout_closed(self, rollout: int, deficit: int | None) -> None:
         for r in self._by_rollout.get(rollout, ()):
             r.samples_lost = deficit
 

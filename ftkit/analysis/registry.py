@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ftkit.analysis.findings import Severity
 from ftkit.errors import UsageError
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ftkit.analysis.records import RolloutRecord, StepRecord
     from ftkit.analysis.replay import Replay
 
-RULES: dict[str, type["Rule"]] = {}
+RULES: dict[str, type[Rule]] = {}
 
 
 class Rule:
@@ -39,7 +39,7 @@ class Rule:
     fix: ClassVar[str]
     events: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, replay: "Replay") -> None:
+    def __init__(self, replay: Replay) -> None:
         self.replay = replay
         self.checked = 0
         self.found = 0
@@ -47,17 +47,17 @@ class Rule:
     def check(self, n: int = 1) -> None:
         self.checked += n
 
-    def report(self, message: str, severity: Optional[Severity] = None, **evidence: Any) -> None:
+    def report(self, message: str, severity: Severity | None = None, **evidence: Any) -> None:
         self.found += 1
         self.replay.add_finding(self, message, severity or self.severity, evidence)
 
     def on_event(self, event: dict[str, Any], where: tuple[str, int]) -> None:  # pragma: no cover
         raise NotImplementedError(f"{self.code} subscribes to {self.events} but has no on_event")
 
-    def on_step(self, record: "StepRecord") -> None:
+    def on_step(self, record: StepRecord) -> None:
         return None
 
-    def on_rollout(self, record: "RolloutRecord") -> None:
+    def on_rollout(self, record: RolloutRecord) -> None:
         return None
 
     def finish(self) -> None:
@@ -81,14 +81,13 @@ def all_rules() -> dict[str, type[Rule]]:
     return dict(sorted(RULES.items()))
 
 
-def select_rules(select: Optional[list[str]] = None, skip: Optional[list[str]] = None) -> list[type[Rule]]:
+def select_rules(select: list[str] | None = None, skip: list[str] | None = None) -> list[type[Rule]]:
     """The rules to run: ``select`` (default all) minus ``skip``; unknown codes are a UsageError."""
     rules = all_rules()
     wanted = [c.strip().upper() for c in (select or [])]
     skipped = [c.strip().upper() for c in (skip or [])]
     unknown = sorted({c for c in wanted + skipped if c not in rules})
     if unknown:
-        raise UsageError(f"unknown rule code(s): {', '.join(unknown)}",
-                         f"known rules: {', '.join(rules)}")
+        raise UsageError(f"unknown rule code(s): {', '.join(unknown)}", f"known rules: {', '.join(rules)}")
     codes = wanted or list(rules)
     return [rules[c] for c in sorted(set(codes)) if c not in skipped]

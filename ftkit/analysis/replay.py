@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -31,8 +32,8 @@ from ftkit.analysis.registry import Rule
 from ftkit.events.schema import Source
 from ftkit.events.validate import CHECKS, explain, known
 
-LAG = 2                # a step closes when every reporting file is this many steps ahead
-MAX_STORED = 500       # findings kept per rule (all are counted)
+LAG = 2  # a step closes when every reporting file is this many steps ahead
+MAX_STORED = 500  # findings kept per rule (all are counted)
 STEP_TYPES = frozenset({"step_outcome", "state_fingerprint", "witness_counts", "grad_nonfinite"})
 
 
@@ -48,8 +49,8 @@ class Replay:
         self.by_type: Counter[str] = Counter()
         self.events = 0
         # run and membership
-        self.run_started: Optional[dict[str, Any]] = None
-        self.run_finished: Optional[tuple[dict[str, Any], Where]] = None
+        self.run_started: dict[str, Any] | None = None
+        self.run_finished: tuple[dict[str, Any], Where] | None = None
         self.runs: dict[str, Where] = {}
         self.after_finish: list[Any] = [0, None]
         self.epochs: dict[int, frozenset[int]] = {}
@@ -63,7 +64,7 @@ class Replay:
         self.steps_closed = self.steps_committed = 0
         # per file
         self.seq_next = [0] * len(files)
-        self.file_source: list[Optional[dict[str, Any]]] = [None] * len(files)
+        self.file_source: list[dict[str, Any] | None] = [None] * len(files)
         self.mixed: set[int] = set()
         self.mixed_seq: dict[tuple[Any, ...], int] = {}
         self.unordered: set[int] = set()
@@ -79,11 +80,19 @@ class Replay:
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
-        core = {"run_started": self._run_started, "run_finished": self._run_finished,
-                "cell_state": self._cell_state, "reconfigure": self._reconfigure,
-                "step_outcome": self._step_outcome, "state_fingerprint": self._fingerprint,
-                "witness_counts": self._witness_counts, "witness_allocated": self._witness_allocated,
-                "grad_nonfinite": self._grad_nonfinite, "fault_injected": self._fault, "heal": self._heal}
+        core = {
+            "run_started": self._run_started,
+            "run_finished": self._run_finished,
+            "cell_state": self._cell_state,
+            "reconfigure": self._reconfigure,
+            "step_outcome": self._step_outcome,
+            "state_fingerprint": self._fingerprint,
+            "witness_counts": self._witness_counts,
+            "witness_allocated": self._witness_allocated,
+            "grad_nonfinite": self._grad_nonfinite,
+            "fault_injected": self._fault,
+            "heal": self._heal,
+        }
         self.handlers: dict[str, list[Any]] = {t: [core[t]] if t in core else [] for t in _all_types()}
         for rule in self.rules:
             for t in rule.events:
@@ -100,10 +109,17 @@ class Replay:
         where = evidence.pop("where", None)
         if where is not None:
             evidence["file"], evidence["line"] = where
-        self.findings.append(Finding(code=rule.code, rule=rule.name, severity=severity, message=message,
-                                     evidence={k: v for k, v in evidence.items() if v is not None}))
+        self.findings.append(
+            Finding(
+                code=rule.code,
+                rule=rule.name,
+                severity=severity,
+                message=message,
+                evidence={k: v for k, v in evidence.items() if v is not None},
+            )
+        )
 
-    def report(self, code: str, message: str, severity: Optional[Severity] = None, **evidence: Any) -> None:
+    def report(self, code: str, message: str, severity: Severity | None = None, **evidence: Any) -> None:
         """Report for rule ``code`` when it is selected (the replay's own checks use this)."""
         rule = self.by_code.get(code)
         if rule is not None:
@@ -120,7 +136,7 @@ class Replay:
         self.report("FT111", f"{kind} line: {message}", sev, file=file, line=line, kind=kind)
 
     # ----------------------------------------------------------------- the loop
-    def feed(self, event: Optional[dict[str, Any]], fi: int, line: int) -> None:
+    def feed(self, event: dict[str, Any] | None, fi: int, line: int) -> None:
         if event is None:
             self._file_ended(fi)
             return
@@ -155,22 +171,30 @@ class Replay:
         t = ev["time"]
         if t < self.last_time[fi] - 1.0 and fi not in self.unordered:
             self.unordered.add(fi)
-            self.report("FT111", "events are not in time order in this file (a concatenation?); "
-                        "pass the per-process files", Severity.warning, where=self.where(fi, line))
+            self.report(
+                "FT111",
+                "events are not in time order in this file (a concatenation?); pass the per-process files",
+                Severity.warning,
+                where=self.where(fi, line),
+            )
         self.last_time[fi] = t
         if ev["run"] not in self.runs:
             self.runs[ev["run"]] = self.where(fi, line)
             if len(self.runs) > 1:
-                self.report("FT111", f"events of several runs in one log: {sorted(self.runs)}",
-                            where=self.where(fi, line))
+                self.report(
+                    "FT111", f"events of several runs in one log: {sorted(self.runs)}", where=self.where(fi, line)
+                )
         if self.run_finished is not None:
             self.after_finish[0] += 1
             self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
 
     def _seq(self, fi: int, line: int, seq: int, expected: int) -> None:
         if seq != expected:
-            what = f"seq gap: {expected}..{seq - 1} missing" if seq > expected else \
-                f"seq went back from {expected - 1} to {seq}"
+            what = (
+                f"seq gap: {expected}..{seq - 1} missing"
+                if seq > expected
+                else f"seq went back from {expected - 1} to {seq}"
+            )
             self.report("FT111", f"{what} (lost or duplicated lines)", where=self.where(fi, line))
 
     def _source_changed(self, fi: int, ev: dict[str, Any], line: int) -> None:
@@ -180,8 +204,12 @@ class Replay:
             self.first_time[fi] = self.last_time[fi] = ev["time"]
         elif fi not in self.mixed:
             self.mixed.add(fi)
-            self.report("FT111", "file holds events of several sources; seq is checked per source",
-                        Severity.warning, where=self.where(fi, line))
+            self.report(
+                "FT111",
+                "file holds events of several sources; seq is checked per source",
+                Severity.warning,
+                where=self.where(fi, line),
+            )
             first = self.file_source[fi]
             key = (fi, first.get("role"), first.get("cell"), first.get("rank"), first.get("incarnation"))
             self.mixed_seq[key] = self.seq_next[fi]
@@ -268,13 +296,13 @@ class Replay:
             rule.finish()
 
     @property
-    def duration(self) -> Optional[float]:
+    def duration(self) -> float | None:
         """Seconds from the earliest to the latest event (None for an empty log)."""
         started = [t for t in self.first_time if t != math.inf]
         return max(self.last_time) - min(started) if started else None
 
     # ----------------------------------------------------------------- membership
-    def alive(self, epoch: Optional[int], rec: StepRecord) -> Optional[frozenset[int]]:
+    def alive(self, epoch: int | None, rec: StepRecord) -> frozenset[int] | None:
         """Alive set of ``epoch`` (see the module docstring); None when it cannot be known."""
         if epoch in self.epochs:
             return self.epochs[epoch]
@@ -312,7 +340,7 @@ class Replay:
         deaths.append([self.cell_last.get(cell, -1), None, definite])
 
     # ----------------------------------------------------------------- core handlers
-    def _record(self, ev: dict[str, Any], fi: int, line: int) -> Optional[StepRecord]:
+    def _record(self, ev: dict[str, Any], fi: int, line: int) -> StepRecord | None:
         key = (ev["rollout"], ev["step"], ev["attempt"])
         rec = self.pending.get(key)
         if rec is not None and self.file_step.get(fi) == key[1]:
@@ -320,8 +348,7 @@ class Replay:
         if rec is None:
             if not self._progress(fi, line, key[1], key[0]):
                 return None
-            snapshot = frozenset(c for c, s in self.cell_status.items() if s == "alive") \
-                if self.cell_status else None
+            snapshot = frozenset(c for c, s in self.cell_status.items() if s == "alive") if self.cell_status else None
             rec = self.pending[key] = StepRecord(key[0], key[1], key[2], ev["time"], snapshot)
             if key[0] not in self.rollouts:
                 self.rollouts[key[0]] = RolloutRecord(key[0])
@@ -329,7 +356,7 @@ class Replay:
             return None
         return rec
 
-    def _rank(self, ev: dict[str, Any]) -> Optional[int]:
+    def _rank(self, ev: dict[str, Any]) -> int | None:
         rank = ev.get("rank")
         if rank is None:
             rank = ev["source"].get("rank")
@@ -407,8 +434,9 @@ class Replay:
 
     # ----------------------------------------------------------------- closing
     def _close_step(self, rec: StepRecord) -> None:
-        rec.committed_cells = frozenset(c for c, ranks in rec.outcomes.items()
-                                        if any(o == "committed" for o, _ in ranks.values()))
+        rec.committed_cells = frozenset(
+            c for c, ranks in rec.outcomes.items() if any(o == "committed" for o, _ in ranks.values())
+        )
         alive = self.alive(rec.epoch, rec)
         rec.live = alive if alive is not None else frozenset(rec.outcomes)
         rec.lost = frozenset(c for c in rec.live if self.cell_lost(c, rec.step))

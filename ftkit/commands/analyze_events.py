@@ -9,7 +9,7 @@ input or unknown rule codes.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -27,12 +27,15 @@ findings (most severe first), a recovery table per injected fault and a verdict.
 
 def register(app: typer.Typer) -> None:
     def analyze_events(
-        paths: Annotated[list[Path], typer.Argument(help="Event log files or directories.", metavar="PATH",
-                                                     show_default=False)],
-        rule: Annotated[Optional[list[str]], typer.Option("--rule", metavar="CODE",
-                                                          help="Run only this rule (repeatable).")] = None,
-        skip_rule: Annotated[Optional[list[str]], typer.Option("--skip-rule", metavar="CODE",
-                                                               help="Do not run this rule (repeatable).")] = None,
+        paths: Annotated[
+            list[Path], typer.Argument(help="Event log files or directories.", metavar="PATH", show_default=False)
+        ],
+        rule: Annotated[
+            list[str] | None, typer.Option("--rule", metavar="CODE", help="Run only this rule (repeatable).")
+        ] = None,
+        skip_rule: Annotated[
+            list[str] | None, typer.Option("--skip-rule", metavar="CODE", help="Do not run this rule (repeatable).")
+        ] = None,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
@@ -43,8 +46,12 @@ def register(app: typer.Typer) -> None:
         select_rules(rule, skip_rule)  # unknown codes: exit 2 before reading anything
         out = Output(fmt)
         with out.progress("Analyzing events", total=None) as task:
-            result = analyze_paths(paths, select=rule, skip=skip_rule,
-                                   progress=lambda done, total: task.update(completed=done, total=total))
+            result = analyze_paths(
+                paths,
+                select=rule,
+                skip=skip_rule,
+                progress=lambda done, total: task.update(completed=done, total=total),
+            )
         for note in result.notes:
             out.warn(note)
         outcome = result.verdict(fail_on)

@@ -9,7 +9,7 @@ HTML report. Exit 0 when nothing differs (or all within tolerance), 1 on finding
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,26 +27,61 @@ DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-8
 def register(app: typer.Typer) -> None:
     @app.command("compare-dumps")
     def compare_dumps(
-        a: Annotated[Path, typer.Argument(metavar="A", help="Run directory, dump directory, directory of .safetensors "
-                                               "files, or one .safetensors file.", show_default=False)],
-        b: Annotated[Path, typer.Argument(metavar="B", help="The same kind of thing to compare with (B is the reference "
-                                               "for --rtol).", show_default=False)],
-        exact: Annotated[bool, typer.Option("--exact", help="Any differing bit is a finding (NaNs compare "
-                                                            "by bits, -0.0 differs from 0.0).")] = False,
-        rtol: Annotated[Optional[float], typer.Option("--rtol", help=f"Relative tolerance: |a-b| <= atol + "
-                                                      f"rtol*|b| [default: {DEFAULT_RTOL:g}].",
-                                                      show_default=False)] = None,
-        atol: Annotated[Optional[float], typer.Option("--atol", help=f"Absolute tolerance [default: "
-                                                      f"{DEFAULT_ATOL:g}].", show_default=False)] = None,
-        rules: Annotated[Optional[Path], typer.Option("--rules", metavar="FILE", dir_okay=False,
-                                                      help="TOML rules: regex over tensor ids -> predicate "
-                                                           "over the metrics; tensors no rule covers fail "
-                                                           "(see docs/dumps.md).")] = None,
-        top: Annotated[int, typer.Option("--top", min=0, help="How many of the most different tensors to "
-                                                              "list.")] = 10,
-        html: Annotated[Optional[Path], typer.Option("--html", metavar="FILE", dir_okay=False,
-                                                     help="Also write a self-contained HTML report with a "
-                                                          "per-layer divergence plot.")] = None,
+        a: Annotated[
+            Path,
+            typer.Argument(
+                metavar="A",
+                help="Run directory, dump directory, directory of .safetensors files, or one .safetensors file.",
+                show_default=False,
+            ),
+        ],
+        b: Annotated[
+            Path,
+            typer.Argument(
+                metavar="B",
+                help="The same kind of thing to compare with (B is the reference for --rtol).",
+                show_default=False,
+            ),
+        ],
+        exact: Annotated[
+            bool,
+            typer.Option(
+                "--exact", help="Any differing bit is a finding (NaNs compare by bits, -0.0 differs from 0.0)."
+            ),
+        ] = False,
+        rtol: Annotated[
+            float | None,
+            typer.Option(
+                "--rtol",
+                help=f"Relative tolerance: |a-b| <= atol + rtol*|b| [default: {DEFAULT_RTOL:g}].",
+                show_default=False,
+            ),
+        ] = None,
+        atol: Annotated[
+            float | None,
+            typer.Option("--atol", help=f"Absolute tolerance [default: {DEFAULT_ATOL:g}].", show_default=False),
+        ] = None,
+        rules: Annotated[
+            Path | None,
+            typer.Option(
+                "--rules",
+                metavar="FILE",
+                dir_okay=False,
+                help="TOML rules: regex over tensor ids -> predicate "
+                "over the metrics; tensors no rule covers fail "
+                "(see docs/dumps.md).",
+            ),
+        ] = None,
+        top: Annotated[int, typer.Option("--top", min=0, help="How many of the most different tensors to list.")] = 10,
+        html: Annotated[
+            Path | None,
+            typer.Option(
+                "--html",
+                metavar="FILE",
+                dir_okay=False,
+                help="Also write a self-contained HTML report with a per-layer divergence plot.",
+            ),
+        ] = None,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
@@ -58,13 +93,14 @@ def register(app: typer.Typer) -> None:
         relative path and tensor name. Missing rollouts, files or tensors are findings.
         Default mode: tolerance (rtol 1e-5, atol 1e-8); --exact for bitwise; --rules FILE.
         """
-        from ftkit.dumps.compare import CompareOptions, compare_paths
+        from ftkit.dumps.compare import compare_paths
 
         options = _options(exact, rtol, atol, rules)
         out = Output(fmt)
         with out.progress("Comparing", total=None) as task:
-            result = compare_paths(a, b, options, progress=task.advance,
-                                   on_start=lambda total: task.update(total=total))
+            result = compare_paths(
+                a, b, options, progress=task.advance, on_start=lambda total: task.update(total=total)
+            )
         outcome = verdict(result.findings, fail_on)
         _render(out, result, outcome, top)
         if junit_xml is not None:
@@ -87,11 +123,15 @@ def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | 
 
     tol_given = rtol is not None or atol is not None
     if exact and (tol_given or rules is not None):
-        raise UsageError("--exact cannot be combined with --rtol/--atol or --rules",
-                         "--exact compares bits; drop the tolerances, or drop --exact")
+        raise UsageError(
+            "--exact cannot be combined with --rtol/--atol or --rules",
+            "--exact compares bits; drop the tolerances, or drop --exact",
+        )
     if rules is not None and tol_given:
-        raise UsageError("--rules cannot be combined with --rtol/--atol",
-                         "put the tolerances into the rules' predicates (max_rel, max_abs, ...)")
+        raise UsageError(
+            "--rules cannot be combined with --rtol/--atol",
+            "put the tolerances into the rules' predicates (max_rel, max_abs, ...)",
+        )
     for name, value in (("--rtol", rtol), ("--atol", atol)):
         if value is not None and not value >= 0:
             raise UsageError(f"{name} must be a non-negative number, not {value}", f"e.g. {name} 1e-5")
@@ -99,8 +139,11 @@ def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | 
         from ftkit.dumps.rules import load_rules
 
         return CompareOptions(mode="rules", rules=load_rules(rules))
-    return CompareOptions(mode="exact" if exact else "tolerance",
-                          rtol=DEFAULT_RTOL if rtol is None else rtol, atol=DEFAULT_ATOL if atol is None else atol)
+    return CompareOptions(
+        mode="exact" if exact else "tolerance",
+        rtol=DEFAULT_RTOL if rtol is None else rtol,
+        atol=DEFAULT_ATOL if atol is None else atol,
+    )
 
 
 def _render(out: Output, result: CompareResult, outcome: str, top: int) -> None:

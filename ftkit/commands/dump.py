@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -31,17 +31,39 @@ class DumpFormat(str, Enum):
 def register(app: typer.Typer) -> None:
     @app.command("dump")
     def dump(
-        path: Annotated[Path, typer.Argument(metavar="PATH", help="Run directory, dump directory (any level), directory of "
-                                                  ".safetensors files, or one file.", show_default=False)],
-        filter_: Annotated[Optional[str], typer.Option("--filter", "-k", metavar="REGEX",
-                                                       help="Only tensors whose id matches REGEX (re.search), "
-                                                            "e.g. 'layers\\.0\\..*output$'.")] = None,
-        stats: Annotated[bool, typer.Option("--stats/--no-stats", help="Read the data for statistics and "
-                                                                       "verify fingerprints (--no-stats "
-                                                                       "lists headers only).")] = True,
-        fmt: Annotated[DumpFormat, typer.Option("--format", "-f", help="Output format: human (Rich tables) or "
-                                                "json (machine readable, carries schema_version).",
-                                                case_sensitive=False)] = DumpFormat.human,
+        path: Annotated[
+            Path,
+            typer.Argument(
+                metavar="PATH",
+                help="Run directory, dump directory (any level), directory of .safetensors files, or one file.",
+                show_default=False,
+            ),
+        ],
+        filter_: Annotated[
+            str | None,
+            typer.Option(
+                "--filter",
+                "-k",
+                metavar="REGEX",
+                help="Only tensors whose id matches REGEX (re.search), e.g. 'layers\\.0\\..*output$'.",
+            ),
+        ] = None,
+        stats: Annotated[
+            bool,
+            typer.Option(
+                "--stats/--no-stats",
+                help="Read the data for statistics and verify fingerprints (--no-stats lists headers only).",
+            ),
+        ] = True,
+        fmt: Annotated[
+            DumpFormat,
+            typer.Option(
+                "--format",
+                "-f",
+                help="Output format: human (Rich tables) or json (machine readable, carries schema_version).",
+                case_sensitive=False,
+            ),
+        ] = DumpFormat.human,
     ) -> None:
         """Inspect a dump: prefixes, phases, rollouts, writers, tensors and their statistics."""
         from ftkit.dumps.inspect import inspect_path
@@ -50,8 +72,10 @@ def register(app: typer.Typer) -> None:
             try:
                 re.compile(filter_)
             except re.error as exc:
-                raise UsageError(f"--filter {filter_!r} is not a valid regex: {exc}", "quote the pattern for "
-                                 "the shell, e.g. --filter 'layers\\.0\\.'") from None
+                raise UsageError(
+                    f"--filter {filter_!r} is not a valid regex: {exc}",
+                    "quote the pattern for the shell, e.g. --filter 'layers\\.0\\.'",
+                ) from None
         out = Output(Format(fmt.value))
         inv = inspect_path(path, filter_, stats)
         for rel in inv.orphans:
@@ -63,21 +87,31 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(0)
 
 
-def _human(out: Output, inv: "Inventory", pattern: str | None) -> None:
+def _human(out: Output, inv: Inventory, pattern: str | None) -> None:
     from rich.markup import escape
     from rich.table import Table
 
     c = out.out
-    c.print(f"[bold]{escape(str(inv.path))}[/bold]  [dim]({inv.kind}"
-            + (f", filter {escape(pattern)}" if pattern else "") + ")[/dim]")
+    c.print(
+        f"[bold]{escape(str(inv.path))}[/bold]  [dim]({inv.kind}"
+        + (f", filter {escape(pattern)}" if pattern else "")
+        + ")[/dim]"
+    )
     if inv.writers:
         c.print(f"prefixes: {', '.join(inv.prefixes)}")
         table = Table(title="Dump writers", title_justify="left")
         for col in ("prefix", "phase", "rollout", "writer", "cell", "tensors", "bytes"):
             table.add_column(col, justify="right" if col in ("rollout", "cell", "tensors", "bytes") else "left")
         for w in inv.writers:
-            table.add_row(w["prefix"], w["phase"], f"{w['rollout']:06d}", w["writer"], str(w["cell"]),
-                          str(w["tensors"]), str(w["bytes"]))
+            table.add_row(
+                w["prefix"],
+                w["phase"],
+                f"{w['rollout']:06d}",
+                w["writer"],
+                str(w["cell"]),
+                str(w["tensors"]),
+                str(w["bytes"]),
+            )
         c.print(table)
     if inv.files:
         table = Table(title="Files", title_justify="left")
@@ -91,15 +125,20 @@ def _human(out: Output, inv: "Inventory", pattern: str | None) -> None:
     if any("stats" in t for t in inv.tensors):
         cols += ["min", "max", "mean", "std", "nan", "inf"]
     for col in cols:
-        table.add_column(col, overflow="fold", justify="right" if col in ("min", "max", "mean", "std", "nan", "inf")
-                         else "left")
+        table.add_column(
+            col, overflow="fold", justify="right" if col in ("min", "max", "mean", "std", "nan", "inf") else "left"
+        )
     for t in inv.tensors:
-        row = [escape(t["id"]), escape(t["origin"]), t["dtype"], "x".join(map(str, t["shape"])) or "()",
-               _sharding(t["sharding"])]
+        row = [
+            escape(t["id"]),
+            escape(t["origin"]),
+            t["dtype"],
+            "x".join(map(str, t["shape"])) or "()",
+            _sharding(t["sharding"]),
+        ]
         if "stats" in t:
             s = t["stats"]
-            row += [_num(s["min"]), _num(s["max"]), _num(s["mean"]), _num(s["std"]),
-                    _count(s["nan"]), _count(s["inf"])]
+            row += [_num(s["min"]), _num(s["max"]), _num(s["mean"]), _num(s["std"]), _count(s["nan"]), _count(s["inf"])]
         table.add_row(*row)
     c.print(table)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -64,8 +64,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
-        raise InputError(f"cannot read config file {path}: {exc.strerror or exc}",
-                         hint="pass an existing JSON or TOML file to --config") from None
+        raise InputError(
+            f"cannot read config file {path}: {exc.strerror or exc}",
+            hint="pass an existing JSON or TOML file to --config",
+        ) from None
     try:
         if path.suffix.lower() == ".toml":
             import tomllib
@@ -75,11 +77,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
             values = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
-        raise InputError(f"config file {path} is not valid {kind}: {str(exc).splitlines()[0]}",
-                         hint="--print-config writes a valid JSON config to start from") from None
+        raise InputError(
+            f"config file {path} is not valid {kind}: {str(exc).splitlines()[0]}",
+            hint="--print-config writes a valid JSON config to start from",
+        ) from None
     if not isinstance(values, dict):
-        raise InputError(f"config file {path} must hold a table/object of config values",
-                         hint="--print-config writes a valid JSON config to start from")
+        raise InputError(
+            f"config file {path} must hold a table/object of config values",
+            hint="--print-config writes a valid JSON config to start from",
+        )
     return values
 
 
@@ -94,36 +100,55 @@ def parse_dump_what(text: str) -> tuple[str, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
-        out: Annotated[Optional[Path], _opt("--out", "-o", field="out", file_okay=False)] = None,
-        cells: Annotated[Optional[int], _opt("--cells", field="cells")] = None,
-        tp: Annotated[Optional[int], _opt("--tp", field="tp")] = None,
-        pp: Annotated[Optional[int], _opt("--pp", field="pp", help="Pipeline-parallel ranks per cell "
-                                          "(stages; must divide the model's layers).")] = None,
-        engines: Annotated[Optional[int], _opt("--engines", field="engines")] = None,
-        rollouts: Annotated[Optional[int], _opt("--rollouts", field="rollouts")] = None,
-        steps_per_rollout: Annotated[Optional[int], _opt("--steps-per-rollout", field="steps_per_rollout")] = None,
-        samples_per_rollout: Annotated[Optional[int], _opt("--samples-per-rollout",
-                                                           field="samples_per_rollout")] = None,
-        group_size: Annotated[Optional[int], _opt("--group-size", field="group_size")] = None,
-        lr: Annotated[Optional[float], _opt("--lr", field="lr")] = None,
-        micro_shards: Annotated[Optional[int], _opt("--micro-shards", field="micro_shards", help="Micro-shards "
-                                                    "per optimizer step, at least --cells.")] = None,
-        model: Annotated[Optional[ModelName], _opt("--model", field="model")] = None,
-        seed: Annotated[Optional[int], _opt("--seed", field="seed")] = None,
-        reduce: Annotated[Optional[Reduce], _opt("--reduce", field="reduce")] = None,
-        reward: Annotated[Optional[Reward], _opt("--reward", field="reward")] = None,
-        device: Annotated[Optional[Device], _opt("--device", field="device")] = None,
-        ray_address: Annotated[Optional[str], _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
-        dump_rollouts: Annotated[Optional[str], _opt("--dump-rollouts", field="dump_rollouts", metavar="LIST",
-                                                     panel=PANEL_DUMPS)] = None,
-        dump_what: Annotated[Optional[str], _opt("--dump-what", field="dump_what", metavar="LIST", panel=PANEL_DUMPS,
-                                                 help="Comma list of activations, grads, weights; or none.")] = None,
-        dump_cells: Annotated[Optional[DumpCells], _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
-        config: Annotated[Optional[Path], _opt("--config", metavar="FILE", dir_okay=False,
-                                               help="Read config values from a JSON or TOML file; options "
-                                                    "given on the command line override them.")] = None,
-        print_config: Annotated[bool, _opt("--print-config", help="Print the resulting config as JSON "
-                                           "and exit.")] = False,
+        out: Annotated[Path | None, _opt("--out", "-o", field="out", file_okay=False)] = None,
+        cells: Annotated[int | None, _opt("--cells", field="cells")] = None,
+        tp: Annotated[int | None, _opt("--tp", field="tp")] = None,
+        pp: Annotated[
+            int | None,
+            _opt("--pp", field="pp", help="Pipeline-parallel ranks per cell (stages; must divide the model's layers)."),
+        ] = None,
+        engines: Annotated[int | None, _opt("--engines", field="engines")] = None,
+        rollouts: Annotated[int | None, _opt("--rollouts", field="rollouts")] = None,
+        steps_per_rollout: Annotated[int | None, _opt("--steps-per-rollout", field="steps_per_rollout")] = None,
+        samples_per_rollout: Annotated[int | None, _opt("--samples-per-rollout", field="samples_per_rollout")] = None,
+        group_size: Annotated[int | None, _opt("--group-size", field="group_size")] = None,
+        lr: Annotated[float | None, _opt("--lr", field="lr")] = None,
+        micro_shards: Annotated[
+            int | None,
+            _opt("--micro-shards", field="micro_shards", help="Micro-shards per optimizer step, at least --cells."),
+        ] = None,
+        model: Annotated[ModelName | None, _opt("--model", field="model")] = None,
+        seed: Annotated[int | None, _opt("--seed", field="seed")] = None,
+        reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
+        reward: Annotated[Reward | None, _opt("--reward", field="reward")] = None,
+        device: Annotated[Device | None, _opt("--device", field="device")] = None,
+        ray_address: Annotated[str | None, _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
+        dump_rollouts: Annotated[
+            str | None, _opt("--dump-rollouts", field="dump_rollouts", metavar="LIST", panel=PANEL_DUMPS)
+        ] = None,
+        dump_what: Annotated[
+            str | None,
+            _opt(
+                "--dump-what",
+                field="dump_what",
+                metavar="LIST",
+                panel=PANEL_DUMPS,
+                help="Comma list of activations, grads, weights; or none.",
+            ),
+        ] = None,
+        dump_cells: Annotated[DumpCells | None, _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
+        config: Annotated[
+            Path | None,
+            _opt(
+                "--config",
+                metavar="FILE",
+                dir_okay=False,
+                help="Read config values from a JSON or TOML file; options given on the command line override them.",
+            ),
+        ] = None,
+        print_config: Annotated[
+            bool, _opt("--print-config", help="Print the resulting config as JSON and exit.")
+        ] = False,
         overwrite: Annotated[bool, _opt("--overwrite", field="overwrite")] = False,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
@@ -140,11 +165,26 @@ def register(app: typer.Typer) -> None:
 
         values: dict[str, Any] = read_config_file(config) if config is not None else {}
         given = {
-            "out": out, "cells": cells, "tp": tp, "pp": pp, "engines": engines, "rollouts": rollouts,
-            "steps_per_rollout": steps_per_rollout, "samples_per_rollout": samples_per_rollout,
-            "group_size": group_size, "lr": lr, "micro_shards": micro_shards, "model": model, "seed": seed, "reduce": reduce, "reward": reward,
-            "device": device, "ray_address": ray_address, "dump_rollouts": dump_rollouts,
-            "dump_what": None if dump_what is None else parse_dump_what(dump_what), "dump_cells": dump_cells,
+            "out": out,
+            "cells": cells,
+            "tp": tp,
+            "pp": pp,
+            "engines": engines,
+            "rollouts": rollouts,
+            "steps_per_rollout": steps_per_rollout,
+            "samples_per_rollout": samples_per_rollout,
+            "group_size": group_size,
+            "lr": lr,
+            "micro_shards": micro_shards,
+            "model": model,
+            "seed": seed,
+            "reduce": reduce,
+            "reward": reward,
+            "device": device,
+            "ray_address": ray_address,
+            "dump_rollouts": dump_rollouts,
+            "dump_what": None if dump_what is None else parse_dump_what(dump_what),
+            "dump_cells": dump_cells,
         }
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:
@@ -159,9 +199,11 @@ def register(app: typer.Typer) -> None:
         from ftkit.train.driver import run_training
 
         if output.human:
-            output.info(f"training {cfg.cells} cell(s) x tp {cfg.tp} x pp {cfg.pp}, {cfg.engines} engine(s), "
-                        f"{cfg.rollouts} rollout(s) x {cfg.steps_per_rollout} step(s), model {cfg.model}, "
-                        f"reduce {cfg.reduce} -> {cfg.out}")
+            output.info(
+                f"training {cfg.cells} cell(s) x tp {cfg.tp} x pp {cfg.pp}, {cfg.engines} engine(s), "
+                f"{cfg.rollouts} rollout(s) x {cfg.steps_per_rollout} step(s), model {cfg.model}, "
+                f"reduce {cfg.reduce} -> {cfg.out}"
+            )
         result = run_training(cfg, on_step=(lambda r: output.info(step_line(r))) if output.human else None)
         outcome = result.analysis.verdict(fail_on)
         render(output, result, outcome)

@@ -16,9 +16,11 @@ from ftkit.report.sink import Format, Output
 def step_line(r: Any) -> str:
     """``rollout 1/3  step 2/6  loss ...  reward ...  cells 2/2  1234 tok/s`` (a ``StepReport``)."""
     state = "" if r.committed else "  [red]DISCARDED[/red]"
-    return (f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
-            f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "
-            f"{r.tokens_per_s:,.0f} tok/s{state}")
+    return (
+        f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
+        f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "
+        f"{r.tokens_per_s:,.0f} tok/s{state}"
+    )
 
 
 def run_summary(result: Any) -> dict[str, Any]:
@@ -44,15 +46,22 @@ def render(output: Output, result: Any, outcome: str) -> None:
     if output.format is Format.json:
         from ftkit.report.analysis_formats import json_document
 
-        output.json({"command": "train", "verdict": outcome, "run": run_summary(result),
-                     "analysis": json_document(analysis, outcome)})
+        output.json(
+            {
+                "command": "train",
+                "verdict": outcome,
+                "run": run_summary(result),
+                "analysis": json_document(analysis, outcome),
+            }
+        )
     elif output.format is Format.github:
         from ftkit.report.analysis_formats import github_text, step_summary
         from ftkit.report.github import append_step_summary
 
         output.data(github_text(analysis, outcome))
-        append_step_summary(f"## ftkit train {result.run}\n\n{_summary_text(result)}\n\n"
-                            + step_summary(analysis, outcome))
+        append_step_summary(
+            f"## ftkit train {result.run}\n\n{_summary_text(result)}\n\n" + step_summary(analysis, outcome)
+        )
     else:
         from rich.markup import escape
 
@@ -65,8 +74,14 @@ def render(output: Output, result: Any, outcome: str) -> None:
 def _summary_text(result: Any) -> str:
     rewards = " -> ".join(f"{r:.3f}" for r in result.rewards)
     last = result.engine_totals[-1] if result.engine_totals else []
-    engines = (f"engines hold weights version {len(result.engine_totals) - 1} ({last[0][:16]}"
-               f"{'' if len(set(last)) == 1 else ', ENGINES DIFFER'})" if last else "no engine weights")
-    return (f"{result.run_dir}: {result.steps_committed}/{result.steps_total} steps committed in "
-            f"{result.seconds:.1f}s; reward per rollout {rewards}; final state in "
-            f"{', '.join(result.final_files) or '-'}; {engines}")
+    engines = (
+        f"engines hold weights version {len(result.engine_totals) - 1} ({last[0][:16]}"
+        f"{'' if len(set(last)) == 1 else ', ENGINES DIFFER'})"
+        if last
+        else "no engine weights"
+    )
+    return (
+        f"{result.run_dir}: {result.steps_committed}/{result.steps_total} steps committed in "
+        f"{result.seconds:.1f}s; reward per rollout {rewards}; final state in "
+        f"{', '.join(result.final_files) or '-'}; {engines}"
+    )

@@ -21,8 +21,9 @@ their own layout (often [sequence, batch, hidden]).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ftkit.tensors.sharding import Sharding, output_sharding, param_sharding, tp_coords
 
@@ -35,14 +36,21 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclass
 class Capture:
     name: str
-    tensor: "torch.Tensor"
+    tensor: torch.Tensor
     sharding: Sharding
 
 
 class ModuleCapture:
-    def __init__(self, model: "torch.nn.Module", activations: bool = True, grads: bool = True,
-                 inputs: bool = False, params: bool = False, tp_rank: int | None = None,
-                 tp_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        activations: bool = True,
+        grads: bool = True,
+        inputs: bool = False,
+        params: bool = False,
+        tp_rank: int | None = None,
+        tp_size: int | None = None,
+    ) -> None:
         self.model = model
         self.activations, self.grads, self.inputs, self.params = activations, grads, inputs, params
         if tp_rank is None or tp_size is None:
@@ -52,7 +60,7 @@ class ModuleCapture:
         self._handles: list[Any] = []
         self._calls: dict[str, int] = {}
 
-    def __enter__(self) -> "ModuleCapture":
+    def __enter__(self) -> ModuleCapture:
         if self._handles:
             raise RuntimeError("ModuleCapture is already active")
         self._calls.clear()
@@ -75,14 +83,14 @@ class ModuleCapture:
         out, self.records = self.records, []
         return out
 
-    def write_to(self, writer: "DumpWriter", step: int, micro_shard: int | None = None) -> int:
+    def write_to(self, writer: DumpWriter, step: int, micro_shard: int | None = None) -> int:
         """Hand every record to ``writer`` (no second copy) and clear them; returns the count."""
         records = self.take()
         for r in records:
             writer.add(r.name, r.tensor, step=step, micro_shard=micro_shard, sharding=r.sharding, copy=False)
         return len(records)
 
-    def _record(self, name: str, tensor: "torch.Tensor", sharding: Sharding) -> None:
+    def _record(self, name: str, tensor: torch.Tensor, sharding: Sharding) -> None:
         self.records.append(Capture(name, tensor.detach().to("cpu", copy=True), sharding))
 
     def _hook(self, path: str, module: Any) -> Callable[..., None]:
@@ -102,11 +110,13 @@ class ModuleCapture:
                     self._record(f"{stem}output{suffix}", t, sharding)
                 if self.grads and t.requires_grad:
                     self._handles.append(t.register_hook(self._grad_hook(f"{stem}output_grad{suffix}", sharding)))
+
         return hook
 
-    def _grad_hook(self, name: str, sharding: Sharding) -> Callable[["torch.Tensor"], None]:
-        def hook(grad: "torch.Tensor") -> None:
+    def _grad_hook(self, name: str, sharding: Sharding) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
             self._record(name, grad, sharding)
+
         return hook
 
     def _capture_params(self, kind: str) -> None:
@@ -124,7 +134,7 @@ def _is_tensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor)
 
 
-def _flatten_output(output: Any) -> list[tuple[int, str, "torch.Tensor"]]:
+def _flatten_output(output: Any) -> list[tuple[int, str, torch.Tensor]]:
     """``(top-level index, name suffix, tensor)`` for a module output; ``None`` items skipped."""
     if _is_tensor(output):
         return [(0, "", output)]

@@ -20,10 +20,11 @@ failing item in capture order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ftkit.analysis.findings import Finding, RuleSummary
 from ftkit.dumps.codes import finding, summaries
@@ -71,11 +72,22 @@ class PairResult:
         return self.status in FAILING
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "group": self.group, "name": self.name, "kind": self.kind, "status": self.status,
-                "message": self.message, "dtype_a": self.dtype[0], "dtype_b": self.dtype[1],
-                "shape_a": self.shape[0], "shape_b": self.shape[1], "origins_a": self.origins[0],
-                "origins_b": self.origins[1], "rule": self.rule,
-                "metrics": self.metrics.to_dict() if self.metrics else None}
+        return {
+            "id": self.id,
+            "group": self.group,
+            "name": self.name,
+            "kind": self.kind,
+            "status": self.status,
+            "message": self.message,
+            "dtype_a": self.dtype[0],
+            "dtype_b": self.dtype[1],
+            "shape_a": self.shape[0],
+            "shape_b": self.shape[1],
+            "origins_a": self.origins[0],
+            "origins_b": self.origins[1],
+            "rule": self.rule,
+            "metrics": self.metrics.to_dict() if self.metrics else None,
+        }
 
 
 @dataclass
@@ -94,9 +106,13 @@ class CompareResult:
         return next((p for p in self.pairs if p.failed), None)
 
 
-def compare_paths(a: str | Path, b: str | Path, options: CompareOptions,
-                  progress: Callable[[int], None] | None = None,
-                  on_start: Callable[[int], None] | None = None) -> CompareResult:
+def compare_paths(
+    a: str | Path,
+    b: str | Path,
+    options: CompareOptions,
+    progress: Callable[[int], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> CompareResult:
     """Compare two run directories, dump directories, directories of safetensors or files.
 
     ``on_start(total_bytes)`` is called once the work is known; ``progress(nbytes)`` after
@@ -110,13 +126,21 @@ def compare_paths(a: str | Path, b: str | Path, options: CompareOptions,
     if on_start:
         on_start(sum(i.nbytes for i in pairing.items))
     for label, lacking in pairing.missing_rollouts:
-        result.findings.append(finding("CD006", f"rollout {label} is missing in {lacking}", rollout=label, missing_in=lacking))
+        result.findings.append(
+            finding("CD006", f"rollout {label} is missing in {lacking}", rollout=label, missing_in=lacking)
+        )
     for rel, lacking in pairing.missing_files:
         result.findings.append(finding("CD005", f"file {rel} is missing in {lacking}", path=rel, missing_in=lacking))
     for side, src in (("A", sa), ("B", sb)):
         for rel in src.orphans:
-            result.findings.append(finding("CD011", f"{side}: {rel} has no index (interrupted write?); not compared",
-                                           path=str(src.root / rel), side=side))
+            result.findings.append(
+                finding(
+                    "CD011",
+                    f"{side}: {rel} has no index (interrupted write?); not compared",
+                    path=str(src.root / rel),
+                    side=side,
+                )
+            )
     loader = TensorLoader()
     try:
         with ThreadPoolExecutor(2) as pool:
@@ -129,21 +153,38 @@ def compare_paths(a: str | Path, b: str | Path, options: CompareOptions,
     finally:
         loader.close()
     result.findings.extend(_missing_findings(result.pairs))
-    result.stats = _stats(result, sa.total_bytes() + sb.total_bytes(), len(pairing.missing_rollouts),
-                          len(pairing.missing_files))
+    result.stats = _stats(
+        result, sa.total_bytes() + sb.total_bytes(), len(pairing.missing_rollouts), len(pairing.missing_files)
+    )
     compared = sum(1 for p in result.pairs if p.metrics is not None)
-    result.rules = summaries({
-        "CD001": compared, "CD002": compared, "CD003": compared, "CD004": len(result.pairs),
-        "CD005": len(sa.files.keys() | sb.files.keys()), "CD006": len(sa.rollouts | sb.rollouts),
-        "CD007": len(result.pairs), "CD008": len(result.pairs),
-        "CD009": len(result.pairs) if options.mode == "rules" else 0, "CD010": compared,
-        "CD011": len(sa.orphans) + len(sb.orphans)}, result.findings)
+    result.rules = summaries(
+        {
+            "CD001": compared,
+            "CD002": compared,
+            "CD003": compared,
+            "CD004": len(result.pairs),
+            "CD005": len(sa.files.keys() | sb.files.keys()),
+            "CD006": len(sa.rollouts | sb.rollouts),
+            "CD007": len(result.pairs),
+            "CD008": len(result.pairs),
+            "CD009": len(result.pairs) if options.mode == "rules" else 0,
+            "CD010": compared,
+            "CD011": len(sa.orphans) + len(sb.orphans),
+        },
+        result.findings,
+    )
     return result
 
 
 def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: Any) -> tuple[PairResult, list[Finding]]:
-    pr = PairResult(item.id, item.group, item.name, item.kind, "equal",
-                    origins=(sorted({p.origin for p in item.a}), sorted({p.origin for p in item.b})))
+    pr = PairResult(
+        item.id,
+        item.group,
+        item.name,
+        item.kind,
+        "equal",
+        origins=(sorted({p.origin for p in item.a}), sorted({p.origin for p in item.b})),
+    )
     if not item.a or not item.b:
         pr.status = "missing_in_a" if not item.a else "missing_in_b"
         pr.message = f"missing in {'A' if not item.a else 'B'}"
@@ -159,18 +200,34 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
     pr.dtype, pr.shape = (va.dtype, vb.dtype), (list(va.shape), list(vb.shape))
     if va.shape != vb.shape:
         pr.status, pr.message = "shape", f"shape {list(va.shape)} in A, {list(vb.shape)} in B"
-        return pr, found + [finding("CD002", f"{item.id}: {pr.message}", tensor=item.id, shape_a=list(va.shape),
-                                    shape_b=list(vb.shape))]
+        return pr, found + [
+            finding("CD002", f"{item.id}: {pr.message}", tensor=item.id, shape_a=list(va.shape), shape_b=list(vb.shape))
+        ]
     pr.metrics = _metrics(va, vb, opt)
     if va.dtype != vb.dtype:
         pr.status, pr.message = "dtype", f"dtype {va.dtype} in A, {vb.dtype} in B"
-        return pr, found + [finding("CD003", f"{item.id}: {pr.message}", tensor=item.id, dtype_a=va.dtype,
-                                    dtype_b=vb.dtype, **_brief(pr.metrics))]
+        return pr, found + [
+            finding(
+                "CD003",
+                f"{item.id}: {pr.message}",
+                tensor=item.id,
+                dtype_a=va.dtype,
+                dtype_b=vb.dtype,
+                **_brief(pr.metrics),
+            )
+        ]
     found += _decide(pr, opt)
     if not pr.failed and pr.metrics.nonfinite:
         m = pr.metrics
-        found.append(finding("CD010", f"{item.id}: holds non-finite values (NaN {m.nan_a}, Inf {m.inf_a})",
-                             tensor=item.id, nan=m.nan_a, inf=m.inf_a))
+        found.append(
+            finding(
+                "CD010",
+                f"{item.id}: holds non-finite values (NaN {m.nan_a}, Inf {m.inf_a})",
+                tensor=item.id,
+                nan=m.nan_a,
+                inf=m.inf_a,
+            )
+        )
     return pr, found
 
 
@@ -230,9 +287,26 @@ def _summary(m: Metrics) -> str:
 
 
 def _brief(m: Metrics) -> dict[str, Any]:
-    return {k: v for k, v in m.to_dict().items() if k in (
-        "max_abs", "max_rel", "mean_abs", "dissimilarity", "bits_differ", "tol_fail", "argmax", "a_at", "b_at",
-        "nan_a", "nan_b", "inf_a", "inf_b")}
+    return {
+        k: v
+        for k, v in m.to_dict().items()
+        if k
+        in (
+            "max_abs",
+            "max_rel",
+            "mean_abs",
+            "dissimilarity",
+            "bits_differ",
+            "tol_fail",
+            "argmax",
+            "a_at",
+            "b_at",
+            "nan_a",
+            "nan_b",
+            "inf_a",
+            "inf_b",
+        )
+    }
 
 
 def _missing_findings(pairs: list[PairResult]) -> list[Finding]:
@@ -244,8 +318,16 @@ def _missing_findings(pairs: list[PairResult]) -> list[Finding]:
     out = []
     for (group, side), names in groups.items():
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        out.append(finding("CD004", f"{group}: {len(names)} tensor(s) missing in {side}: {shown}",
-                           group=group, missing_in=side, count=len(names), tensors=names[:50]))
+        out.append(
+            finding(
+                "CD004",
+                f"{group}: {len(names)} tensor(s) missing in {side}: {shown}",
+                group=group,
+                missing_in=side,
+                count=len(names),
+                tensors=names[:50],
+            )
+        )
     return out
 
 
@@ -253,7 +335,23 @@ def _stats(result: CompareResult, total_bytes: int, missing_rollouts: int, missi
     counts: dict[str, int] = {}
     for p in result.pairs:
         counts[p.status] = counts.get(p.status, 0) + 1
-    return {"tensors": len(result.pairs), "bytes": total_bytes, "missing_rollouts": missing_rollouts,
-            "missing_files": missing_files,
-            **{s: counts.get(s, 0) for s in ("equal", "close", "differ", "shape", "dtype", "missing_in_a",
-                                              "missing_in_b", "invalid", "uncovered")}}
+    return {
+        "tensors": len(result.pairs),
+        "bytes": total_bytes,
+        "missing_rollouts": missing_rollouts,
+        "missing_files": missing_files,
+        **{
+            s: counts.get(s, 0)
+            for s in (
+                "equal",
+                "close",
+                "differ",
+                "shape",
+                "dtype",
+                "missing_in_a",
+                "missing_in_b",
+                "invalid",
+                "uncovered",
+            )
+        },
+    }

@@ -41,16 +41,25 @@ class Inventory:
         return sorted({w["prefix"] for w in self.writers})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": str(self.path), "kind": self.kind, "prefixes": self.prefixes, "writers": self.writers,
-                "files": self.files, "tensors": self.tensors, "orphans": self.orphans}
+        return {
+            "path": str(self.path),
+            "kind": self.kind,
+            "prefixes": self.prefixes,
+            "writers": self.writers,
+            "files": self.files,
+            "tensors": self.tensors,
+            "orphans": self.orphans,
+        }
 
 
 def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = True) -> Inventory:
     """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file."""
     src = open_source(path)
     if src.empty and not src.orphans:
-        raise InputError(f"nothing to inspect: no dumps or safetensors files in {path}",
-                         "pass a run directory, a dump directory or .safetensors files")
+        raise InputError(
+            f"nothing to inspect: no dumps or safetensors files in {path}",
+            "pass a run directory, a dump directory or .safetensors files",
+        )
     regex = re.compile(pattern) if pattern else None
     inv = Inventory(Path(path), src.kind, orphans=list(src.orphans))
     loader = TensorLoader()
@@ -67,9 +76,17 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
         item_id, _ = dump_id(e)
         wkey = (e.prefix, e.phase, e.rollout, e.writer)
         if wkey not in writers:
-            writers[wkey] = {"prefix": e.prefix, "phase": e.phase, "rollout": e.rollout, "writer": e.writer,
-                             "cell": e.cell, "file": str(e.ref.file), "bytes": e.ref.file.stat().st_size,
-                             "tensors": 0, "listed": 0}
+            writers[wkey] = {
+                "prefix": e.prefix,
+                "phase": e.phase,
+                "rollout": e.rollout,
+                "writer": e.writer,
+                "cell": e.cell,
+                "file": str(e.ref.file),
+                "bytes": e.ref.file.stat().st_size,
+                "tensors": 0,
+                "listed": 0,
+            }
         writers[wkey]["tensors"] += 1
         if regex is None or regex.search(item_id):
             writers[wkey]["listed"] += 1
@@ -82,16 +99,41 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
             if regex is None or regex.search(item_id):
                 listed += 1
                 ref = TensorRef(header.path, info)
-                inv.tensors.append(_row(item_id, info.name, "tensor", rel or header.path.name, None, ref, stats, loader))
+                inv.tensors.append(
+                    _row(item_id, info.name, "tensor", rel or header.path.name, None, ref, stats, loader)
+                )
         if listed:
-            inv.files.append({"path": rel or header.path.name, "bytes": header.size, "tensors": len(header.tensors),
-                              "listed": listed, "metadata": header.metadata})
+            inv.files.append(
+                {
+                    "path": rel or header.path.name,
+                    "bytes": header.size,
+                    "tensors": len(header.tensors),
+                    "listed": listed,
+                    "metadata": header.metadata,
+                }
+            )
 
 
-def _row(item_id: str, name: str, kind: str, origin: str, sharding: dict[str, Any] | None, ref: TensorRef,
-         stats: bool, loader: TensorLoader) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": item_id, "name": name, "kind": kind, "origin": origin, "dtype": ref.info.dtype,
-                           "shape": list(ref.info.shape), "sharding": sharding, "fingerprint": ref.fingerprint}
+def _row(
+    item_id: str,
+    name: str,
+    kind: str,
+    origin: str,
+    sharding: dict[str, Any] | None,
+    ref: TensorRef,
+    stats: bool,
+    loader: TensorLoader,
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": item_id,
+        "name": name,
+        "kind": kind,
+        "origin": origin,
+        "dtype": ref.info.dtype,
+        "shape": list(ref.info.shape),
+        "sharding": sharding,
+        "fingerprint": ref.fingerprint,
+    }
     if stats:
         t = loader.load(ref)
         row["fingerprint"] = fingerprint_verified(ref)
@@ -99,7 +141,7 @@ def _row(item_id: str, name: str, kind: str, origin: str, sharding: dict[str, An
     return row
 
 
-def tensor_stats(t: "torch.Tensor") -> dict[str, Any]:
+def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     """min, max, mean, std (population) over finite elements, plus NaN/Inf counts and numel."""
     import torch
 
@@ -108,7 +150,7 @@ def tensor_stats(t: "torch.Tensor") -> dict[str, Any]:
     lo, hi = math.inf, -math.inf
     nan = inf = 0
     for i in range(0, flat.numel(), CHUNK):
-        c = flat[i:i + CHUNK].to(torch.float64)
+        c = flat[i : i + CHUNK].to(torch.float64)
         if c.is_floating_point():
             bad_nan, bad_inf = torch.isnan(c), torch.isinf(c)
             nan += int(bad_nan.sum())
@@ -121,8 +163,15 @@ def tensor_stats(t: "torch.Tensor") -> dict[str, Any]:
     mean = s / n if n else None
     if n:
         for i in range(0, flat.numel(), CHUNK):
-            c = flat[i:i + CHUNK].to(torch.float64)
+            c = flat[i : i + CHUNK].to(torch.float64)
             c = c[torch.isfinite(c)]
             ss += float(((c - mean) ** 2).sum())
-    return {"numel": t.numel(), "min": lo if n else None, "max": hi if n else None, "mean": mean,
-            "std": math.sqrt(ss / n) if n else None, "nan": nan, "inf": inf}
+    return {
+        "numel": t.numel(),
+        "min": lo if n else None,
+        "max": hi if n else None,
+        "mean": mean,
+        "std": math.sqrt(ss / n) if n else None,
+        "nan": nan,
+        "inf": inf,
+    }

@@ -59,13 +59,13 @@ class Metrics:
         return bool(self.nan_a or self.nan_b or self.inf_a or self.inf_b)
 
 
-def equal_metrics(t: "torch.Tensor") -> Metrics:
+def equal_metrics(t: torch.Tensor) -> Metrics:
     """Metrics of a bitwise-equal pair: all differences zero, non-finite counts of ``t``."""
     nan, inf = nonfinite_counts(t)
     return Metrics(t.numel(), True, nan_a=nan, nan_b=nan, inf_a=inf, inf_b=inf)
 
 
-def nonfinite_counts(t: "torch.Tensor") -> tuple[int, int]:
+def nonfinite_counts(t: torch.Tensor) -> tuple[int, int]:
     """``(nan, inf)`` counts; one fast reduction decides the common all-finite case."""
     import torch
 
@@ -81,13 +81,13 @@ def nonfinite_counts(t: "torch.Tensor") -> tuple[int, int]:
         pass
     flat, nan, inf = t.reshape(-1), 0, 0
     for i in range(0, flat.numel(), CHUNK):
-        c = flat[i:i + CHUNK].to(torch.float64)
+        c = flat[i : i + CHUNK].to(torch.float64)
         nan += int(torch.isnan(c).sum())
         inf += int(torch.isinf(c).sum())
     return nan, inf
 
 
-def diff_metrics(a: "torch.Tensor", b: "torch.Tensor", rtol: float, atol: float) -> Metrics:
+def diff_metrics(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> Metrics:
     """Full metrics of two tensors of the same shape (dtypes may differ)."""
     import torch
 
@@ -100,7 +100,7 @@ def diff_metrics(a: "torch.Tensor", b: "torch.Tensor", rtol: float, atol: float)
     fa, fb = a.reshape(-1), b.reshape(-1)
     acc = _Accumulator(Metrics(fa.numel(), False), rtol, atol)
     for i in range(0, fa.numel(), CHUNK):
-        ac, bc = fa[i:i + CHUNK], fb[i:i + CHUNK]
+        ac, bc = fa[i : i + CHUNK], fb[i : i + CHUNK]
         if same_dtype:
             acc.bits(i, bits_view(ac) != bits_view(bc))
         else:
@@ -125,7 +125,7 @@ class _Accumulator:
         self.first_bad: int | None = None
         self.first_bits: int | None = None
 
-    def bits(self, i: int, ne: "torch.Tensor") -> None:
+    def bits(self, i: int, ne: torch.Tensor) -> None:
         import torch
 
         n = int(torch.count_nonzero(ne))
@@ -133,7 +133,7 @@ class _Accumulator:
             self.first_bits = i + int(torch.nonzero(ne)[0, 0])
         self.m.bits_differ += n
 
-    def values(self, i: int, a64: "torch.Tensor", b64: "torch.Tensor") -> None:
+    def values(self, i: int, a64: torch.Tensor, b64: torch.Tensor) -> None:
         import torch
 
         m = self.m
@@ -175,7 +175,7 @@ class _Accumulator:
         return m
 
 
-def bits_view(flat: "torch.Tensor") -> "torch.Tensor":
+def bits_view(flat: torch.Tensor) -> torch.Tensor:
     import torch
 
     return flat.view(getattr(torch, _INT_VIEW[flat.element_size()]))

@@ -72,16 +72,19 @@ def pair(a: Source, b: Source) -> Pairing:
             getattr(item, side).append(Piece(e.sharding, e.ref, e.writer))
     missing_rollouts = sorted(
         [(rollout_label(*r), "B") for r in a.rollouts - b.rollouts]
-        + [(rollout_label(*r), "A") for r in b.rollouts - a.rollouts])
-    missing_files = sorted([(f, "B") for f in a.files.keys() - b.files.keys()]
-                           + [(f, "A") for f in b.files.keys() - a.files.keys()])
+        + [(rollout_label(*r), "A") for r in b.rollouts - a.rollouts]
+    )
+    missing_files = sorted(
+        [(f, "B") for f in a.files.keys() - b.files.keys()] + [(f, "A") for f in b.files.keys() - a.files.keys()]
+    )
     for rel in sorted(a.files.keys() & b.files.keys()):
         for side, src in (("a", a), ("b", b)):
             for info in src.files[rel].tensors.values():
                 item = items.get(("f", rel, info.name))
                 if item is None:
                     item = items[("f", rel, info.name)] = Item(
-                        file_id(rel, info.name), (1, rel, info.start), rel, info.name, "tensor")
+                        file_id(rel, info.name), (1, rel, info.start), rel, info.name, "tensor"
+                    )
                 getattr(item, side).append(Piece(Sharding.replicated(), TensorRef(src.files[rel].path, info), rel))
     return Pairing(sorted(items.values(), key=lambda i: i.order), missing_rollouts, missing_files)
 

@@ -23,17 +23,37 @@ from __future__ import annotations
 import ast
 import operator
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from ftkit.errors import ConfigError, InputError
 
-RULE_VARIABLES = ("numel", "bitwise_equal", "bits_differ", "tol_fail", "max_abs", "max_rel", "mean_abs",
-                  "dissimilarity", "nan_a", "nan_b", "inf_a", "inf_b", "nonfinite_mismatch")
-_CMP = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-        ast.Eq: operator.eq, ast.NotEq: operator.ne}
+RULE_VARIABLES = (
+    "numel",
+    "bitwise_equal",
+    "bits_differ",
+    "tol_fail",
+    "max_abs",
+    "max_rel",
+    "mean_abs",
+    "dissimilarity",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+    "nonfinite_mismatch",
+)
+_CMP = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
 _CONST = {"true": True, "false": False, "inf": float("inf")}
 
 
@@ -69,16 +89,21 @@ def load_rules(path: str | Path) -> RuleSet:
     raw = doc.get("rule")
     extra = set(doc) - {"rule"}
     if not isinstance(raw, list) or not raw or extra:
-        raise ConfigError(f"rules file {p} must hold only a non-empty [[rule]] array"
-                          + (f" (unknown keys: {sorted(extra)})" if extra else ""), "see docs/dumps.md for the format")
+        raise ConfigError(
+            f"rules file {p} must hold only a non-empty [[rule]] array"
+            + (f" (unknown keys: {sorted(extra)})" if extra else ""),
+            "see docs/dumps.md for the format",
+        )
     return RuleSet(p, tuple(_rule(p, i, r) for i, r in enumerate(raw, 1)))
 
 
 def _rule(p: Path, i: int, r: Any) -> Rule:
     where = f"rules file {p}, rule {i}"
     if not isinstance(r, dict) or set(r) - {"name", "match", "require"} or not {"match", "require"} <= set(r):
-        raise ConfigError(f"{where}: needs 'match' and 'require' (and optionally 'name'), nothing else",
-                          "see docs/dumps.md for the format")
+        raise ConfigError(
+            f"{where}: needs 'match' and 'require' (and optionally 'name'), nothing else",
+            "see docs/dumps.md for the format",
+        )
     try:
         pattern = re.compile(str(r["match"]))
     except re.error as exc:
@@ -103,13 +128,16 @@ def _check(node: ast.AST, where: str) -> None:
             _check(v, where)
     elif isinstance(node, ast.Name):
         if node.id not in RULE_VARIABLES and node.id not in _CONST:
-            raise ConfigError(f"{where}: unknown name {node.id!r}",
-                              f"use one of: {', '.join(RULE_VARIABLES)}, true, false, inf")
+            raise ConfigError(
+                f"{where}: unknown name {node.id!r}", f"use one of: {', '.join(RULE_VARIABLES)}, true, false, inf"
+            )
     elif isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
         pass
     else:
-        raise ConfigError(f"{where}: unsupported expression {ast.unparse(node)!r}",
-                          "use metric names, numbers, comparisons, and/or/not")
+        raise ConfigError(
+            f"{where}: unsupported expression {ast.unparse(node)!r}",
+            "use metric names, numbers, comparisons, and/or/not",
+        )
 
 
 def _eval(node: ast.AST, env: dict[str, Any]) -> Any:

@@ -37,12 +37,12 @@ if TYPE_CHECKING:  # pragma: no cover
 class SideValue:
     dtype: str
     shape: tuple[int, ...]
-    chosen: list[tuple[Sharding, "torch.Tensor"]]  # one piece per TP rank (or one replicated piece)
+    chosen: list[tuple[Sharding, torch.Tensor]]  # one piece per TP rank (or one replicated piece)
     signature: tuple
     origins: list[str]
     counts: list[tuple[int, int] | None]  # (NaN, Inf) per chosen piece, from verified indexes
 
-    def full(self) -> "torch.Tensor":
+    def full(self) -> torch.Tensor:
         return assemble(self.chosen)
 
     @property
@@ -57,14 +57,22 @@ def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tu
     return tensors, list(pool.map(fingerprint_verified, [p.ref for p in pieces]))
 
 
-def resolve_side(item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
-                 ) -> tuple[SideValue | None, list[Finding]]:
+def resolve_side(
+    item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
+) -> tuple[SideValue | None, list[Finding]]:
     """The value of one side of ``item_id`` (``side`` is "A" or "B") from its loaded pieces,
     and any CD007/CD008 findings."""
     origins = sorted({p.origin for p in pieces})
     if len({p.sharding.is_split for p in pieces}) > 1:
-        return None, [finding("CD008", f"{item_id}: side {side} mixes replicated and split TP pieces",
-                              tensor=item_id, side=side, origins=origins)]
+        return None, [
+            finding(
+                "CD008",
+                f"{item_id}: side {side} mixes replicated and split TP pieces",
+                tensor=item_id,
+                side=side,
+                origins=origins,
+            )
+        ]
     split = pieces[0].sharding.is_split
     groups: dict[int | None, list[int]] = {}
     for i, p in enumerate(pieces):
@@ -78,9 +86,15 @@ def resolve_side(item_id: str, side: str, pieces: list[Piece], tensors: list, fp
             distinct.setdefault(fps[i], []).append(pieces[i].origin)
         if len(distinct) > 1:
             what = "copies" if rank is None else f"copies of TP shard {rank}"
-            findings.append(finding(
-                "CD007", f"{item_id}: side {side} holds {len(distinct)} different {what} ({len(members)} copies)",
-                tensor=item_id, side=side, variants=[sorted(o) for o in distinct.values()]))
+            findings.append(
+                finding(
+                    "CD007",
+                    f"{item_id}: side {side} holds {len(distinct)} different {what} ({len(members)} copies)",
+                    tensor=item_id,
+                    side=side,
+                    variants=[sorted(o) for o in distinct.values()],
+                )
+            )
         chosen_idx.append(members[0])
     chosen = [(pieces[i].sharding, tensors[i]) for i in chosen_idx]
     if split:
@@ -88,9 +102,16 @@ def resolve_side(item_id: str, side: str, pieces: list[Piece], tensors: list, fp
         ranks = sorted(s.tp_rank for s, _ in chosen)
         tp_size = chosen[0][0].tp_size
         if len(layouts) > 1 or ranks != list(range(tp_size)):
-            return None, findings + [finding(
-                "CD008", f"{item_id}: side {side} has TP shards {ranks} of {tp_size}"
-                + (" with different layouts" if len(layouts) > 1 else ""), tensor=item_id, side=side, origins=origins)]
+            return None, findings + [
+                finding(
+                    "CD008",
+                    f"{item_id}: side {side} has TP shards {ranks} of {tp_size}"
+                    + (" with different layouts" if len(layouts) > 1 else ""),
+                    tensor=item_id,
+                    side=side,
+                    origins=origins,
+                )
+            ]
         try:
             shape = _full_shape(chosen)
         except ValueError as exc:
@@ -104,7 +125,7 @@ def resolve_side(item_id: str, side: str, pieces: list[Piece], tensors: list, fp
     return SideValue(dtype, shape, chosen, (dtype, shape, sig), origins, counts), findings
 
 
-def _full_shape(chosen: list[tuple[Sharding, "torch.Tensor"]]) -> tuple[int, ...]:
+def _full_shape(chosen: list[tuple[Sharding, torch.Tensor]]) -> tuple[int, ...]:
     s0, t0 = chosen[0]
     dim = s0.dim
     if any(dim >= t.dim() for _, t in chosen):

@@ -93,8 +93,10 @@ def open_source(path: str | os.PathLike[str]) -> Source:
     p = require_exists(path)
     if p.is_file():
         if not p.name.endswith(DATA_SUFFIX):
-            raise InputError(f"{p} is not a directory or a .safetensors file",
-                             "pass a run directory, a dump directory or safetensors files")
+            raise InputError(
+                f"{p} is not a directory or a .safetensors file",
+                "pass a run directory, a dump directory or safetensors files",
+            )
         return Source(p, "file", files={"": read_header(p)})  # two single files pair whatever their names
     if any((p / m).exists() for m in RUN_MARKERS):
         src = Source(p, "run")
@@ -121,8 +123,9 @@ def _walk(root: Path, suffix: str, skip: Path | None = None) -> list[str]:
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         d = Path(dirpath)
         dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and (skip is None or d / n != skip))
-        found.extend((d / n).relative_to(root).as_posix() for n in filenames
-                     if n.endswith(suffix) and not n.startswith("."))
+        found.extend(
+            (d / n).relative_to(root).as_posix() for n in filenames if n.endswith(suffix) and not n.startswith(".")
+        )
     return sorted(found)
 
 
@@ -146,8 +149,11 @@ def _read_index(path: Path, src: Source) -> str:
     if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
         raise _bad(path, f"not an ftkit dump index (schema must be {INDEX_SCHEMA!r})")
     if doc.get("schema_version") != INDEX_VERSION:
-        raise InputError(f"dump index {path} has schema_version {doc.get('schema_version')!r}; "
-                         f"this ftkit reads version {INDEX_VERSION}", "use the ftkit version that wrote the dump")
+        raise InputError(
+            f"dump index {path} has schema_version {doc.get('schema_version')!r}; "
+            f"this ftkit reads version {INDEX_VERSION}",
+            "use the ftkit version that wrote the dump",
+        )
     try:
         prefix, phase, writer = str(doc["prefix"]), str(doc["phase"]), str(doc["writer"])
         rollout, file_name, cell = int(doc["rollout"]), doc["file"], doc.get("cell")
@@ -168,14 +174,20 @@ def _read_index(path: Path, src: Source) -> str:
     return file_name
 
 
-def _entry(path: Path, i: int, t: Any, header: Header, prefix: str, phase: str, rollout: int,
-           writer: str, cell: Any) -> DumpEntry:
+def _entry(
+    path: Path, i: int, t: Any, header: Header, prefix: str, phase: str, rollout: int, writer: str, cell: Any
+) -> DumpEntry:
     try:
         name, key = str(t["name"]), str(t["key"])
         ms = t.get("micro_shard")
         sharding = Sharding.from_dict(t.get("sharding") or {})
         step, ms = int(t["step"]), None if ms is None else int(ms)
-        dtype, shape, fp, order = t["dtype"], tuple(int(d) for d in t["shape"]), t.get("fingerprint"), int(t.get("order", i))
+        dtype, shape, fp, order = (
+            t["dtype"],
+            tuple(int(d) for d in t["shape"]),
+            t.get("fingerprint"),
+            int(t.get("order", i)),
+        )
         nonfinite = (int(t["nan"]), int(t["inf"])) if "nan" in t and "inf" in t and fp else None
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _bad(path, f"tensor entry {i}: missing or invalid field ({exc})") from exc
@@ -184,8 +196,20 @@ def _entry(path: Path, i: int, t: Any, header: Header, prefix: str, phase: str, 
         raise _bad(path, f"tensor {name!r} (key {key!r}) is not in {header.path.name}")
     if (info.dtype, info.shape) != (dtype, shape):
         raise _bad(path, f"tensor {name!r}: index says {dtype}{list(shape)}, file has {info.dtype}{list(info.shape)}")
-    return DumpEntry(prefix, phase, rollout, step, ms, name, t.get("kind") or kind_of(name), order, writer, cell,
-                     sharding, TensorRef(header.path, info, fp, nonfinite))
+    return DumpEntry(
+        prefix,
+        phase,
+        rollout,
+        step,
+        ms,
+        name,
+        t.get("kind") or kind_of(name),
+        order,
+        writer,
+        cell,
+        sharding,
+        TensorRef(header.path, info, fp, nonfinite),
+    )
 
 
 def _bad(path: Path, what: str) -> InputError:
@@ -195,8 +219,12 @@ def _bad(path: Path, what: str) -> InputError:
 def check_compatible(a: Source, b: Source) -> None:
     """Both sides must be the same kind of thing, and not both empty (fail closed)."""
     if a.kind != b.kind:
-        raise UsageError(f"cannot compare a {a.kind} ({a.root}) with a {b.kind} ({b.root})",
-                         "pass two run directories, two dump directories, two plain directories or two files")
+        raise UsageError(
+            f"cannot compare a {a.kind} ({a.root}) with a {b.kind} ({b.root})",
+            "pass two run directories, two dump directories, two plain directories or two files",
+        )
     if a.empty and b.empty:
-        raise InputError(f"nothing to compare: no dumps or safetensors files in {a.root} or {b.root}",
-                         "check the paths; a run directory holds dumps/ only when it was trained with dumps on")
+        raise InputError(
+            f"nothing to compare: no dumps or safetensors files in {a.root} or {b.root}",
+            "check the paths; a run directory holds dumps/ only when it was trained with dumps on",
+        )

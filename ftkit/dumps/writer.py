@@ -34,8 +34,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftkit import __version__
-from ftkit.dumps.layout import (DATA_SUFFIX, INDEX_SCHEMA, INDEX_SUFFIX, INDEX_VERSION, check_component,
-                                kind_of, rollout_dir, storage_key)
+from ftkit.dumps.layout import (
+    DATA_SUFFIX,
+    INDEX_SCHEMA,
+    INDEX_SUFFIX,
+    INDEX_VERSION,
+    check_component,
+    kind_of,
+    rollout_dir,
+    storage_key,
+)
 from ftkit.tensors.sharding import Sharding
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,14 +59,21 @@ class WriteInfo:
 
 
 class DumpWriter:
-    def __init__(self, dumps_root: str | Path, prefix: str, phase: str, rollout: int, writer: str,
-                 meta: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        dumps_root: str | Path,
+        prefix: str,
+        phase: str,
+        rollout: int,
+        writer: str,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         check_component("writer", writer)
         self.directory = rollout_dir(dumps_root, prefix, phase, rollout)
         self.prefix, self.phase, self.rollout, self.writer = prefix, phase, int(rollout), writer
         self.meta = dict(meta or {})
         json.dumps(self.meta)  # fail early on metadata that cannot go into the index
-        self._tensors: dict[str, "torch.Tensor"] = {}
+        self._tensors: dict[str, torch.Tensor] = {}
         self._entries: list[dict[str, Any]] = []
 
     @property
@@ -72,8 +87,16 @@ class DumpWriter:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, name: str, tensor: "torch.Tensor", *, step: int, micro_shard: int | None = None,
-            sharding: Sharding | None = None, copy: bool = True) -> None:
+    def add(
+        self,
+        name: str,
+        tensor: torch.Tensor,
+        *,
+        step: int,
+        micro_shard: int | None = None,
+        sharding: Sharding | None = None,
+        copy: bool = True,
+    ) -> None:
         """Record ``tensor`` under ``name`` for (step, micro_shard); see the module contract."""
         from ftkit.dumps.metrics import nonfinite_counts
         from ftkit.tensors.fingerprint import dtype_name, fingerprint
@@ -92,12 +115,22 @@ class DumpWriter:
             raise ValueError(f"{name!r}: split dim {sharding.dim} out of range for shape {tuple(t.shape)}")
         self._tensors[key] = t
         nan, inf = nonfinite_counts(t)
-        self._entries.append({
-            "order": len(self._entries), "name": name, "key": key, "kind": kind_of(name),
-            "step": int(step), "micro_shard": None if micro_shard is None else int(micro_shard),
-            "dtype": dtype_name(t.dtype), "shape": list(t.shape), "fingerprint": fingerprint(t),
-            "sharding": sharding.to_dict(), "nan": nan, "inf": inf,
-        })
+        self._entries.append(
+            {
+                "order": len(self._entries),
+                "name": name,
+                "key": key,
+                "kind": kind_of(name),
+                "step": int(step),
+                "micro_shard": None if micro_shard is None else int(micro_shard),
+                "dtype": dtype_name(t.dtype),
+                "shape": list(t.shape),
+                "fingerprint": fingerprint(t),
+                "sharding": sharding.to_dict(),
+                "nan": nan,
+                "inf": inf,
+            }
+        )
 
     def write(self) -> WriteInfo:
         """Write (or replace) this writer's safetensors file and index; see the commit protocol."""
@@ -107,15 +140,28 @@ class DumpWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         for target in (self.path, self.index_path):
             remove_stale_temps(target)
-        st_meta = {"ftkit.schema": f"{INDEX_SCHEMA}/{INDEX_VERSION}", "prefix": self.prefix,
-                   "phase": self.phase, "rollout": str(self.rollout), "writer": self.writer}
+        st_meta = {
+            "ftkit.schema": f"{INDEX_SCHEMA}/{INDEX_VERSION}",
+            "prefix": self.prefix,
+            "phase": self.phase,
+            "rollout": str(self.rollout),
+            "writer": self.writer,
+        }
         with staging_dir(self.path) as stage:
             size = save_safetensors(stage / self.path.name, self._tensors, metadata=st_meta)
             index = {
-                "schema": INDEX_SCHEMA, "schema_version": INDEX_VERSION, "ftkit_version": __version__,
-                "prefix": self.prefix, "phase": self.phase, "rollout": self.rollout, "writer": self.writer,
-                "file": self.path.name, "file_bytes": size,
-                "cell": self.meta.get("cell"), "rank": self.meta.get("rank"), "meta": self.meta,
+                "schema": INDEX_SCHEMA,
+                "schema_version": INDEX_VERSION,
+                "ftkit_version": __version__,
+                "prefix": self.prefix,
+                "phase": self.phase,
+                "rollout": self.rollout,
+                "writer": self.writer,
+                "file": self.path.name,
+                "file_bytes": size,
+                "cell": self.meta.get("cell"),
+                "rank": self.meta.get("rank"),
+                "meta": self.meta,
                 "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"),
                 "tensors": self._entries,
             }

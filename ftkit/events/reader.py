@@ -21,14 +21,16 @@ refuses are retried with the standard json module, which accepts them).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import heapq
 import io
 import json
 import os
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any
 
 from ftkit.errors import InputError
 
@@ -62,17 +64,20 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if not path.exists():
-            raise InputError(f"{path}: no such file or directory",
-                             "pass an events/ directory, a run directory or .jsonl files")
+            raise InputError(
+                f"{path}: no such file or directory", "pass an events/ directory, a run directory or .jsonl files"
+            )
         if path.is_dir():
             try:
                 found = sorted(p for p in path.rglob("*") if p.name.endswith(LOG_SUFFIXES) and p.is_file())
             except OSError as exc:
-                raise InputError(f"{path}: cannot list directory: {exc.strerror or exc}",
-                                 "check the permissions of the directory") from exc
+                raise InputError(
+                    f"{path}: cannot list directory: {exc.strerror or exc}", "check the permissions of the directory"
+                ) from exc
             if not found:
-                raise InputError(f"{path}: no *.jsonl or *.jsonl.gz event logs below it",
-                                 "point at the run's events/ directory")
+                raise InputError(
+                    f"{path}: no *.jsonl or *.jsonl.gz event logs below it", "point at the run's events/ directory"
+                )
             files.extend(found)
         else:
             files.append(path)
@@ -82,14 +87,13 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
             with open(p, "rb") as fh:
                 fh.read(1)
         except OSError as exc:
-            raise InputError(f"{p}: cannot read: {exc.strerror or exc}",
-                             "check the file's permissions") from exc
+            raise InputError(f"{p}: cannot read: {exc.strerror or exc}", "check the file's permissions") from exc
     return unique
 
 
 def _open(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
     """(line reader, raw file): the raw file's position is the progress on disk."""
-    fh = open(path, "rb")
+    fh = open(path, "rb")  # noqa: SIM115 - owned and closed by the caller
     if fh.read(2) == _GZIP_MAGIC:
         fh.seek(0)
         return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh  # type: ignore[arg-type]
@@ -112,10 +116,8 @@ class EventStream:
         """Bytes consumed on disk (compressed bytes for .gz), for progress bars."""
         pos = self._done
         for raw in list(self._raw.values()):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 pos += raw.tell()
-            except (OSError, ValueError):
-                pass
         return pos
 
     def _file_events(self, index: int) -> Iterator[tuple[float, int, Any, int]]:
@@ -229,8 +231,9 @@ def _short(exc: BaseException, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def iter_events(paths: Iterable[str | os.PathLike[str]],
-                on_issue: Optional[IssueCallback] = None) -> Iterator[dict[str, Any]]:
+def iter_events(
+    paths: Iterable[str | os.PathLike[str]], on_issue: IssueCallback | None = None
+) -> Iterator[dict[str, Any]]:
     """Convenience: the decoded events of ``paths`` in time order (issues ignored unless asked)."""
     stream = EventStream(discover(paths), on_issue or (lambda *a: None))
     for event, _, _ in stream.events():

@@ -12,7 +12,8 @@ deterministically from the models.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -27,8 +28,8 @@ class Source(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     role: Role = Field(description="driver, trainer (a rank), engine or tool")
-    cell: Optional[int] = Field(description="cell index, null for the driver / tools")
-    rank: Optional[int] = Field(description="rank inside the cell (trainers), engine index (engines), else null")
+    cell: int | None = Field(description="cell index, null for the driver / tools")
+    rank: int | None = Field(description="rank inside the cell (trainers), engine index (engines), else null")
     incarnation: int = Field(description="restart count of this (role, cell, rank), from 0")
     pid: int = Field(description="process id")
     host: str = Field(description="host name")
@@ -63,7 +64,7 @@ class RunFinished(Envelope):
 
     type: Literal["run_finished"]
     status: Literal["completed", "failed", "interrupted"] = Field(description="how the run ended")
-    reason: Optional[str] = Field(default=None, description="why, for failed / interrupted runs")
+    reason: str | None = Field(default=None, description="why, for failed / interrupted runs")
 
 
 class CellStateEvent(Envelope):
@@ -73,7 +74,7 @@ class CellStateEvent(Envelope):
     cell: int = Field(description="the cell")
     old: CellStatus = Field(description="previous state")
     new: CellStatus = Field(description="new state")
-    reason: Optional[str] = Field(default=None, description="why it changed")
+    reason: str | None = Field(default=None, description="why it changed")
 
 
 class Reconfigure(Envelope):
@@ -83,7 +84,7 @@ class Reconfigure(Envelope):
     epoch: int = Field(description="the new epoch; steps of this membership carry it")
     alive_before: list[int] = Field(description="alive cells of the previous epoch")
     alive_after: list[int] = Field(description="alive cells of the new epoch")
-    reason: Optional[str] = Field(default=None, description="why")
+    reason: str | None = Field(default=None, description="why")
 
 
 class StepOutcome(Envelope):
@@ -95,7 +96,7 @@ class StepOutcome(Envelope):
     attempt: int = Field(description="attempt of this step, from 0")
     epoch: int = Field(description="membership epoch the attempt ran in")
     cell: int = Field(description="the cell")
-    rank: Optional[int] = Field(default=None, description="rank in the cell (default: source.rank)")
+    rank: int | None = Field(default=None, description="rank in the cell (default: source.rank)")
     outcome: Literal["committed", "discarded", "failed"] = Field(description="the result")
     micro_shards: list[int] = Field(description="micro-shards this cell computed")
 
@@ -108,7 +109,7 @@ class StateFingerprint(Envelope):
     step: int = Field(description="run-global optimizer step")
     attempt: int = Field(description="the committed attempt")
     cell: int = Field(description="the cell")
-    rank: Optional[int] = Field(default=None, description="rank in the cell (default: source.rank)")
+    rank: int | None = Field(default=None, description="rank in the cell (default: source.rank)")
     total: Hex = Field(description="order-independent fingerprint of params and optimizer state")
     params: dict[str, Hex] = Field(description="fingerprint per parameter")
     optimizer: dict[str, Hex] = Field(description="fingerprint per optimizer state tensor")
@@ -132,7 +133,7 @@ class WitnessCounts(Envelope):
     step: int = Field(description="run-global optimizer step")
     attempt: int = Field(description="attempt of the step")
     cell: int = Field(description="the reporting cell (every cell sees the same global counts)")
-    rank: Optional[int] = Field(default=None, description="reporting rank (default: source.rank)")
+    rank: int | None = Field(default=None, description="reporting rank (default: source.rank)")
     ids: list[int] = Field(description="witness ids with a non-zero count")
     counts: list[int] = Field(description="count per id")
     contributions: list[float] = Field(description="loss contribution channel per id")
@@ -164,8 +165,8 @@ class Metric(Envelope):
 
     type: Literal["metric"]
     rollout: int = Field(description="rollout index")
-    step: Optional[int] = Field(description="run-global optimizer step (null: per rollout)")
-    values: dict[str, Optional[float]] = Field(description="name -> value (NaN / Infinity literals allowed)")
+    step: int | None = Field(description="run-global optimizer step (null: per rollout)")
+    values: dict[str, float | None] = Field(description="name -> value (NaN / Infinity literals allowed)")
 
 
 class FaultInjected(Envelope):
@@ -174,10 +175,10 @@ class FaultInjected(Envelope):
     type: Literal["fault_injected"]
     kind: str = Field(description="what was injected (kill, exception, nonfinite, ...)")
     point: str = Field(description="where in the step it struck")
-    cell: Optional[int] = Field(description="target cell")
-    rank: Optional[int] = Field(description="target rank")
-    rollout: Optional[int] = Field(description="rollout index")
-    step: Optional[int] = Field(description="run-global optimizer step")
+    cell: int | None = Field(description="target cell")
+    rank: int | None = Field(description="target rank")
+    rollout: int | None = Field(description="rollout index")
+    step: int | None = Field(description="run-global optimizer step")
 
 
 class Heal(Envelope):
@@ -200,7 +201,7 @@ class GradNonfinite(Envelope):
     rollout: int = Field(description="rollout index")
     step: int = Field(description="run-global optimizer step")
     cell: int = Field(description="the cell")
-    rank: Optional[int] = Field(description="the rank")
+    rank: int | None = Field(description="the rank")
     where: str = Field(description="which tensor or stage")
 
 
@@ -211,7 +212,7 @@ class CheckpointPublished(Envelope):
     step: int = Field(description="run-global optimizer step of the checkpoint")
     path: str = Field(description="checkpoint directory")
     kind: Literal["latest", "best", "ema"] = Field(description="which slot")
-    metric: Optional[float] = Field(description="the ranking metric")
+    metric: float | None = Field(description="the ranking metric")
     manifest_sha256: str = Field(description="sha256 of MANIFEST.json")
     guard_from_step: int = Field(description="first step of the finiteness guard interval")
     guard_to_step: int = Field(description="last step of the finiteness guard interval")
@@ -246,14 +247,30 @@ class EventsDropped(Envelope):
 
 
 EVENT_MODELS: tuple[type[Envelope], ...] = (
-    RunStarted, RunFinished, CellStateEvent, Reconfigure, StepOutcome, StateFingerprint,
-    WitnessAllocated, WitnessCounts, WeightsSent, EngineWeights, Metric, FaultInjected, Heal,
-    GradNonfinite, CheckpointPublished, CheckpointRejected, DumpWritten, EventsDropped,
+    RunStarted,
+    RunFinished,
+    CellStateEvent,
+    Reconfigure,
+    StepOutcome,
+    StateFingerprint,
+    WitnessAllocated,
+    WitnessCounts,
+    WeightsSent,
+    EngineWeights,
+    Metric,
+    FaultInjected,
+    Heal,
+    GradNonfinite,
+    CheckpointPublished,
+    CheckpointRejected,
+    DumpWritten,
+    EventsDropped,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {
-    m.model_fields["type"].annotation.__args__[0]: m for m in EVENT_MODELS  # type: ignore[union-attr]
+    m.model_fields["type"].annotation.__args__[0]: m
+    for m in EVENT_MODELS  # type: ignore[union-attr]
 }
-Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]
+Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 
 
@@ -270,7 +287,7 @@ def _type_name(ann: Any) -> str:
         return _type_name(args[0])
     if origin is Literal:
         return " or ".join(f"`{a}`" for a in args)
-    if origin is Union:
+    if origin is Union or origin is UnionType:
         names = [_type_name(a) for a in args if a is not type(None)]
         return " or ".join(names + (["null"] if type(None) in args else []))
     if origin is list:
@@ -309,8 +326,15 @@ def schema_markdown() -> str:
     for name, f in Source.model_fields.items():
         lines.append(f"| `{name}` | {_type_name(f.annotation)} | {f.description} |")
     for type_name, model in EVENT_TYPES.items():
-        lines += ["", f"## `{type_name}`", "", (model.__doc__ or "").strip(), "",
-                  "| field | type | required | meaning |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## `{type_name}`",
+            "",
+            (model.__doc__ or "").strip(),
+            "",
+            "| field | type | required | meaning |",
+            "|---|---|---|---|",
+        ]
         for name, f in model.model_fields.items():
             if name in Envelope.model_fields:
                 continue

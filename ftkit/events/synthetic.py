@@ -25,16 +25,36 @@ import hashlib
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ftkit import __version__
 from ftkit.events.writer import EventWriter
 
-VIOLATIONS = ("FT101", "FT102", "FT103", "FT104", "FT105", "FT106", "FT107", "FT108", "FT109", "FT110",
-              "FT111", "FT112", "FT113")
-_LAYER_TENSORS = ("input_layernorm.weight", "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
-                  "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight",
-                  "mlp.linear_fc2.weight", "mlp.linear_fc1.bias")
+VIOLATIONS = (
+    "FT101",
+    "FT102",
+    "FT103",
+    "FT104",
+    "FT105",
+    "FT106",
+    "FT107",
+    "FT108",
+    "FT109",
+    "FT110",
+    "FT111",
+    "FT112",
+    "FT113",
+)
+_LAYER_TENSORS = (
+    "input_layernorm.weight",
+    "self_attention.linear_qkv.weight",
+    "self_attention.linear_qkv.bias",
+    "self_attention.linear_proj.weight",
+    "pre_mlp_layernorm.weight",
+    "mlp.linear_fc1.weight",
+    "mlp.linear_fc2.weight",
+    "mlp.linear_fc1.bias",
+)
 
 
 @dataclass
@@ -53,7 +73,7 @@ class SyntheticSpec:
     checkpoint_every: int = 4
     seed: int = 0
     run: str = "synthetic"
-    violation: Optional[str] = None
+    violation: str | None = None
 
     @property
     def steps(self) -> int:
@@ -65,7 +85,7 @@ class GeneratedRun:
     events_dir: Path
     events: int
     fault_steps: list[int] = field(default_factory=list)
-    violation_step: Optional[int] = None
+    violation_step: int | None = None
 
 
 def tensor_names(n: int) -> list[str]:
@@ -95,7 +115,7 @@ class _Sim:
         self.now = 1_700_000_000.0 + spec.seed
         self.ranks = spec.tp * spec.pp
         names = tensor_names(spec.tensors)
-        self.stage_names = [names[i::spec.pp] for i in range(spec.pp)]
+        self.stage_names = [names[i :: spec.pp] for i in range(spec.pp)]
         self.events = 0
         v = spec.violation
         needs_fault = v in ("FT107",) and spec.faults == 0
@@ -114,7 +134,7 @@ class _Sim:
         self.dead: dict[int, int] = {}  # cell -> step at which to heal
         self._fp_cache: tuple[int, dict[int, tuple[str, dict, dict]]] = (-1, {})
 
-    def _violation_step(self) -> Optional[int]:
+    def _violation_step(self) -> int | None:
         v, steps = self.spec.violation, self.spec.steps
         if v is None:
             return None
@@ -130,9 +150,17 @@ class _Sim:
         self.events += 1
         return self.now
 
-    def _writer(self, role: str, cell: Optional[int], rank: Optional[int]) -> EventWriter:
-        return EventWriter(self.dir, self.spec.run, role, cell, rank, clock=self._clock, pid=10_000 + self.events,
-                           host=f"sim-{cell if cell is not None else 'driver'}")
+    def _writer(self, role: str, cell: int | None, rank: int | None) -> EventWriter:
+        return EventWriter(
+            self.dir,
+            self.spec.run,
+            role,
+            cell,
+            rank,
+            clock=self._clock,
+            pid=10_000 + self.events,
+            host=f"sim-{cell if cell is not None else 'driver'}",
+        )
 
     def _cell_state(self, cell: int, old: str, new: str, reason: str) -> None:
         self.driver.emit("cell_state", cell=cell, old=old, new=new, reason=reason)
@@ -160,8 +188,15 @@ class _Sim:
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
         spec, d = self.spec, self.driver
-        d.emit("run_started", config={"seed": spec.seed, "synthetic": True, "micro_shards": spec.micro_shards},
-               num_cells=spec.cells, tp=spec.tp, pp=spec.pp, num_engines=spec.engines, ftkit_version=__version__)
+        d.emit(
+            "run_started",
+            config={"seed": spec.seed, "synthetic": True, "micro_shards": spec.micro_shards},
+            num_cells=spec.cells,
+            tp=spec.tp,
+            pp=spec.pp,
+            num_engines=spec.engines,
+            ftkit_version=__version__,
+        )
         for cell in range(spec.cells):
             self._cell_state(cell, "pending", "starting", "launch")
             self._start_cell(cell)
@@ -176,9 +211,10 @@ class _Sim:
             for k in range(spec.steps_per_rollout):
                 step = rollout * spec.steps_per_rollout + k
                 self._heal_due(step)
-                self._step(rollout, step, ids[k * per_step:(k + 1) * per_step])
-                if ((step + 1) % spec.checkpoint_every == 0 and step != spec.steps - 1) or \
-                        (spec.violation == "FT110" and step == self.violation_step):
+                self._step(rollout, step, ids[k * per_step : (k + 1) * per_step])
+                if ((step + 1) % spec.checkpoint_every == 0 and step != spec.steps - 1) or (
+                    spec.violation == "FT110" and step == self.violation_step
+                ):
                     self._checkpoint(step, last_ckpt + 1)
                     last_ckpt = step
         for cell in self.alive:
@@ -213,8 +249,16 @@ class _Sim:
             total = _hex(self._fingerprints(step - 1)[0][0], "state")
             received = _hex("corrupt") if self.spec.violation == "FT107" else total
             self.healed += 1
-            self.driver.emit("heal", cell=cell, donor=donor, epoch=self.epoch + 1, bytes=123_456_789,
-                             seconds={"transfer": 0.8, "verify": 0.05}, total=received, donor_total=total)
+            self.driver.emit(
+                "heal",
+                cell=cell,
+                donor=donor,
+                epoch=self.epoch + 1,
+                bytes=123_456_789,
+                seconds={"transfer": 0.8, "verify": 0.05},
+                total=received,
+                donor_total=total,
+            )
             self._cell_state(cell, "starting", "alive", "healed")
             self._reconfigure(self.alive + [cell], f"cell {cell} healed")
 
@@ -223,16 +267,25 @@ class _Sim:
         if step in self.fault_steps and len(self.alive) > 1:
             victim = self.alive[-1]
             self.injected_faults.append(step)
-            self.driver.emit("fault_injected", kind="kill", point="backward", cell=victim, rank=0,
-                             rollout=rollout, step=step)
+            self.driver.emit(
+                "fault_injected", kind="kill", point="backward", cell=victim, rank=0, rollout=rollout, step=step
+            )
             for rank in range(self.ranks):  # the victim's processes die: their files end here
                 self.rank_writers.pop((victim, rank)).close()
             for cell in self.alive:
                 if cell != victim:
                     for rank in range(self.ranks):
                         self.rank_writers[(cell, rank)].emit(
-                            "step_outcome", rollout=rollout, step=step, attempt=0, epoch=self.epoch, cell=cell,
-                            rank=rank, outcome="failed", micro_shards=[])
+                            "step_outcome",
+                            rollout=rollout,
+                            step=step,
+                            attempt=0,
+                            epoch=self.epoch,
+                            cell=cell,
+                            rank=rank,
+                            outcome="failed",
+                            micro_shards=[],
+                        )
             self._cell_state(victim, "alive", "errored", "rank died")
             self._reconfigure([c for c in self.alive if c != victim], f"cell {victim} died")
             self.dead[victim] = min(step + 1 + self.spec.heal_after, self.spec.steps)
@@ -241,8 +294,11 @@ class _Sim:
 
     def _commit(self, rollout: int, step: int, attempt: int, ids: list[int]) -> None:
         spec, v = self.spec, None
-        if self.violation_left and step >= self.violation_step and (
-                len(self.alive) > 1 or self.violation_left not in ("FT101", "FT106")):
+        if (
+            self.violation_left
+            and step >= self.violation_step
+            and (len(self.alive) > 1 or self.violation_left not in ("FT101", "FT106"))
+        ):
             v, self.violation_left, self.violation_step = self.violation_left, None, step
         shards = _assign(spec.micro_shards, self.alive)
         fps = self._fingerprints(step)
@@ -257,8 +313,17 @@ class _Sim:
             for rank in range(self.ranks):
                 w = self.rank_writers[(cell, rank)]
                 outcome = "discarded" if v == "FT106" and cell == self.alive[-1] and rank == 0 else "committed"
-                w.emit("step_outcome", rollout=rollout, step=step, attempt=attempt, epoch=self.epoch, cell=cell,
-                       rank=rank, outcome=outcome, micro_shards=shards[cell])
+                w.emit(
+                    "step_outcome",
+                    rollout=rollout,
+                    step=step,
+                    attempt=attempt,
+                    epoch=self.epoch,
+                    cell=cell,
+                    rank=rank,
+                    outcome=outcome,
+                    micro_shards=shards[cell],
+                )
                 total, params, opt = fps[rank]
                 if v == "FT101" and cell == self.alive[-1] and rank == 0:
                     params = dict(params)
@@ -266,30 +331,69 @@ class _Sim:
                     params[name] = _hex("diverged", name)
                     total = _hex(params, opt)
                 if not (v == "FT112" and cell == self.alive[-1] and rank == 0):
-                    w.emit("state_fingerprint", rollout=rollout, step=step, attempt=attempt, cell=cell, rank=rank,
-                           total=total, params=params, optimizer=opt)
+                    w.emit(
+                        "state_fingerprint",
+                        rollout=rollout,
+                        step=step,
+                        attempt=attempt,
+                        cell=cell,
+                        rank=rank,
+                        total=total,
+                        params=params,
+                        optimizer=opt,
+                    )
                 if v == "FT111" and cell == self.alive[0] and rank == 0:
                     w.emit("metric", rollout=rollout, step=step, values=object())  # cannot serialise: a seq gap
-                w.emit("witness_counts", rollout=rollout, step=step, attempt=attempt, cell=cell, rank=rank,
-                       ids=list(counts), counts=list(counts.values()),
-                       contributions=[round(0.25 + (i % 7) / 10, 3) for i in counts])
+                w.emit(
+                    "witness_counts",
+                    rollout=rollout,
+                    step=step,
+                    attempt=attempt,
+                    cell=cell,
+                    rank=rank,
+                    ids=list(counts),
+                    counts=list(counts.values()),
+                    contributions=[round(0.25 + (i % 7) / 10, 3) for i in counts],
+                )
             if v == "FT110" and cell == self.alive[0]:
-                self.rank_writers[(cell, 0)].emit("grad_nonfinite", rollout=rollout, step=step, cell=cell, rank=0,
-                                                  where="decoder.layers.0.mlp.linear_fc1.weight")
+                self.rank_writers[(cell, 0)].emit(
+                    "grad_nonfinite",
+                    rollout=rollout,
+                    step=step,
+                    cell=cell,
+                    rank=0,
+                    where="decoder.layers.0.mlp.linear_fc1.weight",
+                )
         if v == "FT108":
             self._cell_state(self.alive[0], "starting", "alive", "injected")
         loss = float("nan") if v == "FT109" else round(2.5 / (1 + step), 6)
-        self.driver.emit("metric", rollout=rollout, step=step,
-                         values={"loss": loss, "grad_norm": round(1.0 + (step % 5) / 10, 4), "reward": 0.5})
+        self.driver.emit(
+            "metric",
+            rollout=rollout,
+            step=step,
+            values={"loss": loss, "grad_norm": round(1.0 + (step % 5) / 10, 4), "reward": 0.5},
+        )
         if rollout == 0 and step == 0:
-            self.rank_writers[(self.alive[0], 0)].emit("dump_written", rollout=rollout, phase="fwd_bwd",
-                                                       path="dumps/actor/fwd_bwd/rollout_000000/x.safetensors",
-                                                       tensors=len(fps[0][1]), bytes=1 << 20)
+            self.rank_writers[(self.alive[0], 0)].emit(
+                "dump_written",
+                rollout=rollout,
+                phase="fwd_bwd",
+                path="dumps/actor/fwd_bwd/rollout_000000/x.safetensors",
+                tensors=len(fps[0][1]),
+                bytes=1 << 20,
+            )
 
     def _checkpoint(self, step: int, first: int) -> None:
-        self.driver.emit("checkpoint_published", step=step, path=f"checkpoints/step_{step:06d}", kind="latest",
-                         metric=round(1.0 / (1 + step), 6), manifest_sha256=_hex("manifest", step) * 2,
-                         guard_from_step=first, guard_to_step=step)
+        self.driver.emit(
+            "checkpoint_published",
+            step=step,
+            path=f"checkpoints/step_{step:06d}",
+            kind="latest",
+            metric=round(1.0 / (1 + step), 6),
+            manifest_sha256=_hex("manifest", step) * 2,
+            guard_from_step=first,
+            guard_to_step=step,
+        )
 
 
 def _assign(m: int, alive: list[int]) -> dict[int, list[int]]:
@@ -302,25 +406,41 @@ def _assign(m: int, alive: list[int]) -> dict[int, list[int]]:
     return out
 
 
-def generate(out_dir: str | Path, spec: Optional[SyntheticSpec] = None) -> GeneratedRun:
+def generate(out_dir: str | Path, spec: SyntheticSpec | None = None) -> GeneratedRun:
     """Write a synthetic run's logs to ``out_dir/events/``; ValueError when ``spec.violation``
     cannot be injected into the layout (one cell for FT101/FT106; no room to heal for FT107)."""
     spec = spec or SyntheticSpec()
     sim = _Sim(Path(out_dir), spec)
     n = sim.run()
     if (spec.violation == "FT107" and not sim.healed) or (spec.violation in ("FT101", "FT106") and sim.violation_left):
-        raise ValueError(f"cannot inject {spec.violation} into this layout: it needs two live cells "
-                         f"(FT107: a fault healed before the last step)")
+        raise ValueError(
+            f"cannot inject {spec.violation} into this layout: it needs two live cells "
+            f"(FT107: a fault healed before the last step)"
+        )
     return GeneratedRun(sim.dir, n, sim.injected_faults, sim.violation_step if sim.violation_left is None else None)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ftkit.events.synthetic",
-                                description="Write a synthetic, clean run log to OUT_DIR/events/.")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m ftkit.events.synthetic", description="Write a synthetic, clean run log to OUT_DIR/events/."
+    )
     p.add_argument("out_dir", metavar="OUT_DIR")
     defaults = SyntheticSpec()
-    for name in ("cells", "tp", "pp", "engines", "rollouts", "steps_per_rollout", "samples_per_rollout",
-                 "micro_shards", "tensors", "faults", "heal_after", "checkpoint_every", "seed"):
+    for name in (
+        "cells",
+        "tp",
+        "pp",
+        "engines",
+        "rollouts",
+        "steps_per_rollout",
+        "samples_per_rollout",
+        "micro_shards",
+        "tensors",
+        "faults",
+        "heal_after",
+        "checkpoint_every",
+        "seed",
+    ):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     p.add_argument("--run", default=defaults.run)
     p.add_argument("--violation", choices=VIOLATIONS, help="inject exactly one violation of this rule")

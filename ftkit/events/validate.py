@@ -11,26 +11,28 @@ tells whether a type is known at all (unknown types are skipped with a warning).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal, Optional, Union, get_args, get_origin
+from collections.abc import Callable
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
 from ftkit.events.schema import EVENT_TYPES, parse_event
 
 _NUM = (int, float)
-_Spec = tuple[tuple[str, tuple[type, ...], Optional[frozenset[Any]], bool], ...]
+_Spec = tuple[tuple[str, tuple[type, ...], frozenset[Any] | None, bool], ...]
 
 
-def _json_types(ann: Any) -> tuple[tuple[type, ...], Optional[frozenset[Any]]]:
+def _json_types(ann: Any) -> tuple[tuple[type, ...], frozenset[Any] | None]:
     """Accepted Python types after JSON decoding, and the allowed values of a Literal."""
     origin, args = get_origin(ann), get_args(ann)
     if origin is Annotated:
         return _json_types(args[0])
     if origin is Literal:
         return tuple({type(a) for a in args}), frozenset(args)
-    if origin is Union:
+    if origin is Union or origin is UnionType:
         types: set[type] = set()
-        values: Optional[set[Any]] = set()
+        values: set[Any] | None = set()
         for a in args:
             if a is type(None):
                 types.add(type(None))
@@ -80,8 +82,11 @@ def _compile(spec: _Spec) -> Callable[[dict[str, Any]], bool]:
         if not required and type(None) not in types:
             term = f"({key!r} not in e or ({term}))"
         terms.append(f"({term})")
-    src = "def check(e):\n    try:\n        return " + " and ".join(terms or ["True"]) + \
-        "\n    except _KeyError:\n        return False\n"
+    src = (
+        "def check(e):\n    try:\n        return "
+        + " and ".join(terms or ["True"])
+        + "\n    except _KeyError:\n        return False\n"
+    )
     exec(compile(src, "<ftkit.events.validate>", "exec"), env)  # noqa: S102 - source built from the schema
     return env["check"]
 
@@ -113,4 +118,3 @@ def explain(event: dict[str, Any]) -> str:
         more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
         return "; ".join(parts) + more
     return ""
-

@@ -33,8 +33,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ftkit.events.schema import SCHEMA
 from ftkit.fsutil import fsync_dir
@@ -42,7 +43,7 @@ from ftkit.fsutil import fsync_dir
 log = logging.getLogger("ftkit.events")
 
 
-def file_stem(role: str, cell: Optional[int], rank: Optional[int]) -> str:
+def file_stem(role: str, cell: int | None, rank: int | None) -> str:
     """The file name prefix of a (role, cell, rank): ``trainer-c0-r1``, ``driver``."""
     stem = role
     if cell is not None:
@@ -67,21 +68,30 @@ def _json_default(obj: Any) -> Any:
 class EventWriter:
     """Append events of one process incarnation to its own file under ``events_dir``."""
 
-    def __init__(self, events_dir: str | os.PathLike[str], run: str, role: str,
-                 cell: Optional[int] = None, rank: Optional[int] = None,
-                 incarnation: Optional[int] = None, *, clock: Callable[[], float] = time.time,
-                 pid: Optional[int] = None, host: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        events_dir: str | os.PathLike[str],
+        run: str,
+        role: str,
+        cell: int | None = None,
+        rank: int | None = None,
+        incarnation: int | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        pid: int | None = None,
+        host: str | None = None,
+    ) -> None:
         self.dir = Path(events_dir)
         self.run, self.role, self.cell, self.rank = run, role, cell, rank
         self.dropped = 0
-        self.last_error: Optional[str] = None
+        self.last_error: str | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._pending_lock = threading.Lock()
-        self._pending: Optional[concurrent.futures.Future] = None   # a background fsync (sync(wait=False))
-        self._helper: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._pending: concurrent.futures.Future | None = None  # a background fsync (sync(wait=False))
+        self._helper: concurrent.futures.ThreadPoolExecutor | None = None
         self._seq = 0
-        self._fd: Optional[int] = None
+        self._fd: int | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
         stem = file_stem(role, cell, rank)
         if incarnation is None:
@@ -95,9 +105,14 @@ class EventWriter:
                 os.write(self._fd, b"\n")
         self.path = self.dir / f"{stem}-i{self.incarnation}.jsonl"
         fsync_dir(self.dir)
-        self._source = {"role": role, "cell": cell, "rank": rank, "incarnation": self.incarnation,
-                        "pid": os.getpid() if pid is None else pid,
-                        "host": socket.gethostname() if host is None else host}
+        self._source = {
+            "role": role,
+            "cell": cell,
+            "rank": rank,
+            "incarnation": self.incarnation,
+            "pid": os.getpid() if pid is None else pid,
+            "host": socket.gethostname() if host is None else host,
+        }
 
     def _claim(self, stem: str) -> tuple[int, int]:
         pattern = re.compile(re.escape(stem) + r"-i(\d+)\.jsonl(\.gz)?$")
@@ -105,8 +120,9 @@ class EventWriter:
         inc = max(taken, default=-1) + 1
         while True:
             try:
-                fd = os.open(self.dir / f"{stem}-i{inc}.jsonl",
-                             os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(
+                    self.dir / f"{stem}-i{inc}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644
+                )
                 return inc, fd
             except FileExistsError:  # another process claimed it first
                 inc += 1
@@ -124,14 +140,21 @@ class EventWriter:
             seq = self._seq
             self._seq += 1
             try:
-                event = {"schema": SCHEMA, "type": type, "run": self.run, "time": self._clock(),
-                         "source": self._source, "seq": seq, **fields}
+                event = {
+                    "schema": SCHEMA,
+                    "type": type,
+                    "run": self.run,
+                    "time": self._clock(),
+                    "source": self._source,
+                    "seq": seq,
+                    **fields,
+                }
                 data = (json.dumps(event, default=_json_default, separators=(",", ":")) + "\n").encode()
                 if self._fd is None:
                     raise OSError("event writer is closed")
                 view = memoryview(data)
                 while view:
-                    view = view[os.write(self._fd, view):]
+                    view = view[os.write(self._fd, view) :]
                 return True
             except Exception as exc:  # noqa: BLE001 - the writer never raises into training
                 self._drop(exc)
@@ -154,7 +177,7 @@ class EventWriter:
             self._fsync()
             return
         with self._pending_lock:
-            if self._helper is None:   # one helper thread per writer, started on first use
+            if self._helper is None:  # one helper thread per writer, started on first use
                 self._helper = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ftkit-events-fsync")
             self._pending = self._helper.submit(self._fsync)
 
@@ -171,13 +194,13 @@ class EventWriter:
         with self._pending_lock:
             pending, self._pending = self._pending, None
         if pending is not None:
-            pending.result()   # _fsync never raises: failures are counted in dropped
+            pending.result()  # _fsync never raises: failures are counted in dropped
 
     def close(self) -> None:
         """Report drops (``events_dropped``), fsync and close; idempotent."""
         if self._fd is None:
             return
-        self._wait_pending()   # a background fsync's failure belongs in the count below
+        self._wait_pending()  # a background fsync's failure belongs in the count below
         if self.dropped:
             self.emit("events_dropped", count=self.dropped, last_error=self.last_error or "")
         self.sync()
@@ -192,7 +215,7 @@ class EventWriter:
         except OSError as exc:
             self._drop(exc)
 
-    def __enter__(self) -> "EventWriter":
+    def __enter__(self) -> EventWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -224,4 +247,3 @@ def _ends_unterminated(path: Path) -> bool:
             return False
         fh.seek(-1, os.SEEK_END)
         return fh.read(1) != b"\n"
-

@@ -17,7 +17,7 @@ is ``[s, b, heads_per_partition * head_dim]``.
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from megatron.core.transformer.enums import AttnMaskType
@@ -35,9 +35,9 @@ class SDPAttention(MegatronModule):
         layer_number: int,
         attn_mask_type: AttnMaskType,
         attention_type: str,
-        attention_dropout: Optional[float] = None,
-        softmax_scale: Optional[float] = None,
-        cp_comm_type: Optional[str] = None,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
         pg_collection: Any = None,
     ) -> None:
         super().__init__(config=config)
@@ -63,9 +63,9 @@ class SDPAttention(MegatronModule):
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
-        attention_mask: Optional[torch.Tensor],
-        attn_mask_type: Optional[AttnMaskType] = None,
-        attention_bias: Optional[torch.Tensor] = None,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
         """Causal attention; ``attention_mask`` is ignored (the mask is the causal one)."""
@@ -77,8 +77,7 @@ class SDPAttention(MegatronModule):
             value = value.repeat_interleave(rep, dim=2)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=self.softmax_scale)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         # [b, n, s, d] -> [s, b, n * d]
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, self.heads_per_partition * self.head_dim)

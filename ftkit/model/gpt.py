@@ -178,5 +178,5 @@ def global_param_name(name: str, offset: int) -> str:
     prefix = "decoder.layers."
     if not offset or not name.startswith(prefix):
         return name
-    index, rest = name[len(prefix):].split(".", 1)
+    index, rest = name[len(prefix) :].split(".", 1)
     return f"{prefix}{int(index) + offset}.{rest}"

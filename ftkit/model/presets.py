@@ -35,11 +35,9 @@ class ModelPreset:
 
 PRESETS: dict[str, ModelPreset] = {
     # Trains a rollout in seconds on two CPU cores.
-    "tiny": ModelPreset("tiny", num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256,
-                        max_seq_len=32),
+    "tiny": ModelPreset("tiny", num_layers=2, hidden_size=64, num_heads=4, ffn_hidden_size=256, max_seq_len=32),
     # About 25M parameters: 8 layers of hidden 512.
-    "small": ModelPreset("small", num_layers=8, hidden_size=512, num_heads=8, ffn_hidden_size=2048,
-                         max_seq_len=64),
+    "small": ModelPreset("small", num_layers=8, hidden_size=512, num_heads=8, ffn_hidden_size=2048, max_seq_len=64),
 }
 
 

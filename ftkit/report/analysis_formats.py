@@ -9,8 +9,18 @@ from ftkit.analysis.engine import AnalysisResult
 from ftkit.report.github import annotations, markdown_table
 
 SUITE = "ftkit.analyze-events"
-RECOVERY_COLUMNS = ("index", "kind", "cell", "step", "detect_s", "reconfigure_s", "heal_s", "steps_discarded",
-                    "samples_lost", "recovered_by")
+RECOVERY_COLUMNS = (
+    "index",
+    "kind",
+    "cell",
+    "step",
+    "detect_s",
+    "reconfigure_s",
+    "heal_s",
+    "steps_discarded",
+    "samples_lost",
+    "recovered_by",
+)
 
 
 def json_document(result: AnalysisResult, outcome: str) -> dict[str, Any]:
@@ -36,8 +46,10 @@ def _cell(value: Any) -> str:
 def verdict_line(result: AnalysisResult, outcome: str) -> str:
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("error", "warning", "info")}
     total = sum(r.findings for r in result.rules)
-    return (f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
-            f"in {result.stats['events']} events from {result.stats['files']} file(s)")
+    return (
+        f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
+        f"in {result.stats['events']} events from {result.stats['files']} file(s)"
+    )
 
 
 def github_text(result: AnalysisResult, outcome: str) -> str:
@@ -49,15 +61,32 @@ def github_text(result: AnalysisResult, outcome: str) -> str:
 
 
 def step_summary(result: AnalysisResult, outcome: str) -> str:
-    parts = [f"## ftkit analyze-events: {outcome.upper()}", "", verdict_line(result, outcome), "",
-             markdown_table(["code", "rule", "severity", "checked", "findings"],
-                            [(r.code, r.rule, r.severity.value, r.checked, r.findings) for r in result.rules])]
+    parts = [
+        f"## ftkit analyze-events: {outcome.upper()}",
+        "",
+        verdict_line(result, outcome),
+        "",
+        markdown_table(
+            ["code", "rule", "severity", "checked", "findings"],
+            [(r.code, r.rule, r.severity.value, r.checked, r.findings) for r in result.rules],
+        ),
+    ]
     if result.findings:
-        parts += ["", "### Findings", "",
-                  markdown_table(["code", "severity", "message"],
-                                 [(f.code, f.severity.value, f.message) for f in result.findings[:50]])]
+        parts += [
+            "",
+            "### Findings",
+            "",
+            markdown_table(
+                ["code", "severity", "message"], [(f.code, f.severity.value, f.message) for f in result.findings[:50]]
+            ),
+        ]
     if result.recovery:
-        parts += ["", "### Recovery", "",
-                  markdown_table(list(RECOVERY_COLUMNS),
-                                 [[_cell(row.get(c)) for c in RECOVERY_COLUMNS] for row in result.recovery])]
+        parts += [
+            "",
+            "### Recovery",
+            "",
+            markdown_table(
+                list(RECOVERY_COLUMNS), [[_cell(row.get(c)) for c in RECOVERY_COLUMNS] for row in result.recovery]
+            ),
+        ]
     return "\n".join(parts)

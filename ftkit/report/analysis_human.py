@@ -17,16 +17,25 @@ MAX_FINDINGS = 100
 def render_human(console: Console, result: AnalysisResult, outcome: str) -> None:
     s = result.stats
     runs = ", ".join(s["runs"]) or "?"
-    layout = f"{s['cells']} cells x tp{s['tp']} x pp{s['pp']}, {s['engines']} engines" if s["cells"] else "layout unknown"
+    layout = (
+        f"{s['cells']} cells x tp{s['tp']} x pp{s['pp']}, {s['engines']} engines" if s["cells"] else "layout unknown"
+    )
     duration = f"{s['duration_s']:.1f}s" if s["duration_s"] is not None else "-"
-    console.print(f"[bold]Run[/bold] {escape(runs)}: {layout}; status {s['status'] or 'unknown'}; "
-                  f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts; "
-                  f"{s['faults']} faults, {s['heals']} heals; {s['events']} events in {s['files']} files; "
-                  f"{duration} logged")
+    console.print(
+        f"[bold]Run[/bold] {escape(runs)}: {layout}; status {s['status'] or 'unknown'}; "
+        f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts; "
+        f"{s['faults']} faults, {s['heals']} heals; {s['events']} events in {s['files']} files; "
+        f"{duration} logged"
+    )
 
     rules = Table(title="Rules", title_justify="left")
-    for col, just in (("code", "left"), ("rule", "left"), ("severity", "left"), ("checked", "right"),
-                      ("findings", "right")):
+    for col, just in (
+        ("code", "left"),
+        ("rule", "left"),
+        ("severity", "left"),
+        ("checked", "right"),
+        ("findings", "right"),
+    ):
         rules.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in result.rules:
         style = _STYLE[r.severity.value] if r.findings else "green"

@@ -33,8 +33,13 @@ def worst(result: CompareResult, n: int) -> list[PairResult]:
 def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, Any]:
     first = result.first_divergence
     return {
-        "command": "compare-dumps", "a": str(result.a), "b": str(result.b), "kind": result.kind,
-        "mode": result.options.describe(), "verdict": verdict, "stats": result.stats,
+        "command": "compare-dumps",
+        "a": str(result.a),
+        "b": str(result.b),
+        "kind": result.kind,
+        "mode": result.options.describe(),
+        "verdict": verdict,
+        "stats": result.stats,
         "first_divergence": first.to_dict() if first else None,
         "worst": [p.to_dict() for p in worst(result, top)],
         "findings": [f.model_dump(mode="json") for f in sort_findings(result.findings)],
@@ -47,9 +52,10 @@ def github_text(result: CompareResult, verdict: str) -> str:
     """Workflow annotations, one per finding, then a one-line summary as a notice."""
     s = result.stats
     first = result.first_divergence
-    summary = (f"::notice title=ftkit compare-dumps::{verdict}: {s['tensors']} tensors, {s['equal']} equal, "
-               f"{s['close']} within tolerance, {s['differ']} differ"
-               + (f"; first divergence {first.id}" if first else ""))
+    summary = (
+        f"::notice title=ftkit compare-dumps::{verdict}: {s['tensors']} tensors, {s['equal']} equal, "
+        f"{s['close']} within tolerance, {s['differ']} differ" + (f"; first divergence {first.id}" if first else "")
+    )
     body = annotations(sort_findings(result.findings))
     return f"{body}\n{summary}" if body else summary
 
@@ -57,16 +63,34 @@ def github_text(result: CompareResult, verdict: str) -> str:
 def step_summary(result: CompareResult, verdict: str, top: int) -> str:
     s = result.stats
     rows = [(k, v) for k, v in s.items()]
-    md = [f"### ftkit compare-dumps: {verdict}", "", f"`{result.a}` vs `{result.b}` ({result.options.describe()})",
-          "", markdown_table(["", "count"], rows)]
+    md = [
+        f"### ftkit compare-dumps: {verdict}",
+        "",
+        f"`{result.a}` vs `{result.b}` ({result.options.describe()})",
+        "",
+        markdown_table(["", "count"], rows),
+    ]
     first = result.first_divergence
     if first:
         md += ["", f"**First divergence:** `{first.id}`: {first.message}"]
     bad = worst(result, top)
     if bad:
-        md += ["", markdown_table(["tensor", "status", "max_abs", "max_rel", "dissimilarity"],
-                                  [(f"`{p.id}`", p.status, f"{p.metrics.max_abs:.3g}", f"{p.metrics.max_rel:.3g}",
-                                    f"{p.metrics.dissimilarity:.3g}") for p in bad])]
+        md += [
+            "",
+            markdown_table(
+                ["tensor", "status", "max_abs", "max_rel", "dissimilarity"],
+                [
+                    (
+                        f"`{p.id}`",
+                        p.status,
+                        f"{p.metrics.max_abs:.3g}",
+                        f"{p.metrics.max_rel:.3g}",
+                        f"{p.metrics.dissimilarity:.3g}",
+                    )
+                    for p in bad
+                ],
+            ),
+        ]
     return "\n".join(md)
 
 
@@ -81,15 +105,23 @@ def junit_cases(result: CompareResult) -> list[tuple[str, str, list[tuple[str, s
             loose.append(f)
     cases = []
     for p in result.pairs:
-        failures = [(f"{f.code} {f.rule}: {f.message}", _text(f)) for f in by_tensor.get(p.id, [])
-                    if f.severity.value == "error"]
+        failures = [
+            (f"{f.code} {f.rule}: {f.message}", _text(f))
+            for f in by_tensor.get(p.id, [])
+            if f.severity.value == "error"
+        ]
         if p.status in ("missing_in_a", "missing_in_b"):
             failures.append((f"CD004 tensor-missing: {p.id} {p.message}", ""))
         cases.append((f"{SUITE}.{p.group}", p.id, failures))
     for f in loose:
         what = f.evidence.get("rollout") or f.evidence.get("path") or f.code
-        cases.append((f"{SUITE}.{f.rule}", str(what),
-                      [(f"{f.code} {f.rule}: {f.message}", _text(f))] if f.severity.value == "error" else []))
+        cases.append(
+            (
+                f"{SUITE}.{f.rule}",
+                str(what),
+                [(f"{f.code} {f.rule}: {f.message}", _text(f))] if f.severity.value == "error" else [],
+            )
+        )
     return cases
 
 

@@ -16,16 +16,27 @@ _STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 
 def render_human(console: Console, result: CompareResult, verdict: str, top: int) -> None:
     s = result.stats
-    console.print(f"[bold]compare-dumps[/bold] {escape(str(result.a))} [dim]vs[/dim] {escape(str(result.b))}"
-                  f"  [dim]({result.kind}, {escape(result.options.describe())})[/dim]")
+    console.print(
+        f"[bold]compare-dumps[/bold] {escape(str(result.a))} [dim]vs[/dim] {escape(str(result.b))}"
+        f"  [dim]({result.kind}, {escape(result.options.describe())})[/dim]"
+    )
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="dim")
     summary.add_column(justify="right")
-    for label, key in (("tensors compared", "tensors"), ("bitwise equal", "equal"), ("within tolerance", "close"),
-                       ("differ", "differ"), ("shape mismatch", "shape"), ("dtype mismatch", "dtype"),
-                       ("missing in A", "missing_in_a"), ("missing in B", "missing_in_b"),
-                       ("bad shards", "invalid"), ("no rule", "uncovered"), ("rollouts missing", "missing_rollouts"),
-                       ("files missing", "missing_files")):
+    for label, key in (
+        ("tensors compared", "tensors"),
+        ("bitwise equal", "equal"),
+        ("within tolerance", "close"),
+        ("differ", "differ"),
+        ("shape mismatch", "shape"),
+        ("dtype mismatch", "dtype"),
+        ("missing in A", "missing_in_a"),
+        ("missing in B", "missing_in_b"),
+        ("bad shards", "invalid"),
+        ("no rule", "uncovered"),
+        ("rollouts missing", "missing_rollouts"),
+        ("files missing", "missing_files"),
+    ):
         if s.get(key) or key in ("tensors", "equal", "differ"):
             summary.add_row(label, str(s.get(key, 0)))
     summary.add_row("data read", _size(s.get("bytes", 0)))
@@ -42,12 +53,24 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
     if bad:
         console.print()
         table = Table(title=f"Worst {len(bad)} (by dissimilarity)", title_justify="left")
-        for col, just in (("tensor", "left"), ("status", "left"), ("max_abs", "right"), ("max_rel", "right"),
-                          ("dissimilarity", "right"), ("location (A / B)", "left")):
+        for col, just in (
+            ("tensor", "left"),
+            ("status", "left"),
+            ("max_abs", "right"),
+            ("max_rel", "right"),
+            ("dissimilarity", "right"),
+            ("location (A / B)", "left"),
+        ):
             table.add_column(col, justify=just, overflow="fold")
         for p in bad:
-            table.add_row(escape(p.id), _status(p), f"{p.metrics.max_abs:.3g}", f"{p.metrics.max_rel:.3g}",
-                          f"{p.metrics.dissimilarity:.3g}", escape(_location(p)))
+            table.add_row(
+                escape(p.id),
+                _status(p),
+                f"{p.metrics.max_abs:.3g}",
+                f"{p.metrics.max_rel:.3g}",
+                f"{p.metrics.dissimilarity:.3g}",
+                escape(_location(p)),
+            )
         console.print(table)
     findings = [f for f in sort_findings(result.findings) if f.code != "CD001"]  # CD001s are the table above
     if findings:
@@ -61,8 +84,10 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
     console.print()
     errors = sum(1 for f in result.findings if f.severity.value == "error")
     if verdict == "pass":
-        console.print(f"[bold green]PASS[/bold green]  {s['tensors']} tensors compared, no differences"
-                      + (f" ({s['close']} within tolerance)" if s.get("close") else ""))
+        console.print(
+            f"[bold green]PASS[/bold green]  {s['tensors']} tensors compared, no differences"
+            + (f" ({s['close']} within tolerance)" if s.get("close") else "")
+        )
     else:
         console.print(f"[bold red]FAIL[/bold red]  {errors} error finding(s)")
 

@@ -8,7 +8,7 @@ Markdown to ``$GITHUB_STEP_SUMMARY`` when that variable is set.
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from ftkit.analysis.findings import Finding
 

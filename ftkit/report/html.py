@@ -54,32 +54,43 @@ def layer_series(result: CompareResult) -> list[tuple[str, float, float, bool]]:
 def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
     s = result.stats
     first = result.first_divergence
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ftkit compare-dumps</title>"
-             f"<style>{_CSS}</style></head><body>",
-             f"<h1>compare-dumps: <span class='{verdict}'>{verdict.upper()}</span></h1>",
-             f"<p class='mono'>{escape(str(result.a))} vs {escape(str(result.b))}<br>{escape(result.kind)}, "
-             f"{escape(result.options.describe())}</p>",
-             "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in s.items()) + "</table>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>ftkit compare-dumps</title>"
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>compare-dumps: <span class='{verdict}'>{verdict.upper()}</span></h1>",
+        f"<p class='mono'>{escape(str(result.a))} vs {escape(str(result.b))}<br>{escape(result.kind)}, "
+        f"{escape(result.options.describe())}</p>",
+        "<table>" + "".join(f"<tr><th>{escape(k)}</th><td>{v}</td></tr>" for k, v in s.items()) + "</table>",
+    ]
     if first is not None:
-        parts.append(f"<h2>First divergence (capture order)</h2><p class='mono'>{escape(first.id)}</p>"
-                     f"<p>{escape(first.message)}</p>")
+        parts.append(
+            f"<h2>First divergence (capture order)</h2><p class='mono'>{escape(first.id)}</p>"
+            f"<p>{escape(first.message)}</p>"
+        )
     parts.append("<h2>Per-layer divergence</h2>" + _svg(layer_series(result)))
     bad = worst(result, top)
     if bad:
-        parts.append("<h2>Worst tensors</h2><table><tr><th>tensor</th><th>status</th><th>max_abs</th><th>max_rel</th>"
-                     "<th>dissimilarity</th><th>location</th></tr>")
+        parts.append(
+            "<h2>Worst tensors</h2><table><tr><th>tensor</th><th>status</th><th>max_abs</th><th>max_rel</th>"
+            "<th>dissimilarity</th><th>location</th></tr>"
+        )
         for p in bad:
             m = p.metrics
             loc = "-" if m.argmax is None else f"{m.argmax}: {m.a_at:.6g} / {m.b_at:.6g}"
-            parts.append(f"<tr><td class='mono'>{escape(p.id)}</td><td class='{'fail' if p.failed else 'pass'}'>"
-                         f"{p.status}</td><td>{m.max_abs:.3g}</td><td>{m.max_rel:.3g}</td>"
-                         f"<td>{m.dissimilarity:.3g}</td><td class='mono'>{escape(loc)}</td></tr>")
+            parts.append(
+                f"<tr><td class='mono'>{escape(p.id)}</td><td class='{'fail' if p.failed else 'pass'}'>"
+                f"{p.status}</td><td>{m.max_abs:.3g}</td><td>{m.max_rel:.3g}</td>"
+                f"<td>{m.dissimilarity:.3g}</td><td class='mono'>{escape(loc)}</td></tr>"
+            )
         parts.append("</table>")
     findings = sort_findings(result.findings)
     if findings:
         parts.append("<h2>Findings</h2><table><tr><th>code</th><th>rule</th><th>message</th></tr>")
-        parts.extend(f"<tr><td class='sev-{f.severity.value}'>{f.code}</td><td>{escape(f.rule)}</td>"
-                     f"<td class='mono'>{escape(f.message)}</td></tr>" for f in findings)
+        parts.extend(
+            f"<tr><td class='sev-{f.severity.value}'>{f.code}</td><td>{escape(f.rule)}</td>"
+            f"<td class='mono'>{escape(f.message)}</td></tr>"
+            for f in findings
+        )
         parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -96,22 +107,32 @@ def _svg(series: list[tuple[str, float, float, bool]]) -> str:
     n = len(series)
     step = (_W - _PAD_L - 16) / max(n - 1, 1)
     xs = [_PAD_L + i * step for i in range(n)]
-    out = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{_W}' height='{_H}' role='img' "
-           f"aria-label='per-layer divergence'>"]
+    out = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{_W}' height='{_H}' role='img' "
+        f"aria-label='per-layer divergence'>"
+    ]
     for e in range(_FLOOR, _CEIL + 1, 2):
-        y = _y(10.0 ** e)
-        out.append(f"<line x1='{_PAD_L}' x2='{_W - 8}' y1='{y:.1f}' y2='{y:.1f}' stroke='#eee'/>"
-                   f"<text x='{_PAD_L - 6}' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>")
+        y = _y(10.0**e)
+        out.append(
+            f"<line x1='{_PAD_L}' x2='{_W - 8}' y1='{y:.1f}' y2='{y:.1f}' stroke='#eee'/>"
+            f"<text x='{_PAD_L - 6}' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>"
+        )
     for idx, color, label in ((1, "#1f6feb", "max_rel"), (2, "#8250df", "dissimilarity")):
         pts = " ".join(f"{x:.1f},{_y(row[idx]):.1f}" for x, row in zip(xs, series))
         out.append(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{pts}'/>")
         for x, row in zip(xs, series):
             fill = "#c0262d" if row[3] else color
-            out.append(f"<circle cx='{x:.1f}' cy='{_y(row[idx]):.1f}' r='3' fill='{fill}'><title>"
-                       f"{escape(row[0])}: {label} {row[idx]:.3g}</title></circle>")
+            out.append(
+                f"<circle cx='{x:.1f}' cy='{_y(row[idx]):.1f}' r='3' fill='{fill}'><title>"
+                f"{escape(row[0])}: {label} {row[idx]:.3g}</title></circle>"
+            )
     every = max(1, math.ceil(n / 40))
     for i in range(0, n, every):
-        out.append(f"<text transform='translate({xs[i]:.1f},{_H - _PAD_B + 8}) rotate(60)'>{escape(series[i][0][-40:])}</text>")
-    out.append(f"<text x='{_PAD_L}' y='{_H - 4}'>blue: max_rel, purple: dissimilarity, red points: failing layer; "
-               f"values at or below 1e{_FLOOR} (equal) sit on the floor</text></svg>")
+        out.append(
+            f"<text transform='translate({xs[i]:.1f},{_H - _PAD_B + 8}) rotate(60)'>{escape(series[i][0][-40:])}</text>"
+        )
+    out.append(
+        f"<text x='{_PAD_L}' y='{_H - 4}'>blue: max_rel, purple: dissimilarity, red points: failing layer; "
+        f"values at or below 1e{_FLOOR} (equal) sit on the floor</text></svg>"
+    )
     return "".join(out)

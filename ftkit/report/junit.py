@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from ftkit.analysis.findings import Finding, RuleSummary
 
 
-def write_junit(path: str | os.PathLike[str], suite: str, rules: Iterable[RuleSummary],
-                findings: Iterable[Finding]) -> None:
+def write_junit(
+    path: str | os.PathLike[str], suite: str, rules: Iterable[RuleSummary], findings: Iterable[Finding]
+) -> None:
     """Write ``path`` atomically: one ``testcase`` per rule, a ``failure`` per finding."""
     rules = list(rules)
     by_code: dict[str, list[Finding]] = {}
@@ -22,8 +23,9 @@ def write_junit(path: str | os.PathLike[str], suite: str, rules: Iterable[RuleSu
         by_code.setdefault(f.code, []).append(f)
     failed = sum(1 for r in rules if by_code.get(r.code))
     root = ET.Element("testsuites")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(rules)), failures=str(failed),
-                       errors="0", skipped="0")
+    ts = ET.SubElement(
+        root, "testsuite", name=suite, tests=str(len(rules)), failures=str(failed), errors="0", skipped="0"
+    )
     for r in rules:
         tc = ET.SubElement(ts, "testcase", classname=suite, name=f"{r.code} {r.rule}")
         for f in by_code.get(r.code, []):
@@ -38,8 +40,9 @@ def write_junit(path: str | os.PathLike[str], suite: str, rules: Iterable[RuleSu
     _write(root, path)
 
 
-def write_junit_cases(path: str | os.PathLike[str], suite: str,
-                      cases: Iterable[tuple[str, str, list[tuple[str, str]]]]) -> None:
+def write_junit_cases(
+    path: str | os.PathLike[str], suite: str, cases: Iterable[tuple[str, str, list[tuple[str, str]]]]
+) -> None:
     """Write ``path`` atomically with one ``testcase`` per checked item.
 
     ``cases`` are ``(classname, name, failures)``; each failure is ``(message, text)`` and
@@ -47,8 +50,15 @@ def write_junit_cases(path: str | os.PathLike[str], suite: str,
     """
     cases = list(cases)
     root = ET.Element("testsuites")
-    ts = ET.SubElement(root, "testsuite", name=suite, tests=str(len(cases)),
-                       failures=str(sum(1 for c in cases if c[2])), errors="0", skipped="0")
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(cases)),
+        failures=str(sum(1 for c in cases if c[2])),
+        errors="0",
+        skipped="0",
+    )
     for classname, name, failures in cases:
         tc = ET.SubElement(ts, "testcase", classname=classname, name=name)
         for message, text in failures:

@@ -11,8 +11,9 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from enum import Enum
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 
@@ -54,7 +55,7 @@ class Output:
         self.err.print(f"[yellow]Warning:[/yellow] {message}", markup=True)
 
     @contextlib.contextmanager
-    def progress(self, description: str, total: float | None) -> Iterator["ProgressTask"]:
+    def progress(self, description: str, total: float | None) -> Iterator[ProgressTask]:
         """A progress bar on stderr (human mode, interactive stderr or FTKIT_PROGRESS=1)."""
         show = self.human and (self.err.is_terminal or os.environ.get("FTKIT_PROGRESS") == "1")
         if not show:
@@ -63,8 +64,13 @@ class Output:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         with Progress(
-            TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=self.err, transient=True,
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.err,
+            transient=True,
         ) as bar:
             yield ProgressTask(bar, bar.add_task(description, total=total))
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -32,7 +33,7 @@ _FORMAT = b"ftkit-fp1"
 _COMBINE_FORMAT = b"ftkit-state-fp1\n"
 
 
-def dtype_name(dtype: "torch.dtype") -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"`` (the name used in digests and dump indexes)."""
     return str(dtype).rsplit(".", 1)[-1]
 
@@ -53,7 +54,7 @@ def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[obje
     return h.hexdigest()
 
 
-def fingerprint(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> str:
+def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> str:
     """32 lowercase hex chars (128 bit) of ``t``'s dtype, shape and logical bytes.
 
     Works for every dense strided dtype whose elements are whole bytes (floats including
@@ -64,8 +65,13 @@ def fingerprint(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> str:
     import torch
 
     t = t.detach()
-    if (t.device.type == "cpu" and t.dtype in _numpy_dtypes(torch) and t.layout == torch.strided
-            and t.is_contiguous() and not t.is_neg()):
+    if (
+        t.device.type == "cpu"
+        and t.dtype in _numpy_dtypes(torch)
+        and t.layout == torch.strided
+        and t.is_contiguous()
+        and not t.is_neg()
+    ):
         # fast path (per-step state fingerprints hash ~100 small tensors): the bytes of a
         # contiguous CPU tensor straight from its numpy view, the header cached
         h = xxhash.xxh3_128(_cached_header(t.dtype, tuple(t.shape)))
@@ -78,12 +84,23 @@ def fingerprint(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> str:
 @functools.lru_cache(maxsize=1)
 def _numpy_dtypes(torch: Any) -> frozenset:
     """Dtypes whose numpy view holds exactly the tensor's bytes (no bfloat16, float8, complex)."""
-    return frozenset([torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-                      torch.int64, torch.uint8, torch.bool])
+    return frozenset(
+        [
+            torch.float16,
+            torch.float32,
+            torch.float64,
+            torch.int8,
+            torch.int16,
+            torch.int32,
+            torch.int64,
+            torch.uint8,
+            torch.bool,
+        ]
+    )
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_header(dtype: "torch.dtype", shape: tuple[int, ...]) -> bytes:
+def _cached_header(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
     return _header(dtype_name(dtype), shape)
 
 
@@ -103,13 +120,13 @@ def combine(fingerprints: Mapping[str, str]) -> str:
     return h.hexdigest()
 
 
-def fingerprint_tensors(tensors: Mapping[str, "torch.Tensor"]) -> tuple[str, dict[str, str]]:
+def fingerprint_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[str, dict[str, str]]:
     """``(total, {name: fingerprint})`` for a dict of tensors; ``total = combine(per_name)``."""
     per_name = {name: fingerprint(t) for name, t in tensors.items()}
     return combine(per_name), per_name
 
 
-def logical_bytes(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> Iterator[object]:
+def logical_bytes(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[object]:
     """Yield ``t``'s bytes in logical row-major order as host buffers.
 
     A contiguous CPU tensor is yielded as one zero-copy view. A non-contiguous CPU tensor is
@@ -145,7 +162,7 @@ def logical_bytes(t: "torch.Tensor", chunk_bytes: int = CHUNK_BYTES) -> Iterator
     yield from _device_chunks(t, chunk_bytes)
 
 
-def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":
+def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     """A contiguous tensor as a flat uint8 view (no copy)."""
     import torch
 
@@ -158,11 +175,11 @@ def _flat_bytes(t: "torch.Tensor") -> "torch.Tensor":
         raise TypeError(f"cannot fingerprint dtype {t.dtype}: {exc}") from exc
 
 
-def _host_bytes(t: "torch.Tensor") -> object:
+def _host_bytes(t: torch.Tensor) -> object:
     return _flat_bytes(t).numpy()
 
 
-def _pieces(t: "torch.Tensor", max_bytes: int) -> Iterator["torch.Tensor"]:
+def _pieces(t: torch.Tensor, max_bytes: int) -> Iterator[torch.Tensor]:
     """Sub-tensors of ``t`` that tile it in row-major order, each at most ``max_bytes``."""
     es = t.element_size()
     if t.dim() == 0 or t.numel() * es <= max_bytes:
@@ -172,19 +189,19 @@ def _pieces(t: "torch.Tensor", max_bytes: int) -> Iterator["torch.Tensor"]:
         flat = t.reshape(-1)
         step = max(1, max_bytes // es)
         for i in range(0, flat.numel(), step):
-            yield flat[i:i + step]
+            yield flat[i : i + step]
         return
     row_bytes = (t.numel() // t.shape[0]) * es
     if row_bytes <= max_bytes:
         rows = max(1, max_bytes // row_bytes)
         for i in range(0, t.shape[0], rows):
-            yield t[i:i + rows]
+            yield t[i : i + rows]
     else:
         for i in range(t.shape[0]):
             yield from _pieces(t[i], max_bytes)
 
 
-def _device_chunks(t: "torch.Tensor", chunk_bytes: int) -> Iterator[object]:
+def _device_chunks(t: torch.Tensor, chunk_bytes: int) -> Iterator[object]:
     """Stream a non-CPU tensor to host through two alternating staging buffers.
 
     The copy of piece k+1 is issued (asynchronously where the device allows it) before piece k
@@ -198,8 +215,7 @@ def _device_chunks(t: "torch.Tensor", chunk_bytes: int) -> Iterator[object]:
     size = max(size, t.element_size())
     staging = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
     pending: tuple[object, object] | None = None
-    k = 0
-    for piece in _pieces(t, chunk_bytes):
+    for k, piece in enumerate(_pieces(t, chunk_bytes)):
         src = _flat_bytes(piece.contiguous())
         buf = staging[k % 2][: src.numel()]
         buf.copy_(src, non_blocking=pin)
@@ -210,12 +226,11 @@ def _device_chunks(t: "torch.Tensor", chunk_bytes: int) -> Iterator[object]:
         if pending is not None:
             yield _ready(*pending)
         pending = (buf, event)
-        k += 1
     if pending is not None:
         yield _ready(*pending)
 
 
-def _ready(buf: "torch.Tensor", event: object) -> object:
+def _ready(buf: torch.Tensor, event: object) -> object:
     if event is not None:
         event.synchronize()
     return buf.numpy()

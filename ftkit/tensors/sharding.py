@@ -13,8 +13,9 @@ lazily; for plain torch modules and parameters everything is ``replicated``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -37,11 +38,11 @@ class Sharding:
             raise ValueError("a split sharding needs a non-negative dim")
 
     @classmethod
-    def replicated(cls, tp_rank: int = 0, tp_size: int = 1) -> "Sharding":
+    def replicated(cls, tp_rank: int = 0, tp_size: int = 1) -> Sharding:
         return cls("replicated", None, tp_rank, tp_size, 1)
 
     @classmethod
-    def split(cls, dim: int, tp_rank: int, tp_size: int, stride: int = 1) -> "Sharding":
+    def split(cls, dim: int, tp_rank: int, tp_size: int, stride: int = 1) -> Sharding:
         return cls("split", dim, tp_rank, tp_size, stride)
 
     @property
@@ -52,10 +53,15 @@ class Sharding:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Sharding":
+    def from_dict(cls, d: dict[str, Any]) -> Sharding:
         """Parse the index form; raises ``ValueError``/``TypeError`` when malformed."""
-        return cls(kind=d.get("kind", "replicated"), dim=d.get("dim"), tp_rank=int(d.get("tp_rank", 0)),
-                   tp_size=int(d.get("tp_size", 1)), stride=int(d.get("stride", 1)))
+        return cls(
+            kind=d.get("kind", "replicated"),
+            dim=d.get("dim"),
+            tp_rank=int(d.get("tp_rank", 0)),
+            tp_size=int(d.get("tp_size", 1)),
+            stride=int(d.get("stride", 1)),
+        )
 
 
 def tp_coords() -> tuple[int, int]:
@@ -69,7 +75,7 @@ def tp_coords() -> tuple[int, int]:
     return ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
 
 
-def param_sharding(param: "torch.Tensor", tp_rank: int, tp_size: int) -> Sharding:
+def param_sharding(param: torch.Tensor, tp_rank: int, tp_size: int) -> Sharding:
     """Sharding of a parameter from megatron's ``tensor_model_parallel`` / ``partition_dim`` /
     ``partition_stride`` attributes; ``replicated`` for plain parameters or ``tp_size == 1``."""
     if tp_size > 1 and getattr(param, "tensor_model_parallel", False):
@@ -79,8 +85,9 @@ def param_sharding(param: "torch.Tensor", tp_rank: int, tp_size: int) -> Shardin
     return Sharding.replicated(tp_rank, tp_size)
 
 
-def output_sharding(module: Any, index: int, tensor: "torch.Tensor", tp_rank: int, tp_size: int,
-                    path: str = "") -> Sharding:
+def output_sharding(
+    module: Any, index: int, tensor: torch.Tensor, tp_rank: int, tp_size: int, path: str = ""
+) -> Sharding:
     """Sharding of output ``index`` of ``module`` at module path ``path`` (tuple outputs count
     from 0).
 
@@ -128,8 +135,11 @@ def _parallel_mode(module: Any, attr_name: str) -> str | None:
         return "attention"
     if attr_name in ("q_layernorm", "k_layernorm"):
         return "heads"
-    if getattr(module, "parallel_output", False) and getattr(module, "post_process", False) \
-            and getattr(module, "output_layer", None) is not None:
+    if (
+        getattr(module, "parallel_output", False)
+        and getattr(module, "post_process", False)
+        and getattr(module, "output_layer", None) is not None
+    ):
         return "logits"
     return None
 
@@ -138,7 +148,7 @@ def _sequence_parallel(module: Any) -> bool:
     return bool(getattr(module, "sequence_parallel", False) or getattr(module, "reduce_scatter_embeddings", False))
 
 
-def assemble(pieces: Sequence[tuple[Sharding, "torch.Tensor"]]) -> "torch.Tensor":
+def assemble(pieces: Sequence[tuple[Sharding, torch.Tensor]]) -> torch.Tensor:
     """The full tensor from the shards of all TP ranks (one piece per rank).
 
     Replicated pieces: the first is returned (callers compare copies beforehand). Split
@@ -152,8 +162,9 @@ def assemble(pieces: Sequence[tuple[Sharding, "torch.Tensor"]]) -> "torch.Tensor
     first = pieces[0][0]
     if not first.is_split:
         return pieces[0][1]
-    if any((s.kind, s.dim, s.tp_size, s.stride) != (first.kind, first.dim, first.tp_size, first.stride)
-           for s, _ in pieces):
+    if any(
+        (s.kind, s.dim, s.tp_size, s.stride) != (first.kind, first.dim, first.tp_size, first.stride) for s, _ in pieces
+    ):
         raise ValueError("shards disagree on their sharding (dim, tp_size or stride)")
     by_rank = {s.tp_rank: t for s, t in pieces}
     if sorted(by_rank) != list(range(first.tp_size)) or len(pieces) != first.tp_size:

@@ -15,17 +15,18 @@ dtype x shape, file size) and raises ``ftkit.errors.InputError`` with one clear 
 
 from __future__ import annotations
 
-import math
 import contextlib
 import json
+import math
 import os
 import secrets
 import shutil
 import socket
 import struct
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from ftkit.errors import InputError
 from ftkit.fsutil import fsync_dir
@@ -35,17 +36,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # safetensors dtype code -> (torch dtype name, bytes per element); what safetensors can load.
 ST_DTYPES: dict[str, tuple[str, int]] = {
-    "BOOL": ("bool", 1), "U8": ("uint8", 1), "I8": ("int8", 1),
-    "I16": ("int16", 2), "U16": ("uint16", 2), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "I32": ("int32", 4), "U32": ("uint32", 4), "F32": ("float32", 4),
-    "I64": ("int64", 8), "U64": ("uint64", 8), "F64": ("float64", 8), "C64": ("complex64", 8),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
-    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1), "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
+    "BOOL": ("bool", 1),
+    "U8": ("uint8", 1),
+    "I8": ("int8", 1),
+    "I16": ("int16", 2),
+    "U16": ("uint16", 2),
+    "F16": ("float16", 2),
+    "BF16": ("bfloat16", 2),
+    "I32": ("int32", 4),
+    "U32": ("uint32", 4),
+    "F32": ("float32", 4),
+    "I64": ("int64", 8),
+    "U64": ("uint64", 8),
+    "F64": ("float64", 8),
+    "C64": ("complex64", 8),
+    "F8_E4M3": ("float8_e4m3fn", 1),
+    "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1),
+    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
 }
 TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
 _MAX_HEADER = 100 << 20
 _TMP_MARK = ".tmp-"
-
 
 
 def temp_path(target: Path) -> Path:
@@ -75,7 +87,7 @@ def remove_stale_temps(target: Path) -> list[Path]:
     host = socket.gethostname().replace("-", "_") or "host"
     removed = []
     for p in target.parent.glob(f".{target.name}{_TMP_MARK}*"):
-        parts = p.name[len(target.name) + 1 + len(_TMP_MARK):].split("-")
+        parts = p.name[len(target.name) + 1 + len(_TMP_MARK) :].split("-")
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
         if _pid_alive(int(parts[1])):
@@ -120,8 +132,9 @@ def write_durable(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, "torch.Tensor"],
-                     metadata: Mapping[str, str] | None = None) -> int:
+def save_safetensors(
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> int:
     """Serialise ``tensors`` into ``path`` (no rename) and fsync it; returns the file size.
 
     Write into a ``staging_dir``: safetensors creates its own temp file next to ``path``.
@@ -144,8 +157,9 @@ def save_safetensors(path: str | os.PathLike[str], tensors: Mapping[str, "torch.
     return Path(path).stat().st_size
 
 
-def write_safetensors_atomic(path: str | os.PathLike[str], tensors: Mapping[str, "torch.Tensor"],
-                             metadata: Mapping[str, str] | None = None) -> int:
+def write_safetensors_atomic(
+    path: str | os.PathLike[str], tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> int:
     """Write ``tensors`` as a safetensors file at ``path`` atomically; returns the file size.
 
     ``save_safetensors`` into a staging directory next to ``path``, rename over ``path``,
@@ -220,7 +234,11 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     pos = data_start
     for info in infos:
         if info.start != pos:
-            raise _bad(p, f"tensor {info.name!r}: data offsets overlap or leave a gap (start {info.start - data_start}, expected {pos - data_start})")
+            raise _bad(
+                p,
+                f"tensor {info.name!r}: data offsets overlap or leave a gap "
+                f"(start {info.start - data_start}, expected {pos - data_start})",
+            )
         pos = info.end
     if pos != size:
         what = "truncated" if pos > size else "has trailing bytes"
@@ -237,20 +255,28 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
     shape, offsets = spec.get("shape"), spec.get("data_offsets")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise _bad(p, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]):
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
         raise _bad(p, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
     dtype, itemsize = ST_DTYPES[code]
     numel = 1
     for d in shape:
         numel *= d
     if offsets[1] - offsets[0] != numel * itemsize:
-        raise _bad(p, f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but "
-                      f"{code}{shape} needs {numel * itemsize}")
+        raise _bad(
+            p,
+            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but "
+            f"{code}{shape} needs {numel * itemsize}",
+        )
     return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 
 
 def _bad(p: Path, what: str) -> InputError:
-    return InputError(f"malformed safetensors file {p}: {what}",
-                      "the file is corrupt or truncated; re-create it (e.g. re-run the dump)")
+    return InputError(
+        f"malformed safetensors file {p}: {what}",
+        "the file is corrupt or truncated; re-create it (e.g. re-run the dump)",
+    )

@@ -15,6 +15,7 @@ returns the object refs in rank order.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,8 @@ def check_resources(cells: int, ranks_per_cell: int, engines: int, device: str) 
                 f"{cells} cell(s) of {ranks_per_cell} rank(s) and {engines} engine(s) need {need:g} {name} "
                 f"of Ray resources, the cluster has {avail:g}",
                 hint="use fewer --cells / --engines or a smaller --tp / --pp, or join a bigger cluster "
-                     "with --ray-address")
+                "with --ray-address",
+            )
 
 
 @dataclass
@@ -66,21 +68,18 @@ class Cell:
         from ray.util.placement_group import remove_placement_group
 
         for w in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # an actor or group already gone is fine
                 ray.kill(w, no_restart=True)
-            except Exception:  # noqa: BLE001 - an actor that is already gone is fine
-                pass
         self.workers = []
         if self.placement_group is not None:
-            try:
+            with contextlib.suppress(Exception):  # an actor or group already gone is fine
                 remove_placement_group(self.placement_group)
-            except Exception:  # noqa: BLE001
-                pass
             self.placement_group = None
 
 
-def start_cells(cfg: dict[str, Any], run_dir: str, indices: list[int], ranks_per_cell: int,
-                device: str, incarnation: int = 0) -> list[Cell]:
+def start_cells(
+    cfg: dict[str, Any], run_dir: str, indices: list[int], ranks_per_cell: int, device: str, incarnation: int = 0
+) -> list[Cell]:
     """Create the placement groups and rank actors of the cells ``indices``.
 
     Waits up to ``PLACEMENT_TIMEOUT_S`` for the groups to be placed; on failure every group
@@ -96,8 +95,7 @@ def start_cells(cfg: dict[str, Any], run_dir: str, indices: list[int], ranks_per
     remote_worker = ray.remote(RankWorker)
     cells: list[Cell] = []
     try:
-        groups = {c: placement_group([dict(bundle) for _ in range(ranks_per_cell)], strategy="PACK")
-                  for c in indices}
+        groups = {c: placement_group([dict(bundle) for _ in range(ranks_per_cell)], strategy="PACK") for c in indices}
         for c, pg in groups.items():
             cells.append(Cell(c, incarnation, pg, []))
         try:
@@ -105,13 +103,17 @@ def start_cells(cfg: dict[str, Any], run_dir: str, indices: list[int], ranks_per
         except ray.exceptions.GetTimeoutError:
             raise ConfigError(
                 f"Ray could not place {len(indices)} cell(s) of {ranks_per_cell} rank(s) within "
-                f"{PLACEMENT_TIMEOUT_S:g}s", hint="check `ray status` for free resources") from None
+                f"{PLACEMENT_TIMEOUT_S:g}s",
+                hint="check `ray status` for free resources",
+            ) from None
         for cell in cells:
             cell.workers = [
                 remote_worker.options(
-                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=cell.placement_group, placement_group_bundle_index=rank),
+                        placement_group=cell.placement_group, placement_group_bundle_index=rank
+                    ),
                 ).remote(cfg, run_dir, cell.index, rank, incarnation)
                 for rank in range(ranks_per_cell)
             ]

@@ -42,25 +42,31 @@ class TrainConfig(BaseModel):
     model: Literal["tiny", "small"] = Field("tiny", description="Model preset.")
     seed: int = Field(0, ge=0, description="Seed of init, sampling and every RNG stream.")
     reduce: Literal["exact", "float"] = Field(
-        "exact", description="exact: int64 fixed-point reduction (membership invariant); "
-        "float: plain float all-reduce (faster, not invariant).")
+        "exact",
+        description="exact: int64 fixed-point reduction (membership invariant); "
+        "float: plain float all-reduce (faster, not invariant).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available.")
     ray_address: str | None = Field(None, description="Join this Ray cluster instead of a local one.")
     lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
     threads_per_rank: int = Field(1, ge=1, le=64, description="torch intra-op threads per rank.")
     response_len: int = Field(8, ge=1, description="Generated tokens per response.")
     reward: Literal["task", "deterministic_random"] = Field(
-        "task", description="task: the addition task's verifiable reward; deterministic_random: "
-        "0/1 from a stable hash of prompt and response tokens (fault tests).")
+        "task",
+        description="task: the addition task's verifiable reward; deterministic_random: "
+        "0/1 from a stable hash of prompt and response tokens (fault tests).",
+    )
     dump_rollouts: str = Field(
-        "first,last", description="Rollouts to dump: 'none', 'all', or a comma list of "
-        "'first', 'last' and rollout indices.")
-    dump_what: tuple[Literal["activations", "grads", "weights"], ...] = Field(
-        DUMP_WHAT, description="What dumps hold.")
+        "first,last",
+        description="Rollouts to dump: 'none', 'all', or a comma list of 'first', 'last' and rollout indices.",
+    )
+    dump_what: tuple[Literal["activations", "grads", "weights"], ...] = Field(DUMP_WHAT, description="What dumps hold.")
     dump_cells: Literal["first", "all"] = Field(
-        "first", description="Replicated state dumped by the first live cell, or by all cells.")
+        "first", description="Replicated state dumped by the first live cell, or by all cells."
+    )
     bookkeeping: bool = Field(
-        True, description="False turns off fingerprints, witness and exact reduction (overhead bench).")
+        True, description="False turns off fingerprints, witness and exact reduction (overhead bench)."
+    )
 
     @field_validator("dump_rollouts")
     @classmethod
@@ -75,13 +81,13 @@ class TrainConfig(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _check_geometry(self) -> "TrainConfig":
+    def _check_geometry(self) -> TrainConfig:
         K, M, B = self.steps_per_rollout, self.micro_shards, self.samples_per_rollout
         if B % (K * M):
             raise ValueError(
-                f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards "
-                f"({K} * {M} = {K * M})")
-        if M < self.cells:
+                f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards ({K} * {M} = {K * M})"
+            )
+        if self.cells > M:
             raise ValueError(f"micro_shards ({M}) must be at least cells ({self.cells})")
         if B % self.group_size:
             raise ValueError(f"samples_per_rollout ({B}) must be divisible by group_size ({self.group_size})")
@@ -93,12 +99,15 @@ class TrainConfig(BaseModel):
         if preset.vocab_size % self.tp:
             raise ValueError(f"tp ({self.tp}) must divide the vocabulary ({preset.vocab_size})")
         if preset.num_layers % self.pp:
-            raise ValueError(f"pp ({self.pp}) must divide the {self.model} model's {preset.num_layers} layers "
-                             "(each pipeline stage holds the same number)")
+            raise ValueError(
+                f"pp ({self.pp}) must divide the {self.model} model's {preset.num_layers} layers "
+                "(each pipeline stage holds the same number)"
+            )
         if self.response_len >= preset.max_seq_len // 2:
             raise ValueError(
                 f"response_len ({self.response_len}) must be below half the {self.model} model's "
-                f"sequence length ({preset.max_seq_len})")
+                f"sequence length ({preset.max_seq_len})"
+            )
         if not self.bookkeeping and self.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
@@ -145,5 +154,7 @@ def load_config(values: dict[str, Any]) -> TrainConfig:
         loc = ".".join(str(p) for p in err.get("loc", ()))
         msg = str(err.get("msg", "invalid value"))
         msg = msg.removeprefix("Value error, ")
-        raise ConfigError(f"{loc}: {msg}" if loc else msg,
-                          hint="Fix the option or the --config file; --print-config shows the values in use.") from None
+        raise ConfigError(
+            f"{loc}: {msg}" if loc else msg,
+            hint="Fix the option or the --config file; --print-config shows the values in use.",
+        ) from None

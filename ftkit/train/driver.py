@@ -32,12 +32,14 @@ were never trained.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ftkit import __version__
 from ftkit.errors import ConfigError
@@ -76,9 +78,9 @@ class RunResult:
     steps_total: int
     seconds: float
     final_files: list[str]
-    rewards: list[float] = field(default_factory=list)          # mean reward per rollout
+    rewards: list[float] = field(default_factory=list)  # mean reward per rollout
     engine_totals: list[list[str]] = field(default_factory=list)  # per version, per engine
-    analysis: Any = None                                         # ftkit.analysis.engine result
+    analysis: Any = None  # ftkit.analysis.engine result
 
 
 def connect_ray(cfg: TrainConfig) -> bool:
@@ -95,9 +97,11 @@ def connect_ray(cfg: TrainConfig) -> bool:
             ray.init(num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.ray_address or "a local Ray instance"
-        raise ConfigError(f"cannot connect to {where}: {exc}".splitlines()[0],
-                          hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
-                               "with token authentication also needs RAY_AUTH_MODE=token here") from None
+        raise ConfigError(
+            f"cannot connect to {where}: {exc}".splitlines()[0],
+            hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
+            "with token authentication also needs RAY_AUTH_MODE=token here",
+        ) from None
     return True
 
 
@@ -113,7 +117,7 @@ def host_store() -> Any:
 class Driver:
     """One run (see the module docstring); use ``run_training``."""
 
-    def __init__(self, cfg: TrainConfig, on_step: Optional[Callable[[StepReport], None]] = None) -> None:
+    def __init__(self, cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> None:
         from ftkit.train.task import AdditionTask
 
         self.cfg = cfg
@@ -138,8 +142,10 @@ class Driver:
         cfg, started = self.cfg, time.perf_counter()
         self.device = cfg.resolved_device()
         if self.device == "cuda" and not _cuda_available():
-            raise ConfigError("--device cuda, but torch sees no CUDA device here",
-                              hint="use --device cpu (or auto), or run on a machine with a GPU")
+            raise ConfigError(
+                "--device cuda, but torch sees no CUDA device here",
+                hint="use --device cpu (or auto), or run on a machine with a GPU",
+            )
         check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg)
         try:
@@ -151,8 +157,15 @@ class Driver:
             _disconnect(own_ray)
             raise
         # From here on the run exists: whatever happens, its log says how it ended.
-        self.events.emit("run_started", config=cfg.model_dump(mode="json"), num_cells=cfg.cells, tp=cfg.tp,
-                         pp=cfg.pp, num_engines=cfg.engines, ftkit_version=__version__)
+        self.events.emit(
+            "run_started",
+            config=cfg.model_dump(mode="json"),
+            num_cells=cfg.cells,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            num_engines=cfg.engines,
+            ftkit_version=__version__,
+        )
         status, reason = "failed", None
         try:
             self.store = host_store()
@@ -172,9 +185,17 @@ class Driver:
             self.events.emit("run_finished", status=status, reason=reason)
             self.events.close()
             _disconnect(own_ray)
-        return RunResult(self.run_dir, self.run_dir.name, self.steps_committed,
-                         cfg.rollouts * cfg.steps_per_rollout, time.perf_counter() - started, final,
-                         self.rewards, self.engine_totals, analyze(self.run_dir))
+        return RunResult(
+            self.run_dir,
+            self.run_dir.name,
+            self.steps_committed,
+            cfg.rollouts * cfg.steps_per_rollout,
+            time.perf_counter() - started,
+            final,
+            self.rewards,
+            self.engine_totals,
+            analyze(self.run_dir),
+        )
 
     def _start(self) -> None:
         import ray
@@ -194,12 +215,12 @@ class Driver:
         host, port = self.store.host, self.store.port
         ray.get([ref for cell in self.cells for ref in cell.call("init_cell", host, port)])
         self.epoch, self.alive = 0, indices
-        ray.get([ref for cell in self.cells for ref in cell.call("join_cross_cell", self.epoch, self.alive,
-                                                                 host, port)])
+        ray.get(
+            [ref for cell in self.cells for ref in cell.call("join_cross_cell", self.epoch, self.alive, host, port)]
+        )
         for c in indices:
             self._cell_state(c, "alive", "joined epoch 0")
-        self.events.emit("reconfigure", epoch=self.epoch, alive_before=[], alive_after=self.alive,
-                         reason="run start")
+        self.events.emit("reconfigure", epoch=self.epoch, alive_before=[], alive_after=self.alive, reason="run start")
         ray.get([e.ready.remote() for e in self.engines])
         self._push_weights(version=0)
 
@@ -215,10 +236,15 @@ class Driver:
         rewards = get_reward(cfg.reward)(self.task, batch["prompts"], batch["responses"])
         tensors = rollouts.build_batch(batch["prompts"], batch["responses"], rewards, cfg.group_size, rollout)
         if cfg.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
-            self.events.emit("witness_allocated", rollout=rollout, attempt=0,
-                             ids=tensors["witness_ids"].tolist(), expected=1)
-        rollouts.record(self.run_dir, rollout, tensors,
-                        meta={"task": self.task.name, "reward": cfg.reward, "group_size": str(cfg.group_size)})
+            self.events.emit(
+                "witness_allocated", rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
+            )
+        rollouts.record(
+            self.run_dir,
+            rollout,
+            tensors,
+            meta={"task": self.task.name, "reward": cfg.reward, "group_size": str(cfg.group_size)},
+        )
         reward = float(rewards.double().mean())
         self.rewards.append(reward)
         self.events.emit("metric", rollout=rollout, step=None, values={"reward": reward})
@@ -228,9 +254,20 @@ class Driver:
             step = rollout * cfg.steps_per_rollout + k
             shards = assign(cfg.micro_shards, self.alive)
             t0 = time.perf_counter()
-            refs = {cell.index: cell.call("train_step", rollout, step, 0, self.epoch, batch_ref, shards[cell.index],
-                                          dump, dump and (cfg.dump_cells == "all" or cell.index == self.alive[0]))
-                    for cell in self.cells}
+            refs = {
+                cell.index: cell.call(
+                    "train_step",
+                    rollout,
+                    step,
+                    0,
+                    self.epoch,
+                    batch_ref,
+                    shards[cell.index],
+                    dump,
+                    dump and (cfg.dump_cells == "all" or cell.index == self.alive[0]),
+                )
+                for cell in self.cells
+            }
             results = {c: ray.get(r) for c, r in refs.items()}
             seconds = time.perf_counter() - t0
             self._step_done(rollout, step, results, seconds, reward)
@@ -249,8 +286,9 @@ class Driver:
         refs = [eng.generate.remote(prompts[a:b], rollout, a) for eng, (a, b) in zip(self.engines, ranges) if b > a]
         return {"prompts": prompts, "responses": torch.cat(ray.get(refs), dim=0)}
 
-    def _step_done(self, rollout: int, step: int, results: dict[int, list[dict]], seconds: float,
-                   reward: float) -> None:
+    def _step_done(
+        self, rollout: int, step: int, results: dict[int, list[dict]], seconds: float, reward: float
+    ) -> None:
         """Metrics of a step from every rank's result; the step counts as committed only if
         every rank of every cell committed it."""
         cfg = self.cfg
@@ -261,12 +299,29 @@ class Driver:
         first = results[self.alive[0]][0]
         loss, grad_norm, tokens = first["loss"], first["grad_norm"], first["tokens"]
         tps = tokens / seconds if seconds > 0 else 0.0
-        self.events.emit("metric", rollout=rollout, step=step,
-                         values={"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tps,
-                                 "step_seconds": seconds})
+        self.events.emit(
+            "metric",
+            rollout=rollout,
+            step=step,
+            values={"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tps, "step_seconds": seconds},
+        )
         self.events.sync()
-        self.on_step(StepReport(rollout, cfg.rollouts, step, cfg.rollouts * cfg.steps_per_rollout, committed,
-                                loss, grad_norm, reward, tps, seconds, len(self.alive), cfg.cells))
+        self.on_step(
+            StepReport(
+                rollout,
+                cfg.rollouts,
+                step,
+                cfg.rollouts * cfg.steps_per_rollout,
+                committed,
+                loss,
+                grad_norm,
+                reward,
+                tps,
+                seconds,
+                len(self.alive),
+                cfg.cells,
+            )
+        )
 
     def _push_weights(self, version: int) -> None:
         """Export the first live cell's weights, fingerprint them, load them on every engine."""
@@ -301,20 +356,16 @@ class Driver:
 
         refs = [ref for cell in self.cells for ref in cell.call("shutdown")]
         refs += [e.shutdown.remote() for e in self.engines]
-        try:
+        with contextlib.suppress(Exception):  # an actor or group already gone is fine
             ray.get(refs, timeout=60)
-        except Exception:  # noqa: BLE001 - a dead actor cannot flush; its log shows the gap
-            pass
         for cell in self.cells:
             cell.kill()
         for c, state in self.cell_status.items():
             if state in ("alive", "starting"):
                 self._cell_state(c, "stopped", "run end")
         for e in self.engines:
-            try:
+            with contextlib.suppress(Exception):  # an actor or group already gone is fine
                 ray.kill(e, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
         self.cells, self.engines = [], []
 
 
@@ -339,7 +390,7 @@ def analyze(run_dir: Path) -> Any:
     return analyze_paths([run_dir / "events"])
 
 
-def run_training(cfg: TrainConfig, on_step: Optional[Callable[[StepReport], None]] = None) -> RunResult:
+def run_training(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> RunResult:
     """Run ``cfg`` to the end (see the module docstring); raises ``ConfigError`` /
     ``UsageError`` for a bad run directory, Ray address or layout."""
     return Driver(cfg, on_step).run()

@@ -62,8 +62,13 @@ class InferenceEngine:
         self.model = build_gpt(self.cfg, self.device).eval()
         self.task = AdditionTask(self.cfg.response_len)
         self.version: int | None = None
-        self.events = EventWriter(os.path.join(run_dir, "events"), run=os.path.basename(os.path.abspath(run_dir)),
-                                  role="engine", cell=None, rank=engine)  # file engine-r<engine>-i<n>.jsonl
+        self.events = EventWriter(
+            os.path.join(run_dir, "events"),
+            run=os.path.basename(os.path.abspath(run_dir)),
+            role="engine",
+            cell=None,
+            rank=engine,
+        )  # file engine-r<engine>-i<n>.jsonl
 
     def ready(self) -> int:
         """Returns the engine index once constructed (lets the driver wait for startup)."""
@@ -79,19 +84,23 @@ class InferenceEngine:
         params = dict(self.model.named_parameters())
         missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
         if missing or extra:
-            raise ValueError(f"engine {self.engine}: weights do not match the model "
-                             f"(missing {missing[:3]}, unexpected {extra[:3]})")
+            raise ValueError(
+                f"engine {self.engine}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})"
+            )
         with torch.no_grad():
             for name, p in params.items():
                 src = state[name]
                 if src.shape != p.shape or src.dtype != p.dtype:
-                    raise ValueError(f"engine {self.engine}: {name} is {src.dtype}{tuple(src.shape)}, "
-                                     f"the model holds {p.dtype}{tuple(p.shape)}")
+                    raise ValueError(
+                        f"engine {self.engine}: {name} is {src.dtype}{tuple(src.shape)}, "
+                        f"the model holds {p.dtype}{tuple(p.shape)}"
+                    )
                 p.copy_(src)
         total, per_tensor = fingerprint_tensors({n: p.detach() for n, p in params.items()})
         self.version = version
-        self.events.emit("engine_weights", rollout=rollout, version=version, engine=self.engine,
-                         total=total, params=per_tensor)
+        self.events.emit(
+            "engine_weights", rollout=rollout, version=version, engine=self.engine, total=total, params=per_tensor
+        )
         self.events.sync()
         return total
 
@@ -102,8 +111,8 @@ class InferenceEngine:
         n = prompts.shape[0]
         out = torch.empty((n, self.task.response_len), dtype=torch.int64)
         for start in range(0, n, GEN_CHUNK):
-            rows = prompts[start:start + GEN_CHUNK]
-            out[start:start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start)
+            rows = prompts[start : start + GEN_CHUNK]
+            out[start : start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start)
         return out
 
     def _generate_chunk(self, prompts: Any, rollout: int, first_index: int) -> Any:
@@ -113,9 +122,14 @@ class InferenceEngine:
         r, s = self.task.response_len, self.task.seq_len
         tokens = torch.zeros((GEN_CHUNK, s), dtype=torch.int64)  # short chunks padded to GEN_CHUNK rows
         tokens[:k, :p] = prompts
-        uniforms = torch.stack([torch.rand(r, generator=torch_generator("sample", self.cfg.seed, rollout,
-                                                                        first_index + i), dtype=torch.float64)
-                                for i in range(k)])
+        uniforms = torch.stack(
+            [
+                torch.rand(
+                    r, generator=torch_generator("sample", self.cfg.seed, rollout, first_index + i), dtype=torch.float64
+                )
+                for i in range(k)
+            ]
+        )
         allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
         positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(GEN_CHUNK, s)
         with torch.no_grad():
@@ -123,7 +137,7 @@ class InferenceEngine:
                 logits = self.model(tokens.to(self.device), positions.to(self.device), None)
                 step = logits[:k, p - 1 + j].to("cpu", torch.float64)[:, allowed]
                 cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
-                pick = torch.searchsorted(cdf, uniforms[:, j:j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
+                pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
                 tokens[:k, p + j] = allowed[pick.squeeze(1)]
         return tokens[:k, p:]
 

@@ -14,7 +14,7 @@ have to join every collective; the config forbids it).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def shard_slices(n: int, m: int) -> list[slice]:

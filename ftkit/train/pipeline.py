@@ -33,7 +33,8 @@ stage. The witness lives with the embedding, on the first stage.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class StagePipeline:
@@ -50,13 +51,14 @@ class StagePipeline:
         self.group = ps.get_pipeline_model_parallel_group()
         self.hidden = model.config.hidden_size
 
-    def forward_backward(self, tokens: Any, pos: Any, labels: Any, decoder_input: Any,
-                         loss_fn: Callable[[Any], Any]) -> float:
+    def forward_backward(
+        self, tokens: Any, pos: Any, labels: Any, decoder_input: Any, loss_fn: Callable[[Any], Any]
+    ) -> float:
         """Forward and backward of one micro-shard through every stage (see the module doc)."""
         import torch
         import torch.distributed as dist
 
-        shape = (tokens.shape[1], tokens.shape[0], self.hidden)   # megatron's [s, b, h]
+        shape = (tokens.shape[1], tokens.shape[0], self.hidden)  # megatron's [s, b, h]
         inp = None
         if not self.first:
             inp = torch.empty(shape, dtype=torch.float32, device=self.device)
@@ -96,20 +98,21 @@ def export_cell(model: Any) -> dict[str, Any]:
     from ftkit.model.gpt import global_param_name, stage_layer_offset
     from ftkit.train.rank_state import export
 
-    weights = export(model)                     # TP-gathered (collective over the TP group)
+    weights = export(model)  # TP-gathered (collective over the TP group)
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return weights if dist.get_rank() == 0 else {}
-    if ps.get_tensor_model_parallel_rank() != 0:    # its TP peer on rank 0's side has it all
+    if ps.get_tensor_model_parallel_rank() != 0:  # its TP peer on rank 0's side has it all
         return {}
     offset = stage_layer_offset(model.config)
     weights = {global_param_name(n, offset): t for n, t in weights.items()}
     first = ps.is_pipeline_first_stage()
     parts: list[Any] | None = [None] * ps.get_pipeline_model_parallel_world_size() if first else None
-    dist.gather_object(weights, parts, dst=ps.get_pipeline_model_parallel_first_rank(),
-                       group=ps.get_pipeline_model_parallel_group())
+    dist.gather_object(
+        weights, parts, dst=ps.get_pipeline_model_parallel_first_rank(), group=ps.get_pipeline_model_parallel_group()
+    )
     if not first or dist.get_rank() != 0:
         return {}
     merged: dict[str, Any] = {}
-    for part in parts:                          # stage order = model order
+    for part in parts:  # stage order = model order
         merged.update(part)
     return merged

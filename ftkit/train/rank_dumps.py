@@ -18,8 +18,9 @@ Each written file is announced with a ``dump_written`` event. The witness is nev
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 
 class RankDumps:
@@ -29,7 +30,7 @@ class RankDumps:
         self.w = worker
         self.what = set(worker.cfg.dump_what)
         self.root = Path(worker.run_dir) / "dumps"
-        self._replicated: dict[int, Any] = {}   # rollout -> open DumpWriter
+        self._replicated: dict[int, Any] = {}  # rollout -> open DumpWriter
 
     def _cell_suffix(self) -> int | None:
         return self.w.cell if self.w.cfg.dump_cells == "all" else None
@@ -38,8 +39,14 @@ class RankDumps:
         return {"cell": self.w.cell, "rank": self.w.rank, "tp": self.w.tp_rank, "pp": self.w.pp_rank}
 
     def _announce(self, rollout: int, info: Any) -> None:
-        self.w.events.emit("dump_written", rollout=rollout, phase="fwd_bwd", path=str(info.path),
-                           tensors=info.tensors, bytes=info.bytes)
+        self.w.events.emit(
+            "dump_written",
+            rollout=rollout,
+            phase="fwd_bwd",
+            path=str(info.path),
+            tensors=info.tensors,
+            bytes=info.bytes,
+        )
 
     @contextlib.contextmanager
     def micro_shard(self, rollout: int, step: int, shard: int, enabled: bool) -> Iterator[None]:
@@ -55,9 +62,14 @@ class RankDumps:
         cap = ModuleCapture(self.w.model, activations=acts, grads=grads)
         with cap:
             yield
-        dw = DumpWriter(self.root, prefix="actor", phase="fwd_bwd", rollout=rollout,
-                        writer=microshard_writer(step, shard, self.w.tp_rank, self.w.pp_rank, self._cell_suffix()),
-                        meta=self._meta())
+        dw = DumpWriter(
+            self.root,
+            prefix="actor",
+            phase="fwd_bwd",
+            rollout=rollout,
+            writer=microshard_writer(step, shard, self.w.tp_rank, self.w.pp_rank, self._cell_suffix()),
+            meta=self._meta(),
+        )
         cap.write_to(dw, step=step, micro_shard=shard)
         self._announce(rollout, dw.write())
 
@@ -91,6 +103,11 @@ class RankDumps:
 
         if rollout not in self._replicated:
             self._replicated[rollout] = DumpWriter(
-                self.root, prefix="actor", phase="fwd_bwd", rollout=rollout,
-                writer=replicated_writer(self.w.tp_rank, self.w.pp_rank, self._cell_suffix()), meta=self._meta())
+                self.root,
+                prefix="actor",
+                phase="fwd_bwd",
+                rollout=rollout,
+                writer=replicated_writer(self.w.tp_rank, self.w.pp_rank, self._cell_suffix()),
+                meta=self._meta(),
+            )
         return self._replicated[rollout]

@@ -49,13 +49,12 @@ def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[st
 
     params: dict[str, str] = {}
     optim: dict[str, str] = {}
-    for name, p in (model.named_parameters() if named is None else named):
+    for name, p in model.named_parameters() if named is None else named:
         params[name] = fingerprint(p)
         for key, value in sorted(optimizer.state.get(p, {}).items()):
             if isinstance(value, torch.Tensor):
                 optim[f"{name}.{key}"] = fingerprint(value)
-    total = combine({**{f"param/{n}": h for n, h in params.items()},
-                     **{f"optimizer/{n}": h for n, h in optim.items()}})
+    total = combine({**{f"param/{n}": h for n, h in params.items()}, **{f"optimizer/{n}": h for n, h in optim.items()}})
     return total, params, optim
 
 

@@ -34,8 +34,9 @@ the cell's own torch.distributed world, so ``new_group`` cannot make it.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 # Exponent of an all-zero tensor: below any float32 exponent, so MAX ignores it.
 ZERO_EXPONENT = -(1 << 20)
@@ -46,7 +47,7 @@ INT_BITS = 52
 # 2**(INT_BITS - MAX_SHIFT) (~1e-20) is quantised at 2**-127 instead of relative to its max.
 MAX_SHIFT, MIN_SHIFT = 127, -126
 
-AllReduce = Callable[[Any, str], None]   # allreduce(tensor, "sum" | "max"), in place, across cells
+AllReduce = Callable[[Any, str], None]  # allreduce(tensor, "sum" | "max"), in place, across cells
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class GradLayout:
     numel: int
 
     @classmethod
-    def of(cls, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> "GradLayout":
+    def of(cls, named_shapes: Sequence[tuple[str, Sequence[int]]]) -> GradLayout:
         names, shapes, offsets, off = [], [], [], 0
         for name, shape in named_shapes:
             n = 1
@@ -133,8 +134,9 @@ class ExactReducer:
         if self._numpy(shards):
             tops = torch.from_numpy(_np_tops(shards.numpy(), self.windows, len(self.segs)))
         else:
-            tops = torch.stack([torch.maximum(shards[:, a:b].amax(), shards[:, a:b].amin().neg())
-                                for a, b in self.segs])       # amax/amin propagate NaN
+            tops = torch.stack(
+                [torch.maximum(shards[:, a:b].amax(), shards[:, a:b].amin().neg()) for a, b in self.segs]
+            )  # amax/amin propagate NaN
         finite = bool(torch.isfinite(tops).all())
         # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| < 2**exp.
         exps = torch.frexp(tops).exponent.to(torch.int64)
@@ -160,8 +162,9 @@ class ExactReducer:
         if agreed[-1]:
             return None
         log_m = _ceil_log2(self.total_shards)
-        shifts = [0 if e == ZERO_EXPONENT else min(MAX_SHIFT, max(MIN_SHIFT, INT_BITS - log_m - e))
-                  for e in agreed[:-1]]
+        shifts = [
+            0 if e == ZERO_EXPONENT else min(MAX_SHIFT, max(MIN_SHIFT, INT_BITS - log_m - e)) for e in agreed[:-1]
+        ]
         n = self.layout.numel
         extra = 0 if side is None else side.numel()
         qbuf = self._buf("q", torch.int64, dev, n + extra)
@@ -186,7 +189,7 @@ class ExactReducer:
             out.copy_(q)
             for (a, b), k in zip(self.segs, shifts):
                 if k:
-                    out[a:b].mul_(2.0 ** -k)
+                    out[a:b].mul_(2.0**-k)
         for (a, b), e in zip(self.segs, agreed[:-1]):
             # |sum| < M * 2**e: only a tensor that close to float32's limit can overflow
             if e != ZERO_EXPONENT and e + log_m > 127 and not bool(torch.isfinite(out[a:b]).all()):
@@ -200,7 +203,7 @@ class ExactReducer:
 
         for (a, b), k in zip(self.segs, shifts):
             if k:
-                shards[:, a:b].mul_(2.0 ** k)
+                shards[:, a:b].mul_(2.0**k)
         shards.round_()
         acc = self._buf("acc", torch.float64, shards.device, self.layout.numel)
         acc.copy_(shards[0])
@@ -214,6 +217,7 @@ class ExactReducer:
 # Elements per window of the CPU kernels: k float32 rows, a float64 and an int64 row of one
 # window stay in a core's L2 cache for the few k (micro-shards per cell) of a step.
 WINDOW = 1 << 15
+
 
 class _Window:
     """A flat range ``[start, end)`` of at most ``WINDOW`` elements and the tensor ``pieces``
@@ -252,14 +256,14 @@ def _np_tops(x: Any, windows: list[_Window], count: int) -> Any:
 
     his, los = [], []
     for w in windows:
-        blk = x[:, w.start:w.end]
+        blk = x[:, w.start : w.end]
         his.append(np.maximum.reduceat(blk, w.starts, axis=1).max(axis=0))
         los.append(np.minimum.reduceat(blk, w.starts, axis=1).min(axis=0))
     owners = np.concatenate([w.owners for w in windows]) if windows else np.zeros(0, dtype=np.intp)
-    hi = np.zeros(count, dtype=np.float32)     # max(0, max g) and min(0, min g): an empty
-    lo = np.zeros(count, dtype=np.float32)     # tensor tops at 0, like an all-zero one
+    hi = np.zeros(count, dtype=np.float32)  # max(0, max g) and min(0, min g): an empty
+    lo = np.zeros(count, dtype=np.float32)  # tensor tops at 0, like an all-zero one
     if windows:
-        np.maximum.at(hi, owners, np.concatenate(his))    # np.maximum / np.minimum propagate NaN
+        np.maximum.at(hi, owners, np.concatenate(his))  # np.maximum / np.minimum propagate NaN
         np.minimum.at(lo, owners, np.concatenate(los))
     return np.maximum(hi, -lo)
 
@@ -272,21 +276,21 @@ def _np_quantize(x: Any, shifts: list[int], windows: list[_Window], q: Any) -> N
     width = max((w.end - w.start for w in windows), default=0)
     scaled = np.empty((k, width), dtype=np.float32)
     acc = np.empty(width, dtype=np.float64)
-    scale = np.ldexp(np.float32(1), np.array(shifts, dtype=np.int32))    # exact powers of two
+    scale = np.ldexp(np.float32(1), np.array(shifts, dtype=np.int32))  # exact powers of two
     for w in windows:
         n = w.end - w.start
         buf = scaled[:, :n]
-        for a, b, i in w.pieces:     # a scalar per piece: cheaper than gathering a per-element scale
-            np.multiply(x[:, a:b], scale[i], out=buf[:, a - w.start:b - w.start])
-        np.rint(buf, out=buf)                    # half to even, like torch.round
+        for a, b, i in w.pieces:  # a scalar per piece: cheaper than gathering a per-element scale
+            np.multiply(x[:, a:b], scale[i], out=buf[:, a - w.start : b - w.start])
+        np.rint(buf, out=buf)  # half to even, like torch.round
         if k == 1:
-            np.copyto(q[w.start:w.end], buf[0], casting="unsafe")    # an integer-valued float32: exact
+            np.copyto(q[w.start : w.end], buf[0], casting="unsafe")  # an integer-valued float32: exact
         else:
             a64 = acc[:n]
             np.copyto(a64, buf[0])
             for row in buf[1:]:
                 np.add(a64, row, out=a64)
-            np.copyto(q[w.start:w.end], a64, casting="unsafe")
+            np.copyto(q[w.start : w.end], a64, casting="unsafe")
 
 
 def _np_dequantize(q: Any, shifts: list[int], windows: list[_Window], out: Any) -> None:
@@ -295,7 +299,7 @@ def _np_dequantize(q: Any, shifts: list[int], windows: list[_Window], out: Any) 
 
     inverse = np.ldexp(np.float32(1), -np.array(shifts, dtype=np.int32))
     for w in windows:
-        np.copyto(out[w.start:w.end], q[w.start:w.end], casting="unsafe")
+        np.copyto(out[w.start : w.end], q[w.start : w.end], casting="unsafe")
         for a, b, i in w.pieces:
             if shifts[i]:
                 np.multiply(out[a:b], inverse[i], out=out[a:b])
@@ -323,8 +327,16 @@ class CrossCellGroup:
     tensors are copied to the device for the collective and back).
     """
 
-    def __init__(self, store: Any, epoch: int, rank: int, cell: int, alive: Sequence[int],
-                 device: str = "cpu", timeout_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        store: Any,
+        epoch: int,
+        rank: int,
+        cell: int,
+        alive: Sequence[int],
+        device: str = "cpu",
+        timeout_s: float = 300.0,
+    ) -> None:
         import datetime
 
         import torch.distributed as dist
@@ -349,7 +361,7 @@ class CrossCellGroup:
 
         opts = dist.AllreduceOptions()
         opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        if self.device == "cuda" and not tensor.is_cuda:   # NCCL needs device memory
+        if self.device == "cuda" and not tensor.is_cuda:  # NCCL needs device memory
             dev = tensor.cuda()
             self.pg.allreduce([dev], opts).wait()
             tensor.copy_(dev.cpu())

@@ -15,7 +15,8 @@ bits wherever they are computed.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 RewardFn = Callable[[Any, Any, Any], Any]
 

@@ -59,11 +59,13 @@ def build_batch(prompts: Any, responses: Any, rewards: Any, group_size: int, rol
     n, p = prompts.shape
     r = responses.shape[1]
     if responses.shape[0] != n or rewards.shape[0] != n:
-        raise ValueError(f"prompts ({n}), responses ({responses.shape[0]}) and rewards "
-                         f"({rewards.shape[0]}) must have the same number of samples")
+        raise ValueError(
+            f"prompts ({n}), responses ({responses.shape[0]}) and rewards "
+            f"({rewards.shape[0]}) must have the same number of samples"
+        )
     tokens = torch.cat([prompts.to(torch.int64), responses.to(torch.int64)], dim=1).contiguous()
     loss_mask = torch.zeros((n, p + r), dtype=torch.float32)
-    loss_mask[:, p - 1:p + r - 1] = 1.0
+    loss_mask[:, p - 1 : p + r - 1] = 1.0
     return {
         "tokens": tokens,
         "loss_mask": loss_mask,
@@ -78,8 +80,9 @@ def rollout_path(run_dir: str | os.PathLike[str], rollout: int) -> Path:
     return Path(run_dir) / "rollouts" / f"rollout_{rollout:06d}.safetensors"
 
 
-def record(run_dir: str | os.PathLike[str], rollout: int, batch: dict[str, Any],
-           meta: dict[str, str] | None = None) -> Path:
+def record(
+    run_dir: str | os.PathLike[str], rollout: int, batch: dict[str, Any], meta: dict[str, str] | None = None
+) -> Path:
     """Write ``batch`` to ``rollout_path(run_dir, rollout)`` atomically; returns the path.
 
     The safetensors metadata carries ``schema`` (``ROLLOUT_SCHEMA``), ``rollout`` and ``meta``.

@@ -28,11 +28,14 @@ def check_run_dir(out: Path, overwrite: bool) -> None:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:
-            raise UsageError(f"run directory {out} already exists",
-                             hint="pass --overwrite to replace it, or choose another --out")
+            raise UsageError(
+                f"run directory {out} already exists", hint="pass --overwrite to replace it, or choose another --out"
+            )
         if not (out / "run.json").is_file():
-            raise UsageError(f"{out} exists and is not an ftkit run directory (no run.json); not replacing it",
-                             hint="choose another --out")
+            raise UsageError(
+                f"{out} exists and is not an ftkit run directory (no run.json); not replacing it",
+                hint="choose another --out",
+            )
 
 
 def make_run_dir(out: Path, overwrite: bool) -> Path:
@@ -56,10 +59,22 @@ def write_run_json(run_dir: Path, cfg: Any, device: str, task: Any) -> None:
         "created": time.time(),
         "seed": cfg.seed,
         "config": cfg.model_dump(mode="json"),
-        "layout": {"cells": cfg.cells, "tp": cfg.tp, "pp": cfg.pp, "engines": cfg.engines,
-                   "device": device, "micro_shards": cfg.micro_shards,
-                   "samples_per_step": cfg.step_samples, "samples_per_micro_shard": cfg.shard_samples},
-        "task": {"name": task.name, "vocab_size": task.vocab_size, "prompt_len": task.prompt_len,
-                 "response_len": task.response_len, "reward": cfg.reward},
+        "layout": {
+            "cells": cfg.cells,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "engines": cfg.engines,
+            "device": device,
+            "micro_shards": cfg.micro_shards,
+            "samples_per_step": cfg.step_samples,
+            "samples_per_micro_shard": cfg.shard_samples,
+        },
+        "task": {
+            "name": task.name,
+            "vocab_size": task.vocab_size,
+            "prompt_len": task.prompt_len,
+            "response_len": task.response_len,
+            "reward": cfg.reward,
+        },
     }
     write_bytes_atomic(run_dir / "run.json", (json.dumps(doc, indent=2) + "\n").encode())

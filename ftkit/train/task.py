@@ -49,7 +49,8 @@ class AdditionTask:
         if response_len < ANSWER_LEN:
             raise ValueError(
                 f"response_len ({response_len}) must be at least {ANSWER_LEN} for the addition task "
-                "(two answer digits and <eos>)")
+                "(two answer digits and <eos>)"
+            )
         self.response_len = response_len
 
     @property
@@ -77,8 +78,7 @@ class AdditionTask:
         import torch
 
         total = (prompts[:, 1] - DIGIT0) + (prompts[:, 3] - DIGIT0)
-        return torch.stack(
-            [DIGIT0 + total // 10, DIGIT0 + total % 10, torch.full_like(total, EOS)], dim=1)
+        return torch.stack([DIGIT0 + total // 10, DIGIT0 + total % 10, torch.full_like(total, EOS)], dim=1)
 
     def reward(self, prompts: Any, responses: Any) -> Any:
         """float32 ``[n]``: the fraction of the three scored positions answered correctly."""
@@ -89,5 +89,6 @@ class AdditionTask:
 
     def decode(self, tokens: Any) -> str:
         """Readable text of a token sequence, e.g. ``<bos>3+4=07<eos>``."""
-        return "".join(_NAMES.get(int(t), str(int(t) - DIGIT0) if DIGIT0 <= int(t) < VOCAB_SIZE
-                                  else f"<{int(t)}>") for t in tokens)
+        return "".join(
+            _NAMES.get(int(t), str(int(t) - DIGIT0) if DIGIT0 <= int(t) < VOCAB_SIZE else f"<{int(t)}>") for t in tokens
+        )

@@ -26,7 +26,8 @@ a fresh zeroed row with the model's gradients before every micro-shard.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def _witness_fn() -> Any:
@@ -74,8 +75,10 @@ class WitnessTable:
         rows = torch.remainder(ids, self.capacity)
         uniq_ids = torch.unique(ids)
         if torch.unique(torch.remainder(uniq_ids, self.capacity)).numel() != uniq_ids.numel():
-            raise ValueError(f"witness ids collide modulo the table capacity {self.capacity}: "
-                             "a rollout's ids must be distinct modulo samples_per_rollout")
+            raise ValueError(
+                f"witness ids collide modulo the table capacity {self.capacity}: "
+                "a rollout's ids must be distinct modulo samples_per_rollout"
+            )
         return rows.to(self.param.device)
 
     def apply(self, x: Any, rows: Any) -> Any:

@@ -63,16 +63,18 @@ class RankWorker:
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
         store = self._client_store(store_host, store_port)
-        dist.init_process_group("nccl" if self.device == "cuda" else "gloo",
-                                store=dist.PrefixStore(f"cell{self.cell}/inc{self.incarnation}", store),
-                                rank=self.rank, world_size=cfg.tp * cfg.pp)
+        dist.init_process_group(
+            "nccl" if self.device == "cuda" else "gloo",
+            store=dist.PrefixStore(f"cell{self.cell}/inc{self.incarnation}", store),
+            rank=self.rank,
+            world_size=cfg.tp * cfg.pp,
+        )
         ps.initialize_model_parallel(cfg.tp, cfg.pp, create_gloo_process_groups=False)
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.model = build_gpt(cfg, self.device)
         self.params = list(self.model.named_parameters())
-        self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=cfg.lr, weight_decay=0.0,
-                                           foreach=False)
+        self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=cfg.lr, weight_decay=0.0, foreach=False)
         has_witness = cfg.bookkeeping and ps.is_pipeline_first_stage()
         self.witness = WitnessTable(cfg.samples_per_rollout, self.device) if has_witness else None
         shapes = [(n, tuple(p.shape)) for n, p in self.params]
@@ -82,11 +84,18 @@ class RankWorker:
         self.reducer = ExactReducer(self.layout, cfg.micro_shards)
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
-        counted = [seg for seg, (_, p) in zip(self.layout.segments(), self.params)
-                   if param_is_not_tensor_parallel_duplicate(p)]
-        self.norm_ranges = _merge_ranges(counted)   # flat ranges the grad norm counts
-        self.events = EventWriter(Path(self.run_dir) / "events", run=Path(self.run_dir).name, role="trainer",
-                                  cell=self.cell, rank=self.rank, incarnation=self.incarnation)
+        counted = [
+            seg for seg, (_, p) in zip(self.layout.segments(), self.params) if param_is_not_tensor_parallel_duplicate(p)
+        ]
+        self.norm_ranges = _merge_ranges(counted)  # flat ranges the grad norm counts
+        self.events = EventWriter(
+            Path(self.run_dir) / "events",
+            run=Path(self.run_dir).name,
+            role="trainer",
+            cell=self.cell,
+            rank=self.rank,
+            incarnation=self.incarnation,
+        )
         from ftkit.train.rank_dumps import RankDumps
 
         self.dumps = RankDumps(self)
@@ -100,8 +109,7 @@ class RankWorker:
         import torch.distributed as dist
 
         if self._store_addr != (host, int(port)):
-            self._store = dist.TCPStore(host, int(port), is_master=False,
-                                        timeout=datetime.timedelta(seconds=300))
+            self._store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=300))
             self._store_addr = (host, int(port))
         return self._store
 
@@ -111,12 +119,27 @@ class RankWorker:
 
         self.epoch = int(epoch)
         self.alive = sorted(set(alive))
-        self.xgroup = CrossCellGroup(self._client_store(store_host, store_port), epoch=self.epoch,
-                                     rank=self.rank, cell=self.cell, alive=self.alive, device=self.device)
+        self.xgroup = CrossCellGroup(
+            self._client_store(store_host, store_port),
+            epoch=self.epoch,
+            rank=self.rank,
+            cell=self.cell,
+            alive=self.alive,
+            device=self.device,
+        )
 
     # --- one optimizer step ----------------------------------------------------------
-    def train_step(self, rollout: int, step: int, attempt: int, epoch: int, batch: dict, shards: list[int],
-                   dump: bool = False, dump_replicated: bool = False) -> dict:
+    def train_step(
+        self,
+        rollout: int,
+        step: int,
+        attempt: int,
+        epoch: int,
+        batch: dict,
+        shards: list[int],
+        dump: bool = False,
+        dump_replicated: bool = False,
+    ) -> dict:
         """Compute ``shards``, reduce across cells, count witnesses, step the optimizer.
 
         Returns ``{"committed", "loss", "grad_norm", "tokens", "total"}`` (``total``: the
@@ -131,8 +154,10 @@ class RankWorker:
 
         cfg = self.cfg
         if self.xgroup is None or epoch != self.epoch:
-            raise RuntimeError(f"train_step for epoch {epoch} but the cross-cell group is for "
-                               f"epoch {self.epoch}: call join_cross_cell first")
+            raise RuntimeError(
+                f"train_step for epoch {epoch} but the cross-cell group is for "
+                f"epoch {self.epoch}: call join_cross_cell first"
+            )
         data = self._step_batch(rollout, step, batch)
         mine = sorted(int(m) for m in shards)
         if not mine or mine[0] < 0 or mine[-1] >= cfg.micro_shards or len(set(mine)) != len(mine):
@@ -153,7 +178,7 @@ class RankWorker:
             with self.dumps.micro_shard(rollout, step, m, dump):
                 losses[m] = float(self._forward_backward(part, norm))
             self._check_bound(rows[i if keep else 0])
-        if self.pipe is not None:   # only the last stage computed the losses
+        if self.pipe is not None:  # only the last stage computed the losses
             self.pipe.share_losses(losses)
         # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
         # exact; the exact reduction carries it in its own integer collective.
@@ -164,38 +189,80 @@ class RankWorker:
         else:
             reduced = reduce_float(rows, self.xgroup.allreduce)
             self.xgroup.allreduce(losses, "sum")
-        result = {"committed": False, "loss": float(losses.sum()), "grad_norm": math.nan,
-                  "tokens": int(data["loss_mask"].sum()), "total": None}
+        result = {
+            "committed": False,
+            "loss": float(losses.sum()),
+            "grad_norm": math.nan,
+            "tokens": int(data["loss_mask"].sum()),
+            "total": None,
+        }
         ev = self.events
         if reduced is None:
-            ev.emit("grad_nonfinite", rollout=rollout, step=step, cell=self.cell, rank=self.rank,
-                    where="reduced gradient")
-            ev.emit("step_outcome", rollout=rollout, step=step, attempt=attempt, epoch=epoch, cell=self.cell,
-                    rank=self.rank, outcome="discarded", micro_shards=mine)
-            ev.sync(wait=False)   # the next emit waits for this fsync
+            ev.emit(
+                "grad_nonfinite", rollout=rollout, step=step, cell=self.cell, rank=self.rank, where="reduced gradient"
+            )
+            ev.emit(
+                "step_outcome",
+                rollout=rollout,
+                step=step,
+                attempt=attempt,
+                epoch=epoch,
+                cell=self.cell,
+                rank=self.rank,
+                outcome="discarded",
+                micro_shards=mine,
+            )
+            ev.sync(wait=False)  # the next emit waits for this fsync
             return result
         grads = self.layout.unflatten(reduced)
         for name, p in self.params:
             p.grad = grads[name]
         if self.witness is not None:
             ids, counts, contribs = self.witness.read(grads["witness"], data["witness_ids"].tolist())
-            ev.emit("witness_counts", rollout=rollout, step=step, attempt=attempt, cell=self.cell, rank=self.rank,
-                    ids=ids, counts=counts, contributions=contribs)
+            ev.emit(
+                "witness_counts",
+                rollout=rollout,
+                step=step,
+                attempt=attempt,
+                cell=self.cell,
+                rank=self.rank,
+                ids=ids,
+                counts=counts,
+                contributions=contribs,
+            )
         result["grad_norm"] = self._grad_norm(reduced)
         self.dumps.replicated(rollout, step, dump_replicated, before_step=True)
         self.optimizer.step()
         result["committed"] = True
-        ev.emit("step_outcome", rollout=rollout, step=step, attempt=attempt, epoch=epoch, cell=self.cell,
-                rank=self.rank, outcome="committed", micro_shards=mine)
+        ev.emit(
+            "step_outcome",
+            rollout=rollout,
+            step=step,
+            attempt=attempt,
+            epoch=epoch,
+            cell=self.cell,
+            rank=self.rank,
+            outcome="committed",
+            micro_shards=mine,
+        )
         if keep:
             from ftkit.train.rank_state import fingerprint_state
 
             total, pfp, ofp = fingerprint_state(self.model, self.optimizer, self.params)
-            ev.emit("state_fingerprint", rollout=rollout, step=step, attempt=attempt, cell=self.cell,
-                    rank=self.rank, total=total, params=pfp, optimizer=ofp)
+            ev.emit(
+                "state_fingerprint",
+                rollout=rollout,
+                step=step,
+                attempt=attempt,
+                cell=self.cell,
+                rank=self.rank,
+                total=total,
+                params=pfp,
+                optimizer=ofp,
+            )
             result["total"] = total
         self.dumps.replicated(rollout, step, dump_replicated, before_step=False)
-        ev.sync(wait=False)   # the next emit waits for this fsync
+        ev.sync(wait=False)  # the next emit waits for this fsync
         return result
 
     def _step_batch(self, rollout: int, step: int, batch: dict) -> dict:
@@ -203,11 +270,14 @@ class RankWorker:
         cfg = self.cfg
         k, n = step % cfg.steps_per_rollout, cfg.step_samples
         if step // cfg.steps_per_rollout != rollout:
-            raise ValueError(f"step {step} is not a step of rollout {rollout} "
-                             f"({cfg.steps_per_rollout} steps per rollout)")
+            raise ValueError(
+                f"step {step} is not a step of rollout {rollout} ({cfg.steps_per_rollout} steps per rollout)"
+            )
         rows = batch["tokens"].shape[0]
         if rows == cfg.samples_per_rollout:
-            return {key: batch[key][k * n:(k + 1) * n] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
+            return {
+                key: batch[key][k * n : (k + 1) * n] for key in ("tokens", "loss_mask", "advantages", "witness_ids")
+            }
         if rows == n:
             return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
         raise ValueError(f"a batch of {rows} samples is neither a rollout ({cfg.samples_per_rollout}) nor a step ({n})")
@@ -222,12 +292,13 @@ class RankWorker:
         pos = torch.arange(tokens.shape[1], device=self.device).unsqueeze(0).expand_as(tokens)
         labels = targets(tokens)
         emb = None
-        if self.witness is not None:   # with PP > 1 only the first stage has one (and the embedding)
+        if self.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
             emb = self.model.embedding(input_ids=tokens, position_ids=pos)
             emb = self.witness.apply(emb, part["witness_rows"])
         if self.pipe is not None:
             return self.pipe.forward_backward(
-                tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm))
+                tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+            )
         nll = self.model(tokens, pos, None, decoder_input=emb, labels=labels)
         loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
         loss.backward()
@@ -295,8 +366,14 @@ class RankWorker:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
         from ftkit.train.rank_state import save_final
 
-        meta = {"cell": str(self.cell), "rank": str(self.rank), "tp": str(self.cfg.tp), "pp": str(self.cfg.pp),
-                "model": self.cfg.model, "seed": str(self.cfg.seed)}
+        meta = {
+            "cell": str(self.cell),
+            "rank": str(self.rank),
+            "tp": str(self.cfg.tp),
+            "pp": str(self.cfg.pp),
+            "model": self.cfg.model,
+            "seed": str(self.cfg.seed),
+        }
         return [str(save_final(run_dir, self.model, self.optimizer, self.tp_rank, self.pp_rank, meta))]
 
     def shutdown(self) -> None:

@@ -22,10 +22,18 @@ NEEDS = {"FT101": {"cells": 2}, "FT106": {"cells": 2}, "FT107": {"cells": 2}, "F
 
 specs = st.builds(
     SyntheticSpec,
-    cells=st.integers(1, 5), tp=st.integers(1, 2), pp=st.integers(1, 2), engines=st.integers(0, 3),
-    rollouts=st.integers(1, 3), steps_per_rollout=st.sampled_from([2, 3, 4]),
-    samples_per_rollout=st.just(12), micro_shards=st.integers(1, 8), tensors=st.integers(4, 30),
-    faults=st.integers(0, 2), heal_after=st.integers(0, 2), checkpoint_every=st.integers(1, 5),
+    cells=st.integers(1, 5),
+    tp=st.integers(1, 2),
+    pp=st.integers(1, 2),
+    engines=st.integers(0, 3),
+    rollouts=st.integers(1, 3),
+    steps_per_rollout=st.sampled_from([2, 3, 4]),
+    samples_per_rollout=st.just(12),
+    micro_shards=st.integers(1, 8),
+    tensors=st.integers(4, 30),
+    faults=st.integers(0, 2),
+    heal_after=st.integers(0, 2),
+    checkpoint_every=st.integers(1, 5),
     seed=st.integers(0, 10_000),
 )
 

@@ -28,8 +28,10 @@ def _codes(result) -> list[str]:
 
 @pytest.fixture()
 def run(tmp_path):
-    generate(tmp_path, SyntheticSpec(cells=3, engines=1, rollouts=2, steps_per_rollout=3, samples_per_rollout=12,
-                                     faults=1, seed=3))
+    generate(
+        tmp_path,
+        SyntheticSpec(cells=3, engines=1, rollouts=2, steps_per_rollout=3, samples_per_rollout=12, faults=1, seed=3),
+    )
     return tmp_path / "events"
 
 
@@ -57,8 +59,9 @@ def test_witness_counts_of_every_cell_count_once_and_disagreement_is_divergence(
 def test_committed_twice(run):
     path = run / "trainer-c0-r0-i0.jsonl"
     events = _events(path)
-    again = dict(next(e for e in events if e["type"] == "step_outcome" and e["step"] == 1
-                      and e["outcome"] == "committed"))
+    again = dict(
+        next(e for e in events if e["type"] == "step_outcome" and e["step"] == 1 and e["outcome"] == "committed")
+    )
     i = next(i for i, e in enumerate(events) if e["type"] == "step_outcome" and e["step"] == 2)
     events.insert(i + 1, {**again, "attempt": 5, "time": events[i]["time"] + 1e-6})
     for seq, e in enumerate(events):
@@ -82,8 +85,9 @@ def test_integrity_findings(run):
     driver = run / "driver-i0.jsonl"
     events = _events(driver)
     assert events[0]["type"] == "run_started"
-    tail = dict(events[-1], type="metric", rollout=0, step=None, values={}, seq=len(events),
-                time=events[-1]["time"] + 1)
+    tail = dict(
+        events[-1], type="metric", rollout=0, step=None, values={}, seq=len(events), time=events[-1]["time"] + 1
+    )
     _rewrite(driver, events[1:] + [tail])  # no run_started, a seq gap at the start, an event after the end
     messages = [f.message for f in analyze_paths([run]).findings if f.code == "FT111"]
     assert any("no run_started" in m for m in messages)
@@ -138,8 +142,12 @@ def test_memory_is_bounded_by_open_steps(tmp_path, monkeypatch):
         peak["rollouts"] = max(peak["rollouts"], len(self.rollouts))
 
     monkeypatch.setattr(replay_mod.Replay, "feed", feed)
-    generate(tmp_path, SyntheticSpec(cells=3, tp=2, engines=1, rollouts=30, steps_per_rollout=4, faults=4,
-                                     tensors=8, samples_per_rollout=8))
+    generate(
+        tmp_path,
+        SyntheticSpec(
+            cells=3, tp=2, engines=1, rollouts=30, steps_per_rollout=4, faults=4, tensors=8, samples_per_rollout=8
+        ),
+    )
     r = analyze_paths([tmp_path])
     assert r.findings == [] and r.stats["steps_committed"] == 120
     assert peak["steps"] <= 2 * (replay_mod.LAG + 2) and peak["rollouts"] <= 3

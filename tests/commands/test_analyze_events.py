@@ -27,8 +27,9 @@ def clean_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bad_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad")
-    generate(d, SyntheticSpec(cells=3, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8,
-                              violation="FT104"))
+    generate(
+        d, SyntheticSpec(cells=3, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, violation="FT104")
+    )
     return d / "events"
 
 
@@ -102,8 +103,9 @@ def test_rule_and_skip_rule(capsys, bad_dir):
     assert code == 1 and [r["code"] for r in json.loads(out)["rules"]] == ["FT101", "FT104"]
 
 
-@pytest.mark.parametrize("args", [["--rule", "FT999"], ["--skip-rule", "nope"], ["--format", "xml"],
-                                  ["--fail-on", "sometimes"]])
+@pytest.mark.parametrize(
+    "args", [["--rule", "FT999"], ["--skip-rule", "nope"], ["--format", "xml"], ["--fail-on", "sometimes"]]
+)
 def test_bad_usage_exit_2(capsys, clean_dir, args):
     code, out, err = _run(capsys, "analyze-events", str(clean_dir), *args)
     assert code == 2 and out == "" and err.startswith("Error:")
@@ -123,7 +125,7 @@ CORRUPT = {
     "huge.jsonl": b'{"x": "' + b"a" * (17 << 20) + b'"}\n{"schema": 1}\n',
     "nul.jsonl": b"\x00" * 10_000 + b"\n",
     "deep.jsonl": b"[" * 200_000 + b"\n",
-    "numbers.jsonl": b"1\n2e999999\n-Infinity\n\"str\"\n",
+    "numbers.jsonl": b'1\n2e999999\n-Infinity\n"str"\n',
     "cut.jsonl.gz": gzip.compress(b'{"schema": 1, "type": "metric"}\n' * 1000)[:300],
     "fake.jsonl.gz": b"\x1f\x8b not really gzip",
 }
@@ -162,9 +164,19 @@ def test_stdout_is_data_only_warnings_on_stderr(capsys, clean_dir, tmp_path):
 
 def test_real_subprocess(clean_dir, bad_dir):
     env = {**os.environ, "FTKIT_PROGRESS": "1"}
-    ok = subprocess.run([sys.executable, "-m", "ftkit", "analyze", str(clean_dir), "--format", "json"],
-                        capture_output=True, text=True, timeout=120, env=env)
+    ok = subprocess.run(
+        [sys.executable, "-m", "ftkit", "analyze", str(clean_dir), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert ok.returncode == 0 and json.loads(ok.stdout)["verdict"] == "pass"
-    bad = subprocess.run([sys.executable, "-m", "ftkit", "analyze-events", str(bad_dir)], capture_output=True,
-                         text=True, timeout=120, env=env)
+    bad = subprocess.run(
+        [sys.executable, "-m", "ftkit", "analyze-events", str(bad_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert bad.returncode == 1 and "FT104" in bad.stdout and "Traceback" not in bad.stderr

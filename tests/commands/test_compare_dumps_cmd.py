@@ -18,8 +18,7 @@ from ftkit.tensors.sharding import Sharding
 def _tree(root, values: dict[str, torch.Tensor], writer="step000000-ms000-tp0-pp0"):
     dw = DumpWriter(root, "actor", "fwd_bwd", 0, writer, meta={"cell": 0, "rank": 0})
     for name, t in values.items():
-        dw.add(name, t, step=0, micro_shard=None if name.endswith(".param") else 0,
-               sharding=Sharding.replicated())
+        dw.add(name, t, step=0, micro_shard=None if name.endswith(".param") else 0, sharding=Sharding.replicated())
     dw.write()
     return dw
 
@@ -27,8 +26,11 @@ def _tree(root, values: dict[str, torch.Tensor], writer="step000000-ms000-tp0-pp
 @pytest.fixture
 def trees(tmp_path):
     torch.manual_seed(0)
-    base = {"decoder.layers.0.mlp.output": torch.randn(4, 8), "decoder.layers.1.mlp.output": torch.randn(4, 8),
-            "decoder.layers.0.mlp.weight.param": torch.randn(8, 8)}
+    base = {
+        "decoder.layers.0.mlp.output": torch.randn(4, 8),
+        "decoder.layers.1.mlp.output": torch.randn(4, 8),
+        "decoder.layers.0.mlp.weight.param": torch.randn(8, 8),
+    }
     changed = dict(base)
     changed["decoder.layers.1.mlp.output"] = base["decoder.layers.1.mlp.output"] + 0.25
     _tree(tmp_path / "a", base)
@@ -72,7 +74,9 @@ def test_github_format_and_step_summary(trees, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     code, out, _ = _run(capsys, trees / "a", trees / "b", "--format", "github")
     lines = out.strip().splitlines()
-    assert code == 1 and lines[0].startswith("::error title=CD001 value-mismatch::") and lines[-1].startswith("::notice")
+    assert (
+        code == 1 and lines[0].startswith("::error title=CD001 value-mismatch::") and lines[-1].startswith("::notice")
+    )
     assert "first divergence" in lines[-1] and "### ftkit compare-dumps: fail" in summary.read_text()
 
 
@@ -96,23 +100,29 @@ def test_html_report_is_self_contained(trees, capsys, tmp_path):
     svg = ET.fromstring(re.search(r"<svg.*?</svg>", text, re.S).group(0))  # well-formed inline SVG
     circles = [c for c in svg if c.tag.endswith("circle")]
     assert len(circles) == 2 * 2  # max_rel and dissimilarity for layers 0 and 1
-    failing = {c.find("{http://www.w3.org/2000/svg}title").text.split(":")[0] for c in circles
-               if c.get("fill") == "#c0262d"}
+    failing = {
+        c.find("{http://www.w3.org/2000/svg}title").text.split(":")[0] for c in circles if c.get("fill") == "#c0262d"
+    }
     assert failing == {"decoder.layers.1"}
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--exact", "--rtol", "1e-3"], "--exact cannot be combined"),
-    (["--rtol", "-1"], "non-negative"),
-    (["--rules", "RULES", "--atol", "1"], "--rules cannot be combined"),
-    (["--rules", "NOPE"], "cannot read rules file"),
-    (["--rules", "BADRULES"], "unknown name"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--exact", "--rtol", "1e-3"], "--exact cannot be combined"),
+        (["--rtol", "-1"], "non-negative"),
+        (["--rules", "RULES", "--atol", "1"], "--rules cannot be combined"),
+        (["--rules", "NOPE"], "cannot read rules file"),
+        (["--rules", "BADRULES"], "unknown name"),
+    ],
+)
 def test_usage_and_config_errors_exit_2(trees, capsys, tmp_path, args, needle):
     (tmp_path / "rules.toml").write_text("[[rule]]\nmatch = '.'\nrequire = 'true'\n")
     (tmp_path / "bad.toml").write_text("[[rule]]\nmatch = '.'\nrequire = 'colour > 1'\n")
-    args = [{"RULES": tmp_path / "rules.toml", "NOPE": tmp_path / "nope.toml",
-             "BADRULES": tmp_path / "bad.toml"}.get(a, a) for a in args]
+    args = [
+        {"RULES": tmp_path / "rules.toml", "NOPE": tmp_path / "nope.toml", "BADRULES": tmp_path / "bad.toml"}.get(a, a)
+        for a in args
+    ]
     code, out, err = _run(capsys, trees / "a", trees / "b", *args)
     assert code == 2 and out == "" and err.startswith("Error: ") and needle in err and "Traceback" not in err
 
@@ -122,7 +132,7 @@ def test_corrupt_files_exit_2_never_3(trees, capsys, corruption):
     data = next((trees / "b").rglob("*.safetensors"))
     raw = data.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     key = next(k for k in header if k != "__metadata__")
     if corruption == "truncated":
         data.write_bytes(raw[: len(raw) // 2])
@@ -130,11 +140,11 @@ def test_corrupt_files_exit_2_never_3(trees, capsys, corruption):
         data.write_bytes(b"\xff" * 64)
     else:
         if corruption == "lying-header":
-            header[key]["data_offsets"] = [0, 10 ** 9]
+            header[key]["data_offsets"] = [0, 10**9]
         else:
             header[key]["dtype"] = "F128"
         h = json.dumps(header).encode()
-        data.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        data.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n :])
     code, out, err = _run(capsys, trees / "a", trees / "b")
     assert code == 2 and out == ""
     assert err.startswith(f"Error: malformed safetensors file {data}") and "Hint:" in err and "Traceback" not in err

@@ -21,9 +21,16 @@ def run_dir(tmp_path):
     write_safetensors_atomic(run / "rollouts" / "rollout_000000.safetensors", {"tokens": torch.arange(6).reshape(2, 3)})
     x = torch.tensor([[1.0, 2.0, float("nan")], [4.0, float("inf"), -6.0]])
     for tp in range(2):
-        dw = DumpWriter(run / "dumps", "actor", "fwd_bwd", 3, f"step000006-ms001-tp{tp}-pp0", meta={"cell": 1, "rank": tp})
-        dw.add("decoder.layers.0.mlp.linear_fc1.output.0", x[:, tp:tp + 1].contiguous(), step=6, micro_shard=1,
-               sharding=Sharding.split(1, tp, 2))
+        dw = DumpWriter(
+            run / "dumps", "actor", "fwd_bwd", 3, f"step000006-ms001-tp{tp}-pp0", meta={"cell": 1, "rank": tp}
+        )
+        dw.add(
+            "decoder.layers.0.mlp.linear_fc1.output.0",
+            x[:, tp : tp + 1].contiguous(),
+            step=6,
+            micro_shard=1,
+            sharding=Sharding.split(1, tp, 2),
+        )
         dw.add("decoder.layers.1.mlp.output.0", x, step=6, micro_shard=1)
         dw.write()
     crit = DumpWriter(run / "dumps", "critic", "fwd_only", 3, "step000006-ms001-tp0-pp0", meta={"cell": 1})
@@ -44,18 +51,32 @@ def test_json_lists_everything_with_statistics(run_dir, capsys):
     assert code == 0 and doc["schema_version"] == 1 and doc["kind"] == "run"
     assert doc["prefixes"] == ["actor", "critic"]
     assert sorted((w["prefix"], w["phase"], w["rollout"], w["writer"]) for w in doc["writers"]) == [
-        ("actor", "fwd_bwd", 3, "step000006-ms001-tp0-pp0"), ("actor", "fwd_bwd", 3, "step000006-ms001-tp1-pp0"),
-        ("critic", "fwd_only", 3, "step000006-ms001-tp0-pp0")]
+        ("actor", "fwd_bwd", 3, "step000006-ms001-tp0-pp0"),
+        ("actor", "fwd_bwd", 3, "step000006-ms001-tp1-pp0"),
+        ("critic", "fwd_only", 3, "step000006-ms001-tp0-pp0"),
+    ]
     assert [f["path"] for f in doc["files"]] == ["rollouts/rollout_000000.safetensors"]
     rows = {(t["id"], t["origin"]): t for t in doc["tensors"]}
-    full = rows[("actor/fwd_bwd/rollout_000003/step000006/ms001:decoder.layers.1.mlp.output.0",
-                 "step000006-ms001-tp0-pp0")]
+    full = rows[
+        ("actor/fwd_bwd/rollout_000003/step000006/ms001:decoder.layers.1.mlp.output.0", "step000006-ms001-tp0-pp0")
+    ]
     finite = torch.tensor([1.0, 2.0, 4.0, -6.0], dtype=torch.float64)
-    assert full["stats"] == {"numel": 6, "min": -6.0, "max": 4.0, "mean": pytest.approx(float(finite.mean())),
-                             "std": pytest.approx(float(finite.std(unbiased=False))), "nan": 1, "inf": 1}
+    assert full["stats"] == {
+        "numel": 6,
+        "min": -6.0,
+        "max": 4.0,
+        "mean": pytest.approx(float(finite.mean())),
+        "std": pytest.approx(float(finite.std(unbiased=False))),
+        "nan": 1,
+        "inf": 1,
+    }
     assert full["dtype"] == "float32" and full["shape"] == [2, 3] and len(full["fingerprint"]) == 32
-    shard = rows[("actor/fwd_bwd/rollout_000003/step000006/ms001:decoder.layers.0.mlp.linear_fc1.output.0",
-                  "step000006-ms001-tp1-pp0")]
+    shard = rows[
+        (
+            "actor/fwd_bwd/rollout_000003/step000006/ms001:decoder.layers.0.mlp.linear_fc1.output.0",
+            "step000006-ms001-tp1-pp0",
+        )
+    ]
     assert shard["sharding"] == {"kind": "split", "dim": 1, "tp_rank": 1, "tp_size": 2, "stride": 1}
     assert shard["stats"]["min"] == 2.0 and shard["stats"]["inf"] == 1
     tokens = rows[("rollouts/rollout_000000.safetensors:tokens", "rollouts/rollout_000000.safetensors")]

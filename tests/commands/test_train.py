@@ -30,8 +30,19 @@ def test_print_config_shows_the_defaults_as_json(capsys):
 def test_options_override_the_config_file(capsys, tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('cells = 3\nmicro_shards = 6\nsamples_per_rollout = 48\nseed = 4\ndump_what = ["grads"]\n')
-    code, out, _ = _run(capsys, "train", "--config", str(toml), "--seed", "5", "--reduce", "float",
-                        "--dump-what", "weights,activations", "--print-config")
+    code, out, _ = _run(
+        capsys,
+        "train",
+        "--config",
+        str(toml),
+        "--seed",
+        "5",
+        "--reduce",
+        "float",
+        "--dump-what",
+        "weights,activations",
+        "--print-config",
+    )
     cfg = json.loads(out)
     assert code == 0
     assert (cfg["cells"], cfg["micro_shards"], cfg["samples_per_rollout"]) == (3, 6, 48)  # from the file
@@ -43,15 +54,18 @@ def test_options_override_the_config_file(capsys, tmp_path):
     assert (cfg["model"], cfg["dump_rollouts"], cfg["dump_what"]) == ("small", "all", [])
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--cells", "4", "--micro-shards", "2"], "micro_shards (2) must be at least cells (4)"),
-    (["--samples-per-rollout", "30"], "must be divisible by steps_per_rollout * micro_shards"),
-    (["--tp", "3"], "tp (3) must divide"),
-    (["--dump-rollouts", "first,middle"], "'middle' is not 'first', 'last' or a rollout index"),
-    (["--dump-what", "grads,logits"], "dump_what"),
-    (["--cells", "0"], "cells"),
-    (["--pp", "3"], "pp (3) must divide the tiny model's 2 layers"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--cells", "4", "--micro-shards", "2"], "micro_shards (2) must be at least cells (4)"),
+        (["--samples-per-rollout", "30"], "must be divisible by steps_per_rollout * micro_shards"),
+        (["--tp", "3"], "tp (3) must divide"),
+        (["--dump-rollouts", "first,middle"], "'middle' is not 'first', 'last' or a rollout index"),
+        (["--dump-what", "grads,logits"], "dump_what"),
+        (["--cells", "0"], "cells"),
+        (["--pp", "3"], "pp (3) must divide the tiny model's 2 layers"),
+    ],
+)
 def test_bad_values_are_one_line_and_exit_2(capsys, tmp_path, args, message):
     code, out, err = _run(capsys, "train", "--out", str(tmp_path / "run"), *args)
     assert code == 2 and out == ""
@@ -99,8 +113,20 @@ def test_an_existing_run_directory_needs_overwrite(capsys, tmp_path):
 @pytest.mark.slow
 def test_more_cells_than_ray_resources_exit_2_and_write_nothing(capsys, tmp_path):
     out = tmp_path / "run"
-    code, _, err = _run(capsys, "train", "--out", str(out), "--cells", "20", "--micro-shards", "20",
-                        "--samples-per-rollout", "40", "--tp", "2")
+    code, _, err = _run(
+        capsys,
+        "train",
+        "--out",
+        str(out),
+        "--cells",
+        "20",
+        "--micro-shards",
+        "20",
+        "--samples-per-rollout",
+        "40",
+        "--tp",
+        "2",
+    )
     assert code == 2
     line = next(x for x in err.splitlines() if x.startswith("Error: "))
     assert "need 20.5 CPU of Ray resources, the cluster has 8" in line
@@ -112,9 +138,30 @@ def test_more_cells_than_ray_resources_exit_2_and_write_nothing(capsys, tmp_path
 def test_a_real_run_reports_progress_and_verdict(tmp_path):
     out, junit = tmp_path / "run", tmp_path / "junit.xml"
     proc = subprocess.run(
-        [sys.executable, "-m", "ftkit", "train", "--out", str(out), "--rollouts", "2", "--steps-per-rollout", "1",
-         "--samples-per-rollout", "8", "--micro-shards", "2", "--dump-rollouts", "last", "--junit-xml", str(junit)],
-        capture_output=True, text=True, timeout=540)
+        [
+            sys.executable,
+            "-m",
+            "ftkit",
+            "train",
+            "--out",
+            str(out),
+            "--rollouts",
+            "2",
+            "--steps-per-rollout",
+            "1",
+            "--samples-per-rollout",
+            "8",
+            "--micro-shards",
+            "2",
+            "--dump-rollouts",
+            "last",
+            "--junit-xml",
+            str(junit),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # live progress on stderr, one line per step
     assert "rollout 1/2  step 1/2" in proc.stderr and "rollout 2/2  step 2/2" in proc.stderr
@@ -136,10 +183,23 @@ def _result(tmp_path, violation=None):
     from ftkit.events.synthetic import SyntheticSpec, generate
     from ftkit.train.driver import RunResult
 
-    generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8,
-                                     faults=0, violation=violation))
-    return RunResult(tmp_path, "synthetic", 4, 4, 1.5, [str(tmp_path / "final" / "tp0-pp0.safetensors")],
-                     [0.25, 0.5], [["a" * 32], ["b" * 32], ["c" * 32]], analyze_paths([tmp_path / "events"]))
+    generate(
+        tmp_path,
+        SyntheticSpec(
+            cells=2, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, faults=0, violation=violation
+        ),
+    )
+    return RunResult(
+        tmp_path,
+        "synthetic",
+        4,
+        4,
+        1.5,
+        [str(tmp_path / "final" / "tp0-pp0.safetensors")],
+        [0.25, 0.5],
+        [["a" * 32], ["b" * 32], ["c" * 32]],
+        analyze_paths([tmp_path / "events"]),
+    )
 
 
 def test_report_formats(tmp_path, capsys, monkeypatch):
@@ -151,7 +211,9 @@ def test_report_formats(tmp_path, capsys, monkeypatch):
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == 1 and doc["command"] == "train" and doc["verdict"] == "pass"
     assert doc["run"]["rewards"] == [0.25, 0.5] and doc["run"]["engine_fingerprints"][2] == {
-        "version": 2, "engines": ["c" * 32]}
+        "version": 2,
+        "engines": ["c" * 32],
+    }
     assert doc["analysis"]["findings"] == [] and len(doc["analysis"]["rules"]) >= 13
 
     bad = _result(tmp_path / "bad", violation="FT104")
@@ -172,7 +234,21 @@ def test_step_line():
     from ftkit.commands.train_report import step_line
     from ftkit.train.driver import StepReport
 
-    line = step_line(StepReport(rollout=1, rollouts=3, step=3, steps=6, committed=True, loss=-0.0123, grad_norm=0.5,
-                                reward=0.25, tokens_per_s=1234.5, seconds=0.1, cells_alive=2, cells=2))
+    line = step_line(
+        StepReport(
+            rollout=1,
+            rollouts=3,
+            step=3,
+            steps=6,
+            committed=True,
+            loss=-0.0123,
+            grad_norm=0.5,
+            reward=0.25,
+            tokens_per_s=1234.5,
+            seconds=0.1,
+            cells_alive=2,
+            cells=2,
+        )
+    )
     assert line == ("rollout 2/3  step 4/6  loss -0.01230  reward 0.250  grad_norm 0.5  cells 2/2  1,234 tok/s")
     assert "DISCARDED" in step_line(StepReport(0, 1, 0, 1, False, 0.0, float("nan"), 0.0, 0.0, 0.1, 1, 1))

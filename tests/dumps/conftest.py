@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import pytest
 
@@ -11,8 +11,16 @@ from ftkit.dumps.writer import DumpWriter
 from ftkit.tensors.sharding import Sharding
 
 
-def write_dump(root: Path, tensors: Iterable[tuple], *, writer: str = "step000000-ms000-tp0-pp0", rollout: int = 0,
-               prefix: str = "actor", phase: str = "fwd_bwd", cell: int | None = 0) -> DumpWriter:
+def write_dump(
+    root: Path,
+    tensors: Iterable[tuple],
+    *,
+    writer: str = "step000000-ms000-tp0-pp0",
+    rollout: int = 0,
+    prefix: str = "actor",
+    phase: str = "fwd_bwd",
+    cell: int | None = 0,
+) -> DumpWriter:
     """``tensors``: ``(name, tensor[, step[, micro_shard[, sharding]]])`` in capture order."""
     dw = DumpWriter(root, prefix, phase, rollout, writer, meta={"cell": cell, "rank": 0})
     for spec in tensors:

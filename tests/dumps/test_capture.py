@@ -50,8 +50,15 @@ def test_names_and_capture_order():
     net = Net()
     cap, _, _ = _run(net)
     names = [r.name for r in cap.records]
-    forward = ["pair.lin.output", "pair.output.0", "pair.output.2", "act.output", "act#1.output",
-               "head.output", "output"]
+    forward = [
+        "pair.lin.output",
+        "pair.output.0",
+        "pair.output.2",
+        "act.output",
+        "act#1.output",
+        "head.output",
+        "output",
+    ]
     assert names[:7] == forward  # post-order: children complete before their parents
     backward = names[7:]
     assert set(backward) == {n.replace("output", "output_grad", 1) for n in forward}
@@ -83,8 +90,8 @@ def test_params_inputs_and_switches():
     rec = {r.name: r.tensor for r in cap.records}
     names = [r.name for r in cap.records]
     params = [n for n, _ in net.named_parameters()]
-    assert names[:len(params)] == [f"{n}.param" for n in params]  # on entering the block
-    assert names[-len(params):] == [f"{n}.grad" for n in params]  # on leaving it
+    assert names[: len(params)] == [f"{n}.param" for n in params]  # on entering the block
+    assert names[-len(params) :] == [f"{n}.grad" for n in params]  # on leaving it
     assert torch.equal(rec["head.weight.grad"], net.head.weight.grad)
     assert torch.equal(rec["pair.input.0"], x) and torch.equal(rec["input.0"], x)
     assert not any(n.endswith(".output") or "output_grad" in n for n in names)

@@ -58,10 +58,16 @@ def test_tp2_dump_reassembles_into_the_tp1_dump(tmp_path):
     tp1, tp2 = _dump(tmp_path, 1), _dump(tmp_path, 2)
     entries = open_source(tp2).entries
     split = {e.name for e in entries if e.sharding.is_split}
-    assert {"decoder.layers.0.self_attention.linear_qkv.output.0", "decoder.layers.0.mlp.linear_fc1.output.0",
-            "decoder.layers.0.self_attention.core_attention.output", "output_layer.output.0", "output",
-            "decoder.layers.0.mlp.linear_fc1.weight.param", "decoder.layers.1.self_attention.linear_proj.weight.grad",
-            "output_layer.output_grad.0"} <= split
+    assert {
+        "decoder.layers.0.self_attention.linear_qkv.output.0",
+        "decoder.layers.0.mlp.linear_fc1.output.0",
+        "decoder.layers.0.self_attention.core_attention.output",
+        "output_layer.output.0",
+        "output",
+        "decoder.layers.0.mlp.linear_fc1.weight.param",
+        "decoder.layers.1.self_attention.linear_proj.weight.grad",
+        "output_layer.output_grad.0",
+    } <= split
     result = compare_paths(tp1, tp2, CompareOptions(mode="tolerance", rtol=1e-4, atol=1e-6))
     bad = [f.message for f in result.findings]
     assert bad == [], bad[:5]
@@ -70,5 +76,6 @@ def test_tp2_dump_reassembles_into_the_tp1_dump(tmp_path):
     # Initial weights are TP slices of the same master weights: bitwise equal after reassembly.
     assert all(s == "equal" for n, s in statuses.items() if n.endswith(".param")), statuses
     # Replicated tensors were written by both TP ranks: the copies were checked bitwise (CD007).
-    assert {"decoder.layers.0.input_layernorm.weight.param", "embedding.output"} <= \
-        {e.name for e in entries if not e.sharding.is_split}
+    assert {"decoder.layers.0.input_layernorm.weight.param", "embedding.output"} <= {
+        e.name for e in entries if not e.sharding.is_split
+    }

@@ -101,9 +101,14 @@ def _tp2(root, dump, full_param, full_act, perturb=None):
         act = act_shards[r].clone()
         if perturb is not None and r == 1:
             act[perturb] += 0.5
-        dump(root, [("fc1.weight.param", full_param.chunk(2, 0)[r].clone(), 0, None, Sharding.split(0, r, 2)),
-                    ("fc1.output", act, 0, 0, Sharding.split(2, r, 2, stride=2))],
-             writer=f"step000000-ms000-tp{r}-pp0")
+        dump(
+            root,
+            [
+                ("fc1.weight.param", full_param.chunk(2, 0)[r].clone(), 0, None, Sharding.split(0, r, 2)),
+                ("fc1.output", act, 0, 0, Sharding.split(2, r, 2, stride=2)),
+            ],
+            writer=f"step000000-ms000-tp{r}-pp0",
+        )
 
 
 def test_tp2_shards_reassemble_against_tp1(tmp_path, dump):
@@ -137,8 +142,12 @@ def test_replica_copies_collapse_or_diverge(tmp_path, dump):
     for c in range(3):  # --dump-cells all: every cell writes the replicated state
         dump(tmp_path / "all", [("ln.weight.param", w)], writer=f"replicated-tp0-pp0-cell{c}", cell=c)
     r = compare_paths(tmp_path / "one", tmp_path / "all", EXACT)
-    assert r.findings == [] and len(r.pairs) == 1 and r.pairs[0].origins[1] == [
-        "replicated-tp0-pp0-cell0", "replicated-tp0-pp0-cell1", "replicated-tp0-pp0-cell2"]
+    assert (
+        r.findings == []
+        and len(r.pairs) == 1
+        and r.pairs[0].origins[1]
+        == ["replicated-tp0-pp0-cell0", "replicated-tp0-pp0-cell1", "replicated-tp0-pp0-cell2"]
+    )
     dump(tmp_path / "all", [("ln.weight.param", w + 1)], writer="replicated-tp0-pp0-cell2", cell=2)
     r = compare_paths(tmp_path / "one", tmp_path / "all", EXACT)
     assert _codes(r) == ["CD007"]
@@ -161,14 +170,18 @@ def test_first_divergence_is_the_earliest_in_capture_order(tmp_path, dump):
             dump(root, params + grads, writer=f"replicated-step{step}-tp0-pp0")
 
     run(tmp_path / "a", set())
-    run(tmp_path / "b", {(1, 0, "zz_embed.output"), (0, 1, "mm_layer.output"), (0, 1, "aa_head.output"),
-                         (0, None, "w.grad")})
+    run(
+        tmp_path / "b",
+        {(1, 0, "zz_embed.output"), (0, 1, "mm_layer.output"), (0, 1, "aa_head.output"), (0, None, "w.grad")},
+    )
     r = compare_paths(tmp_path / "a", tmp_path / "b", EXACT)
     failing = [p.id for p in r.pairs if p.failed]
-    assert failing == ["actor/fwd_bwd/rollout_000000/step000000/ms001:mm_layer.output",
-                       "actor/fwd_bwd/rollout_000000/step000000/ms001:aa_head.output",
-                       "actor/fwd_bwd/rollout_000000/step000000:w.grad",
-                       "actor/fwd_bwd/rollout_000000/step000001/ms000:zz_embed.output"]
+    assert failing == [
+        "actor/fwd_bwd/rollout_000000/step000000/ms001:mm_layer.output",
+        "actor/fwd_bwd/rollout_000000/step000000/ms001:aa_head.output",
+        "actor/fwd_bwd/rollout_000000/step000000:w.grad",
+        "actor/fwd_bwd/rollout_000000/step000001/ms000:zz_embed.output",
+    ]
     assert r.first_divergence.id == failing[0]
     assert [p.name for p in r.pairs][:4] == ["w.param", "zz_embed.output", "mm_layer.output", "aa_head.output"]
 
@@ -191,8 +204,12 @@ def test_missing_and_extra_tensors_and_rollouts(tmp_path, dump):
 
 
 def test_shape_and_dtype_mismatch(tmp_path, dump):
-    a, b = _pair(tmp_path, dump, [("s.output", torch.ones(2, 3), 0, 0), ("d.output", torch.ones(4), 0, 0)],
-                 [("s.output", torch.ones(3, 2), 0, 0), ("d.output", torch.ones(4, dtype=torch.bfloat16), 0, 0)])
+    a, b = _pair(
+        tmp_path,
+        dump,
+        [("s.output", torch.ones(2, 3), 0, 0), ("d.output", torch.ones(4), 0, 0)],
+        [("s.output", torch.ones(3, 2), 0, 0), ("d.output", torch.ones(4, dtype=torch.bfloat16), 0, 0)],
+    )
     r = compare_paths(a, b, TOL)
     assert _codes(r) == ["CD002", "CD003"]
     assert {p.name: p.status for p in r.pairs} == {"s.output": "shape", "d.output": "dtype"}
@@ -216,8 +233,11 @@ def test_run_directories_compare_dumps_and_every_other_safetensors_file(tmp_path
     _run_dir(tmp_path / "same", dump, tokens)
     r = compare_paths(tmp_path / "a", tmp_path / "same", EXACT)
     assert r.kind == "run" and r.findings == []
-    assert [p.id for p in r.pairs] == ["actor/fwd_bwd/rollout_000000/step000000/ms000:h.output",
-                                       "final/tp0-pp0.safetensors:w", "rollouts/rollout_000000.safetensors:tokens"]
+    assert [p.id for p in r.pairs] == [
+        "actor/fwd_bwd/rollout_000000/step000000/ms000:h.output",
+        "final/tp0-pp0.safetensors:w",
+        "rollouts/rollout_000000.safetensors:tokens",
+    ]
     changed = tokens.clone()
     changed[2, 1] = 99
     _run_dir(tmp_path / "b", dump, changed, final=False)
@@ -231,7 +251,9 @@ def test_run_directories_compare_dumps_and_every_other_safetensors_file(tmp_path
 def test_plain_directories_and_single_files(tmp_path):
     for side, v in (("a", 1.0), ("b", 2.0)):
         (tmp_path / side / "sub").mkdir(parents=True)
-        write_safetensors_atomic(tmp_path / side / "sub" / "x.safetensors", {"t": torch.ones(2), "u": torch.full((2,), v)})
+        write_safetensors_atomic(
+            tmp_path / side / "sub" / "x.safetensors", {"t": torch.ones(2), "u": torch.full((2,), v)}
+        )
     r = compare_paths(tmp_path / "a", tmp_path / "b", EXACT)
     assert r.kind == "files" and [p.id for p in r.pairs if p.failed] == ["sub/x.safetensors:u"]
     write_safetensors_atomic(tmp_path / "one.safetensors", {"t": torch.ones(2)})
@@ -251,12 +273,14 @@ def test_orphan_data_file_is_a_warning(tmp_path, dump):
 
 def test_rules_mode(tmp_path, dump):
     x = torch.randn(50)
-    a, b = _pair(tmp_path, dump,
-                 [("l.weight.param", x), ("l.output", x, 0, 0), ("l.output_grad", x, 0, 0), ("other", x, 0, 0)],
-                 [("l.weight.param", x), ("l.output", x * (1 + 1e-4), 0, 0), ("l.output_grad", x + 1, 0, 0),
-                  ("other", x, 0, 0)])
+    a, b = _pair(
+        tmp_path,
+        dump,
+        [("l.weight.param", x), ("l.output", x, 0, 0), ("l.output_grad", x, 0, 0), ("other", x, 0, 0)],
+        [("l.weight.param", x), ("l.output", x * (1 + 1e-4), 0, 0), ("l.output_grad", x + 1, 0, 0), ("other", x, 0, 0)],
+    )
     rules = tmp_path / "rules.toml"
-    rules.write_text('''
+    rules.write_text("""
 [[rule]]
 name = "weights bitwise"
 match = '\\.param$'
@@ -266,11 +290,15 @@ require = "bitwise_equal"
 name = "activations close"
 match = '\\.output(_grad)?$'
 require = "max_rel <= 1e-3 and dissimilarity < 1e-6 and nonfinite_mismatch == 0"
-''')
+""")
     r = compare_paths(a, b, CompareOptions("rules", rules=load_rules(rules)))
     by = {p.name: (p.status, p.rule) for p in r.pairs}
-    assert by == {"l.weight.param": ("equal", "weights bitwise"), "l.output": ("close", "activations close"),
-                  "l.output_grad": ("differ", "activations close"), "other": ("uncovered", None)}
+    assert by == {
+        "l.weight.param": ("equal", "weights bitwise"),
+        "l.output": ("close", "activations close"),
+        "l.output_grad": ("differ", "activations close"),
+        "other": ("uncovered", None),
+    }
     assert _codes(r) == ["CD001", "CD009"]
 
 
@@ -280,24 +308,27 @@ def _flip_data_byte(path, offset_from_end=1):
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("corruption,needle", [
-    ("truncate", "truncated"),
-    ("lying-offsets", "data_offsets"),
-    ("bad-dtype", "unsupported dtype"),
-    ("index-json", "not valid JSON"),
-    ("index-version", "schema_version 99"),
-    ("index-missing-key", "is not in"),
-    ("index-dtype", "index says"),
-    ("data-bitflip", "does not match the fingerprint"),
-    ("data-missing", "data file"),
-])
+@pytest.mark.parametrize(
+    "corruption,needle",
+    [
+        ("truncate", "truncated"),
+        ("lying-offsets", "data_offsets"),
+        ("bad-dtype", "unsupported dtype"),
+        ("index-json", "not valid JSON"),
+        ("index-version", "schema_version 99"),
+        ("index-missing-key", "is not in"),
+        ("index-dtype", "index says"),
+        ("data-bitflip", "does not match the fingerprint"),
+        ("data-missing", "data file"),
+    ],
+)
 def test_corrupt_dumps_are_input_errors(tmp_path, dump, corruption, needle):
     a, b = _pair(tmp_path, dump, [("h.output", torch.randn(8), 0, 0)], [("h.output", torch.randn(8), 0, 0)])
     rdir = b / "actor" / "fwd_bwd" / "rollout_000000"
     data, index = rdir / "step000000-ms000-tp0-pp0.safetensors", rdir / "step000000-ms000-tp0-pp0.index.json"
     raw = data.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
+    header = json.loads(raw[8 : 8 + n])
     key = next(k for k in header if k != "__metadata__")
     doc = json.loads(index.read_text())
     if corruption == "truncate":
@@ -308,7 +339,7 @@ def test_corrupt_dumps_are_input_errors(tmp_path, dump, corruption, needle):
         else:
             header[key]["dtype"] = "Q9"
         h = json.dumps(header).encode()
-        data.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+        data.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n :])
     elif corruption == "index-json":
         index.write_text("{not json")
     elif corruption == "index-version":

@@ -29,13 +29,19 @@ def _reference(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict:
     af, bf = a64[fin], b64[fin]
     sxx = float((af * af).sum() + (bf * bf).sum())
     bad = ~fin & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))
-    return {"max_abs": d.max(initial=0.0), "mean_abs": d.mean() if d.size else 0.0, "max_rel": rel.max(initial=0.0),
-            "dissimilarity": 1 - 2 * float((af * bf).sum()) / sxx if sxx > 0 else 0.0,
-            "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()), "nonfinite_mismatch": int(bad.sum())}
+    return {
+        "max_abs": d.max(initial=0.0),
+        "mean_abs": d.mean() if d.size else 0.0,
+        "max_rel": rel.max(initial=0.0),
+        "dissimilarity": 1 - 2 * float((af * bf).sum()) / sxx if sxx > 0 else 0.0,
+        "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()),
+        "nonfinite_mismatch": int(bad.sum()),
+    }
 
 
-floats = st.floats(-1e6, 1e6, allow_nan=False, width=32) | st.sampled_from([0.0, -0.0, float("nan"), float("inf"),
-                                                                               float("-inf")])
+floats = st.floats(-1e6, 1e6, allow_nan=False, width=32) | st.sampled_from(
+    [0.0, -0.0, float("nan"), float("inf"), float("-inf")]
+)
 
 
 @settings(max_examples=60, deadline=None)

@@ -15,7 +15,9 @@ def _rules(tmp_path, text):
 
 
 def test_first_matching_rule_decides(tmp_path):
-    rs = _rules(tmp_path, """
+    rs = _rules(
+        tmp_path,
+        """
 [[rule]]
 name = "grads"
 match = 'output_grad'
@@ -24,7 +26,8 @@ require = "max_rel <= 1e-2 or bitwise_equal"
 [[rule]]
 match = 'output'
 require = "not (max_abs > 1e-3) and 0 <= dissimilarity < 1e-6 and nan_b == nan_a"
-""")
+""",
+    )
     assert rs.rule_for("x/y:l.output_grad").name == "grads"
     assert rs.rule_for("x/y:l.output").name == "rule 2"
     assert rs.rule_for("x/y:l.param") is None
@@ -37,31 +40,36 @@ require = "not (max_abs > 1e-3) and 0 <= dissimilarity < 1e-6 and nan_b == nan_a
     assert not out.passes({**ok, "nan_b": 1})
 
 
-@pytest.mark.parametrize("require,needle", [
-    ("__import__('os').system('x')", "unsupported expression"),
-    ("max_abs.real < 1", "unsupported expression"),
-    ("max_abs < 1 if True else 2", "unsupported expression"),
-    ("max_abs + 1 < 2", "unsupported expression"),
-    ("maximum_abs < 1", "unknown name 'maximum_abs'"),
-    ("max_abs <", "cannot parse"),
-    ("'text' == 'text'", "unsupported expression"),
-])
+@pytest.mark.parametrize(
+    "require,needle",
+    [
+        ("__import__('os').system('x')", "unsupported expression"),
+        ("max_abs.real < 1", "unsupported expression"),
+        ("max_abs < 1 if True else 2", "unsupported expression"),
+        ("max_abs + 1 < 2", "unsupported expression"),
+        ("maximum_abs < 1", "unknown name 'maximum_abs'"),
+        ("max_abs <", "cannot parse"),
+        ("'text' == 'text'", "unsupported expression"),
+    ],
+)
 def test_unsafe_or_unknown_expressions_are_config_errors(tmp_path, require, needle):
     with pytest.raises(ConfigError, match="rule 1") as err:
-        _rules(tmp_path, f'[[rule]]\nmatch = "x"\nrequire = "{require}"\n'.replace('"' + require + '"',
-                                                                                    repr(require)))
+        _rules(tmp_path, f'[[rule]]\nmatch = "x"\nrequire = "{require}"\n'.replace('"' + require + '"', repr(require)))
     assert needle in err.value.message
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("", "non-empty [[rule]] array"),
-    ("rule = 1", "non-empty [[rule]] array"),
-    ("[[rule]]\nmatch = 'x'\n", "needs 'match' and 'require'"),
-    ("[[rule]]\nmatch = 'x'\nrequire = 'true'\ncolour = 1\n", "nothing else"),
-    ("[[rule]]\nmatch = '('\nrequire = 'true'\n", "invalid regex"),
-    ("[[rule]]\nmatch = 'x'\nrequire = 'true'\n[other]\n", "unknown keys"),
-    ("[[rule]\n", "not valid TOML"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "non-empty [[rule]] array"),
+        ("rule = 1", "non-empty [[rule]] array"),
+        ("[[rule]]\nmatch = 'x'\n", "needs 'match' and 'require'"),
+        ("[[rule]]\nmatch = 'x'\nrequire = 'true'\ncolour = 1\n", "nothing else"),
+        ("[[rule]]\nmatch = '('\nrequire = 'true'\n", "invalid regex"),
+        ("[[rule]]\nmatch = 'x'\nrequire = 'true'\n[other]\n", "unknown keys"),
+        ("[[rule]\n", "not valid TOML"),
+    ],
+)
 def test_malformed_files(tmp_path, text, needle):
     with pytest.raises(ConfigError) as err:
         _rules(tmp_path, text)

@@ -26,8 +26,14 @@ from ftkit.tensors.st import read_header
 def test_layout_and_index_content(tmp_path):
     w = torch.randn(4, 3)
     out = torch.randn(2, 5).to(torch.bfloat16)
-    dw = DumpWriter(tmp_path / "dumps", prefix="actor", phase="fwd_bwd", rollout=3,
-                    writer=microshard_writer(4, 3, tp=1, pp=0), meta={"cell": 2, "rank": 5, "tp": 1})
+    dw = DumpWriter(
+        tmp_path / "dumps",
+        prefix="actor",
+        phase="fwd_bwd",
+        rollout=3,
+        writer=microshard_writer(4, 3, tp=1, pp=0),
+        meta={"cell": 2, "rank": 5, "tp": 1},
+    )
     dw.add("decoder.layers.1.mlp.output", out, step=4, micro_shard=3, sharding=Sharding.split(1, 1, 2))
     dw.add("embedding.word_embeddings.weight.param", w, step=4)
     info = dw.write()
@@ -38,15 +44,29 @@ def test_layout_and_index_content(tmp_path):
     assert info.tensors == 2 and info.bytes == info.path.stat().st_size
     idx = json.loads(info.index_path.read_text())
     assert idx["schema"] == INDEX_SCHEMA and idx["schema_version"] == INDEX_VERSION
-    assert (idx["prefix"], idx["phase"], idx["rollout"], idx["writer"]) == ("actor", "fwd_bwd", 3, "step000004-ms003-tp1-pp0")
+    assert (idx["prefix"], idx["phase"], idx["rollout"], idx["writer"]) == (
+        "actor",
+        "fwd_bwd",
+        3,
+        "step000004-ms003-tp1-pp0",
+    )
     assert (idx["cell"], idx["rank"], idx["meta"]) == (2, 5, {"cell": 2, "rank": 5, "tp": 1})
     assert idx["file"] == info.path.name and idx["file_bytes"] == info.bytes
     first, second = idx["tensors"]
-    assert first == {"order": 0, "name": "decoder.layers.1.mlp.output", "key": first["key"], "kind": "output",
-                     "step": 4, "micro_shard": 3, "dtype": "bfloat16", "shape": [2, 5],
-                     "fingerprint": fingerprint(out),
-                     "sharding": {"kind": "split", "dim": 1, "tp_rank": 1, "tp_size": 2, "stride": 1},
-                     "nan": 0, "inf": 0}
+    assert first == {
+        "order": 0,
+        "name": "decoder.layers.1.mlp.output",
+        "key": first["key"],
+        "kind": "output",
+        "step": 4,
+        "micro_shard": 3,
+        "dtype": "bfloat16",
+        "shape": [2, 5],
+        "fingerprint": fingerprint(out),
+        "sharding": {"kind": "split", "dim": 1, "tp_rank": 1, "tp_size": 2, "stride": 1},
+        "nan": 0,
+        "inf": 0,
+    }
     assert second["order"] == 1 and second["kind"] == "param" and second["micro_shard"] is None
     assert second["sharding"]["kind"] == "replicated"
     with safe_open(str(info.path), "pt") as f:  # a plain safetensors file, no pickle anywhere
@@ -114,7 +134,8 @@ def test_second_writer_never_removes_the_first_writers_files(tmp_path):
     after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in (b.path, b.index_path)}
     assert after == before and foreign.read_text() == "keep me"
     assert sorted(p.name for p in a.directory.iterdir()) == sorted(
-        [a.path.name, a.index_path.name, b.path.name, b.index_path.name, "notes.txt"])
+        [a.path.name, a.index_path.name, b.path.name, b.index_path.name, "notes.txt"]
+    )
     assert set(read_header(a.path).tensors) == {"0/-/w.param"}  # replaced, not merged
 
 
@@ -153,8 +174,10 @@ def test_writer_killed_mid_write_leaves_no_visible_partial_file(tmp_path):
     for _ in range(3):
         _kill_mid_write(root, rdir)
         visible = sorted(n for n in os.listdir(rdir) if not n.startswith("."))
-        assert visible in (["replicated-tp0-pp0.index.json", "replicated-tp0-pp0.safetensors"],
-                           ["replicated-tp0-pp0.safetensors"])
+        assert visible in (
+            ["replicated-tp0-pp0.index.json", "replicated-tp0-pp0.safetensors"],
+            ["replicated-tp0-pp0.safetensors"],
+        )
         read_header(rdir / "replicated-tp0-pp0.safetensors")  # complete, never partial
         src = open_source(root)
         if len(visible) == 1:  # killed between the renames: uncommitted, reported as an orphan
@@ -183,8 +206,20 @@ def test_index_records_non_finite_counts(tmp_path):
     assert [(e["nan"], e["inf"]) for e in entries] == [(2, 2), (0, 0)]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e5m2, torch.int64,
-                                   torch.uint8, torch.bool, torch.complex64], ids=str)
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float8_e5m2,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
+    ids=str,
+)
 def test_fingerprint_read_from_the_file_equals_the_tensor_fingerprint(tmp_path, dtype):
     t = (torch.randn(7, 9) * 4).to(dtype) if dtype != torch.bool else torch.randn(7, 9) > 0
     dw = DumpWriter(tmp_path, "actor", "fwd_bwd", 0, "w")

@@ -62,9 +62,19 @@ def test_merge_by_time_keeps_each_file_in_order(tmp_path):
 
 def test_damage_is_reported_with_file_and_line(tmp_path):
     p = tmp_path / "x.jsonl"
-    p.write_bytes(b"\n".join([_ev(1).encode(), b"\xff\xfe garbage \x00", b"[1, 2]", b"", b"{\"a\": ",
-                              _ev(2, value=float("nan")).encode(), b'{"time": 3, "trunc'])
-                  )
+    p.write_bytes(
+        b"\n".join(
+            [
+                _ev(1).encode(),
+                b"\xff\xfe garbage \x00",
+                b"[1, 2]",
+                b"",
+                b'{"a": ',
+                _ev(2, value=float("nan")).encode(),
+                b'{"time": 3, "trunc',
+            ]
+        )
+    )
     items, issues = _stream([p])
     assert [e["time"] for e, _, _ in items if e is not None] == [1, 2]
     kinds = [(line, kind) for _, line, kind, _ in issues]

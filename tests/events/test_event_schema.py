@@ -27,8 +27,7 @@ CONTRACT = {
     "fault_injected": {"kind", "point", "cell", "rank", "rollout", "step"},
     "heal": {"cell", "donor", "epoch", "bytes", "seconds", "total", "donor_total"},
     "grad_nonfinite": {"rollout", "step", "cell", "rank", "where"},
-    "checkpoint_published": {"step", "path", "kind", "metric", "manifest_sha256", "guard_from_step",
-                             "guard_to_step"},
+    "checkpoint_published": {"step", "path", "kind", "metric", "manifest_sha256", "guard_from_step", "guard_to_step"},
     "checkpoint_rejected": {"step", "kind", "reason"},
     "dump_written": {"rollout", "phase", "path", "tensors", "bytes"},
 }
@@ -42,8 +41,10 @@ def test_contract_field_names(type_name):
 
 
 def _lines(tmp_path):
-    run = generate(tmp_path, SyntheticSpec(cells=2, tp=2, engines=1, rollouts=2, steps_per_rollout=2,
-                                           samples_per_rollout=8, faults=1))
+    run = generate(
+        tmp_path,
+        SyntheticSpec(cells=2, tp=2, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, faults=1),
+    )
     for path in sorted(run.events_dir.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             yield json.loads(line)
@@ -60,9 +61,17 @@ def test_every_written_event_validates_strictly_and_fast(tmp_path):
 
 
 def _metric(**over):
-    event = {"schema": 1, "type": "metric", "run": "r", "time": 1.5, "seq": 0, "rollout": 0, "step": 2,
-             "source": {"role": "driver", "cell": None, "rank": None, "incarnation": 0, "pid": 1, "host": "h"},
-             "values": {"loss": float("nan"), "reward": None}}
+    event = {
+        "schema": 1,
+        "type": "metric",
+        "run": "r",
+        "time": 1.5,
+        "seq": 0,
+        "rollout": 0,
+        "step": 2,
+        "source": {"role": "driver", "cell": None, "rank": None, "incarnation": 0, "pid": 1, "host": "h"},
+        "values": {"loss": float("nan"), "reward": None},
+    }
     event.update(over)
     return event
 
@@ -71,8 +80,9 @@ def test_non_finite_and_null_metric_values_are_valid():
     assert is_valid(_metric()) and parse_event(_metric()).values["reward"] is None
 
 
-@pytest.mark.parametrize("bad", [{"step": "3"}, {"seq": -1}, {"schema": 2}, {"run": 5}, {"values": []},
-                                 {"source": {"role": "nobody"}}])
+@pytest.mark.parametrize(
+    "bad", [{"step": "3"}, {"seq": -1}, {"schema": 2}, {"run": 5}, {"values": []}, {"source": {"role": "nobody"}}]
+)
 def test_invalid_events_are_rejected_with_a_message(bad):
     event = _metric(**bad)
     with pytest.raises(ValidationError):

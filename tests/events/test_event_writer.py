@@ -17,8 +17,9 @@ def _read(path):
 def test_file_per_incarnation_and_envelope(tmp_path):
     w = EventWriter(tmp_path / "events", run="r1", role="trainer", cell=2, rank=1)
     assert w.incarnation == 0 and w.path.name == "trainer-c2-r1-i0.jsonl"
-    assert w.emit("step_outcome", rollout=0, step=3, attempt=0, epoch=0, cell=2, rank=1, outcome="committed",
-                  micro_shards=[0, 1])
+    assert w.emit(
+        "step_outcome", rollout=0, step=3, attempt=0, epoch=0, cell=2, rank=1, outcome="committed", micro_shards=[0, 1]
+    )
     # flushed per line: readable before close
     (event,) = _read(w.path)
     assert event["seq"] == 0 and event["run"] == "r1" and event["schema"] == 1
@@ -134,12 +135,12 @@ def test_background_sync_returns_at_once_and_the_next_emit_waits_for_it(tmp_path
     w = EventWriter(tmp_path, run="r", role="trainer", cell=0, rank=0)
     w.emit("step_outcome", step=0)
     monkeypatch.setattr(writer_mod.os, "fsync", slow_fsync)
-    w.sync(wait=False)                       # returns while the fsync is still blocked
+    w.sync(wait=False)  # returns while the fsync is still blocked
     assert started.wait(30) and not calls
     emitter = threading.Thread(target=w.emit, args=("step_outcome",), kwargs={"step": 1})
     emitter.start()
     emitter.join(0.2)
-    assert emitter.is_alive()                # the next line waits for the boundary's fsync
+    assert emitter.is_alive()  # the next line waits for the boundary's fsync
     assert [e["step"] for e in _read(w.path)] == [0]
     gate.set()
     emitter.join(30)
@@ -158,6 +159,6 @@ def test_close_waits_for_a_background_sync_and_counts_its_failure(tmp_path, monk
     w.emit("step_outcome", step=0)
     monkeypatch.setattr(writer_mod.os, "fsync", failing_fsync)
     w.sync(wait=False)
-    w.close()                                # joins the helper: its failure is counted and reported
+    w.close()  # joins the helper: its failure is counted and reported
     assert w.dropped >= 1 and "I/O error" in w.last_error
     assert [e["type"] for e in _read(w.path)] == ["step_outcome", "events_dropped"]

@@ -30,8 +30,9 @@ def test_layout_faults_and_heals(tmp_path):
     assert sum(n.startswith("trainer-") and n.endswith("-i0.jsonl") for n in names) == 16
     assert any(n.endswith("-i1.jsonl") for n in names)  # a healed cell's new incarnation
     assert len(run.fault_steps) == 2
-    fp = next(json.loads(line) for line in (run.events_dir / "trainer-c0-r0-i0.jsonl").open()
-              if '"state_fingerprint"' in line)
+    fp = next(
+        json.loads(line) for line in (run.events_dir / "trainer-c0-r0-i0.jsonl").open() if '"state_fingerprint"' in line
+    )
     assert len(fp["params"]) == 50 and set(fp["params"]) == set(fp["optimizer"])  # 100 tensors over pp=2
     assert len(tensor_names(100)) == len(set(tensor_names(100))) == 100
 
@@ -49,6 +50,10 @@ def test_module_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path)])  # refuses a non-empty events/
     out = tmp_path / "sub"
-    proc = subprocess.run([sys.executable, "-m", "ftkit.events.synthetic", str(out), "--violation", "FT109"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftkit.events.synthetic", str(out), "--violation", "FT109"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and any((out / "events").iterdir())

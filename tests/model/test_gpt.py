@@ -60,7 +60,7 @@ def test_sdp_attention_matches_a_reference_causal_softmax():
     s, b, n, d = 6, 2, cfg.num_attention_heads, cfg.kv_channels
     q, k, v = (torch.randn(s, b, n, d, dtype=torch.float64) for _ in range(3))
     out = attn(q, k, v, None)
-    scores = torch.einsum("sbnd,tbnd->bnst", q, k) / d ** 0.5
+    scores = torch.einsum("sbnd,tbnd->bnst", q, k) / d**0.5
     scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
     ref = torch.einsum("bnst,tbnd->sbnd", scores.softmax(-1), v).reshape(s, b, n * d)
     assert out.shape == (s, b, n * d)

@@ -11,14 +11,21 @@ from ftkit.report import github, junit
 def _findings():
     return [
         Finding(code="FT109", rule="non-finite-metric", severity=Severity.warning, message="loss is NaN"),
-        Finding(code="FT101", rule="replica-divergence", severity=Severity.error, message="cell 2 differs, a:b",
-                evidence={"file": "events/x.jsonl", "line": 7}),
+        Finding(
+            code="FT101",
+            rule="replica-divergence",
+            severity=Severity.error,
+            message="cell 2 differs, a:b",
+            evidence={"file": "events/x.jsonl", "line": 7},
+        ),
     ]
 
 
 def test_junit_has_one_case_per_rule_and_failures(tmp_path):
-    rules = [RuleSummary(code="FT101", rule="replica-divergence", severity=Severity.error, checked=3, findings=1),
-             RuleSummary(code="FT102", rule="engine-weights", severity=Severity.error, checked=2)]
+    rules = [
+        RuleSummary(code="FT101", rule="replica-divergence", severity=Severity.error, checked=3, findings=1),
+        RuleSummary(code="FT102", rule="engine-weights", severity=Severity.error, checked=2),
+    ]
     path = tmp_path / "r.xml"
     junit.write_junit(path, "ftkit.test", rules, _findings())
     suite = ET.parse(path).getroot().find("testsuite")
@@ -32,8 +39,10 @@ def test_junit_has_one_case_per_rule_and_failures(tmp_path):
 def test_github_annotation_escapes_and_locates():
     line = github.annotation(_findings()[1])
     assert line == "::error file=events/x.jsonl,line=7,title=FT101 replica-divergence::cell 2 differs, a:b"
-    assert github.annotation(Finding(code="X", rule="r", severity=Severity.info, message="a\nb%")) \
+    assert (
+        github.annotation(Finding(code="X", rule="r", severity=Severity.info, message="a\nb%"))
         == "::notice title=X r::a%0Ab%25"
+    )
 
 
 def test_step_summary_appends(tmp_path, monkeypatch):

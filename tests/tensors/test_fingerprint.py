@@ -11,12 +11,33 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftkit.tensors.fingerprint import (_device_chunks, combine, fingerprint, fingerprint_buffers,
-                                       fingerprint_tensors, logical_bytes)
+from ftkit.tensors.fingerprint import (
+    _device_chunks,
+    combine,
+    fingerprint,
+    fingerprint_buffers,
+    fingerprint_tensors,
+    logical_bytes,
+)
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2,
-          torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
-          torch.uint64, torch.bool, torch.complex64]
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.bool,
+    torch.complex64,
+]
 
 
 def _sample(dtype: torch.dtype, shape=(5, 7), seed=0) -> torch.Tensor:
@@ -132,8 +153,12 @@ def test_rejects_unsupported_layouts():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.dictionaries(st.text(min_size=1, max_size=8), st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
-                       min_size=1, max_size=8), st.randoms())
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=8), st.from_regex(r"[0-9a-f]{32}", fullmatch=True), min_size=1, max_size=8
+    ),
+    st.randoms(),
+)
 def test_combine_ignores_insertion_order(items, rnd):
     keys = list(items)
     rnd.shuffle(keys)
@@ -165,5 +190,5 @@ def test_fast_path_equals_the_streamed_bytes(dtype, shape):
     general = fingerprint_buffers(str(dtype).rsplit(".", 1)[-1], tuple(t.shape), logical_bytes(t))
     assert fingerprint(t) == general
     if dtype.is_floating_point and shape:
-        param = torch.nn.Parameter(t.clone())            # requires grad: hashed through detach
+        param = torch.nn.Parameter(t.clone())  # requires grad: hashed through detach
         assert fingerprint(param) == general

@@ -50,18 +50,19 @@ def test_plain_torch_is_replicated():
 @pytest.fixture(scope="module")
 def megatron_linears():
     """Real megatron-core column/row parallel layers in a TP world of one (gloo, CPU)."""
-    from ftkit.model.gpt import init_local_parallel
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    from ftkit.model.gpt import init_local_parallel
+
     init_local_parallel("cpu")
-    cfg = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True,
-                            params_dtype=torch.float32)
+    cfg = TransformerConfig(
+        num_layers=1, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True, params_dtype=torch.float32
+    )
     init = torch.nn.init.zeros_
     col = ColumnParallelLinear(8, 16, config=cfg, init_method=init, bias=True, gather_output=False)
     col2 = ColumnParallelLinear(8, 16, config=cfg, init_method=init, bias=False, gather_output=False, stride=2)
-    row = RowParallelLinear(16, 8, config=cfg, init_method=init, bias=True, input_is_parallel=True,
-                            skip_bias_add=False)
+    row = RowParallelLinear(16, 8, config=cfg, init_method=init, bias=True, input_is_parallel=True, skip_bias_add=False)
     return col, col2, row
 
 

@@ -24,8 +24,13 @@ def _raw(path, header: dict, data: bytes = b"", header_len: int | None = None) -
 
 
 def test_atomic_write_round_trips_through_safetensors(tmp_path):
-    tensors = {"w": torch.randn(4, 3).t(), "b": torch.arange(5, dtype=torch.int64),
-               "h": torch.randn(2, 2).to(torch.bfloat16), "s": torch.tensor(True), "e": torch.empty(0, 2)}
+    tensors = {
+        "w": torch.randn(4, 3).t(),
+        "b": torch.arange(5, dtype=torch.int64),
+        "h": torch.randn(2, 2).to(torch.bfloat16),
+        "s": torch.tensor(True),
+        "e": torch.empty(0, 2),
+    }
     target = tmp_path / "x.safetensors"
     size = write_safetensors_atomic(target, tensors, metadata={"k": "v"})
     assert size == target.stat().st_size
@@ -53,20 +58,23 @@ def test_unstorable_dtype_is_rejected_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("case,needle", [
-    ("empty", "truncated"),
-    ("short-length", "truncated"),
-    ("length-beyond-file", "exceeds the file size"),
-    ("not-json", "not valid JSON"),
-    ("not-object", "not a JSON object"),
-    ("unknown-dtype", "unsupported dtype 'F7'"),
-    ("bad-shape", "shape"),
-    ("offsets-lie-size", "needs 16"),
-    ("offsets-overlap", "overlap or leave a gap"),
-    ("truncated-data", "truncated: header describes"),
-    ("trailing", "trailing bytes"),
-    ("bad-metadata", "__metadata__"),
-])
+@pytest.mark.parametrize(
+    "case,needle",
+    [
+        ("empty", "truncated"),
+        ("short-length", "truncated"),
+        ("length-beyond-file", "exceeds the file size"),
+        ("not-json", "not valid JSON"),
+        ("not-object", "not a JSON object"),
+        ("unknown-dtype", "unsupported dtype 'F7'"),
+        ("bad-shape", "shape"),
+        ("offsets-lie-size", "needs 16"),
+        ("offsets-overlap", "overlap or leave a gap"),
+        ("truncated-data", "truncated: header describes"),
+        ("trailing", "trailing bytes"),
+        ("bad-metadata", "__metadata__"),
+    ],
+)
 def test_malformed_headers_are_one_input_error(tmp_path, case, needle):
     p = tmp_path / "bad.safetensors"
     f32 = lambda begin, end, shape=(4,): {"dtype": "F32", "shape": list(shape), "data_offsets": [begin, end]}  # noqa: E731
@@ -75,7 +83,7 @@ def test_malformed_headers_are_one_input_error(tmp_path, case, needle):
     elif case == "short-length":
         p.write_bytes(b"\x01\x00")
     elif case == "length-beyond-file":
-        _raw(p, {"a": f32(0, 16)}, b"\0" * 16, header_len=10 ** 6)
+        _raw(p, {"a": f32(0, 16)}, b"\0" * 16, header_len=10**6)
     elif case == "not-json":
         p.write_bytes(struct.pack("<Q", 5) + b"{nope")
     elif case == "not-object":

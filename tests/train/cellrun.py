@@ -26,18 +26,23 @@ def synthetic_batch(cfg) -> dict:
     n, s = cfg.samples_per_rollout, 5 + cfg.response_len
     tokens = torch.randint(0, 15, (n, s), generator=g)
     loss_mask = torch.zeros(n, s)
-    loss_mask[:, 4:s - 1] = 1.0
+    loss_mask[:, 4 : s - 1] = 1.0
     rewards = torch.randint(0, 2, (n,), generator=g).float()
     adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
-    return {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv.float(), "rewards": rewards,
-            "witness_ids": torch.arange(n, dtype=torch.int64)}
+    return {
+        "tokens": tokens,
+        "loss_mask": loss_mask,
+        "advantages": adv.float(),
+        "rewards": rewards,
+        "witness_ids": torch.arange(n, dtype=torch.int64),
+    }
 
 
 def _proc(index: int, jobs: list) -> None:
+    from ftkit.tensors.st import write_safetensors_atomic
     from ftkit.train.config import TrainConfig
     from ftkit.train.microshards import assign
     from ftkit.train.worker import RankWorker
-    from ftkit.tensors.st import write_safetensors_atomic
 
     run_dir, cfg_dict, alive, steps, nan_step, cell, rank, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
@@ -54,8 +59,7 @@ def _proc(index: int, jobs: list) -> None:
             poisoned["advantages"][-1] = float("nan")
             results.append(w.train_step(0, step, 0, 0, poisoned, shards, dump=False, dump_replicated=False))
             attempt = 1
-        results.append(w.train_step(0, step, attempt, 0, batch, shards, dump=True,
-                                    dump_replicated=cell == min(alive)))
+        results.append(w.train_step(0, step, attempt, 0, batch, shards, dump=True, dump_replicated=cell == min(alive)))
     out = Path(run_dir) / f"cell{cell}"
     w.save_final(str(out))
     weights = w.export_weights()

@@ -8,25 +8,40 @@ from ftkit.train.config import TrainConfig, load_config
 
 def test_defaults_are_the_documented_ones():
     c = TrainConfig()
-    assert (c.cells, c.tp, c.pp, c.engines, c.rollouts, c.steps_per_rollout, c.samples_per_rollout,
-            c.group_size, c.micro_shards, c.model, c.reduce, c.device, c.threads_per_rank) == \
-        (2, 1, 1, 1, 8, 2, 64, 8, 8, "tiny", "exact", "auto", 1)
+    assert (
+        c.cells,
+        c.tp,
+        c.pp,
+        c.engines,
+        c.rollouts,
+        c.steps_per_rollout,
+        c.samples_per_rollout,
+        c.group_size,
+        c.micro_shards,
+        c.model,
+        c.reduce,
+        c.device,
+        c.threads_per_rank,
+    ) == (2, 1, 1, 1, 8, 2, 64, 8, 8, "tiny", "exact", "auto", 1)
     assert (c.step_samples, c.shard_samples) == (32, 4)
     assert c.lr == 5e-3
 
 
-@pytest.mark.parametrize("values, message", [
-    (dict(micro_shards=3), "must be divisible by steps_per_rollout * micro_shards"),
-    (dict(cells=9), "micro_shards (8) must be at least cells (9)"),
-    (dict(tp=3), "tp (3) must divide"),
-    (dict(group_size=5, samples_per_rollout=32), "divisible by group_size"),
-    (dict(response_len=16), "response_len (16) must be below"),
-    (dict(dump_rollouts="first,x"), "'x' is not 'first', 'last' or a rollout index"),
-    (dict(bookkeeping=False), "bookkeeping=false needs reduce='float'"),
-    (dict(pp=4), "pp (4) must divide the tiny model's 2 layers"),
-    (dict(cells=0), "cells: Input should be greater than or equal to 1"),
-    (dict(colour="red"), "colour: Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(micro_shards=3), "must be divisible by steps_per_rollout * micro_shards"),
+        (dict(cells=9), "micro_shards (8) must be at least cells (9)"),
+        (dict(tp=3), "tp (3) must divide"),
+        (dict(group_size=5, samples_per_rollout=32), "divisible by group_size"),
+        (dict(response_len=16), "response_len (16) must be below"),
+        (dict(dump_rollouts="first,x"), "'x' is not 'first', 'last' or a rollout index"),
+        (dict(bookkeeping=False), "bookkeeping=false needs reduce='float'"),
+        (dict(pp=4), "pp (4) must divide the tiny model's 2 layers"),
+        (dict(cells=0), "cells: Input should be greater than or equal to 1"),
+        (dict(colour="red"), "colour: Extra inputs are not permitted"),
+    ],
+)
 def test_bad_values_are_one_line_config_errors(values, message):
     with pytest.raises(ConfigError) as err:
         load_config(values)
@@ -34,9 +49,16 @@ def test_bad_values_are_one_line_config_errors(values, message):
     assert err.value.hint
 
 
-@pytest.mark.parametrize("spec, expected", [
-    ("first,last", [0, 4]), ("all", [0, 1, 2, 3, 4]), ("none", []), ("2, last", [2, 4]), ("first", [0]),
-])
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("first,last", [0, 4]),
+        ("all", [0, 1, 2, 3, 4]),
+        ("none", []),
+        ("2, last", [2, 4]),
+        ("first", [0]),
+    ],
+)
 def test_dump_rollouts_selection(spec, expected):
     c = TrainConfig(rollouts=5, dump_rollouts=spec)
     assert [r for r in range(5) if c.dumps_rollout(r)] == expected

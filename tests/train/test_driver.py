@@ -33,8 +33,9 @@ def tensors_of(run_dir):
     """``{relative path: {tensor name: (dtype, shape, bytes)}}`` of every safetensors file."""
     out = {}
     for f in sorted(run_dir.rglob("*.safetensors")):
-        out[str(f.relative_to(run_dir))] = {k: (str(v.dtype), tuple(v.shape), v.numpy().tobytes())
-                                            for k, v in load_file(f).items()}
+        out[str(f.relative_to(run_dir))] = {
+            k: (str(v.dtype), tuple(v.shape), v.numpy().tobytes()) for k, v in load_file(f).items()
+        }
     return out
 
 
@@ -72,10 +73,10 @@ def test_one_two_and_three_cells_end_bitwise_identical(runs):
     for name in ("c1", "c3"):
         other = runs[name]
         assert other.steps_committed == other.steps_total == 4
-        assert tensors_of(other.run_dir) == ref_tensors, name          # final state, dumps, rollouts
+        assert tensors_of(other.run_dir) == ref_tensors, name  # final state, dumps, rollouts
         # engine fingerprints: every engine of every run holds the same weights per version
         assert [set(t) for t in other.engine_totals] == [set(t) for t in ref.engine_totals], name
-        assert fingerprints(other.run_dir) == ref_fps, name            # every committed step
+        assert fingerprints(other.run_dir) == ref_fps, name  # every committed step
     # the 3-cell run really split the work: every cell computed micro-shards
     outcomes = events_of(runs["c3"].run_dir, "step_outcome")
     assert {e["cell"] for e in outcomes if e["micro_shards"]} == {0, 1, 2}
@@ -166,7 +167,9 @@ def test_run_directory_holds_what_the_docs_say(runs):
     assert names == ["driver-i0.jsonl", "engine-r0-i0.jsonl", "trainer-c0-r0-i0.jsonl", "trainer-c1-r0-i0.jsonl"]
     assert "engine-r1-i0.jsonl" in {p.name for p in (runs["c3"].run_dir / "events").iterdir()}
     assert sorted(p.name for p in (r.run_dir / "rollouts").iterdir()) == [
-        "rollout_000000.safetensors", "rollout_000001.safetensors"]
+        "rollout_000000.safetensors",
+        "rollout_000001.safetensors",
+    ]
     batch = load_file(r.run_dir / "rollouts" / "rollout_000001.safetensors")
     assert batch["witness_ids"].tolist() == list(range(16, 32))
     assert torch.equal(batch["rewards"], batch["rewards"].clamp(0, 1))

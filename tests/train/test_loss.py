@@ -13,8 +13,9 @@ def test_micro_shard_losses_add_up_to_the_step_loss_for_any_cut():
     norm = step_tokens(mask)
     whole = pg_loss(nll, mask, adv, norm).double()
     for size in (1, 2, 3, 4, 6, 12):
-        parts = sum(pg_loss(nll[i:i + size], mask[i:i + size], adv[i:i + size], norm).double()
-                    for i in range(0, 12, size))
+        parts = sum(
+            pg_loss(nll[i : i + size], mask[i : i + size], adv[i : i + size], norm).double() for i in range(0, 12, size)
+        )
         assert torch.allclose(parts, whole, rtol=1e-6)
     expected = (adv[:, None].double() * nll * mask).sum() / mask.sum()
     assert torch.allclose(whole, expected, rtol=1e-6)

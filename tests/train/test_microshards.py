@@ -3,7 +3,8 @@
 import itertools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ftkit.train.microshards import assign, shard_seed, shard_slices
 
@@ -26,7 +27,7 @@ def test_assign_covers_every_shard_once_with_contiguous_ranges(m, alive):
     out = assign(m, alive)
     assert sorted(out) == sorted(alive)
     flat = [s for cell in sorted(out) for s in out[cell]]
-    assert flat == list(range(m))                      # in cell order, each shard once
+    assert flat == list(range(m))  # in cell order, each shard once
     sizes = [len(v) for v in out.values()]
     assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 

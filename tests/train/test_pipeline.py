@@ -5,13 +5,13 @@ so it must end bitwise where the PP=1 run of the same seed ends, for any cell co
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_driver import BASE, events_of, fingerprints, tensors_of
 
 from ftkit.cli import main
 from ftkit.model.gpt import global_param_name
 from ftkit.model.presets import get_preset
 from ftkit.train.config import TrainConfig
 from ftkit.train.driver import run_training
-from test_driver import BASE, events_of, fingerprints, tensors_of
 
 RUNS = {
     "pp1": dict(cells=1),
@@ -45,8 +45,10 @@ def merged_final(run_dir, tp=0, pp=2):
 
 def test_global_param_name_renumbers_only_decoder_layers():
     assert global_param_name("decoder.layers.0.mlp.linear_fc1.weight", 3) == "decoder.layers.3.mlp.linear_fc1.weight"
-    assert global_param_name("decoder.layers.12.self_attention.linear_qkv.bias", 4) == \
-        "decoder.layers.16.self_attention.linear_qkv.bias"
+    assert (
+        global_param_name("decoder.layers.12.self_attention.linear_qkv.bias", 4)
+        == "decoder.layers.16.self_attention.linear_qkv.bias"
+    )
     assert global_param_name("decoder.final_layernorm.weight", 1) == "decoder.final_layernorm.weight"
     assert global_param_name("embedding.word_embeddings.weight", 1) == "embedding.word_embeddings.weight"
     assert global_param_name("decoder.layers.1.mlp.linear_fc2.weight", 0) == "decoder.layers.1.mlp.linear_fc2.weight"
@@ -67,8 +69,7 @@ def test_pp2_cells_analyze_clean_and_end_bitwise_at_the_pp1_state(runs):
         assert r.engine_totals == ref.engine_totals, name
         # same step losses, bit for bit; the grad norm sums per-stage partial norms (a metric only)
         assert step_metrics(r.run_dir, "loss") == step_metrics(ref.run_dir, "loss"), name
-        assert step_metrics(r.run_dir, "grad_norm") == pytest.approx(step_metrics(ref.run_dir, "grad_norm"),
-                                                                     rel=1e-5)
+        assert step_metrics(r.run_dir, "grad_norm") == pytest.approx(step_metrics(ref.run_dir, "grad_norm"), rel=1e-5)
         # parameters and AdamW state of both stages are the PP=1 state, bitwise
         want, got = load_file(ref.run_dir / "final" / "tp0-pp0.safetensors"), merged_final(r.run_dir)
         assert sorted(got) == sorted(want)

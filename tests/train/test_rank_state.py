@@ -22,8 +22,9 @@ def test_every_parameter_and_optimizer_tensor_is_fingerprinted():
     assert params == {n: fingerprint(p) for n, p in named.items()}
     assert sorted(optim) == sorted(f"{n}.{k}" for n in named for k in ("exp_avg", "exp_avg_sq", "step"))
     assert optim["0.weight.exp_avg"] == fingerprint(opt.state[named["0.weight"]]["exp_avg"])
-    assert total == combine({**{f"param/{n}": h for n, h in params.items()},
-                             **{f"optimizer/{n}": h for n, h in optim.items()}})
+    assert total == combine(
+        {**{f"param/{n}": h for n, h in params.items()}, **{f"optimizer/{n}": h for n, h in optim.items()}}
+    )
     # the caller's kept (name, parameter) list gives the same result as walking the model
     assert fingerprint_state(model, opt, list(model.named_parameters())) == (total, params, optim)
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,24 +37,43 @@ def ray_head():
     token = os.path.join(temp_dir, "auth_token")
     with open(token, "w") as fh:
         fh.write(secrets.token_hex(32))
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token,
-           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # SIGTERM stops the head at once, no drain
-    log = open(os.path.join(temp_dir, "head.log"), "w+")
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": token,
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }  # SIGTERM stops the head at once, no drain
+    log = open(os.path.join(temp_dir, "head.log"), "w+")  # noqa: SIM115 - the head writes it until the end
     head = subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block", f"--port={port}",
-         "--node-ip-address=127.0.0.1", "--num-cpus=4", "--include-dashboard=false", f"--temp-dir={temp_dir}",
-         "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=4",
+            "--include-dashboard=false",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+    )
     try:
         deadline = time.monotonic() + 120
-        while "Ray runtime started" not in open(log.name).read():
-            assert head.poll() is None, open(log.name).read()
+        while "Ray runtime started" not in Path(log.name).read_text():
+            assert head.poll() is None, Path(log.name).read_text()
             assert time.monotonic() < deadline, "the Ray head did not start in 120 s"
             time.sleep(0.5)
         yield f"127.0.0.1:{port}", temp_dir, env
     finally:
         try:
-            os.killpg(head.pid, signal.SIGTERM)   # the head and the processes it spawned
+            os.killpg(head.pid, signal.SIGTERM)  # the head and the processes it spawned
             head.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(head.pid, signal.SIGKILL)
@@ -69,10 +89,33 @@ def test_train_joins_an_existing_cluster(ray_head, tmp_path):
     address, temp_dir, env = ray_head
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "ftkit", "train", "--ray-address", address, "--out", str(out), "--cells", "2",
-         "--rollouts", "1", "--steps-per-rollout", "1", "--samples-per-rollout", "8", "--micro-shards", "2",
-         "--format", "json"],
-        capture_output=True, text=True, timeout=540, env=env)
+        [
+            sys.executable,
+            "-m",
+            "ftkit",
+            "train",
+            "--ray-address",
+            address,
+            "--out",
+            str(out),
+            "--cells",
+            "2",
+            "--rollouts",
+            "1",
+            "--steps-per-rollout",
+            "1",
+            "--samples-per-rollout",
+            "8",
+            "--micro-shards",
+            "2",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert doc["verdict"] == "pass" and doc["schema_version"] == 1

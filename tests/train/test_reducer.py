@@ -67,8 +67,7 @@ def _cell_proc(index: int, port: int, out_dir: str) -> None:
 def reduced(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("reduce")
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    mp.start_processes(_cell_proc, args=(store.port, str(out_dir)), nprocs=len(CELLS),
-                       start_method="spawn", join=True)
+    mp.start_processes(_cell_proc, args=(store.port, str(out_dir)), nprocs=len(CELLS), start_method="spawn", join=True)
     return out_dir
 
 
@@ -94,7 +93,7 @@ def test_side_values_ride_the_integer_sum_bit_exactly(reduced):
             side = np.load(reduced / f"{name}_side_cell{cell}.npy")
             if nan_shard is None:
                 assert side.tobytes() == expected.tobytes(), (name, cell)
-            else:   # a refused step leaves the side vector as the cell filled it
+            else:  # a refused step leaves the side vector as the cell filled it
                 assert np.count_nonzero(side) == len(assign(M, alive)[cell])
 
 
@@ -103,13 +102,13 @@ def test_exact_reduction_equals_the_true_sum_to_float32_rounding(reduced):
     got = torch.from_numpy(_load(reduced, "three", 1)).double()
     views = LAYOUT.unflatten(got)
     assert torch.count_nonzero(views["zero"]) == 0
-    assert torch.count_nonzero(views["tiny"]) == 3    # tiny magnitudes survive the scale
+    assert torch.count_nonzero(views["tiny"]) == 3  # tiny magnitudes survive the scale
     assert torch.allclose(got, exact, rtol=1e-6, atol=0)
 
 
 def test_a_nonfinite_gradient_is_refused_by_every_cell_together(reduced):
     for cell in (1, 4):
-        assert _load(reduced, "nan", cell).size == 0            # None: the step is discarded
+        assert _load(reduced, "nan", cell).size == 0  # None: the step is discarded
         assert np.load(reduced / f"nan_float_cell{cell}.npy").size == 0
 
 
@@ -164,13 +163,13 @@ def test_numpy_and_torch_kernels_give_the_same_bits(k):
         src = rows.clone()
         outs.append((red.reduce(src, lambda t, op: None, side=s).clone(), s))
         if numpy_kernels:
-            assert torch.equal(src, rows)        # the numpy kernels only read the rows
+            assert torch.equal(src, rows)  # the numpy kernels only read the rows
     (a, sa), (b, sb) = outs
     assert a.numpy().tobytes() == b.numpy().tobytes()
     assert sa.numpy().tobytes() == sb.numpy().tobytes() == side.numpy().tobytes()
     exact = rows.double().sum(0)
     # the 1e-38 tensors sit below the clamped scale: quantised at 2**-127 absolute per row
-    assert torch.allclose(a.double(), exact, rtol=1e-6, atol=k * 2.0 ** -127)
+    assert torch.allclose(a.double(), exact, rtol=1e-6, atol=k * 2.0**-127)
     assert torch.count_nonzero(layout.unflatten(a)["zero"]) == 0
 
 

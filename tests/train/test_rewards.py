@@ -32,10 +32,13 @@ def test_deterministic_random_is_a_balanced_stable_hash():
 
 
 def test_random_bit_matches_a_fresh_interpreter():
-    code = ("from ftkit.train.rewards import random_bit; "
-            "print(''.join(str(random_bit([1, 5, 3, i % 10, 4], [i, 2, 7])) for i in range(64)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONHASHSEED": "7"}).stdout.strip()
+    code = (
+        "from ftkit.train.rewards import random_bit; "
+        "print(''.join(str(random_bit([1, 5, 3, i % 10, 4], [i, 2, 7])) for i in range(64)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "7"}
+    ).stdout.strip()
     assert out == "".join(str(random_bit([1, 5, 3, i % 10, 4], [i, 2, 7])) for i in range(64))
 
 

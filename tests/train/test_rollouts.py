@@ -14,7 +14,7 @@ def test_group_advantages_normalise_each_group():
     assert a[:4].tolist() == pytest.approx([1, -1, -1, 1], abs=1e-5)
     assert a[4:8].tolist() == [0.0, 0.0, 0.0, 0.0]  # no signal in an all-equal group
     assert a[8:].sum().item() == pytest.approx(0.0, abs=1e-6)
-    assert a[11].item() == pytest.approx(3 ** 0.5, rel=1e-5)
+    assert a[11].item() == pytest.approx(3**0.5, rel=1e-5)
     with pytest.raises(ValueError):
         rollouts.group_advantages(r, 5)
 

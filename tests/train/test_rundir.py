@@ -42,12 +42,21 @@ def test_a_directory_that_is_not_a_run_is_never_replaced(tmp_path):
 
 
 def test_run_json_records_config_layout_and_seed(tmp_path):
-    cfg = TrainConfig(cells=3, micro_shards=8, samples_per_rollout=32, group_size=4, seed=9,
-                      reward="deterministic_random")
+    cfg = TrainConfig(
+        cells=3, micro_shards=8, samples_per_rollout=32, group_size=4, seed=9, reward="deterministic_random"
+    )
     write_run_json(tmp_path, cfg, "cpu", AdditionTask(cfg.response_len))
     doc = json.loads((tmp_path / "run.json").read_text())
     assert doc["schema"] == RUN_SCHEMA and doc["seed"] == 9 and doc["run"] == tmp_path.name
     assert TrainConfig.model_validate(doc["config"]) == cfg  # the config round-trips
-    assert doc["layout"] == {"cells": 3, "tp": 1, "pp": 1, "engines": 1, "device": "cpu", "micro_shards": 8,
-                             "samples_per_step": 16, "samples_per_micro_shard": 2}
+    assert doc["layout"] == {
+        "cells": 3,
+        "tp": 1,
+        "pp": 1,
+        "engines": 1,
+        "device": "cpu",
+        "micro_shards": 8,
+        "samples_per_step": 16,
+        "samples_per_micro_shard": 2,
+    }
     assert doc["task"]["reward"] == "deterministic_random" and doc["task"]["prompt_len"] == 5

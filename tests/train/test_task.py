@@ -4,8 +4,18 @@ import pytest
 import torch
 
 from ftkit.model.presets import PRESETS
-from ftkit.train.task import (ANSWER_LEN, BOS, DIGIT0, EOS, EQUALS, PLUS, PROMPT_LEN,
-                              RESPONSE_TOKENS, VOCAB_SIZE, AdditionTask)
+from ftkit.train.task import (
+    ANSWER_LEN,
+    BOS,
+    DIGIT0,
+    EOS,
+    EQUALS,
+    PLUS,
+    PROMPT_LEN,
+    RESPONSE_TOKENS,
+    VOCAB_SIZE,
+    AdditionTask,
+)
 
 
 def test_prompts_are_well_formed_and_seeded():
@@ -22,8 +32,7 @@ def test_prompts_are_well_formed_and_seeded():
 
 def test_answers_and_reward_give_partial_credit():
     task = AdditionTask(response_len=4)
-    prompts = torch.tensor([[BOS, DIGIT0 + 3, PLUS, DIGIT0 + 4, EQUALS],
-                            [BOS, DIGIT0 + 9, PLUS, DIGIT0 + 8, EQUALS]])
+    prompts = torch.tensor([[BOS, DIGIT0 + 3, PLUS, DIGIT0 + 4, EQUALS], [BOS, DIGIT0 + 9, PLUS, DIGIT0 + 8, EQUALS]])
     assert task.answers(prompts).tolist() == [[DIGIT0, DIGIT0 + 7, EOS], [DIGIT0 + 1, DIGIT0 + 7, EOS]]
     right = torch.tensor([[DIGIT0, DIGIT0 + 7, EOS, DIGIT0 + 5], [DIGIT0 + 1, DIGIT0 + 7, EOS, EOS]])
     assert task.reward(prompts, right).tolist() == [1.0, 1.0]  # after <eos> is not scored

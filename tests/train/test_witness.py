@@ -52,7 +52,7 @@ def test_backward_counts_each_sample_once_at_its_row(model):
     w = WitnessTable(capacity=32)
     _run(model, tokens, mask, adv, w, torch.tensor([40, 41, 42, 43]))
     g = w.param.grad
-    assert torch.equal(g[8:12, 0], torch.ones(4))          # rows = id % 32
+    assert torch.equal(g[8:12, 0], torch.ones(4))  # rows = id % 32
     assert g[:, 0].sum() == 4 and torch.all(g[8:12, 1] > 0)
     assert w.read(g, [40, 41, 42, 43]) == ([40, 41, 42, 43], [1, 1, 1, 1], g[8:12, 1].double().tolist())
 
@@ -68,7 +68,7 @@ def test_a_duplicated_sample_counts_twice(model):
 
 def test_contribution_is_zero_when_the_loss_does_not_reach_the_model(model):
     tokens, mask, adv = _batch()
-    mask[2] = 0                                            # sample 2 learns nothing
+    mask[2] = 0  # sample 2 learns nothing
     w = WitnessTable(capacity=8)
     _run(model, tokens, mask, adv, w, torch.tensor([4, 5, 6, 7]))
     ids, counts, contribs = w.read(w.param.grad, [4, 5, 6, 7])
@@ -80,7 +80,7 @@ def test_ids_colliding_modulo_capacity_are_refused():
     w = WitnessTable(capacity=8)
     with pytest.raises(ValueError, match="collide"):
         w.rows(torch.tensor([1, 9]))
-    assert w.rows(torch.tensor([1, 1])).tolist() == [1, 1]   # the same id twice is a duplicate, not a collision
+    assert w.rows(torch.tensor([1, 1])).tolist() == [1, 1]  # the same id twice is a duplicate, not a collision
 
 
 def test_read_refuses_a_fractional_count():
@@ -89,4 +89,4 @@ def test_read_refuses_a_fractional_count():
     g[1, 0] = 0.5
     with pytest.raises(ValueError, match="not an integer"):
         w.read(g, [1])
-    assert w.read(torch.zeros(4, 2), [0, 1]) == ([], [], [])      # lost samples are absent
+    assert w.read(torch.zeros(4, 2), [0, 1]) == ([], [], [])  # lost samples are absent

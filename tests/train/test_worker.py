@@ -8,12 +8,19 @@ import json
 
 import pytest
 import torch
+from cellrun import events, run_cells
 from safetensors.torch import load_file
 
-from cellrun import events, run_cells
-
-BASE = dict(samples_per_rollout=24, steps_per_rollout=2, micro_shards=6, group_size=4, seed=7, lr=1e-3,
-            response_len=6, dump_what=("activations", "grads", "weights"))
+BASE = dict(
+    samples_per_rollout=24,
+    steps_per_rollout=2,
+    micro_shards=6,
+    group_size=4,
+    seed=7,
+    lr=1e-3,
+    response_len=6,
+    dump_what=("activations", "grads", "weights"),
+)
 
 
 def _cfg(**kw):
@@ -41,15 +48,18 @@ def _losses(run, cell):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cells")
-    return run_cells(tmp, {
-        "one": (_cfg(cells=1), [0], 2),
-        "two": (_cfg(cells=2), [0, 1], 2),
-        "three": (_cfg(cells=3), [0, 2, 5], 2),
-        "one_init": (_cfg(cells=1, dump_rollouts="none"), [0], 0),
-        "tp2_init": (_cfg(cells=1, tp=2, dump_rollouts="none"), [0], 0),
-        "tp2": (_cfg(cells=2, tp=2, dump_rollouts="none"), [0, 1], 2),
-        "nan": (_cfg(cells=2), [0, 1], 2, 1),
-    })
+    return run_cells(
+        tmp,
+        {
+            "one": (_cfg(cells=1), [0], 2),
+            "two": (_cfg(cells=2), [0, 1], 2),
+            "three": (_cfg(cells=3), [0, 2, 5], 2),
+            "one_init": (_cfg(cells=1, dump_rollouts="none"), [0], 0),
+            "tp2_init": (_cfg(cells=1, tp=2, dump_rollouts="none"), [0], 0),
+            "tp2": (_cfg(cells=2, tp=2, dump_rollouts="none"), [0, 1], 2),
+            "nan": (_cfg(cells=2), [0, 1], 2, 1),
+        },
+    )
 
 
 @pytest.mark.slow
@@ -70,7 +80,7 @@ def test_one_two_and_three_cells_end_bitwise_identical(runs):
     # dumps: the same files holding the same bits, whichever cell wrote each micro-shard
     dumps = _tensor_dir(runs["one"] / "dumps")
     assert "actor/fwd_bwd/rollout_000000/replicated-tp0-pp0.safetensors" in dumps
-    assert sum("-ms0" in f for f in dumps) == 12          # 2 steps x 6 micro-shards
+    assert sum("-ms0" in f for f in dumps) == 12  # 2 steps x 6 micro-shards
     for name in ("two", "three"):
         assert _tensor_dir(runs[name] / "dumps") == dumps, name
 
@@ -79,14 +89,15 @@ def test_one_two_and_three_cells_end_bitwise_identical(runs):
 def test_worker_events_step_outcome_witness_and_fingerprints(runs):
     run = runs["three"]
     outcomes = events(run, "step_outcome")
-    assert {(e["cell"], e["step"], e["outcome"]) for e in outcomes} == \
-        {(c, s, "committed") for c in (0, 2, 5) for s in (0, 1)}
+    assert {(e["cell"], e["step"], e["outcome"]) for e in outcomes} == {
+        (c, s, "committed") for c in (0, 2, 5) for s in (0, 1)
+    }
     assert {e["cell"]: e["micro_shards"] for e in outcomes if e["step"] == 0} == {0: [0, 1], 2: [2, 3], 5: [4, 5]}
     counts = events(run, "witness_counts")
     assert len(counts) == 6
     for e in counts:
-        assert e["ids"] == list(range(12 * e["step"], 12 * e["step"] + 12))    # the step's samples
-        assert e["counts"] == [1] * 12                                       # each exactly once
+        assert e["ids"] == list(range(12 * e["step"], 12 * e["step"] + 12))  # the step's samples
+        assert e["counts"] == [1] * 12  # each exactly once
     fp = events(run, "state_fingerprint")[0]
     assert "decoder.layers.0.mlp.linear_fc1.weight" in fp["params"]
     assert "decoder.layers.0.mlp.linear_fc1.weight.exp_avg" in fp["optimizer"]
@@ -99,9 +110,14 @@ def test_worker_events_step_outcome_witness_and_fingerprints(runs):
 def test_a_nonfinite_attempt_is_discarded_by_every_cell_and_leaves_no_trace(runs):
     run = runs["nan"]
     outcomes = sorted((e["step"], e["attempt"], e["cell"], e["outcome"]) for e in events(run, "step_outcome"))
-    assert outcomes == [(0, 0, 0, "committed"), (0, 0, 1, "committed"),
-                        (1, 0, 0, "discarded"), (1, 0, 1, "discarded"),     # NaN only in cell 1's shard
-                        (1, 1, 0, "committed"), (1, 1, 1, "committed")]
+    assert outcomes == [
+        (0, 0, 0, "committed"),
+        (0, 0, 1, "committed"),
+        (1, 0, 0, "discarded"),
+        (1, 0, 1, "discarded"),  # NaN only in cell 1's shard
+        (1, 1, 0, "committed"),
+        (1, 1, 1, "committed"),
+    ]
     assert {(e["step"], e["cell"]) for e in events(run, "grad_nonfinite")} == {(1, 0), (1, 1)}
     assert {(e["step"], e["attempt"]) for e in events(run, "witness_counts")} == {(0, 0), (1, 1)}
     assert [r["committed"] for r in json.loads((run / "cell0" / "results-r0.json").read_text())] == [True, False, True]
@@ -134,6 +150,6 @@ def test_tp2_cells_export_the_tp1_layout_and_train_like_tp1(runs):
         # agree with TP=1 to 1% of that movement
         assert torch.allclose(one[k], two[k], rtol=0, atol=2e-5), k
         moved += int(not torch.equal(two[k], init2[k]))
-    assert moved == len(one)                                         # training changed every tensor
+    assert moved == len(one)  # training changed every tensor
     assert _losses(runs["tp2"], 0) == pytest.approx(_losses(runs["one"], 0), rel=1e-4, abs=1e-6)
     assert {e["counts"] == [1] * 12 for e in events(runs["tp2"], "witness_counts")} == {True}

@@ -24,20 +24,32 @@ class NonfiniteMetric(Rule):
         self.checked += len(values)
         for name, v in values.items():
             if v is None:
-                self.report(f"metric {name} is null at step {ev['step']} (rollout {ev['rollout']})",
-                            Severity.warning, metric=name, step=ev["step"], rollout=ev["rollout"],
-                            where=self.replay.where(fi, line))
+                self.report(
+                    f"metric {name} is null at step {ev['step']} (rollout {ev['rollout']})",
+                    Severity.warning,
+                    metric=name,
+                    step=ev["step"],
+                    rollout=ev["rollout"],
+                    where=self.replay.where(fi, line),
+                )
             elif not _isfinite(v):
-                self.report(f"metric {name} = {v} at step {ev['step']} (rollout {ev['rollout']})", metric=name,
-                            step=ev["step"], rollout=ev["rollout"], where=self.replay.where(fi, line))
+                self.report(
+                    f"metric {name} = {v} at step {ev['step']} (rollout {ev['rollout']})",
+                    metric=name,
+                    step=ev["step"],
+                    rollout=ev["rollout"],
+                    where=self.replay.where(fi, line),
+                )
 
 
 @register
 class CheckpointUntrusted(Rule):
     code = "FT110"
     name = "checkpoint-untrusted"
-    description = ("a checkpoint was published although a grad_nonfinite or a non-finite metric falls in its "
-                   "guard interval, its metric is non-finite, or its guard interval stops short of its step")
+    description = (
+        "a checkpoint was published although a grad_nonfinite or a non-finite metric falls in its "
+        "guard interval, its metric is non-finite, or its guard interval stops short of its step"
+    )
     fix = "the non-finite guard must veto publication for the whole interval since the previous checkpoint"
     events = ("metric", "grad_nonfinite", "checkpoint_published")
 
@@ -66,11 +78,20 @@ class CheckpointUntrusted(Rule):
             inside = [s for s in bad_steps if lo <= s <= hi]
             base = f"checkpoint {ev['kind']} at step {ev['step']} ({ev['path']})"
             if inside:
-                self.report(f"{base} published although its guard interval [{lo}, {hi}] holds non-finite step(s) "
-                            f"{inside[:5]}: {self.bad[inside[0]]}", step=ev["step"], kind=ev["kind"],
-                            bad_steps=inside[:20], where=where)
+                self.report(
+                    f"{base} published although its guard interval [{lo}, {hi}] holds non-finite step(s) "
+                    f"{inside[:5]}: {self.bad[inside[0]]}",
+                    step=ev["step"],
+                    kind=ev["kind"],
+                    bad_steps=inside[:20],
+                    where=where,
+                )
             if ev["metric"] is not None and not _isfinite(ev["metric"]):
                 self.report(f"{base} published with metric {ev['metric']}", step=ev["step"], where=where)
             if hi < ev["step"]:
-                self.report(f"{base}: guard interval [{lo}, {hi}] stops before the checkpoint's step",
-                            Severity.warning, step=ev["step"], where=where)
+                self.report(
+                    f"{base}: guard interval [{lo}, {hi}] stops before the checkpoint's step",
+                    Severity.warning,
+                    step=ev["step"],
+                    where=where,
+                )

@@ -16,14 +16,19 @@ from ftkit.analysis.registry import Rule, register
 class LogIntegrity(Rule):
     code = "FT111"
     name = "log-integrity"
-    description = ("seq gap, malformed or truncated line (truncated last line: a warning), invalid event, "
-                   "no run_started, events after run_finished, writer-reported drops")
+    description = (
+        "seq gap, malformed or truncated line (truncated last line: a warning), invalid event, "
+        "no run_started, events after run_finished, writer-reported drops"
+    )
     fix = "lines were lost or the log was damaged: check disk space and that every process closes its writer"
     events = ("events_dropped",)
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        self.report(f"a writer dropped {ev['count']} line(s): {ev['last_error']}", count=ev["count"],
-                    where=self.replay.where(fi, line))
+        self.report(
+            f"a writer dropped {ev['count']} line(s): {ev['last_error']}",
+            count=ev["count"],
+            where=self.replay.where(fi, line),
+        )
 
     def finish(self) -> None:
         r = self.replay
@@ -31,19 +36,27 @@ class LogIntegrity(Rule):
         if r.run_started is None:
             self.report("no run_started event: the log is incomplete or not a run log")
         if r.after_finish[0]:
-            self.report(f"{r.after_finish[0]} event(s) logged after run_finished", count=r.after_finish[0],
-                        where=r.after_finish[1])
+            self.report(
+                f"{r.after_finish[0]} event(s) logged after run_finished",
+                count=r.after_finish[0],
+                where=r.after_finish[1],
+            )
         if r.late[0]:
-            self.report(f"{r.late[0]} event(s) arrived after their step or rollout was closed (out of time order)",
-                        Severity.warning, count=r.late[0], where=r.late[1])
+            self.report(
+                f"{r.late[0]} event(s) arrived after their step or rollout was closed (out of time order)",
+                Severity.warning,
+                count=r.late[0],
+                where=r.late[1],
+            )
 
 
 @register
 class FaultUnrecovered(Rule):
     code = "FT113"
     name = "fault-unrecovered"
-    description = ("a fault_injected with no following reconfigure, heal or committed retry, or a run that did "
-                   "not complete")
+    description = (
+        "a fault_injected with no following reconfigure, heal or committed retry, or a run that did not complete"
+    )
     fix = "the run did not recover from a fault: see the recovery table and the driver's log"
 
     def finish(self) -> None:
@@ -51,13 +64,22 @@ class FaultUnrecovered(Rule):
         for row in r.recovery.rows:
             self.check()
             if row.recovered_by is None:
-                self.report(f"fault {row.kind} at {row.point} (cell {row.cell}, step {row.step}) was not followed by "
-                            f"a reconfigure, heal or committed retry", cell=row.cell, rank=row.rank,
-                            step=row.step, rollout=row.rollout, where=row.where)
+                self.report(
+                    f"fault {row.kind} at {row.point} (cell {row.cell}, step {row.step}) was not followed by "
+                    f"a reconfigure, heal or committed retry",
+                    cell=row.cell,
+                    rank=row.rank,
+                    step=row.step,
+                    rollout=row.rollout,
+                    where=row.where,
+                )
         self.check()
         if r.run_finished is None:
             self.report("the run did not finish: no run_finished event")
         elif r.run_finished[0]["status"] != "completed":
             ev = r.run_finished[0]
-            self.report(f"the run ended {ev['status']}: {ev.get('reason') or 'no reason given'}",
-                        status=ev["status"], where=r.run_finished[1])
+            self.report(
+                f"the run ended {ev['status']}: {ev.get('reason') or 'no reason given'}",
+                status=ev["status"],
+                where=r.run_finished[1],
+            )

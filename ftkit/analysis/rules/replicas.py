@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import Any, Optional
+from typing import Any
 
 from ftkit.analysis.findings import Severity
-from ftkit.analysis.registry import Rule, register
 from ftkit.analysis.records import StepRecord
+from ftkit.analysis.registry import Rule, register
 
 MAX_NAMES = 5
 KEEP_VERSIONS = 8
@@ -25,7 +25,7 @@ def differing_tensors(ref: tuple[dict, dict], other: tuple[dict, dict]) -> list[
     return names[:MAX_NAMES]
 
 
-def majority(by_cell: dict[int, str]) -> Optional[str]:
+def majority(by_cell: dict[int, str]) -> str | None:
     """The value held by strictly more cells than any other, or None on a tie."""
     ranked = Counter(by_cell.values()).most_common()
     if len(ranked) == 1 or ranked[0][1] > ranked[1][1]:
@@ -37,10 +37,14 @@ def majority(by_cell: dict[int, str]) -> Optional[str]:
 class ReplicaDivergence(Rule):
     code = "FT101"
     name = "replica-divergence"
-    description = ("state_fingerprint.total differs between cells for the same (rollout, step, attempt, rank), "
-                   "or cells report different witness counts for the same reduced gradient")
-    fix = ("the replicas are no longer identical: look at the first differing tensors of the outlier cell; "
-           "check for non-deterministic kernels, thread counts or a float (non-exact) reduction")
+    description = (
+        "state_fingerprint.total differs between cells for the same (rollout, step, attempt, rank), "
+        "or cells report different witness counts for the same reduced gradient"
+    )
+    fix = (
+        "the replicas are no longer identical: look at the first differing tensors of the outlier cell; "
+        "check for non-deterministic kernels, thread counts or a float (non-exact) reduction"
+    )
 
     def on_step(self, rec: StepRecord) -> None:
         for rank, by_cell in rec.fingerprints.items():
@@ -57,26 +61,37 @@ class ReplicaDivergence(Rule):
             other = rec.fp_detail[(rank, by_cell[first])]
             names = differing_tensors(ref[:2], other[:2])
             who = f"cell(s) {outliers} differ from the majority" if top else f"no majority among cells {outliers}"
-            self.report(f"replica divergence at step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) "
-                        f"rank {rank}: {who}; first differing tensors: {', '.join(names) or '?'}",
-                        cells=outliers, rank=rank, tensors=names,
-                        majority_cells=sorted(c for c, t in by_cell.items() if t == top) if top else None,
-                        where=other[3], **rec.evidence())
+            self.report(
+                f"replica divergence at step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) "
+                f"rank {rank}: {who}; first differing tensors: {', '.join(names) or '?'}",
+                cells=outliers,
+                rank=rank,
+                tensors=names,
+                majority_cells=sorted(c for c, t in by_cell.items() if t == top) if top else None,
+                where=other[3],
+                **rec.evidence(),
+            )
         if rec.witness is not None and rec.committed:
             self.check()
             if rec.witness_conflicts:
                 cells = sorted({c for c, _ in rec.witness_conflicts})
-                self.report(f"cells disagree on the witness counts of step {rec.step} (rollout {rec.rollout}, "
-                            f"attempt {rec.attempt}): cell {rec.witness[2]} vs cell(s) {cells}",
-                            cells=[rec.witness[2], *cells], where=rec.witness_conflicts[0][1], **rec.evidence())
+                self.report(
+                    f"cells disagree on the witness counts of step {rec.step} (rollout {rec.rollout}, "
+                    f"attempt {rec.attempt}): cell {rec.witness[2]} vs cell(s) {cells}",
+                    cells=[rec.witness[2], *cells],
+                    where=rec.witness_conflicts[0][1],
+                    **rec.evidence(),
+                )
 
 
 @register
 class EngineWeights(Rule):
     code = "FT102"
     name = "engine-weights"
-    description = ("an engine loaded weights other than those sent for that version, engines disagree, "
-                   "or an engine did not report a version that was sent")
+    description = (
+        "an engine loaded weights other than those sent for that version, engines disagree, "
+        "or an engine did not report a version that was sent"
+    )
     fix = "check the weight transfer to the engines (dtype casts, TP gather order, a stale version)"
     events = ("weights_sent", "engine_weights")
 
@@ -101,15 +116,31 @@ class EngineWeights(Rule):
         if sent is not None:
             if ev["total"] != sent[0]:
                 names = differing_tensors((sent[1], {}), (ev["params"], {}))
-                self.report(f"engine {ev['engine']} loaded weights {ev['total'][:12]} for version {version}, "
-                            f"sent {sent[0][:12]}; first differing tensors: {', '.join(names) or '?'}",
-                            engine=ev["engine"], version=version, rollout=ev["rollout"], tensors=names, where=where)
+                self.report(
+                    f"engine {ev['engine']} loaded weights {ev['total'][:12]} for version {version}, "
+                    f"sent {sent[0][:12]}; first differing tensors: {', '.join(names) or '?'}",
+                    engine=ev["engine"],
+                    version=version,
+                    rollout=ev["rollout"],
+                    tensors=names,
+                    where=where,
+                )
         elif len(set(engines.values())) > 1:
-            self.report(f"engines disagree on version {version}: {engines}", engines=sorted(engines),
-                        version=version, rollout=ev["rollout"], where=where)
+            self.report(
+                f"engines disagree on version {version}: {engines}",
+                engines=sorted(engines),
+                version=version,
+                rollout=ev["rollout"],
+                where=where,
+            )
         elif len(engines) == 1:
-            self.report(f"engine {ev['engine']} loaded version {version}, which was never sent (weights_sent)",
-                        Severity.warning, engine=ev["engine"], version=version, where=where)
+            self.report(
+                f"engine {ev['engine']} loaded version {version}, which was never sent (weights_sent)",
+                Severity.warning,
+                engine=ev["engine"],
+                version=version,
+                where=where,
+            )
 
     def _close(self, version: int) -> None:
         sent = self.sent.pop(version, None)
@@ -118,8 +149,12 @@ class EngineWeights(Rule):
         n = started["num_engines"] if started is not None else 0
         missing = [e for e in range(n) if e not in engines]
         if sent is not None and missing:
-            self.report(f"engine(s) {missing} did not report loading weights version {version}",
-                        engines=missing, version=version, where=sent[2])
+            self.report(
+                f"engine(s) {missing} did not report loading weights version {version}",
+                engines=missing,
+                version=version,
+                where=sent[2],
+            )
         while len(self.loaded) > KEEP_VERSIONS:
             self.loaded.popitem(last=False)
 
@@ -132,8 +167,10 @@ class EngineWeights(Rule):
 class HealUnverified(Rule):
     code = "FT107"
     name = "heal-unverified"
-    description = ("a heal's total differs from donor_total, or the healed cell's first committed fingerprint "
-                   "differs from its peers'")
+    description = (
+        "a heal's total differs from donor_total, or the healed cell's first committed fingerprint "
+        "differs from its peers'"
+    )
     fix = "the state transfer to the restarted cell is incomplete or corrupted: check what the donor sends"
     events = ("heal",)
 
@@ -145,9 +182,14 @@ class HealUnverified(Rule):
         where = self.replay.where(fi, line)
         self.check()
         if ev["total"] != ev["donor_total"]:
-            self.report(f"heal of cell {ev['cell']} from donor {ev['donor']}: received state {ev['total'][:12]} "
-                        f"!= donor's {ev['donor_total'][:12]}", cell=ev["cell"], donor=ev["donor"],
-                        epoch=ev["epoch"], where=where)
+            self.report(
+                f"heal of cell {ev['cell']} from donor {ev['donor']}: received state {ev['total'][:12]} "
+                f"!= donor's {ev['donor_total'][:12]}",
+                cell=ev["cell"],
+                donor=ev["donor"],
+                epoch=ev["epoch"],
+                where=where,
+            )
         self.pending[ev["cell"]] = (ev["time"], where)
 
     def on_step(self, rec: StepRecord) -> None:
@@ -164,13 +206,22 @@ class HealUnverified(Rule):
                 checked = True
                 ref = majority(peers)
                 if by_cell[cell] != ref:
-                    self.report(f"healed cell {cell}: first committed fingerprint at step {rec.step} rank {rank} "
-                                f"differs from its peers {sorted(peers)}", cell=cell, rank=rank, where=where,
-                                **rec.evidence())
+                    self.report(
+                        f"healed cell {cell}: first committed fingerprint at step {rec.step} rank {rank} "
+                        f"differs from its peers {sorted(peers)}",
+                        cell=cell,
+                        rank=rank,
+                        where=where,
+                        **rec.evidence(),
+                    )
             if checked:
                 del self.pending[cell]
 
     def finish(self) -> None:
         for cell, (_, where) in self.pending.items():
-            self.report(f"heal of cell {cell} never verified: it committed no step alongside a peer afterwards",
-                        Severity.warning, cell=cell, where=where)
+            self.report(
+                f"heal of cell {cell} never verified: it committed no step alongside a peer afterwards",
+                Severity.warning,
+                cell=cell,
+                where=where,
+            )

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
-from ftkit.analysis.registry import Rule, register
 from ftkit.analysis.records import StepRecord
+from ftkit.analysis.registry import Rule, register
 
 
 @register
 class CommitInconsistent(Rule):
     code = "FT106"
     name = "commit-inconsistent"
-    description = ("a step committed by some live cells and discarded, failed or missing on others "
-                   "(or on some ranks of a cell), or a step committed twice")
+    description = (
+        "a step committed by some live cells and discarded, failed or missing on others "
+        "(or on some ranks of a cell), or a step committed twice"
+    )
     fix = "the commit protocol broke: every live cell must commit an attempt, or none may"
     events = ("step_outcome",)
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
-        self.last: dict[tuple[int, Optional[int]], tuple[int, int]] = {}
+        self.last: dict[tuple[int, int | None], tuple[int, int]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["outcome"] != "committed":
@@ -28,9 +30,15 @@ class CommitInconsistent(Rule):
         key = (ev["cell"], rank)
         prev = self.last.get(key)
         if prev is not None and ev["step"] <= prev[0]:
-            self.report(f"cell {ev['cell']} rank {rank} committed step {ev['step']} (attempt {ev['attempt']}) "
-                        f"after already committing step {prev[0]} (attempt {prev[1]})", cell=ev["cell"], rank=rank,
-                        step=ev["step"], attempt=ev["attempt"], where=self.replay.where(fi, line))
+            self.report(
+                f"cell {ev['cell']} rank {rank} committed step {ev['step']} (attempt {ev['attempt']}) "
+                f"after already committing step {prev[0]} (attempt {prev[1]})",
+                cell=ev["cell"],
+                rank=rank,
+                step=ev["step"],
+                attempt=ev["attempt"],
+                where=self.replay.where(fi, line),
+            )
         self.last[key] = (max(ev["step"], prev[0]) if prev else ev["step"], ev["attempt"])
 
     def on_step(self, rec: StepRecord) -> None:
@@ -52,25 +60,31 @@ class CommitInconsistent(Rule):
             for r, o in bad:
                 problems.append(f"{o} on cell {cell} rank {r}")
         if problems:
-            self.report(f"step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) committed by cells "
-                        f"{sorted(rec.committed_cells)} but {'; '.join(problems[:8])}",
-                        cells=sorted(rec.committed_cells), problems=problems, **rec.evidence())
+            self.report(
+                f"step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) committed by cells "
+                f"{sorted(rec.committed_cells)} but {'; '.join(problems[:8])}",
+                cells=sorted(rec.committed_cells),
+                problems=problems,
+                **rec.evidence(),
+            )
 
 
 @register
 class MembershipInconsistent(Rule):
     code = "FT108"
     name = "membership-inconsistent"
-    description = ("a cell commits steps while not a member of the epoch's alive set, the alive set contradicts "
-                   "reconfigure / cell_state, or a cell_state transition starts from a state the cell was not in")
+    description = (
+        "a cell commits steps while not a member of the epoch's alive set, the alive set contradicts "
+        "reconfigure / cell_state, or a cell_state transition starts from a state the cell was not in"
+    )
     fix = "the driver's cell state machine and the cross-cell groups disagree: check reconfigure and heal ordering"
     events = ("cell_state", "reconfigure")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.state: dict[int, str] = {}
-        self.epoch: Optional[int] = None
-        self.alive: Optional[frozenset[int]] = None
+        self.epoch: int | None = None
+        self.alive: frozenset[int] | None = None
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
         where = self.replay.where(fi, line)
@@ -78,8 +92,11 @@ class MembershipInconsistent(Rule):
         if ev["type"] == "cell_state":
             prev = self.state.get(ev["cell"])
             if prev is not None and prev != ev["old"]:
-                self.report(f"cell {ev['cell']}: cell_state {ev['old']} -> {ev['new']}, but it was {prev}",
-                            cell=ev["cell"], where=where)
+                self.report(
+                    f"cell {ev['cell']}: cell_state {ev['old']} -> {ev['new']}, but it was {prev}",
+                    cell=ev["cell"],
+                    where=where,
+                )
             self.state[ev["cell"]] = ev["new"]
             return
         epoch, before = ev["epoch"], frozenset(ev["alive_before"])
@@ -87,8 +104,12 @@ class MembershipInconsistent(Rule):
             self.report(f"reconfigure to epoch {epoch} after epoch {self.epoch}", epoch=epoch, where=where)
         prev_alive = self.alive if self.alive is not None else self.replay.epochs.get(epoch - 1)
         if prev_alive is not None and before != prev_alive:
-            self.report(f"reconfigure to epoch {epoch}: alive_before {sorted(before)} but the previous alive set "
-                        f"was {sorted(prev_alive)}", epoch=epoch, where=where)
+            self.report(
+                f"reconfigure to epoch {epoch}: alive_before {sorted(before)} but the previous alive set "
+                f"was {sorted(prev_alive)}",
+                epoch=epoch,
+                where=where,
+            )
         self.epoch, self.alive = epoch, frozenset(ev["alive_after"])
 
     def on_step(self, rec: StepRecord) -> None:
@@ -97,25 +118,33 @@ class MembershipInconsistent(Rule):
         self.check()
         alive = self.replay.alive(rec.epoch, rec)
         if alive is None:
-            self.report(f"step {rec.step} ran in epoch {rec.epoch}, which no reconfigure announced",
-                        **rec.evidence())
+            self.report(f"step {rec.step} ran in epoch {rec.epoch}, which no reconfigure announced", **rec.evidence())
             return
         outsiders = sorted(rec.committed_cells - alive)
         if outsiders:
-            self.report(f"cell(s) {outsiders} committed step {rec.step} but are not in epoch {rec.epoch}'s alive "
-                        f"set {sorted(alive)}", cells=outsiders, **rec.evidence())
+            self.report(
+                f"cell(s) {outsiders} committed step {rec.step} but are not in epoch {rec.epoch}'s alive "
+                f"set {sorted(alive)}",
+                cells=outsiders,
+                **rec.evidence(),
+            )
         if rec.alive_snapshot is not None and rec.alive_snapshot != alive:
-            self.report(f"epoch {rec.epoch}'s alive set {sorted(alive)} contradicts cell_state, which has cells "
-                        f"{sorted(rec.alive_snapshot)} alive at step {rec.step}", cells=sorted(alive ^ rec.alive_snapshot),
-                        **rec.evidence())
+            self.report(
+                f"epoch {rec.epoch}'s alive set {sorted(alive)} contradicts cell_state, which has cells "
+                f"{sorted(rec.alive_snapshot)} alive at step {rec.step}",
+                cells=sorted(alive ^ rec.alive_snapshot),
+                **rec.evidence(),
+            )
 
 
 @register
 class MissingEvidence(Rule):
     code = "FT112"
     name = "missing-evidence"
-    description = ("a committed step without a state_fingerprint from every live rank or without witness counts, "
-                   "a trained rollout without witness_allocated, or a log with no committed step at all")
+    description = (
+        "a committed step without a state_fingerprint from every live rank or without witness counts, "
+        "a trained rollout without witness_allocated, or a log with no committed step at all"
+    )
     fix = "forensics fail closed: make every rank log its fingerprint and witness counts at each committed step"
 
     def on_step(self, rec: StepRecord) -> None:
@@ -130,18 +159,27 @@ class MissingEvidence(Rule):
                 continue
             missing += [f"cell {cell} rank {r}" for r in range(n_ranks) if r not in have]
         if missing:
-            self.report(f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no "
-                        f"state_fingerprint from {', '.join(missing[:8])}", missing=missing, **rec.evidence())
+            self.report(
+                f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no "
+                f"state_fingerprint from {', '.join(missing[:8])}",
+                missing=missing,
+                **rec.evidence(),
+            )
         if rec.witness is None:
-            self.report(f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no "
-                        f"witness_counts", **rec.evidence())
+            self.report(
+                f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no witness_counts",
+                **rec.evidence(),
+            )
 
     def on_rollout(self, ro: Any) -> None:
         if ro.committed_steps:
             self.check()
             if ro.ids is None:
-                self.report(f"rollout {ro.rollout} was trained ({ro.committed_steps} committed steps) but has no "
-                            f"witness_allocated", rollout=ro.rollout)
+                self.report(
+                    f"rollout {ro.rollout} was trained ({ro.committed_steps} committed steps) but has no "
+                    f"witness_allocated",
+                    rollout=ro.rollout,
+                )
 
     def finish(self) -> None:
         self.check()

@@ -6,8 +6,8 @@ reported them; a rollout is judged when it is closed (every source has moved pas
 
 from __future__ import annotations
 
-from ftkit.analysis.registry import Rule, register
 from ftkit.analysis.records import RolloutRecord
+from ftkit.analysis.registry import Rule, register
 
 MAX_IDS = 20
 
@@ -30,9 +30,14 @@ class WitnessMissing(Rule):
         self.check(len(expected))
         short = [(i, ro.tally.get(i, 0), n) for i, n in expected.items() if ro.tally.get(i, 0) < n]
         if short:
-            self.report(f"rollout {ro.rollout}: {len(short)} of {len(expected)} samples counted fewer times than "
-                        f"expected ({ro.committed_steps} committed steps)", rollout=ro.rollout, samples=len(short),
-                        ids=_sample(short), where=ro.where)
+            self.report(
+                f"rollout {ro.rollout}: {len(short)} of {len(expected)} samples counted fewer times than "
+                f"expected ({ro.committed_steps} committed steps)",
+                rollout=ro.rollout,
+                samples=len(short),
+                ids=_sample(short),
+                where=ro.where,
+            )
 
 
 @register
@@ -49,8 +54,13 @@ class WitnessDuplicate(Rule):
         self.check(len(expected))
         extra = [(i, ro.tally[i], n) for i, n in expected.items() if ro.tally.get(i, 0) > n]
         if extra:
-            self.report(f"rollout {ro.rollout}: {len(extra)} samples counted more times than expected",
-                        rollout=ro.rollout, samples=len(extra), ids=_sample(extra), where=ro.where)
+            self.report(
+                f"rollout {ro.rollout}: {len(extra)} samples counted more times than expected",
+                rollout=ro.rollout,
+                samples=len(extra),
+                ids=_sample(extra),
+                where=ro.where,
+            )
 
 
 @register
@@ -67,5 +77,10 @@ class WitnessUnknown(Rule):
         self.check(len(ro.tally))
         unknown = [(i, n, 0) for i, n in ro.tally.items() if i not in allocated]
         if unknown:
-            self.report(f"rollout {ro.rollout}: {len(unknown)} counted witness ids were never allocated to it",
-                        rollout=ro.rollout, samples=len(unknown), ids=_sample(unknown), where=ro.where)
+            self.report(
+                f"rollout {ro.rollout}: {len(unknown)} counted witness ids were never allocated to it",
+                rollout=ro.rollout,
+                samples=len(unknown),
+                ids=_sample(unknown),
+                where=ro.where,
+            )
