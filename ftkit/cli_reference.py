@@ -19,10 +19,15 @@ import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import typer.core
 import typer.main
 
 from ftkit import cli
+
+if TYPE_CHECKING:
+    from typer._click.core import Parameter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,7 +53,7 @@ class Cmd:
     aliases: list[str] = field(default_factory=list)
 
 
-def _annotation_choices(annotation) -> list[str]:
+def _annotation_choices(annotation: object) -> list[str]:
     """Enum members (or Literal values) of an option's annotation, through Optional/list."""
     import enum
     import typing
@@ -64,7 +69,7 @@ def _annotation_choices(annotation) -> list[str]:
     return []
 
 
-def _describe(param) -> Opt:
+def _describe(param: Parameter) -> Opt:
     descriptor = getattr(param, "type_descriptor", None)
     choices = _annotation_choices(descriptor.annotation) if descriptor is not None else []
     default = param.default
@@ -84,7 +89,10 @@ def collect() -> tuple[list[Opt], list[Cmd]]:
     """The root options and every visible command; a hidden command that shares a visible
     command's callback is listed as that command's alias."""
     group = typer.main.get_command(cli.app)
-    root_opts = [_describe(p) for p in group.params if p.param_type_name == "option" and not p.hidden]
+    assert isinstance(group, typer.core.TyperGroup), "ftkit's app has several commands, so typer builds a group"
+    root_opts = [
+        _describe(p) for p in group.params if p.param_type_name == "option" and not getattr(p, "hidden", False)
+    ]
     visible = {cmd.callback: name for name, cmd in group.commands.items() if not cmd.hidden}
     commands: list[Cmd] = []
     for name, cmd in group.commands.items():

@@ -37,7 +37,7 @@ from ftkit.errors import InputError
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fast_loads = json.loads
+    _fast_loads = json.loads  # type: ignore[assignment]  # json.loads takes the same bytes lines
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
@@ -96,7 +96,7 @@ def _open(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
     fh = open(path, "rb")  # noqa: SIM115 - owned and closed by the caller
     if fh.read(2) == _GZIP_MAGIC:
         fh.seek(0)
-        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh  # type: ignore[arg-type]
+        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh
     fh.seek(0)
     return fh, fh
 
@@ -184,7 +184,7 @@ class EventStream:
                 event = self._slow(pending, name, lineno, False)
                 if type(event) is dict:
                     t = event.get("time")
-                    yield (t if type(t) in (int, float) else last_time, index, event, lineno)
+                    yield (t if type(t) is float or type(t) is int else last_time, index, event, lineno)
                 elif event is not None:
                     self.on_issue(name, lineno, "malformed", f"a JSON {type(event).__name__}, not an object")
         finally:

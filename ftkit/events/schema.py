@@ -266,10 +266,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     DumpWritten,
     EventsDropped,
 )
-EVENT_TYPES: dict[str, type[Envelope]] = {
-    m.model_fields["type"].annotation.__args__[0]: m
-    for m in EVENT_MODELS  # type: ignore[union-attr]
-}
+EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 
@@ -277,7 +274,8 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 def parse_event(obj: Any) -> Envelope:
     """Validate one decoded line strictly (no coercion); raises ``pydantic.ValidationError``
     (unknown types included)."""
-    return _ADAPTER.validate_python(obj, strict=True)
+    event: Envelope = _ADAPTER.validate_python(obj, strict=True)
+    return event
 
 
 def _type_name(ann: Any) -> str:

@@ -132,7 +132,7 @@ class _Sim:
         self.epoch = 0
         self.alive: list[int] = list(range(spec.cells))
         self.dead: dict[int, int] = {}  # cell -> step at which to heal
-        self._fp_cache: tuple[int, dict[int, tuple[str, dict, dict]]] = (-1, {})
+        self._fp_cache: tuple[int, dict[int, tuple[str, dict[str, Any], dict[str, Any]]]] = (-1, {})
 
     def _violation_step(self) -> int | None:
         v, steps = self.spec.violation, self.spec.steps
@@ -174,7 +174,7 @@ class _Sim:
         for rank in range(self.ranks):
             self.rank_writers[(cell, rank)] = self._writer("trainer", cell, rank)
 
-    def _fingerprints(self, step: int) -> dict[int, tuple[str, dict, dict]]:
+    def _fingerprints(self, step: int) -> dict[int, tuple[str, dict[str, Any], dict[str, Any]]]:
         if self._fp_cache[0] != step:
             fps = {}
             for rank in range(self.ranks):
@@ -296,6 +296,7 @@ class _Sim:
         spec, v = self.spec, None
         if (
             self.violation_left
+            and self.violation_step is not None
             and step >= self.violation_step
             and (len(self.alive) > 1 or self.violation_left not in ("FT101", "FT106"))
         ):

@@ -88,7 +88,8 @@ def _compile(spec: _Spec) -> Callable[[dict[str, Any]], bool]:
         + "\n    except _KeyError:\n        return False\n"
     )
     exec(compile(src, "<ftkit.events.validate>", "exec"), env)  # noqa: S102 - source built from the schema
-    return env["check"]
+    check: Callable[[dict[str, Any]], bool] = env["check"]
+    return check
 
 
 SPECS: dict[str, _Spec] = {name: _spec(model) for name, model in EVENT_TYPES.items()}

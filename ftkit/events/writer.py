@@ -88,7 +88,7 @@ class EventWriter:
         self._clock = clock
         self._lock = threading.Lock()
         self._pending_lock = threading.Lock()
-        self._pending: concurrent.futures.Future | None = None  # a background fsync (sync(wait=False))
+        self._pending: concurrent.futures.Future[None] | None = None  # a background fsync (sync(wait=False))
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
         self._seq = 0
         self._fd: int | None = None
