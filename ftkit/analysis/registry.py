@@ -4,7 +4,8 @@ A rule states its stable ``code`` (``FT101``), ``name``, default ``severity``, a
 ``description`` and a ``fix`` (both rendered into docs/analyze-events.md and the reports).
 It observes the replay through hooks, all optional:
 
-- ``events``: event types routed to ``on_event(event, where)`` as they are replayed;
+- ``events``: event types routed to ``on_event(event, file_index, line)`` as they are replayed
+  (``self.replay.where(file_index, line)`` names the spot for evidence);
 - ``on_step(record)``: a step attempt (``StepRecord``) was closed, i.e. every source has moved
   on from it, so its evidence is complete;
 - ``on_rollout(record)``: a rollout (``RolloutRecord``) was closed;
@@ -51,7 +52,7 @@ class Rule:
         self.found += 1
         self.replay.add_finding(self, message, severity or self.severity, evidence)
 
-    def on_event(self, event: dict[str, Any], where: tuple[str, int]) -> None:  # pragma: no cover
+    def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:  # pragma: no cover
         raise NotImplementedError(f"{self.code} subscribes to {self.events} but has no on_event")
 
     def on_step(self, record: StepRecord) -> None:

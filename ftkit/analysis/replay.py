@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -93,7 +93,9 @@ class Replay:
             "fault_injected": self._fault,
             "heal": self._heal,
         }
-        self.handlers: dict[str, list[Any]] = {t: [core[t]] if t in core else [] for t in _all_types()}
+        self.handlers: dict[str, list[Callable[[dict[str, Any], int, int], None]]] = {
+            t: [core[t]] if t in core else [] for t in _all_types()
+        }
         for rule in self.rules:
             for t in rule.events:
                 self.handlers[t].append(rule.on_event)
@@ -141,7 +143,7 @@ class Replay:
             self._file_ended(fi)
             return
         self.events += 1
-        t = event.get("type")
+        t: Any = event.get("type")  # any JSON value until its check passes
         check = CHECKS.get(t)  # is_valid, inlined: this runs once per line
         if check is None or not check(event):
             if not known(t):
@@ -211,6 +213,7 @@ class Replay:
                 where=self.where(fi, line),
             )
             first = self.file_source[fi]
+            assert first is not None  # the branch above handles a file's first source
             key = (fi, first.get("role"), first.get("cell"), first.get("rank"), first.get("incarnation"))
             self.mixed_seq[key] = self.seq_next[fi]
 
@@ -320,7 +323,9 @@ class Replay:
     @property
     def ranks_per_cell(self) -> int:
         if self.run_started is not None:
-            return max(1, self.run_started["tp"] * self.run_started["pp"])
+            tp: int = self.run_started["tp"]
+            pp: int = self.run_started["pp"]
+            return max(1, tp * pp)
         return self.max_rank + 1
 
     def cell_lost(self, cell: int, step: int) -> bool:

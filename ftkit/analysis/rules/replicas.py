@@ -13,7 +13,9 @@ MAX_NAMES = 5
 KEEP_VERSIONS = 8
 
 
-def differing_tensors(ref: tuple[dict, dict], other: tuple[dict, dict]) -> list[str]:
+def differing_tensors(
+    ref: tuple[dict[str, str], dict[str, str]], other: tuple[dict[str, str], dict[str, str]]
+) -> list[str]:
     """Tensor names (in the reference's order) whose fingerprints differ; optimizer state is
     prefixed ``optimizer/``."""
     names: list[str] = []
@@ -97,7 +99,7 @@ class EngineWeights(Rule):
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
-        self.sent: OrderedDict[int, tuple[str, dict, tuple[str, int]]] = OrderedDict()
+        self.sent: OrderedDict[int, tuple[str, dict[str, str], tuple[str, int]]] = OrderedDict()
         self.loaded: OrderedDict[int, dict[int, str]] = OrderedDict()
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
