@@ -71,7 +71,7 @@ def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = Tru
 
 
 def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: bool, loader: TensorLoader) -> None:
-    writers: dict[tuple, dict[str, Any]] = {}
+    writers: dict[tuple[str, str, int, str], dict[str, Any]] = {}
     for e in sorted(src.entries, key=entry_order):
         item_id, _ = dump_id(e)
         wkey = (e.prefix, e.phase, e.rollout, e.writer)
@@ -161,7 +161,7 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
             lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
             s += float(c.sum())
     mean = s / n if n else None
-    if n:
+    if mean is not None:
         for i in range(0, flat.numel(), CHUNK):
             c = flat[i : i + CHUNK].to(torch.float64)
             c = c[torch.isfinite(c)]
