@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftkit.analysis.engine import AnalysisResult
-from ftkit.report.github import annotations, markdown_table
+from ftkit.report.github import annotation_lines, markdown_table
 
 SUITE = "ftkit.analyze-events"
 RECOVERY_COLUMNS = (
@@ -54,7 +54,7 @@ def verdict_line(result: AnalysisResult, outcome: str) -> str:
 
 def github_text(result: AnalysisResult, outcome: str) -> str:
     """One workflow command per finding, then a ``::notice`` verdict line."""
-    lines = [annotations(result.findings)] if result.findings else []
+    lines = [annotation_lines(result.findings)] if result.findings else []
     level = "error" if outcome == "fail" else "notice"
     lines.append(f"::{level} title=ftkit analyze-events::{verdict_line(result, outcome)}")
     return "\n".join(lines)

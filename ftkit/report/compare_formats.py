@@ -18,16 +18,24 @@ from typing import Any
 
 from ftkit.analysis.findings import Finding, sort_findings
 from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.report.github import annotations, markdown_table
+from ftkit.dumps.metrics import Metrics
+from ftkit.report.github import annotation_lines, markdown_table
 
 SUITE = "ftkit.compare-dumps"
 
 
 def worst(result: CompareResult, n: int) -> list[PairResult]:
-    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel."""
+    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel.
+    Each has metrics (read them with ``compared``)."""
     ranked = [p for p in result.pairs if p.metrics is not None and not p.metrics.bitwise_equal]
-    ranked.sort(key=lambda p: (not p.failed, -p.metrics.dissimilarity, -p.metrics.max_rel, -p.metrics.max_abs))
+    ranked.sort(key=lambda p: (not p.failed, -compared(p).dissimilarity, -compared(p).max_rel, -compared(p).max_abs))
     return ranked[:n]
+
+
+def compared(p: PairResult) -> Metrics:
+    """The metrics of a pair that was compared (one ``worst`` returned)."""
+    assert p.metrics is not None, f"{p.id} was not compared"
+    return p.metrics
 
 
 def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, Any]:
@@ -56,7 +64,7 @@ def github_text(result: CompareResult, verdict: str) -> str:
         f"::notice title=ftkit compare-dumps::{verdict}: {s['tensors']} tensors, {s['equal']} equal, "
         f"{s['close']} within tolerance, {s['differ']} differ" + (f"; first divergence {first.id}" if first else "")
     )
-    body = annotations(sort_findings(result.findings))
+    body = annotation_lines(sort_findings(result.findings))
     return f"{body}\n{summary}" if body else summary
 
 
@@ -83,9 +91,9 @@ def step_summary(result: CompareResult, verdict: str, top: int) -> str:
                     (
                         f"`{p.id}`",
                         p.status,
-                        f"{p.metrics.max_abs:.3g}",
-                        f"{p.metrics.max_rel:.3g}",
-                        f"{p.metrics.dissimilarity:.3g}",
+                        f"{compared(p).max_abs:.3g}",
+                        f"{compared(p).max_rel:.3g}",
+                        f"{compared(p).dissimilarity:.3g}",
                     )
                     for p in bad
                 ],

@@ -1,6 +1,6 @@
 """GitHub Actions output: workflow-command annotations and the step summary.
 
-``annotations`` turns findings into ``::error``/``::warning``/``::notice`` lines (one per
+``annotation_lines`` turns findings into ``::error``/``::warning``/``::notice`` lines (one per
 finding, with ``file``/``line`` when the evidence has them). ``append_step_summary`` appends
 Markdown to ``$GITHUB_STEP_SUMMARY`` when that variable is set.
 """
@@ -32,7 +32,7 @@ def annotation(f: Finding) -> str:
     return f"::{_LEVEL[f.severity.value]} {','.join(props)}::{_escape_data(f.message)}"
 
 
-def annotations(findings: Iterable[Finding]) -> str:
+def annotation_lines(findings: Iterable[Finding]) -> str:
     return "\n".join(annotation(f) for f in findings)
 
 

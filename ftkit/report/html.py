@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import re
 from html import escape
+from typing import cast
 
 from ftkit.analysis.findings import sort_findings
 from ftkit.dumps.compare import CompareResult
 from ftkit.dumps.layout import KINDS
-from ftkit.report.compare_formats import worst
+from ftkit.report.compare_formats import compared, worst
 
 _LAYER_RE = re.compile(r"^(.*?\blayers\.\d+)(?:\.|#|$)")
 _FLOOR, _CEIL = -16, 1  # log10 range of the plot
@@ -40,7 +41,7 @@ def layer_of(name: str) -> str:
 
 def layer_series(result: CompareResult) -> list[tuple[str, float, float, bool]]:
     """``(layer, max max_rel, max dissimilarity, any failure)`` in first-capture order."""
-    layers: dict[str, list] = {}
+    layers: dict[str, list[float]] = {}  # [max max_rel, max dissimilarity, any failure]
     for p in result.pairs:
         if p.metrics is None:
             continue
@@ -48,7 +49,7 @@ def layer_series(result: CompareResult) -> list[tuple[str, float, float, bool]]:
         row[0] = max(row[0], p.metrics.max_rel)
         row[1] = max(row[1], abs(p.metrics.dissimilarity))
         row[2] = row[2] or p.failed
-    return [(name, r[0], r[1], r[2]) for name, r in layers.items()]
+    return [(name, r[0], r[1], bool(r[2])) for name, r in layers.items()]
 
 
 def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
@@ -75,7 +76,7 @@ def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
             "<th>dissimilarity</th><th>location</th></tr>"
         )
         for p in bad:
-            m = p.metrics
+            m = compared(p)
             loc = "-" if m.argmax is None else f"{m.argmax}: {m.a_at:.6g} / {m.b_at:.6g}"
             parts.append(
                 f"<tr><td class='mono'>{escape(p.id)}</td><td class='{'fail' if p.failed else 'pass'}'>"
@@ -118,12 +119,12 @@ def _svg(series: list[tuple[str, float, float, bool]]) -> str:
             f"<text x='{_PAD_L - 6}' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>"
         )
     for idx, color, label in ((1, "#1f6feb", "max_rel"), (2, "#8250df", "dissimilarity")):
-        pts = " ".join(f"{x:.1f},{_y(row[idx]):.1f}" for x, row in zip(xs, series))
+        pts = " ".join(f"{x:.1f},{_y(cast(float, row[idx])):.1f}" for x, row in zip(xs, series))
         out.append(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{pts}'/>")
         for x, row in zip(xs, series):
             fill = "#c0262d" if row[3] else color
             out.append(
-                f"<circle cx='{x:.1f}' cy='{_y(row[idx]):.1f}' r='3' fill='{fill}'><title>"
+                f"<circle cx='{x:.1f}' cy='{_y(cast(float, row[idx])):.1f}' r='3' fill='{fill}'><title>"
                 f"{escape(row[0])}: {label} {row[idx]:.3g}</title></circle>"
             )
     every = max(1, math.ceil(n / 40))
