@@ -17,9 +17,9 @@ from typing import Annotated, Any
 
 import typer
 
-from ftkit.analysis.findings import FailOn
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
 from ftkit.errors import InputError
+from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
 
 PANEL = "Training"
@@ -195,7 +195,7 @@ def register(app: typer.Typer) -> None:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
 
-        from ftkit.commands.train_report import render, step_line
+        from ftkit.commands.train_report import report, step_line
         from ftkit.train.driver import run_training
 
         if output.human:
@@ -205,10 +205,8 @@ def register(app: typer.Typer) -> None:
                 f"reduce {cfg.reduce} -> {cfg.out}"
             )
         result = run_training(cfg, on_step=(lambda r: output.info(step_line(r))) if output.human else None)
-        outcome = result.analysis.verdict(fail_on)
-        render(output, result, outcome)
-        if junit_xml is not None:
-            from ftkit.report.junit import write_junit
+        for note in result.analysis.notes:
+            output.warn(note)
+        from ftkit.report.emit import emit
 
-            write_junit(junit_xml, "ftkit.train", result.analysis.rules, result.analysis.findings)
-        raise typer.Exit(1 if outcome == "fail" else 0)
+        raise typer.Exit(emit(output, report(result, result.analysis.verdict(fail_on)), junit_xml=junit_xml))

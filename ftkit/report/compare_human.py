@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ftkit.analysis.findings import sort_findings
 from ftkit.dumps.compare import CompareResult, PairResult
+from ftkit.findings import sort_findings
 from ftkit.report.compare_formats import worst
 
 MAX_FINDINGS = 40

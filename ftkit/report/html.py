@@ -13,9 +13,9 @@ import math
 import re
 from html import escape
 
-from ftkit.analysis.findings import sort_findings
 from ftkit.dumps.compare import CompareResult
 from ftkit.dumps.layout import KINDS
+from ftkit.findings import sort_findings
 from ftkit.report.compare_formats import worst
 
 _LAYER_RE = re.compile(r"^(.*?\blayers\.\d+)(?:\.|#|$)")

@@ -203,8 +203,12 @@ def _result(tmp_path, violation=None):
 
 
 def test_report_formats(tmp_path, capsys, monkeypatch):
-    from ftkit.commands.train_report import render
+    from ftkit.commands.train_report import report
+    from ftkit.report.emit import emit
     from ftkit.report.sink import Format, Output
+
+    def render(out, result, outcome):
+        return emit(out, report(result, outcome))
 
     clean = _result(tmp_path / "clean")
     render(Output(Format.json), clean, clean.analysis.verdict())
