@@ -20,7 +20,7 @@ Contract:
   also writes an ``events_dropped`` line when anything was dropped.
 - ``emit`` validates nothing (it is called per step on the hot path); the analyzer validates.
 - ``clock``, ``pid`` and ``host`` default to the real ones; tools that replay or synthesise
-  logs (``ftkit.events.synthetic``) pass their own. Engines pass their engine index as ``rank``.
+  logs (``ftkit.testing.synthetic``) pass their own. Engines pass their engine index as ``rank``.
 """
 
 from __future__ import annotations

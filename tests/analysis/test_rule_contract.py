@@ -10,8 +10,8 @@ from typing import Any, ClassVar
 import ftkit.analysis.replay as replay_mod
 from ftkit.analysis import registry
 from ftkit.analysis.engine import analyze_paths
-from ftkit.events.synthetic import SyntheticSpec, generate
 from ftkit.findings import Severity
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 class _EveryThirdFingerprint(registry.Rule):

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ftkit import cli
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 @pytest.fixture(scope="module")

@@ -180,7 +180,7 @@ def test_a_real_run_reports_progress_and_verdict(tmp_path):
 def _result(tmp_path, violation=None):
     """A ``RunResult`` around a synthetic run's analysis (the report renders any analysis)."""
     from ftkit.analysis.engine import analyze_paths
-    from ftkit.events.synthetic import SyntheticSpec, generate
+    from ftkit.testing.synthetic import SyntheticSpec, generate
     from ftkit.train.driver import RunResult
 
     generate(
