@@ -59,9 +59,22 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise."""
+    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise.
+
+    Only a regular file of at most ``MAX_CONFIG_BYTES`` is read (a FIFO or device never
+    blocks the command); nesting too deep for the decoder is an error like any other."""
     try:
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise InputError(f"config file {path} {what}", hint="pass an existing JSON or TOML file to --config")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InputError(
+                f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", hint="a config holds a few values"
+            )
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(
@@ -75,10 +88,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
             values = tomllib.loads(raw.decode("utf-8"))
         else:
             values = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
         raise InputError(
-            f"config file {path} is not valid {kind}: {str(exc).splitlines()[0]}",
+            f"config file {path} is not valid {kind}: {(str(exc).splitlines() or [type(exc).__name__])[0]}",
             hint="--print-config writes a valid JSON config to start from",
         ) from None
     if not isinstance(values, dict):
