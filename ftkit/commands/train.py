@@ -70,7 +70,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     try:
         if not path.is_file():
             what = "does not exist" if not path.exists() else "is not a regular file"
-            raise InputError(f"config file {path} {what}", hint="pass an existing JSON or TOML file to --config")
+            raise InputError(
+                f"cannot read config file {path}: it {what}", hint="pass an existing JSON or TOML file to --config"
+            )
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise InputError(
                 f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", hint="a config holds a few values"
