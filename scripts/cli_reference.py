@@ -184,7 +184,38 @@ def render_cli_md() -> str:
                 f"| `{', '.join(o.names)}` | {_md_escape(value)} | {_md_escape(o.default)} | {_md_escape(o.help)} |"
             )
         out.append("")
+    out.append(OUTPUT_CONTRACT)
     return "\n".join(out)
+
+
+OUTPUT_CONTRACT = """## Output of the reporting commands
+
+`analyze-events`, `compare-dumps` and `train` report through one output path
+(`ftkit.report.emit`); `--format` chooses what stdout carries:
+
+- `human` (default): Rich tables. When stdout is not a terminal nothing is hard-wrapped (a
+  line is as long as its content). Control characters that came from the inputs (ESC, CSI,
+  BEL, bidirectional overrides in tensor names, file names, log fields) are printed as
+  visible `\\xNN` / `\\uNNNN` escapes, never sent to the terminal.
+- `json`: one strict JSON document (RFC 8259) with `schema_version` and `verdict`; non-finite
+  numbers are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (node, jq and Python's strict
+  parsers read it). Each finding carries `code`, `rule`, `severity`, `message`, `evidence`
+  and `fix` (how to fix; empty when the producer has none).
+- `github`: GitHub Actions workflow commands. Every field is escaped per the runner's rules
+  (message: `%`, CR, LF; properties also `:` and `,`), so no input can start a line of its
+  own. `file=` is relative to `$GITHUB_WORKSPACE` (or the current directory); a location
+  outside it is named in the message instead. At most 10 lines: the most severe findings,
+  one line counting those not annotated, and the verdict line (`::error` when the command
+  fails, `::notice` when it passes). With `$GITHUB_STEP_SUMMARY` set, a Markdown summary is
+  appended to it; every table cell is escaped (`|`, line breaks, HTML, Markdown links).
+
+`--junit-xml PATH` (and `--html FILE` of compare-dumps) also write a report file; the path's
+directory must exist and be writable, which is checked while the command line is parsed
+(exit 2 before any work). The JUnit XML is well-formed for any input (characters XML cannot
+hold become visible escapes). Progress bars go to stderr, in human mode, when stderr is a
+terminal or `FTKIT_PROGRESS=1`. While a command runs, anything that is not its data (Ray's
+and other libraries' messages, their child processes' output) goes to stderr.
+"""
 
 
 def render_exit_codes_md() -> str:
@@ -195,7 +226,11 @@ def render_exit_codes_md() -> str:
             "findings: a mismatch, a failed verification, analyzer findings at or above `--fail-on`, "
             "a training run whose own forensics found something",
         ),
-        (cli.EXIT_USAGE, "usage, configuration or unreadable input: one line `Error: <what>` and a `Hint:` on stderr"),
+        (
+            cli.EXIT_USAGE,
+            "usage, configuration or unusable input, found before any work where it can be: one line "
+            "`Error: <what>` and a `Hint:` on stderr, nothing on stdout, no traceback",
+        ),
         (cli.EXIT_INTERNAL, "internal error (a bug): any uncaught exception; `--debug` shows the traceback"),
         (130, "interrupted (Ctrl-C)"),
     ]
@@ -210,8 +245,38 @@ def render_exit_codes_md() -> str:
         "|---|---|",
     ]
     lines += [f"| {code} | {text} |" for code, text in rows]
-    lines += ["", "stdout carries data only (reports, JSON); progress, warnings, errors and hints go to stderr.", ""]
+    lines += [
+        "",
+        "stdout carries data only (reports, JSON); progress, warnings, errors and hints go to stderr.",
+        "",
+        FAIL_CLOSED,
+    ]
     return "\n".join(lines)
+
+
+FAIL_CLOSED = """## Fail closed
+
+The forensic commands (`analyze-events`, `compare-dumps`, `verify-checkpoint`, and the
+forensics that end `train`) treat missing evidence as a finding, never as a pass:
+
+- **Exit 0 means every expected piece of evidence was present and checked.** What is expected
+  comes from what the run declared (the driver's log: alive cells per epoch, steps
+  dispatched, the run's end; a dump's index; a checkpoint's manifest), never from which
+  files or lines happen to be present.
+- **Exit 1 for anything lost or damaged inside readable inputs**: a lost, cut, duplicated,
+  malformed or invalid log line, expected evidence that is absent, a tensor, file, rollout or
+  checkpoint present on one side only, a tensor no `--rules` entry covers, a
+  non-finite value where the contract forbids one.
+- **Exit 2 when an input cannot be used at all**: a path that does not exist or is not a
+  regular file or directory (a FIFO, a device or a socket is refused, never read), a file
+  whose header or index cannot be decoded safely, bad options, or a configuration that is
+  invalid (values are typed strictly and must be finite; the field is named). The check
+  happens before any work where it can (`--junit-xml`/`--html` directories, `train --out`,
+  `--config`), and nothing is written or deleted.
+- **Never another outcome**: no input makes a command exit 3, die on a signal or hang; exit 3
+  is reserved for bugs in ftkit. The test suite checks this with randomised, seeded inputs
+  (mutated event logs and safetensors files and trees, each run under a timeout).
+"""
 
 
 def artefacts() -> dict[Path, str]:
