@@ -23,7 +23,7 @@ import typer
 try:  # typer >= 0.20 vendors click under typer._click
     from typer._click import exceptions as _cx
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as _cx
+    from click import exceptions as _cx  # type: ignore[no-redef]
 
 from ftkit import __version__
 from ftkit.errors import FtkitError

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ftkit.dumps.compare import CompareResult, PairResult
+from ftkit.dumps.metrics import Metrics
 from ftkit.findings import Finding, sort_findings
 from ftkit.report.emit import Report
 from ftkit.report.escaping import md_text
@@ -30,8 +31,15 @@ SUITE = "ftkit.compare-dumps"
 def worst(result: CompareResult, n: int) -> list[PairResult]:
     """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel."""
     ranked = [p for p in result.pairs if p.metrics is not None and not p.metrics.bitwise_equal]
-    ranked.sort(key=lambda p: (not p.failed, -p.metrics.dissimilarity, -p.metrics.max_rel, -p.metrics.max_abs))
+    ranked.sort(key=lambda p: (not p.failed, -metrics(p).dissimilarity, -metrics(p).max_rel, -metrics(p).max_abs))
     return ranked[:n]
+
+
+def metrics(p: PairResult) -> Metrics:
+    """The metrics of a compared pair (every pair ``worst`` returns has them)."""
+    if p.metrics is None:
+        raise ValueError(f"{p.id} was not compared")
+    return p.metrics
 
 
 def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, Any]:
@@ -105,9 +113,9 @@ def step_summary(result: CompareResult, verdict: str, top: int) -> str:
                     (
                         p.id,
                         p.status,
-                        f"{p.metrics.max_abs:.3g}",
-                        f"{p.metrics.max_rel:.3g}",
-                        f"{p.metrics.dissimilarity:.3g}",
+                        f"{metrics(p).max_abs:.3g}",
+                        f"{metrics(p).max_rel:.3g}",
+                        f"{metrics(p).dissimilarity:.3g}",
                     )
                     for p in bad
                 ],

@@ -105,7 +105,7 @@ def guard_stdout() -> Iterator[None]:
 class _SafeConsole(Console):
     """A Rich console that makes control characters in printed strings visible."""
 
-    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+    def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(terminal(text), **kwargs)
 
 
