@@ -93,3 +93,50 @@ def test_report_path_in_a_missing_directory_is_exit_2_before_the_work(hostile: P
 def test_report_path_checked_for_analyze_events(tmp_path: Path) -> None:
     proc = _ftkit("analyze-events", tmp_path, "--junit-xml", tmp_path / "missing" / "r.xml", cwd=tmp_path)
     assert proc.returncode == 2 and "Error: cannot write" in proc.stderr and proc.stdout == ""
+
+
+def _progress_cases(tmp: Path) -> list[tuple[str, list[str]]]:
+    from ftkit.testing.synthetic import SyntheticSpec, generate
+
+    generate(tmp / "run", SyntheticSpec(cells=2, engines=1, rollouts=1, steps_per_rollout=2, samples_per_rollout=8))
+    return [
+        ("Analyzing events", ["analyze-events", str(tmp / "run" / "events")]),
+        ("Comparing", ["compare-dumps", "a", "b"]),
+        ("Reading dump", ["dump", "a"]),
+    ]
+
+
+def test_progress_is_forced_by_ftkit_progress(hostile: Path) -> None:
+    for label, args in _progress_cases(hostile):
+        forced = _ftkit(*args, cwd=hostile, FTKIT_PROGRESS="1")
+        quiet = _ftkit(*args, cwd=hostile)
+        assert label in forced.stderr and label not in forced.stdout, (label, forced.stderr)
+        assert label not in quiet.stderr  # stderr is a pipe here: no bar unless forced
+        assert forced.stdout == quiet.stdout  # the bar never touches the data
+
+
+def test_progress_shows_when_stderr_is_a_terminal(hostile: Path) -> None:
+    import pty
+
+    for label, args in _progress_cases(hostile):
+        master, slave = pty.openpty()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ftkit", *args],
+            cwd=hostile,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "FTKIT_PROGRESS": ""},
+        )
+        os.close(slave)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+        proc.communicate(timeout=300)
+        os.close(master)
+        assert label.encode() in seen, (label, seen[-500:])
