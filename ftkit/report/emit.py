@@ -71,7 +71,7 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
         out.json({"verdict": report.verdict, **report.document()})
     elif out.format is Format.github:
         out.data(workflow_commands(report.findings, f"ftkit {report.command}", report.summary, _failed(report)))
-        append_step_summary(report.step_summary())
+        append_step_summary(report.step_summary)
     else:
         report.human(out.out)
     if junit_xml is not None:

@@ -3,9 +3,10 @@
 Tensor names, file names, log fields and messages come from inputs that an attacker may have
 written. Every renderer passes them through the function for its medium:
 
-- ``terminal(text)``: C0/C1 control characters (ESC, CSI, BEL, ...), DEL and bidirectional
-  overrides become visible ``\\xNN`` / ``\\uNNNN`` escapes, so no input moves the cursor, sets
-  a title or recolours the terminal. Newlines and tabs are kept.
+- ``terminal(text)``: C0/C1 control characters (ESC, CSI, BEL, ...), DEL, the Unicode line
+  and paragraph separators and bidirectional overrides become visible ``\\xNN`` /
+  ``\\uNNNN`` escapes, so no input moves the cursor, sets a title, recolours the terminal or
+  starts a line. Newlines and tabs are kept.
 - ``md_cell(text)`` / ``md_text(text)``: Markdown for the GitHub step summary: HTML is escaped,
   ``|`` cannot end a table cell, a newline cannot end a row, and Markdown punctuation is
   backslash-escaped so no input makes links, images or emphasis.
@@ -22,7 +23,7 @@ import math
 import re
 from typing import Any
 
-_TERMINAL_BAD = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_TERMINAL_BAD = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _XML_BAD = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 _MD_PUNCT = re.compile(r"([\\`*_{}\[\]()#+!~>|-])")
 

@@ -14,7 +14,7 @@ the verdict line.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from ftkit.findings import Finding
@@ -30,8 +30,9 @@ def escape_data(text: str) -> str:
 
 
 def escape_property(text: str) -> str:
-    """A property value (``file=``, ``title=``) of a workflow command."""
-    return escape_data(text).replace(":", "%3A").replace(",", "%2C")
+    """A property value (``file=``, ``title=``) of a workflow command (control characters
+    made visible first, as in messages)."""
+    return escape_data(terminal(text)).replace(":", "%3A").replace(",", "%2C")
 
 
 def workspace_path(file: str, root: str | None = None) -> str | None:
@@ -84,13 +85,15 @@ def workflow_commands(findings: Sequence[Finding], title: str, summary: str, fai
     return "\n".join(lines)
 
 
-def append_step_summary(markdown: str) -> bool:
-    """Append to ``$GITHUB_STEP_SUMMARY``; returns whether it was set."""
+def append_step_summary(markdown: str | Callable[[], str]) -> bool:
+    """Append to ``$GITHUB_STEP_SUMMARY``; returns whether it was set. ``markdown`` may be a
+    callable, which is only called when the summary is written."""
     path = os.environ.get("GITHUB_STEP_SUMMARY")
     if not path:
         return False
+    text = markdown() if callable(markdown) else markdown
     with open(path, "a", encoding="utf-8") as fh:
-        fh.write(markdown.rstrip("\n") + "\n\n")
+        fh.write(text.rstrip("\n") + "\n\n")
     return True
 
 
