@@ -1,6 +1,6 @@
 """Speed and memory benchmark of ``ftkit analyze-events`` (issue 2, part 4).
 
-For each requested size it writes a realistic synthetic run log (``ftkit.events.synthetic``:
+For each requested size it writes a realistic synthetic run log (``ftkit.testing.synthetic``:
 cells x tp x pp rank files, faults with reconfigure and heal, fingerprints of ``--tensors``
 tensors split over the pipeline stages), then measures, in the same run:
 
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:

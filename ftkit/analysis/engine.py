@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftkit.analysis.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import MAX_STORED, Replay
 from ftkit.events.reader import EventStream, discover
+from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 
 PROGRESS_EVERY = 1 << 16
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
@@ -73,6 +73,7 @@ def _result(replay: Replay, stream: EventStream, n_files: int) -> AnalysisResult
             rule=r.name,
             severity=r.severity,
             description=r.description,
+            fix=r.fix,
             checked=r.checked,
             findings=r.found,
         )

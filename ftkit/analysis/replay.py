@@ -25,12 +25,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ftkit.analysis.findings import Finding, Severity
-from ftkit.analysis.records import RolloutRecord, StepRecord, Where
+from ftkit.analysis.records import RolloutRecord, RuleHooks, StepRecord, Where
 from ftkit.analysis.recovery import RecoveryTracker
-from ftkit.analysis.registry import Rule
 from ftkit.events.schema import Source
 from ftkit.events.validate import CHECKS, explain, known
+from ftkit.findings import Finding, Severity
 
 LAG = 2  # a step closes when every reporting file is this many steps ahead
 MAX_STORED = 500  # findings kept per rule (all are counted)
@@ -38,13 +37,12 @@ STEP_TYPES = frozenset({"step_outcome", "state_fingerprint", "witness_counts", "
 
 
 class Replay:
-    def __init__(self, rule_classes: Iterable[type[Rule]], files: list[str]) -> None:
+    def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]], files: list[str]) -> None:
         self.files = files
         self.rules = [cls(self) for cls in rule_classes]
         self.by_code = {r.code: r for r in self.rules}
         self.findings: list[Finding] = []
         self.stored: Counter[str] = Counter()
-        self.notes: list[str] = []
         self.unknown_types: Counter[str] = Counter()
         self.by_type: Counter[str] = Counter()
         self.events = 0
@@ -104,7 +102,7 @@ class Replay:
     def where(self, fi: int, line: int) -> Where:
         return (self.files[fi], line)
 
-    def add_finding(self, rule: Rule, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
+    def add_finding(self, rule: RuleHooks, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
         if self.stored[rule.code] >= MAX_STORED:
             return
         self.stored[rule.code] += 1
@@ -118,6 +116,7 @@ class Replay:
                 severity=severity,
                 message=message,
                 evidence={k: v for k, v in evidence.items() if v is not None},
+                fix=rule.fix,
             )
         )
 
@@ -126,11 +125,6 @@ class Replay:
         rule = self.by_code.get(code)
         if rule is not None:
             rule.report(message, severity, **evidence)
-
-    def check(self, code: str, n: int = 1) -> None:
-        rule = self.by_code.get(code)
-        if rule is not None:
-            rule.checked += n
 
     def issue(self, file: str, line: int, kind: str, message: str) -> None:
         """A line the reader could not decode (FT111)."""

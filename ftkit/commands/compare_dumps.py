@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ftkit.analysis.findings import FailOn, verdict
-from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt, report_path
 from ftkit.errors import UsageError
+from ftkit.findings import FailOn, verdict
 from ftkit.report.sink import Format, Output
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ftkit.dumps.compare import CompareOptions, CompareResult
+    from ftkit.dumps.compare import CompareOptions
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-8
 
@@ -79,7 +79,9 @@ def register(app: typer.Typer) -> None:
                 "--html",
                 metavar="FILE",
                 dir_okay=False,
-                help="Also write a self-contained HTML report with a per-layer divergence plot.",
+                callback=report_path,
+                help="Also write a self-contained HTML report with a per-layer divergence plot "
+                "(its directory must exist).",
             ),
         ] = None,
         fmt: FormatOpt = Format.human,
@@ -101,21 +103,12 @@ def register(app: typer.Typer) -> None:
             result = compare_paths(
                 a, b, options, progress=task.advance, on_start=lambda total: task.update(total=total)
             )
-        outcome = verdict(result.findings, fail_on)
-        _render(out, result, outcome, top)
-        if junit_xml is not None:
-            from ftkit.report.compare_formats import SUITE, junit_cases
-            from ftkit.report.junit import write_junit_cases
+        from ftkit.report.compare_formats import report
+        from ftkit.report.emit import emit
 
-            write_junit_cases(junit_xml, SUITE, junit_cases(result))
-        if html is not None:
-            from ftkit.report.html import render_html
-            from ftkit.tensors.st import write_bytes_atomic
-
-            write_bytes_atomic(html, render_html(result, outcome, max(top, 50)).encode("utf-8"))
-            if out.human:
-                out.info(f"[dim]HTML report: {html}[/dim]")
-        raise typer.Exit(1 if outcome == "fail" else 0)
+        raise typer.Exit(
+            emit(out, report(result, verdict(result.findings, fail_on), top), junit_xml=junit_xml, html=html)
+        )
 
 
 def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | None) -> CompareOptions:
@@ -144,20 +137,3 @@ def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | 
         rtol=DEFAULT_RTOL if rtol is None else rtol,
         atol=DEFAULT_ATOL if atol is None else atol,
     )
-
-
-def _render(out: Output, result: CompareResult, outcome: str, top: int) -> None:
-    if out.format is Format.json:
-        from ftkit.report.compare_formats import json_document
-
-        out.json(json_document(result, outcome, top))
-    elif out.format is Format.github:
-        from ftkit.report.compare_formats import github_text, step_summary
-        from ftkit.report.github import append_step_summary
-
-        out.data(github_text(result, outcome))
-        append_step_summary(step_summary(result, outcome, top))
-    else:
-        from ftkit.report.compare_human import render_human
-
-        render_human(out.out, result, outcome, top)

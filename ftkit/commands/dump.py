@@ -77,7 +77,10 @@ def register(app: typer.Typer) -> None:
                     "quote the pattern for the shell, e.g. --filter 'layers\\.0\\.'",
                 ) from None
         out = Output(Format(fmt.value))
-        inv = inspect_path(path, filter_, stats)
+        with out.progress("Reading dump", total=None) as task:
+            inv = inspect_path(
+                path, filter_, stats, progress=lambda done, total: task.update(completed=done, total=total)
+            )
         for rel in inv.orphans:
             out.warn(f"{rel} has no index (an interrupted write?); not listed")
         if out.format is Format.json:

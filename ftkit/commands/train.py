@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 
-from ftkit.analysis.findings import FailOn
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
 from ftkit.errors import InputError
+from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
 
 PANEL = "Training"
@@ -67,9 +67,24 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise."""
+    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise.
+
+    Only a regular file of at most ``MAX_CONFIG_BYTES`` is read (a FIFO or device never
+    blocks the command); nesting too deep for the decoder is an error like any other."""
     try:
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise InputError(
+                f"cannot read config file {path}: it {what}", hint="pass an existing JSON or TOML file to --config"
+            )
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InputError(
+                f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", hint="a config holds a few values"
+            )
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(
@@ -86,10 +101,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
             values = tomllib.loads(raw.decode("utf-8"))
         else:
             values = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
         raise InputError(
-            f"config file {path} is not valid {kind}: {str(exc).splitlines()[0]}",
+            f"config file {path} is not valid {kind}: {(str(exc).splitlines() or [type(exc).__name__])[0]}",
             hint="--print-config writes a valid JSON config to start from",
         ) from None
     if not isinstance(values, dict):
@@ -206,7 +221,7 @@ def register(app: typer.Typer) -> None:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
 
-        from ftkit.commands.train_report import render, step_line
+        from ftkit.commands.train_report import report, step_line
         from ftkit.train.driver import run_training
 
         if output.human:
@@ -216,10 +231,8 @@ def register(app: typer.Typer) -> None:
                 f"reduce {cfg.reduce} -> {cfg.out}"
             )
         result = run_training(cfg, on_step=(lambda r: output.info(step_line(r))) if output.human else None)
-        outcome = result.analysis.verdict(fail_on)
-        render(output, result, outcome)
-        if junit_xml is not None:
-            from ftkit.report.junit import write_junit
+        for note in result.analysis.notes:
+            output.warn(note)
+        from ftkit.report.emit import emit
 
-            write_junit(junit_xml, "ftkit.train", result.analysis.rules, result.analysis.findings)
-        raise typer.Exit(1 if outcome == "fail" else 0)
+        raise typer.Exit(emit(output, report(result, result.analysis.verdict(fail_on)), junit_xml=junit_xml))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ftkit.analysis.findings import Finding, RuleSummary, Severity
+from ftkit.findings import Finding, RuleSummary, Severity
 
 E, W = Severity.error, Severity.warning
 CODES: dict[str, tuple[str, Severity, str]] = {

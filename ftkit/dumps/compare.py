@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftkit.analysis.findings import Finding, RuleSummary
 from ftkit.dumps.codes import finding, summaries
 from ftkit.dumps.loader import TensorLoader
 from ftkit.dumps.metrics import Metrics, bits_view, diff_metrics, equal_metrics, nonfinite_counts
@@ -34,6 +33,7 @@ from ftkit.dumps.pairing import Item, pair
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
 from ftkit.dumps.sources import check_compatible, open_source, require_exists
+from ftkit.findings import Finding, RuleSummary
 
 FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
 

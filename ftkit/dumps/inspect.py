@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,8 +53,15 @@ class Inventory:
         }
 
 
-def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = True) -> Inventory:
-    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file."""
+def inspect_path(
+    path: str | Path,
+    pattern: str | None = None,
+    stats: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> Inventory:
+    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file.
+
+    ``progress(done, total)`` is called as the tensors are read (for a progress bar)."""
     src = open_source(path)
     if src.empty and not src.orphans:
         raise InputError(
@@ -64,15 +72,24 @@ def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = Tru
     inv = Inventory(Path(path), src.kind, orphans=list(src.orphans))
     loader = TensorLoader()
     try:
-        _collect(src, inv, regex, stats, loader)
+        _collect(src, inv, regex, stats, loader, progress or (lambda done, total: None))
     finally:
         loader.close()
     return inv
 
 
-def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: bool, loader: TensorLoader) -> None:
+def _collect(
+    src: Source,
+    inv: Inventory,
+    regex: re.Pattern[str] | None,
+    stats: bool,
+    loader: TensorLoader,
+    progress: Callable[[int, int], None],
+) -> None:
     writers: dict[tuple[str, str, int, str], dict[str, Any]] = {}
-    for e in sorted(src.entries, key=entry_order):
+    entries = sorted(src.entries, key=entry_order)
+    for done, e in enumerate(entries, start=1):
+        progress(done, len(entries))
         item_id, _ = dump_id(e)
         wkey = (e.prefix, e.phase, e.rollout, e.writer)
         if wkey not in writers:

@@ -23,10 +23,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ftkit.analysis.findings import Finding
 from ftkit.dumps.codes import finding
 from ftkit.dumps.loader import TensorLoader, fingerprint_verified
 from ftkit.dumps.pairing import Piece
+from ftkit.findings import Finding
 from ftkit.tensors.sharding import Sharding, assemble
 
 if TYPE_CHECKING:  # pragma: no cover

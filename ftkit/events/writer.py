@@ -23,7 +23,7 @@ Contract:
   checked against the schema (``parse_event``, no unknown fields) and a wrong event type, field
   name or field type raises ``EventSchemaError`` at the ``emit`` call; read when the writer is made.
 - ``clock``, ``pid`` and ``host`` default to the real ones; tools that replay or synthesise
-  logs (``ftkit.events.synthetic``) pass their own. Engines pass their engine index as ``rank``.
+  logs (``ftkit.testing.synthetic``) pass their own. Engines pass their engine index as ``rank``.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rich.console import Console, JustifyMethod
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ftkit.analysis.findings import sort_findings
 from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.report.compare_formats import compared, worst
+from ftkit.findings import sort_findings
+from ftkit.report.compare_formats import metrics, worst
 
 MAX_FINDINGS = 40
 _STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -53,23 +53,15 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
     if bad:
         console.print()
         table = Table(title=f"Worst {len(bad)} (by dissimilarity)", title_justify="left")
-        columns: tuple[tuple[str, JustifyMethod], ...] = (
-            ("tensor", "left"),
-            ("status", "left"),
-            ("max_abs", "right"),
-            ("max_rel", "right"),
-            ("dissimilarity", "right"),
-            ("location (A / B)", "left"),
-        )
-        for col, just in columns:
-            table.add_column(col, justify=just, overflow="fold")
+        for col in ("tensor", "status", "max_abs", "max_rel", "dissimilarity", "location (A / B)"):
+            table.add_column(col, justify="right" if col.startswith(("max", "diss")) else "left", overflow="fold")
         for p in bad:
             table.add_row(
                 escape(p.id),
                 _status(p),
-                f"{compared(p).max_abs:.3g}",
-                f"{compared(p).max_rel:.3g}",
-                f"{compared(p).dissimilarity:.3g}",
+                f"{metrics(p).max_abs:.3g}",
+                f"{metrics(p).max_rel:.3g}",
+                f"{metrics(p).dissimilarity:.3g}",
                 escape(_location(p)),
             )
         console.print(table)
@@ -104,9 +96,10 @@ def _location(p: PairResult) -> str:
     return f"{m.argmax}: {m.a_at:.6g} / {m.b_at:.6g}"
 
 
-def _size(n: float) -> str:
+def _size(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"  # pragma: no cover

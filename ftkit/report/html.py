@@ -12,12 +12,11 @@ from __future__ import annotations
 import math
 import re
 from html import escape
-from typing import cast
 
-from ftkit.analysis.findings import sort_findings
 from ftkit.dumps.compare import CompareResult
 from ftkit.dumps.layout import KINDS
-from ftkit.report.compare_formats import compared, worst
+from ftkit.findings import sort_findings
+from ftkit.report.compare_formats import metrics, worst
 
 _LAYER_RE = re.compile(r"^(.*?\blayers\.\d+)(?:\.|#|$)")
 _FLOOR, _CEIL = -16, 1  # log10 range of the plot
@@ -41,15 +40,17 @@ def layer_of(name: str) -> str:
 
 def layer_series(result: CompareResult) -> list[tuple[str, float, float, bool]]:
     """``(layer, max max_rel, max dissimilarity, any failure)`` in first-capture order."""
-    layers: dict[str, list[float]] = {}  # [max max_rel, max dissimilarity, any failure]
+    layers: dict[str, tuple[float, float, bool]] = {}
     for p in result.pairs:
         if p.metrics is None:
             continue
-        row = layers.setdefault(layer_of(p.name), [0.0, 0.0, False])
-        row[0] = max(row[0], p.metrics.max_rel)
-        row[1] = max(row[1], abs(p.metrics.dissimilarity))
-        row[2] = row[2] or p.failed
-    return [(name, r[0], r[1], bool(r[2])) for name, r in layers.items()]
+        rel, dis, failed = layers.get(layer_of(p.name), (0.0, 0.0, False))
+        layers[layer_of(p.name)] = (
+            max(rel, p.metrics.max_rel),
+            max(dis, abs(p.metrics.dissimilarity)),
+            failed or p.failed,
+        )
+    return [(name, rel, dis, failed) for name, (rel, dis, failed) in layers.items()]
 
 
 def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
@@ -76,7 +77,7 @@ def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
             "<th>dissimilarity</th><th>location</th></tr>"
         )
         for p in bad:
-            m = compared(p)
+            m = metrics(p)
             loc = "-" if m.argmax is None else f"{m.argmax}: {m.a_at:.6g} / {m.b_at:.6g}"
             parts.append(
                 f"<tr><td class='mono'>{escape(p.id)}</td><td class='{'fail' if p.failed else 'pass'}'>"
@@ -118,14 +119,15 @@ def _svg(series: list[tuple[str, float, float, bool]]) -> str:
             f"<line x1='{_PAD_L}' x2='{_W - 8}' y1='{y:.1f}' y2='{y:.1f}' stroke='#eee'/>"
             f"<text x='{_PAD_L - 6}' y='{y + 4:.1f}' text-anchor='end'>1e{e}</text>"
         )
-    for idx, color, label in ((1, "#1f6feb", "max_rel"), (2, "#8250df", "dissimilarity")):
-        pts = " ".join(f"{x:.1f},{_y(cast(float, row[idx])):.1f}" for x, row in zip(xs, series))
+    curves = (([r[1] for r in series], "#1f6feb", "max_rel"), ([r[2] for r in series], "#8250df", "dissimilarity"))
+    for values, color, label in curves:
+        pts = " ".join(f"{x:.1f},{_y(v):.1f}" for x, v in zip(xs, values))
         out.append(f"<polyline fill='none' stroke='{color}' stroke-width='1.5' points='{pts}'/>")
-        for x, row in zip(xs, series):
+        for x, v, row in zip(xs, values, series):
             fill = "#c0262d" if row[3] else color
             out.append(
-                f"<circle cx='{x:.1f}' cy='{_y(cast(float, row[idx])):.1f}' r='3' fill='{fill}'><title>"
-                f"{escape(row[0])}: {label} {row[idx]:.3g}</title></circle>"
+                f"<circle cx='{x:.1f}' cy='{_y(v):.1f}' r='3' fill='{fill}'><title>"
+                f"{escape(row[0])}: {label} {v:.3g}</title></circle>"
             )
     every = max(1, math.ceil(n / 40))
     for i in range(0, n, every):

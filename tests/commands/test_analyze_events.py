@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ftkit import cli
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +59,18 @@ def test_findings_exit_1_in_every_format(capsys, bad_dir, tmp_path, monkeypatch)
     doc = json.loads(out)
     assert code == 1 and doc["schema_version"] == 1 and doc["verdict"] == "fail"
     (finding,) = doc["findings"]
-    assert set(finding) == {"code", "rule", "severity", "message", "evidence"}
+    assert set(finding) == {"code", "rule", "severity", "message", "evidence", "fix"} and finding["fix"]
     assert finding["code"] == "FT104" and finding["evidence"]["rollout"] >= 0
     assert {r["code"] for r in doc["rules"]} >= {"FT101", "FT113"} and doc["stats"]["events"] > 0
     assert "recovery" in doc
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(bad_dir.parent))
     code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--format", "github")
     assert code == 1
     lines = out.splitlines()
-    assert lines[0].startswith("::error file=") and "title=FT104 witness-duplicate" in lines[0]
+    assert lines[0].startswith("::error file=events/") and "title=FT104 witness-duplicate" in lines[0]
     assert lines[-1].startswith("::error title=ftkit analyze-events::FAIL")
     assert "## ftkit analyze-events: FAIL" in summary.read_text() and "| FT104 |" in summary.read_text()
 

@@ -74,9 +74,8 @@ def test_github_format_and_step_summary(trees, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     code, out, _ = _run(capsys, trees / "a", trees / "b", "--format", "github")
     lines = out.strip().splitlines()
-    assert (
-        code == 1 and lines[0].startswith("::error title=CD001 value-mismatch::") and lines[-1].startswith("::notice")
-    )
+    assert code == 1 and lines[0].startswith("::error title=CD001 value-mismatch::")
+    assert lines[-1].startswith("::error title=ftkit compare-dumps::fail")
     assert "first divergence" in lines[-1] and "### ftkit compare-dumps: fail" in summary.read_text()
 
 

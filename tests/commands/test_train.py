@@ -180,7 +180,7 @@ def test_a_real_run_reports_progress_and_verdict(tmp_path):
 def _result(tmp_path, violation=None):
     """A ``RunResult`` around a synthetic run's analysis (the report renders any analysis)."""
     from ftkit.analysis.engine import analyze_paths
-    from ftkit.events.synthetic import SyntheticSpec, generate
+    from ftkit.testing.synthetic import SyntheticSpec, generate
     from ftkit.train.driver import RunResult
 
     generate(
@@ -203,8 +203,12 @@ def _result(tmp_path, violation=None):
 
 
 def test_report_formats(tmp_path, capsys, monkeypatch):
-    from ftkit.commands.train_report import render
+    from ftkit.commands.train_report import report
+    from ftkit.report.emit import emit
     from ftkit.report.sink import Format, Output
+
+    def render(out, result, outcome):
+        return emit(out, report(result, outcome))
 
     clean = _result(tmp_path / "clean")
     render(Output(Format.json), clean, clean.analysis.verdict())

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ftkit.analysis.findings import Severity
 from ftkit.analysis.records import StepRecord
 from ftkit.analysis.registry import Rule, register
+from ftkit.findings import Severity
 
 MAX_NAMES = 5
 KEEP_VERSIONS = 8

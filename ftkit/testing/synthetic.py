@@ -15,7 +15,7 @@ healed from a donor and rejoins. Every sample is counted exactly once per rollou
 ``violation="FT1xx"`` injects exactly one violation of that rule (used by the property tests);
 ``VIOLATIONS`` lists them. Module CLI::
 
-    python -m ftkit.events.synthetic OUT_DIR [--cells N --rollouts R --faults F --seed S ...]
+    python -m ftkit.testing.synthetic OUT_DIR [--cells N --rollouts R --faults F --seed S ...]
 """
 
 from __future__ import annotations
@@ -423,7 +423,7 @@ def generate(out_dir: str | Path, spec: SyntheticSpec | None = None) -> Generate
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ftkit.events.synthetic", description="Write a synthetic, clean run log to OUT_DIR/events/."
+        prog="python -m ftkit.testing.synthetic", description="Write a synthetic, clean run log to OUT_DIR/events/."
     )
     p.add_argument("out_dir", metavar="OUT_DIR")
     defaults = SyntheticSpec()

@@ -1,7 +1,11 @@
-"""The findings model shared by every reporting command.
+"""The findings model shared by every reporting command (analyze-events, compare-dumps, train,
+verify-checkpoint). It sits below every producer of findings (``analysis/``, ``dumps/``,
+``checkpoint/``) and every renderer (``report/``) and imports neither.
 
 A *finding* is one violated expectation with a stable ``code`` (``FT101``), the ``rule`` name,
-a ``severity`` and ``evidence`` (which cells, ranks, rollouts, steps, tensors, files, lines).
+a ``severity``, a one-line ``message``, ``evidence`` (which cells, ranks, rollouts, steps,
+tensors, files, lines) and ``fix``: the rule's "how to fix" line (empty when the producer has
+none). ``Finding.where()`` is the location a reader should open (``file:line`` or a path).
 A *rule summary* says how many things a rule checked and how many findings it produced, so a
 report can show that a rule ran and found nothing (as opposed to not running at all).
 
@@ -36,6 +40,7 @@ class FailOn(str, Enum):
     never = "never"
 
     def fails(self, severity: Severity) -> bool:
+        """Whether a finding of ``severity`` makes the command fail under this threshold."""
         if self is FailOn.never:
             return False
         return severity.rank >= Severity(self.value).rank
@@ -47,6 +52,17 @@ class Finding(BaseModel):
     severity: Severity
     message: str
     evidence: dict[str, Any] = Field(default_factory=dict)
+    fix: str = ""
+
+    def where(self) -> str | None:
+        """``file:line`` (or ``file``, or the evidence's ``path``) when the evidence locates it."""
+        ev = self.evidence
+        if ev.get("file"):
+            line = ev.get("line")
+            return f"{ev['file']}:{line}" if line is not None else str(ev["file"])
+        if ev.get("path"):
+            return str(ev["path"])
+        return None
 
 
 class RuleSummary(BaseModel):
@@ -54,6 +70,7 @@ class RuleSummary(BaseModel):
     rule: str
     severity: Severity
     description: str = ""
+    fix: str = ""
     checked: int = 0
     findings: int = 0
 
