@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -37,9 +37,20 @@ MAX_STORED = 500  # findings kept per rule (all are counted)
 STEP_TYPES = frozenset({"step_outcome", "state_fingerprint", "witness_counts", "grad_nonfinite"})
 
 
+class _Skip(Exception):
+    """The line cannot be used (already reported)."""
+
+
+class NotPerProcess(Exception):
+    """Raised (only when ``per_process`` is set) when a file turns out not to be one process's
+    stream: a second source in it, a ``seq`` that goes back, or a source already read from another
+    file. The caller replays again from a ``DemuxStream``."""
+
+
 class Replay:
-    def __init__(self, rule_classes: Iterable[type[Rule]], files: list[str]) -> None:
-        self.files = files
+    def __init__(self, rule_classes: Iterable[type[Rule]]) -> None:
+        self.locate: Callable[[int, int], Where] = lambda fi, line: (str(fi), line)
+        self.per_process = False
         self.rules = [cls(self) for cls in rule_classes]
         self.by_code = {r.code: r for r in self.rules}
         self.findings: list[Finding] = []
@@ -62,14 +73,13 @@ class Replay:
         self.closed_below = 0
         self.late: list[Any] = [0, None]
         self.steps_closed = self.steps_committed = 0
-        # per file
-        self.seq_next = [0] * len(files)
-        self.file_source: list[dict[str, Any] | None] = [None] * len(files)
-        self.mixed: set[int] = set()
-        self.mixed_seq: dict[tuple[Any, ...], int] = {}
+        # per stream (a file, or one source of a demultiplexed log): see attach()
+        self.seq_next: list[int] = []
+        self.file_source: list[dict[str, Any] | None] = []
+        self.claimed: set[bytes] = set()
         self.unordered: set[int] = set()
-        self.last_time = [-math.inf] * len(files)
-        self.first_time = [math.inf] * len(files)
+        self.last_time: list[float] = []
+        self.first_time: list[float] = []
         self.file_step: dict[int, int] = {}
         self.file_rollout: dict[int, int] = {}
         self.step_marks: Counter[int] = Counter()
@@ -98,9 +108,19 @@ class Replay:
             for t in rule.events:
                 self.handlers[t].append(rule.on_event)
 
+    def attach(self, streams: int, locate: Callable[[int, int], Where], per_process: bool) -> None:
+        """Size the per-stream state for ``streams`` streams; ``locate(stream, loc)`` gives the
+        (file, line) of an item; ``per_process``: raise ``NotPerProcess`` instead of reading a
+        stream that is not one source's lines in ``seq`` order."""
+        self.locate, self.per_process = locate, per_process
+        self.seq_next = [0] * streams
+        self.file_source = [None] * streams
+        self.last_time = [-math.inf] * streams
+        self.first_time = [math.inf] * streams
+
     # ----------------------------------------------------------------- reporting
     def where(self, fi: int, line: int) -> Where:
-        return (self.files[fi], line)
+        return self.locate(fi, line)
 
     def add_finding(self, rule: Rule, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
         if self.stored[rule.code] >= MAX_STORED:
@@ -132,7 +152,7 @@ class Replay:
 
     def issue(self, file: str, line: int, kind: str, message: str) -> None:
         """A line the reader could not decode (FT111)."""
-        sev = Severity.warning if kind == "truncated" else Severity.error
+        sev = Severity.warning if kind in ("truncated", "duplicate") else Severity.error
         self.report("FT111", f"{kind} line: {message}", sev, file=file, line=line, kind=kind)
 
     # ----------------------------------------------------------------- the loop
@@ -150,7 +170,10 @@ class Replay:
             self.report("FT111", f"invalid {t} event: {explain(event)}", where=self.where(fi, line))
             return
         self.by_type[t] += 1
-        self._envelope(event, fi, line)
+        try:
+            self._envelope(event, fi, line)
+        except _Skip:
+            return
         for handler in self.handlers[t]:
             handler(event, fi, line)
 
@@ -160,14 +183,11 @@ class Replay:
         if src != self.file_source[fi]:
             self._source_changed(fi, ev, line)
         seq = ev["seq"]
-        if fi in self.mixed:
-            key = (fi, src.get("role"), src.get("cell"), src.get("rank"), src.get("incarnation"))
-            self._seq(fi, line, seq, self.mixed_seq.get(key, 0))
-            self.mixed_seq[key] = seq + 1
-        else:
-            if seq != self.seq_next[fi]:
-                self._seq(fi, line, seq, self.seq_next[fi])
-            self.seq_next[fi] = seq + 1
+        if seq != self.seq_next[fi]:
+            if seq < self.seq_next[fi] and self.per_process:
+                raise NotPerProcess(f"seq goes back in {self.where(fi, line)[0]}")
+            self._seq(fi, line, seq, self.seq_next[fi])
+        self.seq_next[fi] = seq + 1
         t = ev["time"]
         if t < self.last_time[fi] - 1.0 and fi not in self.unordered:
             self.unordered.add(fi)
@@ -200,19 +220,20 @@ class Replay:
     def _source_changed(self, fi: int, ev: dict[str, Any], line: int) -> None:
         src = ev["source"]
         if self.file_source[fi] is None:
+            if self.per_process:
+                key = repr(sorted(src.items())).encode()
+                if key in self.claimed:
+                    raise NotPerProcess(f"{self.where(fi, line)[0]} continues a source read from another file")
+                self.claimed.add(key)
             self._file_started(fi, src, line)
             self.first_time[fi] = self.last_time[fi] = ev["time"]
-        elif fi not in self.mixed:
-            self.mixed.add(fi)
+        elif self.per_process:
+            raise NotPerProcess(f"{self.where(fi, line)[0]} holds events of several sources")
+        else:  # a demultiplexed stream holds one source: only a line with duplicate keys gets here
             self.report(
-                "FT111",
-                "file holds events of several sources; seq is checked per source",
-                Severity.warning,
-                where=self.where(fi, line),
+                "FT111", "a line's source could not be read consistently (duplicate keys?)", where=self.where(fi, line)
             )
-            first = self.file_source[fi]
-            key = (fi, first.get("role"), first.get("cell"), first.get("rank"), first.get("incarnation"))
-            self.mixed_seq[key] = self.seq_next[fi]
+            raise _Skip
 
     def _file_started(self, fi: int, src: dict[str, Any], line: int) -> None:
         try:

@@ -1,0 +1,131 @@
+"""Which source wrote a line, and where the line belongs in that source's stream, without a full decode.
+
+Every line carries its source (role, cell, rank, incarnation, pid, host) and a gap-free ``seq``
+per source, so the per-process streams can be recovered from any interleaving of a run's lines.
+``line_key(line, table)`` returns ``(sid, seq, time)``:
+
+- fast path: one anchored regular expression over the envelope as ``EventWriter`` writes it
+  (``{"schema":N,"type":"..","run":"..","time":T,"source":{..},"seq":N``); being anchored at the
+  line's start and walking top-level keys only, it cannot match a nested object or a string;
+- otherwise the line is decoded (``ftkit.events.reader.decode``, crash-safe) and its top-level
+  ``source`` / ``seq`` / ``time`` are read;
+- ``None`` when the line has no usable key (not JSON, not an object, no ``source`` object or no
+  integer ``seq``): such a line can never pass validation, so it only ever yields a finding.
+
+``SourceTable`` numbers sources (``sid``) in order of first sight. Two lines belong to the same
+source when their source objects are equal as JSON (keys sorted), however they were spelled.
+``order()`` gives each source its stream index: sorted by the file name ``EventWriter`` gives that
+source, so streams are ordered (and time ties broken) exactly as the per-process files are.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from ftkit.events.reader import decode
+
+try:
+    import orjson
+
+    def _canonical(src: dict[str, Any]) -> bytes:
+        try:
+            return orjson.dumps(src, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # integers beyond 64 bits
+            return repr(sorted(src.items())).encode()
+
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    import json
+
+    def _canonical(src: dict[str, Any]) -> bytes:
+        return json.dumps(src, sort_keys=True, separators=(",", ":")).encode()
+
+
+_NUM = rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
+_ENVELOPE = re.compile(
+    rb'\{"schema":-?\d+,"type":"[^"\\]*","run":"[^"\\]*","time":(' + _NUM + rb'),"source":(\{[^{}]*\}),"seq":(\d+)[,}]'
+)
+_SEQ_MAX = (1 << 63) - 1
+Key = tuple[int, int, float | None]  # (sid, seq, time)
+
+
+class SourceTable:
+    """Sources seen so far: ``sid`` by spelling and by content, label and sort key per ``sid``."""
+
+    def __init__(self) -> None:
+        self._by_raw: dict[bytes, int | None] = {}
+        self._by_canonical: dict[bytes, int] = {}
+        self.sort_keys: list[tuple[str, bytes]] = []
+        self.labels: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.sort_keys)
+
+    def sid_of_raw(self, raw: bytes) -> int | None:
+        """The sid of a source object as spelled in a line (None: not a JSON object)."""
+        sid = self._by_raw.get(raw, -1)
+        if sid != -1:
+            return sid
+        try:
+            src = decode(raw)
+        except ValueError:
+            src = None
+        sid = self.sid_of(src) if type(src) is dict else None
+        if len(self._by_raw) < 1 << 16:  # spellings are few; a hostile log cannot grow this without bound
+            self._by_raw[raw] = sid
+        return sid
+
+    def sid_of(self, src: dict[str, Any]) -> int:
+        """The sid of a decoded source object (a new one on first sight)."""
+        canonical = _canonical(src)
+        sid = self._by_canonical.get(canonical)
+        if sid is None:
+            sid = self._by_canonical[canonical] = len(self.sort_keys)
+            label = source_label(src)
+            self.sort_keys.append((label + ".jsonl", canonical))
+            self.labels.append(label)
+        return sid
+
+    def order(self) -> list[int]:
+        """Stream index of every sid: sids sorted by the writer's file name of their source."""
+        ranked = sorted(range(len(self.sort_keys)), key=self.sort_keys.__getitem__)
+        index = [0] * len(ranked)
+        for position, sid in enumerate(ranked):
+            index[sid] = position
+        return index
+
+
+def source_label(src: dict[str, Any]) -> str:
+    """The writer's file stem of a source: ``trainer-c0-r1-i0``, ``driver-i0``."""
+    label = str(src.get("role"))
+    if src.get("cell") is not None:
+        label += f"-c{src['cell']}"
+    if src.get("rank") is not None:
+        label += f"-r{src['rank']}"
+    return f"{label}-i{src.get('incarnation')}"
+
+
+def line_key(line: bytes, table: SourceTable) -> Key | None:
+    """``(sid, seq, time)`` of one line, or None when it has no usable key (see the module docstring).
+
+    ``seq`` is clamped to 64 bits (the decoded event keeps its real value); ``time`` is a float
+    (possibly NaN or infinite), None when the line has no numeric time.
+    """
+    m = _ENVELOPE.match(line)
+    if m is not None:
+        sid = table.sid_of_raw(m[2])
+        if sid is not None:
+            return sid, min(int(m[3]), _SEQ_MAX), float(m[1])
+    try:
+        event = decode(line)
+    except ValueError:
+        return None
+    if type(event) is not dict:
+        return None
+    src, seq, time = event.get("source"), event.get("seq"), event.get("time")
+    if type(src) is not dict or type(seq) is not int:
+        return None
+    if type(time) is int:
+        time = float(time) if abs(time) < 1 << 1000 else math.inf
+    return table.sid_of(src), max(-_SEQ_MAX, min(seq, _SEQ_MAX)), (time if type(time) is float else None)
