@@ -31,14 +31,26 @@ from __future__ import annotations
 
 import array
 import math
+import mmap
 import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ftkit.events.keys import SourceTable, line_key
-from ftkit.events.reader import STDIN, IssueCallback, decode, merge_by_time, read_lines
+from ftkit.events import reader
+from ftkit.events.keys import ENVELOPE, SourceTable, line_key
+from ftkit.events.reader import (
+    _GZIP_MAGIC,
+    SAFE_LEN,
+    STDIN,
+    IssueCallback,
+    _fast_loads,
+    decode,
+    merge_by_time,
+    read_blocks,
+    read_lines,
+)
 from ftkit.events.spill import SPILL_BYTES, LineSorter, Record
 
 LINE_BITS = 40
@@ -101,39 +113,39 @@ class DemuxStream:
     def _scan(self) -> bool:
         """Keys only: is the input already in merged order? Records each line's source (spilled to a
         temporary file) and each source's last line. Silent: the pass that follows reports issues."""
-        table, last_seq, last_time = self.table, {}, {}
-        prev: tuple[float, Any] = (-math.inf, ("", b""))
-        block = array.array("i")
+        sort_keys, last = self.table.sort_keys, self._last
+        last_seq: dict[int, int] = {}
+        last_time: dict[int, float] = {}
+        prev_t, prev_sid, unkeyed = -math.inf, -1, -1
+        sids = array.array("i")
         fd, name = tempfile.mkstemp(prefix="ftkit-sids-", dir=self._tmpdir)
         self._sids = Path(name)
         with os.fdopen(fd, "wb") as out:
             for fi, path in enumerate(self.files):
-                base = fi << LINE_BITS
-                for lineno, line, _ in read_lines(path, _silent, [0, 0]):
-                    key = line_key(line, table)
-                    if key is None:
-                        sid = self._unkeyed_sid()
+                for lineno, sid, seq, t in _file_keys(path, fi << LINE_BITS, self.table):
+                    if sid < 0:
+                        sid = unkeyed = self._unkeyed_sid()
                     else:
-                        sid, seq, t = key
-                        if seq <= last_seq.get(sid, -1):
-                            return False  # a source out of seq order, or a duplicate
-                        last_seq[sid] = seq
                         if t is None:
                             t = last_time.get(sid, -math.inf)
-                        elif t - t != 0:
-                            return False  # a non-finite time: let the sorted way merge it as EventStream does
-                        else:
-                            last_time[sid] = t
-                        here = (t, table.sort_keys[sid])
-                        if here < prev:
+                        elif t != t:
+                            return False  # NaN: the sorted way merges it exactly as EventStream does
+                        if seq <= last_seq.get(sid, seq - 1) or t < prev_t:
+                            return False  # out of seq order, a duplicate, or not in merged order
+                        if (
+                            t == prev_t
+                            and sid != prev_sid
+                            and prev_sid != unkeyed
+                            and sort_keys[sid] < sort_keys[prev_sid]
+                        ):
                             return False
-                        prev = here
-                    self._last[sid] = base | lineno
-                    block.append(sid)
-                    if len(block) == _SIDS_BLOCK:
-                        block.tofile(out)
-                        del block[:]
-            block.tofile(out)
+                        last_seq[sid], last_time[sid], prev_t, prev_sid = seq, t, t, sid
+                    last[sid] = lineno
+                    sids.append(sid)
+                    if len(sids) >= _SIDS_BLOCK:
+                        sids.tofile(out)
+                        del sids[:]
+            sids.tofile(out)
         return True
 
     def _partition(self) -> None:
@@ -165,21 +177,37 @@ class DemuxStream:
 
     def _sequential(self) -> Iterator[tuple[Any, int, int]]:
         assert self._sids is not None
-        index = self._index
+        index, on_issue = self._index, self.on_issue
         last = {index[sid]: loc for sid, loc in self._last.items()}
         sids = _read_sids(self._sids)
-        unkeyed = index[self._unkeyed_sid()] if self._unkeyed is not None else -1
         for fi, path in enumerate(self.files):
             base, name = fi << LINE_BITS, self.inputs[fi]
-            for lineno, line, terminated in read_lines(path, self.on_issue, self.counts):
-                sid = next(sids, -1)
-                si = index[sid] if 0 <= sid < len(index) else unkeyed
-                loc = base | lineno
-                event = self._decode(line, name, lineno, terminated)
-                if event is not None and si >= 0:
-                    yield event, si, loc
-                if last.get(si) == loc:
-                    yield None, si, loc
+            for before, block, terminated in read_blocks(path, on_issue, self.counts):
+                lineno = base | before
+                for line in block.split(b"\n"):
+                    lineno += 1
+                    if not line or line.isspace():
+                        continue
+                    sid = next(sids, -1)
+                    if not 0 <= sid < len(index):
+                        continue  # a line the scan did not see (the file grew): not part of this run's read
+                    si = index[sid]
+                    try:
+                        if len(line) > SAFE_LEN:
+                            raise ValueError  # decode() checks how deep it may nest
+                        event = _fast_loads(line)
+                        if type(event) is dict:
+                            yield event, si, lineno
+                        else:
+                            on_issue(
+                                name, lineno & _LINE_MASK, "malformed", f"a JSON {type(event).__name__}, not an object"
+                            )
+                    except ValueError:
+                        event = self._decode(line, name, lineno & _LINE_MASK, terminated)
+                        if event is not None:
+                            yield event, si, lineno
+                    if last.get(si) == lineno:
+                        yield None, si, lineno
 
     def _sorted_stream(self, si: int, sid: int, records: Iterator[Record]) -> Iterator[tuple[float, int, Any, int]]:
         """One source's heap items ``(time, stream, event, loc)`` (time: the last valid one, as in
@@ -231,6 +259,46 @@ class DemuxStream:
         if self._sids is not None:
             self._sids.unlink(missing_ok=True)
             self._sids = None
+
+
+def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int, int, int, float | None]]:
+    """``(loc, sid, seq, time)`` of every line ``read_blocks`` would yield for ``path`` (sid -1: no
+    usable key). A plain file is mapped and matched in place (no copies); gzip line by line."""
+    try:
+        with open(path, "rb") as fh:
+            plain = fh.read(2) != _GZIP_MAGIC and os.fstat(fh.fileno()).st_size > 0
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if plain else None
+    except (OSError, ValueError):
+        mm = None
+    if mm is None:
+        for before, block, _ in read_blocks(path, _silent, [0, 0]):
+            for lineno, line in enumerate(block.split(b"\n"), base | before + 1):
+                if line and not line.isspace():
+                    yield (lineno, *_line_key(line, table))
+        return
+    with mm:
+        match, find, known, size = ENVELOPE.match, mm.find, table.raw_sids, len(mm)
+        pos, lineno, limit = 0, base, reader.MAX_LINE
+        while pos < size:
+            lineno += 1
+            m = match(mm, pos)
+            if m is not None and (sid := known.get(m[2], -1)) >= 0:
+                end = find(b"\n", m.end())
+                end = end if end >= 0 else size
+                if end - pos <= limit:  # a longer line is dropped by read_blocks
+                    yield lineno, sid, int(m[3]), float(m[1])
+                pos = end + 1
+                continue
+            end = find(b"\n", pos)
+            line = mm[pos : end if end >= 0 else size]
+            pos = end + 1 if end >= 0 else size
+            if line and len(line) <= limit and not line.isspace():
+                yield (lineno, *_line_key(line, table))
+
+
+def _line_key(line: bytes, table: SourceTable) -> tuple[int, int, float | None]:
+    key = line_key(line, table)
+    return key if key is not None else (-1, 0, None)
 
 
 def _silent(file: str, line: int, kind: str, message: str) -> None:

@@ -43,9 +43,12 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 
 
 _NUM = rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-_ENVELOPE = re.compile(
-    rb'\{"schema":-?\d+,"type":"[^"\\]*","run":"[^"\\]*","time":(' + _NUM + rb'),"source":(\{[^{}]*\}),"seq":(\d+)[,}]'
+_ENVELOPE_SRC = (
+    rb'\{"schema":-?\d+,"type":"[^"\\\n]*","run":"[^"\\\n]*","time":('
+    + _NUM
+    + rb'),"source":(\{[^{}\n]*\}),"seq":(\d{1,18})[,}]'
 )
+ENVELOPE = re.compile(_ENVELOPE_SRC)  # match(line): (time, raw source, seq) of a line as EventWriter writes it
 _SEQ_MAX = (1 << 63) - 1
 Key = tuple[int, int, float | None]  # (sid, seq, time)
 
@@ -54,7 +57,7 @@ class SourceTable:
     """Sources seen so far: ``sid`` by spelling and by content, label and sort key per ``sid``."""
 
     def __init__(self) -> None:
-        self._by_raw: dict[bytes, int | None] = {}
+        self.raw_sids: dict[bytes, int] = {}  # spelling of a source object -> sid (a cache)
         self._by_canonical: dict[bytes, int] = {}
         self.sort_keys: list[tuple[str, bytes]] = []
         self.labels: list[str] = []
@@ -64,16 +67,18 @@ class SourceTable:
 
     def sid_of_raw(self, raw: bytes) -> int | None:
         """The sid of a source object as spelled in a line (None: not a JSON object)."""
-        sid = self._by_raw.get(raw, -1)
-        if sid != -1:
+        sid = self.raw_sids.get(raw)
+        if sid is not None:
             return sid
         try:
             src = decode(raw)
         except ValueError:
-            src = None
-        sid = self.sid_of(src) if type(src) is dict else None
-        if len(self._by_raw) < 1 << 16:  # spellings are few; a hostile log cannot grow this without bound
-            self._by_raw[raw] = sid
+            return None
+        if type(src) is not dict:
+            return None
+        sid = self.sid_of(src)
+        if len(self.raw_sids) < 1 << 16:  # spellings are few; a hostile log cannot grow this without bound
+            self.raw_sids[raw] = sid
         return sid
 
     def sid_of(self, src: dict[str, Any]) -> int:
@@ -112,11 +117,11 @@ def line_key(line: bytes, table: SourceTable) -> Key | None:
     ``seq`` is clamped to 64 bits (the decoded event keeps its real value); ``time`` is a float
     (possibly NaN or infinite), None when the line has no numeric time.
     """
-    m = _ENVELOPE.match(line)
+    m = ENVELOPE.match(line)
     if m is not None:
         sid = table.sid_of_raw(m[2])
         if sid is not None:
-            return sid, min(int(m[3]), _SEQ_MAX), float(m[1])
+            return sid, int(m[3]), float(m[1])
     try:
         event = decode(line)
     except ValueError:

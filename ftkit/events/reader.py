@@ -26,6 +26,7 @@ import gzip
 import heapq
 import io
 import json
+import mmap
 import os
 import stat
 import sys
@@ -43,6 +44,7 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
+BLOCK = 1 << 20  # lines handed on at a time from a mapped file
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -156,15 +158,21 @@ def size_of(path: Path) -> int:
         return 0
 
 
-def read_lines(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterator[tuple[int, bytes, bool]]:
-    """``(line_number, line, terminated)`` of every non-blank line of one log, in file order.
+def read_blocks(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterator[tuple[int, bytes, bool]]:
+    """``(lines_before, block, terminated)``: one log read ``CHUNK`` bytes at a time, as blocks of
+    whole lines joined by ``\\n`` (``block.split(b"\\n")`` are lines ``lines_before + 1`` ...).
 
-    Reads ``CHUNK`` bytes at a time; a line over ``MAX_LINE`` bytes is reported (``too_long``) and
-    skipped without being held; an I/O or decompression error is reported (``unreadable``, or
-    ``truncated`` for a gzip stream cut short) and ends the file. ``counts`` (lines, bytes) is
-    updated as the file is read. Only the last line can be unterminated.
+    A line over ``MAX_LINE`` bytes is reported (``too_long``) and replaced by an empty line,
+    without being held whole; an I/O or decompression error is reported (``unreadable``, or
+    ``truncated`` for a gzip stream cut short) and ends the file. The last block is unterminated
+    (``terminated`` False) when the file does not end with a newline. ``counts`` (lines, bytes) is
+    updated as the file is read.
     """
     name = str(path)
+    mapped = _map(path)
+    if mapped is not None:
+        yield from _mapped_blocks(mapped, name, on_issue, counts)
+        return
     try:
         fh, raw = open_log(path)
     except OSError as exc:
@@ -183,31 +191,94 @@ def read_lines(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterat
             if not chunk:
                 break
             counts[1] += len(chunk)
-            parts = chunk.split(b"\n")
-            if skipping:
-                if len(parts) == 1:
+            if skipping:  # the rest of a too-long line
+                start = chunk.find(b"\n")
+                if start < 0:
                     continue
-                del parts[0]
-                skipping = False
-            elif pending:
-                parts[0] = pending + parts[0]
-            pending = parts.pop()
-            counts[0] += len(parts)
-            for line in parts:
-                lineno += 1
-                if line and not line.isspace():
-                    yield lineno, line, True
-            if len(pending) > MAX_LINE:
-                lineno += 1
-                counts[0] += 1
-                on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
-                pending, skipping = b"", True
-        if pending and not pending.isspace():
+                chunk, skipping = chunk[start + 1 :], False
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                pending += chunk
+                if len(pending) > MAX_LINE:
+                    lineno += 1
+                    counts[0] += 1
+                    on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+                    pending, skipping = b"", True
+                continue
+            block = pending + chunk[:end] if pending else chunk[:end]
+            pending = chunk[end + 1 :]
+            n = block.count(b"\n") + 1
+            if len(block) > MAX_LINE:
+                block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
+            counts[0] += n
+            yield lineno, block, True
+            lineno += n
+        if pending:
             counts[0] += 1
-            yield lineno + 1, pending, False
+            yield lineno, pending, False
     finally:
         fh.close()
         raw.close()
+
+
+def _map(path: Path) -> mmap.mmap | None:
+    """A read-only map of a plain (not gzip, not empty) regular file; None otherwise."""
+    if path is STDIN:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == _GZIP_MAGIC or os.fstat(fh.fileno()).st_size == 0:
+                return None
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None  # read_blocks' normal path reports what is wrong
+
+
+def _mapped_blocks(
+    mm: mmap.mmap, name: str, on_issue: IssueCallback, counts: list[int]
+) -> Iterator[tuple[int, bytes, bool]]:
+    """read_blocks over a mapped file: blocks of about ``BLOCK`` bytes cut at newlines, one copy each."""
+    with mm:
+        size, pos, lineno = len(mm), 0, 0
+        while pos < size:
+            end = mm.rfind(b"\n", pos, min(pos + BLOCK, size))
+            if end < 0:  # no newline in the window: one long line, or the unterminated last one
+                end = mm.find(b"\n", pos)
+                if end < 0:
+                    end = size
+                if end - pos > MAX_LINE:
+                    lineno += 1
+                    counts[0] += 1
+                    on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+                    counts[1] += end + 1 - pos
+                    pos = end + 1
+                    continue
+            block = mm[pos:end]
+            n = block.count(b"\n") + 1
+            if len(block) > MAX_LINE:
+                block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
+            counts[0] += n
+            counts[1] += min(end + 1, size) - pos
+            yield lineno, block, end < size
+            lineno += n
+            pos = end + 1
+
+
+def _drop_long(lines: list[bytes], name: str, before: int, on_issue: IssueCallback) -> list[bytes]:
+    for i, line in enumerate(lines):
+        if len(line) > MAX_LINE:
+            on_issue(name, before + i + 1, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+            lines[i] = b""
+    return lines
+
+
+def read_lines(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line_number, line, terminated)`` of every non-blank line of one log, in file order (see
+    ``read_blocks``; only the last line can be unterminated)."""
+    for before, block, terminated in read_blocks(path, on_issue, counts):
+        for lineno, line in enumerate(block.split(b"\n"), before + 1):
+            if line and not line.isspace():
+                yield lineno, line, terminated
 
 
 def merge_by_time(gens: list[Iterator[tuple[float, int, Any, int]]]) -> Iterator[tuple[Any, int, int]]:
