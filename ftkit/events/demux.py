@@ -282,11 +282,11 @@ def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int,
         while pos < size:
             lineno += 1
             m = match(mm, pos)
-            if m is not None and (sid := known.get(m[2], -1)) >= 0:
+            if m is not None and (sid := known.get(m.group(1, 3), -1)) >= 0:
                 end = find(b"\n", m.end())
                 end = end if end >= 0 else size
                 if end - pos <= limit:  # a longer line is dropped by read_blocks
-                    yield lineno, sid, int(m[3]), float(m[1])
+                    yield lineno, sid, int(m[4]), float(m[2])
                 pos = end + 1
                 continue
             end = find(b"\n", pos)

@@ -12,8 +12,9 @@ per source, so the per-process streams can be recovered from any interleaving of
 - ``None`` when the line has no usable key (not JSON, not an object, no ``source`` object or no
   integer ``seq``): such a line can never pass validation, so it only ever yields a finding.
 
-``SourceTable`` numbers sources (``sid``) in order of first sight. Two lines belong to the same
-source when their source objects are equal as JSON (keys sorted), however they were spelled.
+``SourceTable`` numbers streams (``sid``) in order of first sight. Two lines belong to the same
+stream when they name the same ``run`` and their source objects are equal as JSON (keys sorted),
+however they were spelled (lines of two runs never share a stream).
 ``order()`` gives each source its stream index: sorted by the file name ``EventWriter`` gives that
 source, so streams are ordered (and time ties broken) exactly as the per-process files are.
 """
@@ -44,11 +45,11 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
 
 _NUM = rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _ENVELOPE_SRC = (
-    rb'\{"schema":-?\d+,"type":"[^"\\\n]*","run":"[^"\\\n]*","time":('
+    rb'\{"schema":-?\d+,"type":"[^"\\\n]*","run":"([^"\\\n]*)","time":('
     + _NUM
     + rb'),"source":(\{[^{}\n]*\}),"seq":(\d{1,18})[,}]'
 )
-ENVELOPE = re.compile(_ENVELOPE_SRC)  # match(line): (time, raw source, seq) of a line as EventWriter writes it
+ENVELOPE = re.compile(_ENVELOPE_SRC)  # match(line): (run, time, source, seq) of a line as EventWriter writes it
 _SEQ_MAX = (1 << 63) - 1
 Key = tuple[int, int, float | None]  # (sid, seq, time)
 
@@ -57,7 +58,7 @@ class SourceTable:
     """Sources seen so far: ``sid`` by spelling and by content, label and sort key per ``sid``."""
 
     def __init__(self) -> None:
-        self.raw_sids: dict[bytes, int] = {}  # spelling of a source object -> sid (a cache)
+        self.raw_sids: dict[tuple[bytes, bytes], int] = {}  # spelling of (run, source) -> sid (a cache)
         self._by_canonical: dict[bytes, int] = {}
         self.sort_keys: list[tuple[str, bytes]] = []
         self.labels: list[str] = []
@@ -65,25 +66,26 @@ class SourceTable:
     def __len__(self) -> int:
         return len(self.sort_keys)
 
-    def sid_of_raw(self, raw: bytes) -> int | None:
-        """The sid of a source object as spelled in a line (None: not a JSON object)."""
-        sid = self.raw_sids.get(raw)
+    def sid_of_raw(self, spelled: tuple[bytes, bytes]) -> int | None:
+        """The sid of ``(run, source)`` as spelled in a line (the run string's bytes without quotes or
+        escapes, the source object's bytes); None when the source is not a JSON object."""
+        sid = self.raw_sids.get(spelled)
         if sid is not None:
             return sid
         try:
-            src = decode(raw)
-        except ValueError:
+            src, run = decode(spelled[1]), spelled[0].decode()
+        except (ValueError, UnicodeDecodeError):
             return None
         if type(src) is not dict:
             return None
-        sid = self.sid_of(src)
+        sid = self.sid_of(src, run)
         if len(self.raw_sids) < 1 << 16:  # spellings are few; a hostile log cannot grow this without bound
-            self.raw_sids[raw] = sid
+            self.raw_sids[spelled] = sid
         return sid
 
-    def sid_of(self, src: dict[str, Any]) -> int:
-        """The sid of a decoded source object (a new one on first sight)."""
-        canonical = _canonical(src)
+    def sid_of(self, src: dict[str, Any], run: Any) -> int:
+        """The sid of a decoded source object of a run (a new one on first sight)."""
+        canonical = _canonical(src) + b"\0" + repr(run).encode()
         sid = self._by_canonical.get(canonical)
         if sid is None:
             sid = self._by_canonical[canonical] = len(self.sort_keys)
@@ -119,9 +121,9 @@ def line_key(line: bytes, table: SourceTable) -> Key | None:
     """
     m = ENVELOPE.match(line)
     if m is not None:
-        sid = table.sid_of_raw(m[2])
+        sid = table.sid_of_raw(m.group(1, 3))
         if sid is not None:
-            return sid, int(m[3]), float(m[1])
+            return sid, int(m[4]), float(m[2])
     try:
         event = decode(line)
     except ValueError:
@@ -133,4 +135,8 @@ def line_key(line: bytes, table: SourceTable) -> Key | None:
         return None
     if type(time) is int:
         time = float(time) if abs(time) < 1 << 1000 else math.inf
-    return table.sid_of(src), max(-_SEQ_MAX, min(seq, _SEQ_MAX)), (time if type(time) is float else None)
+    return (
+        table.sid_of(src, event.get("run")),
+        max(-_SEQ_MAX, min(seq, _SEQ_MAX)),
+        (time if type(time) is float else None),
+    )
