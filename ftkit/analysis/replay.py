@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ftkit.analysis.closure import Closure
 from ftkit.analysis.findings import Finding, Severity
 from ftkit.analysis.records import RolloutRecord, StepRecord, Where
 from ftkit.analysis.recovery import RecoveryTracker
@@ -84,9 +85,9 @@ class Replay:
         self.file_rollout: dict[int, int] = {}
         self.step_marks: Counter[int] = Counter()
         self.rollout_marks: Counter[int] = Counter()
-        self.cell_files: Counter[int] = Counter()
         self.file_cell: dict[int, int] = {}
         self.recovery = RecoveryTracker()
+        self.closure = Closure()
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
@@ -102,6 +103,8 @@ class Replay:
             "grad_nonfinite": self._grad_nonfinite,
             "fault_injected": self._fault,
             "heal": self._heal,
+            "metric": self._metric,
+            "log_closed": self._log_closed,
         }
         self.handlers: dict[str, list[Any]] = {t: [core[t]] if t in core else [] for t in _all_types()}
         for rule in self.rules:
@@ -117,6 +120,8 @@ class Replay:
         self.file_source = [None] * streams
         self.last_time = [-math.inf] * streams
         self.first_time = [math.inf] * streams
+        self.closure.attach(streams)
+        self.closed = self.closure.closed
 
     # ----------------------------------------------------------------- reporting
     def where(self, fi: int, line: int) -> Where:
@@ -158,14 +163,18 @@ class Replay:
     # ----------------------------------------------------------------- the loop
     def feed(self, event: dict[str, Any] | None, fi: int, line: int) -> None:
         if event is None:
-            self._file_ended(fi)
+            self._file_ended(fi, line)
             return
         self.events += 1
         t = event.get("type")
-        check = CHECKS.get(t)  # is_valid, inlined: this runs once per line
+        check = CHECKS.get(t) if type(t) is str else None  # is_valid, inlined: this runs once per line
         if check is None or not check(event):
+            if type(t) is not str:
+                what = "no" if t is None else f"a JSON {type(t).__name__} as"
+                self.report("FT111", f"invalid event: {what} type", where=self.where(fi, line))
+                return
             if not known(t):
-                self.unknown_types[str(t)[:64]] += 1
+                self.unknown_types[t[:64]] += 1
                 return
             self.report("FT111", f"invalid {t} event: {explain(event)}", where=self.where(fi, line))
             return
@@ -204,7 +213,9 @@ class Replay:
                 self.report(
                     "FT111", f"events of several runs in one log: {sorted(self.runs)}", where=self.where(fi, line)
                 )
-        if self.run_finished is not None:
+        if self.closed[fi]:  # the incarnation was reopened (EventWriter appends): its last line counts
+            self.closed[fi] = False
+        if self.run_finished is not None and ev["type"] != "log_closed":
             self.after_finish[0] += 1
             self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
 
@@ -226,6 +237,7 @@ class Replay:
                     raise NotPerProcess(f"{self.where(fi, line)[0]} continues a source read from another file")
                 self.claimed.add(key)
             self._file_started(fi, src, line)
+            self.closure.started(fi, ev)
             self.first_time[fi] = self.last_time[fi] = ev["time"]
         elif self.per_process:
             raise NotPerProcess(f"{self.where(fi, line)[0]} holds events of several sources")
@@ -244,14 +256,10 @@ class Replay:
         cell = src.get("cell")
         if src.get("role") == "trainer" and type(cell) is int:
             self.file_cell[fi] = cell
-            self.cell_files[cell] += 1
 
-    def _file_ended(self, fi: int) -> None:
-        cell = self.file_cell.pop(fi, None)
-        if cell is not None:
-            self.cell_files[cell] -= 1
-            if self.cell_files[cell] <= 0:
-                self._died(cell, definite=False)
+    def _file_ended(self, fi: int, line: int) -> None:
+        self.file_cell.pop(fi, None)
+        self.closure.ended(fi, self.file_source[fi], self.first_time[fi], self.where(fi, line))
         step = self.file_step.pop(fi, None)
         if step is not None:
             self._unmark(self.step_marks, step)
@@ -313,6 +321,19 @@ class Replay:
 
     def finish(self) -> None:
         self._advance(final=True)
+        for label, where in self.closure.cut_streams():
+            self.report(
+                "FT111",
+                f"the log of {label} ends without log_closed and the driver did not declare it dead: lines were cut",
+                where=where,
+            )
+        lost = self.closure.lost_steps()
+        if lost:
+            self.report(
+                "FT112",
+                f"the driver trained step(s) {_ranges(lost)} but no rank logged anything of them",
+                steps=lost[:100],
+            )
         for rule in self.rules:
             rule.finish()
 
@@ -345,20 +366,15 @@ class Replay:
         return self.max_rank + 1
 
     def cell_lost(self, cell: int, step: int) -> bool:
-        """The cell died during ``step``: its last report before dying was at or before ``step`` and it
-        had not come back (a new incarnation reporting) by then. A death is its state turning
-        ``errored``, or all its rank files ending while the log went on past them."""
-        for died, back, definite in self.deaths.get(cell, ()):
-            if died <= step and (back is None or step < back) and (definite or self.max_step > died):
-                return True
-        return False
+        """The cell died during ``step``: the driver declared it ``errored`` while the run was at
+        ``step`` or before, and it had not come back (a new incarnation reporting) by then. Only the
+        driver's declaration counts: a rank log that merely ends proves nothing (it may be cut)."""
+        return any(died <= step and (back is None or step < back) for died, back in self.deaths.get(cell, ()))
 
-    def _died(self, cell: int, definite: bool) -> None:
+    def _died(self, cell: int) -> None:
         deaths = self.deaths.setdefault(cell, [])
-        if deaths and deaths[-1][1] is None:
-            deaths[-1][2] = deaths[-1][2] or definite
-            return
-        deaths.append([self.cell_last.get(cell, -1), None, definite])
+        if not deaths or deaths[-1][1] is not None:
+            deaths.append([max(self.cell_last.get(cell, -1), self.max_step), None])
 
     # ----------------------------------------------------------------- core handlers
     def _record(self, ev: dict[str, Any], fi: int, line: int) -> StepRecord | None:
@@ -371,6 +387,7 @@ class Replay:
                 return None
             snapshot = frozenset(c for c, s in self.cell_status.items() if s == "alive") if self.cell_status else None
             rec = self.pending[key] = StepRecord(key[0], key[1], key[2], ev["time"], snapshot)
+            self.closure.see_step(key[1])
             if key[0] not in self.rollouts:
                 self.rollouts[key[0]] = RolloutRecord(key[0])
         elif not self._progress(fi, line, key[1], key[0]):
@@ -397,7 +414,8 @@ class Replay:
     def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.cell_status[ev["cell"]] = ev["new"]
         if ev["new"] == "errored":  # "stopped" is a deliberate stop at a step boundary, not a death
-            self._died(ev["cell"], definite=True)
+            self._died(ev["cell"])
+            self.closure.declared_dead(ev["cell"], ev["time"])
             self.recovery.detected(ev["time"], ev["cell"])
 
     def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -447,6 +465,19 @@ class Replay:
         self._progress(fi, line, ev["step"], ev["rollout"])
         self.recovery.detected(ev["time"], ev["cell"])
 
+    def _metric(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["step"] is not None and ev["source"].get("role") == "driver":
+            self.closure.declare_step(ev["step"])
+
+    def _log_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["lines"] != ev["seq"]:
+            self.report(
+                "FT111",
+                f"log_closed says {ev['lines']} line(s) were written before it, but its seq is {ev['seq']}",
+                where=self.where(fi, line),
+            )
+        self.closed[fi] = True
+
     def _fault(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.fault(ev, self.where(fi, line))
 
@@ -481,6 +512,20 @@ class Replay:
         self.recovery.rollout_closed(ro.rollout, ro.deficit())
         for rule in self.rules:
             rule.on_rollout(ro)
+
+
+def _ranges(values: list[int], limit: int = 8) -> str:
+    """``1-3, 7`` (at most ``limit`` ranges, then ``...``)."""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out[:limit]) + (", ..." if len(out) > limit else "")
 
 
 def _all_types() -> list[str]:
