@@ -1,7 +1,8 @@
 """The findings model shared by every reporting command.
 
 A *finding* is one violated expectation with a stable ``code`` (``FT101``), the ``rule`` name,
-a ``severity`` and ``evidence`` (which cells, ranks, rollouts, steps, tensors, files, lines).
+a ``severity``, ``evidence`` (which cells, ranks, rollouts, steps, tensors, files, lines) and the
+rule's ``fix`` line (what to do about it).
 A *rule summary* says how many things a rule checked and how many findings it produced, so a
 report can show that a rule ran and found nothing (as opposed to not running at all).
 
@@ -47,6 +48,7 @@ class Finding(BaseModel):
     severity: Severity
     message: str
     evidence: dict[str, Any] = Field(default_factory=dict)
+    fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
 
 
 class RuleSummary(BaseModel):

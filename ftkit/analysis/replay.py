@@ -88,6 +88,7 @@ class Replay:
         self.file_cell: dict[int, int] = {}
         self.recovery = RecoveryTracker()
         self.closure = Closure()
+        self.healed: set[int] = set()  # cells that received their state from a donor at some point
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
@@ -141,6 +142,7 @@ class Replay:
                 severity=severity,
                 message=message,
                 evidence={k: v for k, v in evidence.items() if v is not None},
+                fix=rule.fix,
             )
         )
 
@@ -483,6 +485,7 @@ class Replay:
 
     def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.healed(ev["time"], ev["cell"])
+        self.healed.add(ev["cell"])
 
     # ----------------------------------------------------------------- closing
     def _close_step(self, rec: StepRecord) -> None:
