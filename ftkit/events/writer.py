@@ -17,7 +17,8 @@ Contract:
 - The writer never raises into training: anything that fails (serialisation, a full disk, a
   closed file) increments ``dropped`` and keeps ``last_error``. Every emit consumes a ``seq``
   even when its line is lost, so the gap is visible to ``analyze-events`` (FT111); ``close``
-  also writes an ``events_dropped`` line when anything was dropped.
+  also writes an ``events_dropped`` line when anything was dropped, then ``log_closed`` (schema 2),
+  always the last line of a writer that closed normally.
 - ``emit`` validates nothing (it is called per step on the hot path); the analyzer validates.
   Except under ``FTKIT_STRICT_EVENTS=1`` (set for the whole test session): then every line is
   checked against the schema (``parse_event``, no unknown fields) and a wrong event type, field
@@ -226,12 +227,13 @@ class EventWriter:
             pending.result()  # _fsync never raises: failures are counted in dropped
 
     def close(self) -> None:
-        """Report drops (``events_dropped``), fsync and close; idempotent."""
+        """Report drops (``events_dropped``), write ``log_closed``, fsync and close; idempotent."""
         if self._fd is None:
             return
         self._wait_pending()  # a background fsync's failure belongs in the count below
         if self.dropped:
             self.emit("events_dropped", count=self.dropped, last_error=self.last_error or "")
+        self.emit("log_closed", lines=self._seq, dropped=self.dropped)
         self.sync()
         with self._pending_lock:
             helper, self._helper = self._helper, None

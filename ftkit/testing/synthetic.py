@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,8 +271,8 @@ class _Sim:
             self.driver.emit(
                 "fault_injected", kind="kill", point="backward", cell=victim, rank=0, rollout=rollout, step=step
             )
-            for rank in range(self.ranks):  # the victim's processes die: their files end here
-                self.rank_writers.pop((victim, rank)).close()
+            for rank in range(self.ranks):  # the victim's processes die: their files end here, unclosed
+                _die(self.rank_writers.pop((victim, rank)))
             for cell in self.alive:
                 if cell != victim:
                     for rank in range(self.ranks):
@@ -395,6 +396,14 @@ class _Sim:
             guard_from_step=first,
             guard_to_step=step,
         )
+
+
+def _die(writer: EventWriter) -> None:
+    """What a killed process leaves: its lines so far, no ``log_closed`` (the descriptor just goes)."""
+    writer.sync()
+    fd, writer._fd = writer._fd, None  # noqa: SLF001 - simulating a process killed mid-run
+    if fd is not None:
+        os.close(fd)
 
 
 def _assign(m: int, alive: list[int]) -> dict[int, list[int]]:
