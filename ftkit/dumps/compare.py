@@ -26,14 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ftkit.analysis.findings import Finding, RuleSummary
 from ftkit.dumps.codes import finding, summaries
 from ftkit.dumps.loader import TensorLoader
-from ftkit.dumps.metrics import Metrics, bits_view, diff_metrics, equal_metrics, nonfinite_counts
+from ftkit.dumps.metrics import Metrics, diff_metrics, equal_metrics, nonfinite_counts
 from ftkit.dumps.pairing import Item, pair
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
 from ftkit.dumps.sources import check_compatible, open_source, require_exists
+from ftkit.tensors.arrays import bits
 
 FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
 
@@ -244,10 +247,8 @@ def _metrics(va: SideValue, vb: SideValue, opt: CompareOptions) -> Metrics:
     return diff_metrics(ta, tb, opt.rtol, opt.atol)
 
 
-def _bitwise_equal(a: Any, b: Any) -> bool:
-    import torch
-
-    return torch.equal(bits_view(a.contiguous().reshape(-1)), bits_view(b.contiguous().reshape(-1)))
+def _bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.array_equal(bits(a), bits(b)))
 
 
 def _decide(pr: PairResult, opt: CompareOptions) -> list[Finding]:

@@ -10,21 +10,16 @@ tensor ids; writers and files without a matching tensor are left out.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ftkit.dumps.loader import TensorLoader, fingerprint_verified
 from ftkit.dumps.pairing import dump_id, entry_order, file_id
 from ftkit.dumps.sources import Source, TensorRef, open_source
+from ftkit.dumps.stats import tensor_stats
 from ftkit.errors import InputError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-CHUNK = 1 << 20
 
 
 @dataclass
@@ -135,43 +130,6 @@ def _row(
         "fingerprint": ref.fingerprint,
     }
     if stats:
-        t = loader.load(ref)
-        row["fingerprint"] = fingerprint_verified(ref)
-        row["stats"] = tensor_stats(t)
+        row["fingerprint"] = fingerprint_verified(ref, loader)
+        row["stats"] = tensor_stats(loader.load(ref))
     return row
-
-
-def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
-    """min, max, mean, std (population) over finite elements, plus NaN/Inf counts and numel."""
-    import torch
-
-    flat = (torch.view_as_real(t) if t.is_complex() else t).reshape(-1)
-    n = s = ss = 0.0
-    lo, hi = math.inf, -math.inf
-    nan = inf = 0
-    for i in range(0, flat.numel(), CHUNK):
-        c = flat[i : i + CHUNK].to(torch.float64)
-        if c.is_floating_point():
-            bad_nan, bad_inf = torch.isnan(c), torch.isinf(c)
-            nan += int(bad_nan.sum())
-            inf += int(bad_inf.sum())
-            c = c[~(bad_nan | bad_inf)]
-        if c.numel():
-            n += c.numel()
-            lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
-            s += float(c.sum())
-    mean = s / n if n else None
-    if n:
-        for i in range(0, flat.numel(), CHUNK):
-            c = flat[i : i + CHUNK].to(torch.float64)
-            c = c[torch.isfinite(c)]
-            ss += float(((c - mean) ** 2).sum())
-    return {
-        "numel": t.numel(),
-        "min": lo if n else None,
-        "max": hi if n else None,
-        "mean": mean,
-        "std": math.sqrt(ss / n) if n else None,
-        "nan": nan,
-        "inf": inf,
-    }

@@ -21,7 +21,10 @@ from __future__ import annotations
 import math
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import Any
+
+import numpy as np
 
 from ftkit.analysis.findings import Finding
 from ftkit.dumps.codes import finding
@@ -29,36 +32,33 @@ from ftkit.dumps.loader import TensorLoader, fingerprint_verified
 from ftkit.dumps.pairing import Piece
 from ftkit.tensors.sharding import Sharding, assemble
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
 
 @dataclass
 class SideValue:
     dtype: str
     shape: tuple[int, ...]
-    chosen: list[tuple[Sharding, torch.Tensor]]  # one piece per TP rank (or one replicated piece)
-    signature: tuple
+    chosen: list[tuple[Sharding, np.ndarray]]  # one piece per TP rank (or one replicated piece)
+    signature: tuple[Any, ...]
     origins: list[str]
     counts: list[tuple[int, int] | None]  # (NaN, Inf) per chosen piece, from verified indexes
 
-    def full(self) -> torch.Tensor:
-        return assemble(self.chosen)
+    def full(self) -> np.ndarray:
+        return np.asarray(assemble(self.chosen))
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
 
-def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list, list[str]]:
-    """``(tensors, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
+def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list[np.ndarray], list[str]]:
+    """``(arrays, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
     piece does not match its index fingerprint."""
-    tensors = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
-    return tensors, list(pool.map(fingerprint_verified, [p.ref for p in pieces]))
+    arrays = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
+    return arrays, list(pool.map(partial(fingerprint_verified, loader=loader), [p.ref for p in pieces]))
 
 
 def resolve_side(
-    item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
+    item_id: str, side: str, pieces: list[Piece], tensors: list[np.ndarray], fps: list[str]
 ) -> tuple[SideValue | None, list[Finding]]:
     """The value of one side of ``item_id`` (``side`` is "A" or "B") from its loaded pieces,
     and any CD007/CD008 findings."""
@@ -81,7 +81,7 @@ def resolve_side(
     chosen_idx = []
     for rank, members in sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
         members.sort(key=lambda i: pieces[i].origin)
-        distinct = {}
+        distinct: dict[str, list[str]] = {}
         for i in members:
             distinct.setdefault(fps[i], []).append(pieces[i].origin)
         if len(distinct) > 1:
@@ -125,11 +125,12 @@ def resolve_side(
     return SideValue(dtype, shape, chosen, (dtype, shape, sig), origins, counts), findings
 
 
-def _full_shape(chosen: list[tuple[Sharding, torch.Tensor]]) -> tuple[int, ...]:
+def _full_shape(chosen: list[tuple[Sharding, np.ndarray]]) -> tuple[int, ...]:
     s0, t0 = chosen[0]
     dim = s0.dim
-    if any(dim >= t.dim() for _, t in chosen):
-        raise ValueError(f"split dim {dim} out of range for a {t0.dim()}-d shard")
+    assert dim is not None  # split pieces only
+    if any(dim >= t.ndim for _, t in chosen):
+        raise ValueError(f"split dim {dim} out of range for a {t0.ndim}-d shard")
     rest = {tuple(d for j, d in enumerate(t.shape) if j != dim) for _, t in chosen}
     if len(rest) > 1:
         raise ValueError("TP shards differ in their non-split dimensions")

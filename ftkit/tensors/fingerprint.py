@@ -13,7 +13,8 @@ the tensor's bytes in logical row-major order. Consequences (the contract):
   compute it from raw safetensors bytes without torch (``fingerprint_buffers``).
 
 ``combine`` folds ``{name: fingerprint}`` into one state fingerprint that does not depend on
-the dict's insertion order; ``fingerprint_tensors`` does both at once.
+the dict's insertion order; ``fingerprint_tensors`` does both at once. ``fingerprint_array``
+hashes a numpy array (the forensic commands read dumps without torch).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import torch
 
 CHUNK_BYTES = 64 << 20  # host staging size for non-contiguous pieces and device copies
@@ -51,6 +53,18 @@ def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[obje
     h = xxhash.xxh3_128(_header(dtype, shape))
     for buf in buffers:
         h.update(buf)
+    return h.hexdigest()
+
+
+def fingerprint_array(a: np.ndarray) -> str:
+    """The fingerprint of a numpy array (no torch): equals ``fingerprint`` of the torch tensor
+    with the same dtype, shape and values. bfloat16 and float8 arrays are ``ml_dtypes``
+    arrays; numpy's dtype names are the torch names used in the digest."""
+    import numpy as np
+
+    h = xxhash.xxh3_128(_header(a.dtype.name, a.shape))
+    if a.size:  # (ascontiguousarray would turn a 0-d array into a 1-d one: keep the shape above)
+        h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 

@@ -148,15 +148,14 @@ def _sequence_parallel(module: Any) -> bool:
     return bool(getattr(module, "sequence_parallel", False) or getattr(module, "reduce_scatter_embeddings", False))
 
 
-def assemble(pieces: Sequence[tuple[Sharding, torch.Tensor]]) -> torch.Tensor:
+def assemble(pieces: Sequence[tuple[Sharding, Any]]) -> Any:
     """The full tensor from the shards of all TP ranks (one piece per rank).
 
+    Pieces are numpy arrays or torch tensors (all of one kind; the result is of that kind).
     Replicated pieces: the first is returned (callers compare copies beforehand). Split
     pieces must agree on ``dim``, ``tp_size`` and ``stride`` and cover every rank exactly
     once; raises ``ValueError`` otherwise.
     """
-    import torch
-
     if not pieces:
         raise ValueError("no shards to assemble")
     first = pieces[0][0]
@@ -171,12 +170,26 @@ def assemble(pieces: Sequence[tuple[Sharding, torch.Tensor]]) -> torch.Tensor:
         missing = sorted(set(range(first.tp_size)) - set(by_rank))
         raise ValueError(f"TP shards incomplete: have ranks {sorted(by_rank)}, missing {missing}")
     dim, stride = first.dim, first.stride
+    assert dim is not None  # a split sharding always has one
     shards = [by_rank[r] for r in range(first.tp_size)]
-    if any(dim >= t.dim() for t in shards):
-        raise ValueError(f"split dim {dim} out of range for a {shards[0].dim()}-d shard")
-    if stride == 1:
-        return torch.cat(shards, dim=dim)
+    if any(dim >= len(t.shape) for t in shards):
+        raise ValueError(f"split dim {dim} out of range for a {len(shards[0].shape)}-d shard")
     if any(t.shape[dim] % stride for t in shards):
         raise ValueError(f"shard length along dim {dim} is not a multiple of stride {stride}")
-    blocks = [t.chunk(stride, dim=dim) for t in shards]
-    return torch.cat([blocks[r][j] for j in range(stride) for r in range(first.tp_size)], dim=dim)
+    blocks = []
+    for j in range(stride):
+        for r in range(first.tp_size):
+            n = shards[r].shape[dim] // stride
+            blocks.append(shards[r][(slice(None),) * dim + (slice(j * n, (j + 1) * n),)])
+    return _concatenate(blocks if stride > 1 else shards, dim)
+
+
+def _concatenate(parts: list[Any], dim: int) -> Any:
+    """``numpy.concatenate`` for arrays, ``torch.cat`` for torch tensors."""
+    import numpy as np
+
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=dim)
+    import torch
+
+    return torch.cat(parts, dim=dim)
