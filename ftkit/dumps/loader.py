@@ -18,6 +18,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+import numpy as np
+
 from ftkit.dumps.sources import TensorRef
 from ftkit.errors import InputError
 from ftkit.tensors.arrays import MappedFile
@@ -58,7 +60,11 @@ def fingerprint_verified(ref: TensorRef, loader: TensorLoader) -> str:
     index fingerprint that differs."""
     from ftkit.tensors.fingerprint import fingerprint_array
 
-    fp = fingerprint_array(loader.load(ref))
+    return check_fingerprint(ref, fingerprint_array(loader.load(ref)))
+
+
+def check_fingerprint(ref: TensorRef, fp: str) -> str:
+    """``fp`` (computed from the stored bytes); ``InputError`` if the index recorded another."""
     if ref.fingerprint is not None and fp != ref.fingerprint:
         raise InputError(
             f"tensor {ref.info.name!r} in {ref.file} does not match the fingerprint in its index",

@@ -36,7 +36,7 @@ _F32_EXACT = frozenset(["float32", "float16", "bfloat16", "float8_e4m3fn", "floa
 _F32_EXACT |= {"float8_e4m3fnuz", "float8_e5m2fnuz"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def numpy_dtype(name: str) -> np.dtype[Any]:
     """numpy dtype for a torch-style dtype name (``"bfloat16"``, ``"float8_e4m3fn"``, ``"int64"``)."""
     if name in ("bfloat16",) or name.startswith("float8_"):

@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
 
+    from ftkit.tensors.xxh3 import Hasher
+
 CHUNK_BYTES = 64 << 20  # host staging size for non-contiguous pieces and device copies
 _FORMAT = b"ftkit-fp1"
 _COMBINE_FORMAT = b"ftkit-state-fp1\n"
@@ -44,13 +46,22 @@ def _header(dtype: str, shape: Sequence[int]) -> bytes:
     return b"\0".join([_FORMAT, dtype.encode(), ",".join(str(int(d)) for d in shape).encode(), b""])
 
 
+def fingerprint_hasher(dtype: str, shape: Sequence[int]) -> Hasher:
+    """A streaming hasher that has consumed the header of (dtype name, shape): feed it the
+    tensor's logical bytes in order and ``hexdigest()`` is the fingerprint. It releases the
+    GIL while hashing (``ftkit.tensors.xxh3``), so threads hash in parallel."""
+    from ftkit.tensors import xxh3
+
+    return xxh3.new(_header(dtype, shape))
+
+
 def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[object]) -> str:
     """Fingerprint from a dtype name, a shape and the logical bytes given as buffers in order.
 
     ``buffers`` are objects supporting the buffer protocol (bytes, memoryview, numpy arrays);
     their concatenation must be the tensor's row-major little-endian bytes.
     """
-    h = xxhash.xxh3_128(_header(dtype, shape))
+    h = fingerprint_hasher(dtype, shape)
     for buf in buffers:
         h.update(buf)
     return h.hexdigest()
@@ -62,7 +73,7 @@ def fingerprint_array(a: np.ndarray) -> str:
     arrays; numpy's dtype names are the torch names used in the digest."""
     import numpy as np
 
-    h = xxhash.xxh3_128(_header(a.dtype.name, a.shape))
+    h = fingerprint_hasher(a.dtype.name, a.shape)
     if a.size:  # (ascontiguousarray would turn a 0-d array into a 1-d one: keep the shape above)
         h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.hexdigest()

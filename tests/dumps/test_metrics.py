@@ -32,13 +32,19 @@ def _reference(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict:
     bad = ~fin & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))
     if bad.any():  # a non-finite mismatch is the worst difference there is
         inf = float("inf")
-        return {"max_abs": inf, "mean_abs": inf, "max_rel": inf, "dissimilarity": inf,
-                "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()), "nonfinite_mismatch": int(bad.sum())}
+        return {
+            "max_abs": inf,
+            "mean_abs": inf,
+            "max_rel": inf,
+            "dissimilarity": inf,
+            "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()),
+            "nonfinite_mismatch": int(bad.sum()),
+        }
     return {
         "max_abs": d.max(initial=0.0),
         "mean_abs": d.mean() if d.size else 0.0,
         "max_rel": rel.max(initial=0.0),
-            "dissimilarity": float(((af - bf) ** 2).sum()) / sxx if sxx > 0 else 0.0,
+        "dissimilarity": float(((af - bf) ** 2).sum()) / sxx if sxx > 0 else 0.0,
         "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()),
         "nonfinite_mismatch": int(bad.sum()),
     }

@@ -10,8 +10,8 @@ import sys
 import textwrap
 import time
 
-import pytest
 import numpy as np
+import pytest
 import torch
 from safetensors import safe_open
 
