@@ -54,14 +54,16 @@ class Sharding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sharding:
-        """Parse the index form; raises ``ValueError``/``TypeError`` when malformed."""
-        return cls(
-            kind=d.get("kind", "replicated"),
-            dim=d.get("dim"),
-            tp_rank=int(d.get("tp_rank", 0)),
-            tp_size=int(d.get("tp_size", 1)),
-            stride=int(d.get("stride", 1)),
-        )
+        """Parse the index form strictly (integers must be JSON integers); raises
+        ``ValueError``/``TypeError`` when malformed."""
+        kind, dim = d.get("kind", "replicated"), d.get("dim")
+        ints = {k: d.get(k, default) for k, default in (("tp_rank", 0), ("tp_size", 1), ("stride", 1))}
+        if not isinstance(kind, str):
+            raise TypeError(f"sharding kind must be a string, not {type(kind).__name__}")
+        for k, v in [*ints.items(), ("dim", 0 if dim is None else dim)]:
+            if type(v) is not int or not -1 <= v < 1 << 20:
+                raise ValueError(f"sharding {k} must be a small integer, not {str(v)[:40]}")
+        return cls(kind=kind, dim=dim, **ints)  # type: ignore[arg-type]
 
 
 def tp_coords() -> tuple[int, int]:
