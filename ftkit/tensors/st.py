@@ -337,7 +337,8 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
         needs = "more" if numel > offsets[1] else str(numel * itemsize)
         raise _bad(
             p,
-            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but {code}{short_repr(shape)} needs {needs}",
+            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes, "
+            f"{code}{short_repr(shape)} needs {needs}",
         )
     return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 
