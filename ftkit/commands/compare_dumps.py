@@ -82,6 +82,13 @@ def register(app: typer.Typer) -> None:
                 help="Also write a self-contained HTML report with a per-layer divergence plot.",
             ),
         ] = None,
+        follow_symlinks: Annotated[
+            bool,
+            typer.Option(
+                "--follow-symlinks",
+                help="Read symlinked files whose target lies outside the tree given (refused by default).",
+            ),
+        ] = False,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
@@ -92,6 +99,9 @@ def register(app: typer.Typer) -> None:
         reassembled, so a TP=2 run compares with a TP=1 run; other safetensors files pair by
         relative path and tensor name. Missing rollouts, files or tensors are findings.
         Default mode: tolerance (rtol 1e-5, atol 1e-8); --exact for bitwise; --rules FILE.
+        Two runs whose run.json differ in what shapes the data are reported as a config diff
+        first (CD012). Special files are skipped with a warning; symlinks that leave a tree are
+        refused unless --follow-symlinks.
         """
         from ftkit.dumps.compare import compare_paths
 
@@ -99,8 +109,15 @@ def register(app: typer.Typer) -> None:
         out = Output(fmt)
         with out.progress("Comparing", total=None) as task:
             result = compare_paths(
-                a, b, options, progress=task.advance, on_start=lambda total: task.update(total=total)
+                a,
+                b,
+                options,
+                progress=task.advance,
+                on_start=lambda total: task.update(total=total),
+                follow_symlinks=follow_symlinks,
             )
+        for path in result.skipped:
+            out.warn(f"{path} is not a regular file (FIFO, socket or device); skipped")
         outcome = verdict(result.findings, fail_on)
         _render(out, result, outcome, top)
         if junit_xml is not None:
@@ -147,10 +164,11 @@ def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | 
 
 
 def _render(out: Output, result: CompareResult, outcome: str, top: int) -> None:
+    diff = {k: {"a": va, "b": vb} for k, (va, vb) in result.config_diff.items()}
     if out.format is Format.json:
         from ftkit.report.compare_formats import json_document
 
-        out.json(json_document(result, outcome, top))
+        out.json({**json_document(result, outcome, top), "config_diff": diff})
     elif out.format is Format.github:
         from ftkit.report.compare_formats import github_text, step_summary
         from ftkit.report.github import append_step_summary
@@ -158,6 +176,13 @@ def _render(out: Output, result: CompareResult, outcome: str, top: int) -> None:
         out.data(github_text(result, outcome))
         append_step_summary(step_summary(result, outcome, top))
     else:
+        from rich.markup import escape
+
         from ftkit.report.compare_human import render_human
 
+        if diff:  # said first: the tensor findings below follow from it
+            out.out.print("[bold red]The runs differ in what shapes their data (CD012):[/bold red]")
+            for k, v in diff.items():
+                out.out.print(f"  {escape(k)}: {escape(repr(v['a']))} in A, {escape(repr(v['b']))} in B")
+            out.out.print()
         render_human(out.out, result, outcome, top)

@@ -55,6 +55,13 @@ def register(app: typer.Typer) -> None:
                 help="Read the data for statistics and verify fingerprints (--no-stats lists headers only).",
             ),
         ] = True,
+        follow_symlinks: Annotated[
+            bool,
+            typer.Option(
+                "--follow-symlinks",
+                help="Read symlinked files whose target lies outside the tree given (refused by default).",
+            ),
+        ] = False,
         fmt: Annotated[
             DumpFormat,
             typer.Option(
@@ -77,7 +84,9 @@ def register(app: typer.Typer) -> None:
                     "quote the pattern for the shell, e.g. --filter 'layers\\.0\\.'",
                 ) from None
         out = Output(Format(fmt.value))
-        inv = inspect_path(path, filter_, stats)
+        inv = inspect_path(path, filter_, stats, follow_symlinks)
+        for skipped in inv.skipped:
+            out.warn(f"{skipped} is not a regular file (FIFO, socket or device); skipped")
         for rel in inv.orphans:
             out.warn(f"{rel} has no index (an interrupted write?); not listed")
         if out.format is Format.json:

@@ -35,7 +35,7 @@ from ftkit.dumps.metrics import Metrics, diff_metrics, nonfinite_counts
 from ftkit.dumps.pairing import Item, pair
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
-from ftkit.dumps.sources import check_compatible, open_source, require_exists
+from ftkit.dumps.sources import check_compatible, config_diff, open_source, require_exists
 from ftkit.tensors.fingerprint import fingerprint_hasher
 
 FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
@@ -103,6 +103,8 @@ class CompareResult:
     findings: list[Finding] = field(default_factory=list)
     rules: list[RuleSummary] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # special files in the trees, not read
+    config_diff: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # data-shaping run.json fields
 
     @property
     def first_divergence(self) -> PairResult | None:
@@ -115,19 +117,32 @@ def compare_paths(
     options: CompareOptions,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    follow_symlinks: bool = False,
 ) -> CompareResult:
     """Compare two run directories, dump directories, directories of safetensors or files.
 
     ``on_start(total_bytes)`` is called once the work is known; ``progress(nbytes)`` after
-    each item. Raises ``InputError``/``UsageError`` for unreadable or incompatible input.
+    each item. Raises ``InputError``/``UsageError`` for unreadable or incompatible input
+    (symlinks leaving a tree too, unless ``follow_symlinks``). Two runs whose ``run.json``
+    differ in a field that shapes the data get a CD012 finding first.
     """
     require_exists(a), require_exists(b)  # both before either is scanned (a scan can be long)
-    sa, sb = open_source(a), open_source(b)
+    sa, sb = open_source(a, follow_symlinks), open_source(b, follow_symlinks)
     check_compatible(sa, sb)
     pairing = pair(sa, sb)
-    result = CompareResult(Path(a), Path(b), sa.kind, options)
+    result = CompareResult(Path(a), Path(b), sa.kind, options, skipped=sa.skipped + sb.skipped)
     if on_start:
         on_start(sum(i.nbytes for i in pairing.items))
+    result.config_diff = config_diff(sa.config, sb.config)
+    if result.config_diff:
+        shown = "; ".join(f"{k}: {va!r} in A, {vb!r} in B" for k, va, vb in _diff_rows(result.config_diff))
+        result.findings.append(
+            finding(
+                "CD012",
+                f"the runs differ in what shapes their data ({shown}); tensor findings below follow from it",
+                fields={k: {"a": va, "b": vb} for k, va, vb in _diff_rows(result.config_diff)},
+            )
+        )
     for label, lacking in pairing.missing_rollouts:
         result.findings.append(
             finding("CD006", f"rollout {label} is missing in {lacking}", rollout=label, missing_in=lacking)
@@ -173,6 +188,7 @@ def compare_paths(
             "CD009": len(result.pairs) if options.mode == "rules" else 0,
             "CD010": compared,
             "CD011": len(sa.orphans) + len(sb.orphans),
+            "CD012": int(sa.config is not None and sb.config is not None),
         },
         result.findings,
     )
@@ -233,6 +249,10 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
             )
         )
     return pr, found
+
+
+def _diff_rows(diff: dict[str, tuple[Any, Any]]) -> list[tuple[str, Any, Any]]:
+    return [(k, va, vb) for k, (va, vb) in diff.items()]
 
 
 def _fused_pass(

@@ -30,6 +30,7 @@ class Inventory:
     files: list[dict[str, Any]] = field(default_factory=list)  # plain safetensors files
     tensors: list[dict[str, Any]] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # special files not read
 
     @property
     def prefixes(self) -> list[str]:
@@ -44,19 +45,23 @@ class Inventory:
             "files": self.files,
             "tensors": self.tensors,
             "orphans": self.orphans,
+            "skipped": self.skipped,
         }
 
 
-def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = True) -> Inventory:
-    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file."""
-    src = open_source(path)
+def inspect_path(
+    path: str | Path, pattern: str | None = None, stats: bool = True, follow_symlinks: bool = False
+) -> Inventory:
+    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file
+    (or a symlink leaves the tree, unless ``follow_symlinks``)."""
+    src = open_source(path, follow_symlinks)
     if src.empty and not src.orphans:
         raise InputError(
             f"nothing to inspect: no dumps or safetensors files in {path}",
             "pass a run directory, a dump directory or .safetensors files",
         )
     regex = re.compile(pattern) if pattern else None
-    inv = Inventory(Path(path), src.kind, orphans=list(src.orphans))
+    inv = Inventory(Path(path), src.kind, orphans=list(src.orphans), skipped=list(src.skipped))
     loader = TensorLoader()
     try:
         _collect(src, inv, regex, stats, loader)

@@ -313,6 +313,30 @@ def _bad(path: Path, what: str) -> InputError:
     return InputError(f"malformed dump index {path}: {what}", "the dump is corrupt; re-create it (re-run the dump)")
 
 
+# run.json "config" fields that decide which tensors a run holds and their shapes (and the
+# data itself): runs that differ here cannot compare tensor for tensor. Cells, TP, PP, the
+# reduction and the dump settings are not among them (I3: results do not depend on them).
+DATA_SHAPING = (
+    "model",
+    "samples_per_rollout",
+    "steps_per_rollout",
+    "micro_shards",
+    "group_size",
+    "response_len",
+    "rollouts",
+    "seed",
+    "reward",
+)
+
+
+def config_diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:
+    """``{field: (value in A, value in B)}`` for the ``DATA_SHAPING`` fields that differ
+    (both configs known; a field missing on one side differs)."""
+    if a is None or b is None:
+        return {}
+    return {k: (a.get(k), b.get(k)) for k in DATA_SHAPING if a.get(k) != b.get(k)}
+
+
 def check_compatible(a: Source, b: Source) -> None:
     """Both sides must be the same kind of thing, and not both empty (fail closed)."""
     if a.kind != b.kind:

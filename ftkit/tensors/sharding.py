@@ -88,7 +88,13 @@ def param_sharding(param: torch.Tensor, tp_rank: int, tp_size: int) -> Sharding:
 
 
 def output_sharding(
-    module: Any, index: int, tensor: torch.Tensor, tp_rank: int, tp_size: int, path: str = ""
+    module: Any,
+    index: int,
+    tensor: torch.Tensor,
+    tp_rank: int,
+    tp_size: int,
+    path: str = "",
+    per_token_loss: bool = False,
 ) -> Sharding:
     """Sharding of output ``index`` of ``module`` at module path ``path`` (tuple outputs count
     from 0).
@@ -96,7 +102,9 @@ def output_sharding(
     Known megatron cases: column-parallel linears without ``gather_output`` (local or
     Transformer Engine ``parallel_mode == "column"``) split their output on the last dim with
     the weight's stride, and a returned bias on dim 0; a GPT model with ``parallel_output``
-    splits its logits on the last dim (vocab); core attention (``core_attention``,
+    splits its logits on the last dim (vocab), unless it was called with labels
+    (``per_token_loss``): it then returns the per-token loss of the vocab-parallel cross
+    entropy, which every TP rank holds whole (replicated); core attention (``core_attention``,
     ``*DotProductAttention``) splits its output on the last dim and ``q_layernorm`` /
     ``k_layernorm`` theirs on the heads dim (-2); row-parallel linears and the vocab embedding
     are replicated, or split on dim 0 (sequence) under sequence parallelism. Anything else is
@@ -110,7 +118,7 @@ def output_sharding(
         weight = getattr(module, "weight", None)
         stride = int(getattr(weight, "partition_stride", 1) or 1)
         return Sharding.split(last if index == 0 else 0, tp_rank, tp_size, stride)
-    if mode == "logits" and index == 0:
+    if mode == "logits" and index == 0 and not per_token_loss:
         weight = getattr(getattr(module, "output_layer", None), "weight", None)
         return Sharding.split(last, tp_rank, tp_size, int(getattr(weight, "partition_stride", 1) or 1))
     if mode in ("row", "embedding") and index == 0 and _sequence_parallel(module):
