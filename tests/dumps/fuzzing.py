@@ -78,7 +78,7 @@ def _poke(doc: Any, rng: random.Random) -> tuple[Any, str]:
 
 def _raw_poke(text: str, rng: random.Random) -> str:
     """Replace one JSON number or string literal by a raw hostile token."""
-    spots = [i for i, c in enumerate(text) if c in "0123456789\""]
+    spots = [i for i, c in enumerate(text) if c in '0123456789"']
     if not spots:
         return text
     i = rng.choice(spots)

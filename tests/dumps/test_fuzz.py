@@ -74,7 +74,9 @@ def bases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         metadata={"k": "v"},
     )
     rules = root / "rules.toml"
-    rules.write_text("[[rule]]\nmatch = 'param$'\nrequire = 'bitwise_equal'\n[[rule]]\nmatch = '.'\nrequire = 'max_rel < 1'\n")
+    rules.write_text(
+        "[[rule]]\nmatch = 'param$'\nrequire = 'bitwise_equal'\n[[rule]]\nmatch = '.'\nrequire = 'max_rel < 1'\n"
+    )
     return {"dumps": root / "dumps", "files": root / "files", "rules": rules}
 
 
