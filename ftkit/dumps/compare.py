@@ -21,7 +21,6 @@ failing item in capture order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,13 +160,12 @@ def compare_paths(
             )
     loader = TensorLoader()
     try:
-        with ThreadPoolExecutor(2) as pool:
-            for item in pairing.items:
-                pr, found = _compare_item(item, options, loader, pool)
-                result.pairs.append(pr)
-                result.findings.extend(found)
-                if progress:
-                    progress(item.nbytes)
+        for item in pairing.items:
+            pr, found = _compare_item(item, options, loader)
+            result.pairs.append(pr)
+            result.findings.extend(found)
+            if progress:
+                progress(item.nbytes)
     finally:
         loader.close()
     result.findings.extend(_missing_findings(result.pairs))
@@ -195,7 +193,7 @@ def compare_paths(
     return result
 
 
-def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: Any) -> tuple[PairResult, list[Finding]]:
+def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader) -> tuple[PairResult, list[Finding]]:
     pr = PairResult(
         item.id,
         item.group,
@@ -209,7 +207,7 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
         pr.message = f"missing in {'A' if not item.a else 'B'}"
         return pr, []
     fused = _fused_pass(item, opt, loader)
-    tensors, fps = fused[:2] if fused else load_pieces(item.a + item.b, loader, pool)
+    tensors, fps = fused[:2] if fused else load_pieces(item.a + item.b, loader)
     n = len(item.a)
     va, fa = resolve_side(item.id, "A", item.a, tensors[:n], fps[:n])
     vb, fb = resolve_side(item.id, "B", item.b, tensors[n:], fps[n:])

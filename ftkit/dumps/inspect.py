@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftkit.dumps.loader import TensorLoader, fingerprint_verified
+from ftkit.dumps.loader import TensorLoader, fingerprint_all
 from ftkit.dumps.pairing import dump_id, entry_order, file_id
 from ftkit.dumps.sources import Source, TensorRef, open_source
 from ftkit.dumps.stats import tensor_stats
@@ -62,16 +62,22 @@ def inspect_path(
         )
     regex = re.compile(pattern) if pattern else None
     inv = Inventory(Path(path), src.kind, orphans=list(src.orphans), skipped=list(src.skipped))
-    loader = TensorLoader()
-    try:
-        _collect(src, inv, regex, stats, loader)
-    finally:
-        loader.close()
+    refs = _collect(src, inv, regex)
+    if stats:  # fingerprints first (tensors hashed in parallel), then one statistics pass each
+        loader = TensorLoader()
+        try:
+            for row, ref, fp in zip(inv.tensors, refs, fingerprint_all(refs, loader)):
+                row["fingerprint"] = fp
+                row["stats"] = tensor_stats(loader.load(ref))
+        finally:
+            loader.close()
     return inv
 
 
-def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: bool, loader: TensorLoader) -> None:
-    writers: dict[tuple, dict[str, Any]] = {}
+def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None) -> list[TensorRef]:
+    """Fill ``inv`` with the writers, files and tensor rows that match; the rows' refs."""
+    refs: list[TensorRef] = []
+    writers: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in sorted(src.entries, key=entry_order):
         item_id, _ = dump_id(e)
         wkey = (e.prefix, e.phase, e.rollout, e.writer)
@@ -90,7 +96,8 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
         writers[wkey]["tensors"] += 1
         if regex is None or regex.search(item_id):
             writers[wkey]["listed"] += 1
-            inv.tensors.append(_row(item_id, e.name, e.kind, e.writer, e.sharding.to_dict(), e.ref, stats, loader))
+            inv.tensors.append(_row(item_id, e.name, e.kind, e.writer, e.sharding.to_dict(), e.ref))
+            refs.append(e.ref)
     inv.writers = [w for w in writers.values() if w["listed"]]
     for rel, header in sorted(src.files.items()):
         listed = 0
@@ -99,9 +106,8 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
             if regex is None or regex.search(item_id):
                 listed += 1
                 ref = TensorRef(header.path, info)
-                inv.tensors.append(
-                    _row(item_id, info.name, "tensor", rel or header.path.name, None, ref, stats, loader)
-                )
+                inv.tensors.append(_row(item_id, info.name, "tensor", rel or header.path.name, None, ref))
+                refs.append(ref)
         if listed:
             inv.files.append(
                 {
@@ -112,6 +118,7 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
                     "metadata": header.metadata,
                 }
             )
+    return refs
 
 
 def _row(
@@ -121,10 +128,8 @@ def _row(
     origin: str,
     sharding: dict[str, Any] | None,
     ref: TensorRef,
-    stats: bool,
-    loader: TensorLoader,
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {
+    return {
         "id": item_id,
         "name": name,
         "kind": kind,
@@ -134,7 +139,3 @@ def _row(
         "sharding": sharding,
         "fingerprint": ref.fingerprint,
     }
-    if stats:
-        row["fingerprint"] = fingerprint_verified(ref, loader)
-        row["stats"] = tensor_stats(loader.load(ref))
-    return row

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +62,14 @@ def fingerprint_verified(ref: TensorRef, loader: TensorLoader) -> str:
     from ftkit.tensors.fingerprint import fingerprint_array
 
     return check_fingerprint(ref, fingerprint_array(loader.load(ref)))
+
+
+def fingerprint_all(refs: list[TensorRef], loader: TensorLoader) -> list[str]:
+    """``fingerprint_verified`` of every ref, hashed on the shared thread pool (one tensor per
+    task; the hasher releases the GIL, so a file of several tensors hashes on every core)."""
+    from ftkit.tensors.parallel import map_ordered
+
+    return map_ordered(partial(fingerprint_verified, loader=loader), refs)
 
 
 def check_fingerprint(ref: TensorRef, fp: str) -> str:

@@ -1,8 +1,8 @@
 """One side of one comparison item: load its pieces, verify them, resolve copies and shards.
 
 ``load_pieces`` loads the pieces of both sides of an item (lazily, through ``TensorLoader``)
-and fingerprints them all at once in a small thread pool (xxh3 releases the GIL, so the two
-sides hash in parallel), verifying dump pieces against their index fingerprints.
+and fingerprints them all at once on the shared thread pool (``ftkit.tensors.xxh3`` releases
+the GIL, so the two sides hash in parallel), verifying dump pieces against their index fingerprints.
 ``resolve_side`` then resolves one side:
 
 - copies of the same data (replicated pieces from several TP ranks or cells, or the same TP
@@ -19,16 +19,14 @@ shards into the full tensor.
 from __future__ import annotations
 
 import math
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ftkit.analysis.findings import Finding
 from ftkit.dumps.codes import finding
-from ftkit.dumps.loader import TensorLoader, fingerprint_verified
+from ftkit.dumps.loader import TensorLoader, fingerprint_all
 from ftkit.dumps.pairing import Piece
 from ftkit.tensors.sharding import Sharding, assemble
 
@@ -50,11 +48,11 @@ class SideValue:
         return math.prod(self.shape)
 
 
-def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list[np.ndarray], list[str]]:
-    """``(arrays, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
+def load_pieces(pieces: list[Piece], loader: TensorLoader) -> tuple[list[np.ndarray], list[str]]:
+    """``(arrays, fingerprints)`` of ``pieces``, hashed in parallel; ``InputError`` if a dump
     piece does not match its index fingerprint."""
     arrays = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
-    return arrays, list(pool.map(partial(fingerprint_verified, loader=loader), [p.ref for p in pieces]))
+    return arrays, fingerprint_all([p.ref for p in pieces], loader)
 
 
 def resolve_side(
