@@ -215,6 +215,6 @@ def mutate_tree(root: Path, rng: random.Random) -> list[str]:
     for _ in range(rng.choice([1, 1, 1, 2, 3])):
         try:
             done.append(rng.choice(MUTATORS)(root, rng))
-        except (IndexError, ValueError, OSError, struct.error, json.JSONDecodeError):
+        except (IndexError, ValueError, OSError, struct.error, RecursionError):
             done.append("(mutation not applicable after an earlier one)")
     return done
