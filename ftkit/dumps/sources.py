@@ -27,7 +27,7 @@ from typing import Any
 from ftkit.dumps.layout import DATA_SUFFIX, INDEX_SCHEMA, INDEX_SUFFIX, INDEX_VERSION, KINDS, kind_of
 from ftkit.errors import InputError, UsageError
 from ftkit.tensors.sharding import Sharding
-from ftkit.tensors.st import Header, TensorInfo, load_json, open_regular, read_header, short_repr
+from ftkit.tensors.st import Header, TensorInfo, is_text, load_json, open_regular, read_header, short_repr
 
 RUN_MARKERS = ("run.json", "events", "dumps")
 _MAX_INDEX = 256 << 20  # an index (or run.json) larger than this is not one ftkit wrote
@@ -261,7 +261,7 @@ def _entry(
         if not isinstance(shape, list) or not all(type(d) is int for d in shape):
             raise ValueError(f"'shape' must be a list of integers, not {short_repr(shape)}")
         fp = t.get("fingerprint")
-        if fp is not None and not isinstance(fp, str):
+        if fp is not None and not (isinstance(fp, str) and is_text(fp)):
             raise TypeError(f"'fingerprint' must be a string, not {short_repr(fp)}")
         kind = t.get("kind") or kind_of(name)
         if kind not in (*KINDS, "tensor"):
@@ -296,8 +296,8 @@ def _entry(
 
 def _str(doc: dict[str, Any], key: str) -> str:
     v = doc[key]
-    if not isinstance(v, str):
-        raise TypeError(f"{key!r} must be a string, not {short_repr(v)}")
+    if not isinstance(v, str) or not is_text(v):
+        raise TypeError(f"{key!r} must be a string of valid Unicode text, not {short_repr(v)}")
     return v
 
 

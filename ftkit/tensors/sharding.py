@@ -62,7 +62,7 @@ class Sharding:
             raise TypeError(f"sharding kind must be a string, not {type(kind).__name__}")
         for k, v in [*ints.items(), ("dim", 0 if dim is None else dim)]:
             if type(v) is not int or not -1 <= v < 1 << 20:
-                raise ValueError(f"sharding {k} must be a small integer, not {str(v)[:40]}")
+                raise ValueError(f"sharding {k} must be a small integer, not {repr(v)[:40]}")
         return cls(kind=kind, dim=dim, **ints)  # type: ignore[arg-type]
 
 

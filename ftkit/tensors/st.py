@@ -234,6 +234,9 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     meta = doc.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise _bad(p, "__metadata__ must map strings to strings")
+    for text in (*doc, *meta, *meta.values()):
+        if not is_text(text):
+            raise _bad(p, f"{short_repr(text)} is not valid Unicode text (a lone surrogate)")
     data_start = 8 + n
     infos = [_entry(p, name, spec, data_start) for name, spec in doc.items()]
     infos.sort(key=lambda i: (i.start, i.end))
@@ -341,6 +344,16 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
             f"{code}{short_repr(shape)} needs {needs}",
         )
     return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8 (JSON's ``"\\ud800"`` decodes to a lone surrogate that
+    no output stream can print)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def short_repr(value: object, limit: int = 80) -> str:
