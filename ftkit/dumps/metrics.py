@@ -217,7 +217,7 @@ class _Kernel:
         np.abs(d, out=d)
         k = int(np.argmax(d))
         p.best, p.best_at = float(d[k]), i + (k if where is None else int(where[k]))
-        p.sum_abs = float(np.add.reduce(d, dtype=np.float64))
+        p.sum_abs = float(np.add.reduce(d))  # pairwise summation: relative error ~1e-6 in float32
         p.sdd = float(np.dot(d, d))
         ay = np.abs(y)
         den = np.maximum(np.abs(x), ay)
