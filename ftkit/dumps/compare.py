@@ -162,6 +162,7 @@ def compare_paths(
     try:
         for item in pairing.items:
             pr, found = _compare_item(item, options, loader)
+            loader.release([p.ref for p in item.a + item.b])  # resident memory: one item at a time
             result.pairs.append(pr)
             result.findings.extend(found)
             if progress:

@@ -20,6 +20,7 @@ from ftkit.dumps.pairing import dump_id, entry_order, file_id
 from ftkit.dumps.sources import Source, TensorRef, open_source
 from ftkit.dumps.stats import tensor_stats
 from ftkit.errors import InputError
+from ftkit.tensors.parallel import workers
 
 
 @dataclass
@@ -63,15 +64,27 @@ def inspect_path(
     regex = re.compile(pattern) if pattern else None
     inv = Inventory(Path(path), src.kind, orphans=list(src.orphans), skipped=list(src.skipped))
     refs = _collect(src, inv, regex)
-    if stats:  # fingerprints first (tensors hashed in parallel), then one statistics pass each
-        loader = TensorLoader()
-        try:
-            for row, ref, fp in zip(inv.tensors, refs, fingerprint_all(refs, loader)):
+    if stats:
+        _read_data(inv.tensors, refs)
+    return inv
+
+
+def _read_data(rows: list[dict[str, Any]], refs: list[TensorRef]) -> None:
+    """Verified fingerprints and statistics of every row, in batches of one tensor per thread:
+    the batch is hashed in parallel (tensor by tensor), then each tensor's statistics are
+    computed (stripe by stripe, in parallel) and its pages unmapped, so resident memory stays
+    near one batch of tensors."""
+    loader = TensorLoader()
+    step = workers()
+    try:
+        for i in range(0, len(refs), step):
+            batch = refs[i : i + step]
+            for row, ref, fp in zip(rows[i : i + step], batch, fingerprint_all(batch, loader)):
                 row["fingerprint"] = fp
                 row["stats"] = tensor_stats(loader.load(ref))
-        finally:
-            loader.close()
-    return inv
+                loader.release([ref])
+    finally:
+        loader.close()
 
 
 def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None) -> list[TensorRef]:

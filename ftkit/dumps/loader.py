@@ -38,6 +38,14 @@ class TensorLoader:
         """The stored tensor of ``ref`` as a read-only array (``InputError`` if unreadable)."""
         return self._file(ref.file).array(ref.info)
 
+    def release(self, refs: list[TensorRef]) -> None:
+        """Unmap the pages of ``refs`` (done with them; see ``MappedFile.release``)."""
+        with self._lock:
+            for ref in refs:
+                mf = self._open.get(ref.file)
+                if mf is not None:
+                    mf.release(ref.info)
+
     def _file(self, path: Path) -> MappedFile:
         with self._lock:
             if path in self._open:

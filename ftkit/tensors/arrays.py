@@ -5,7 +5,8 @@
   convert to float32 exactly, with NaN/Inf semantics of the format.
 - ``MappedFile(path)``: a read-only memory mapping of one safetensors file; ``array(info)``
   returns a zero-copy, read-only, C-contiguous array over a validated ``TensorInfo``. Pages
-  are read when touched, so memory follows what is being read, not the file size. The file
+  are read when touched and ``release(info)`` unmaps them again, so memory follows what is
+  being read, not the file size. The file
   must not shrink while it is mapped (the header reader checked its size; a concurrent
   truncation is outside the contract).
 - ``bits(array)``: the same bytes as unsigned integers of the element size (bitwise compare).
@@ -92,10 +93,16 @@ class MappedFile:
         flat = np.frombuffer(self._mm, dtype=dtype, count=info.numel, offset=info.start)
         return flat.reshape(info.shape)
 
-    def advise_sequential(self) -> None:
-        """Hint the kernel that the mapping is read front to back (readahead)."""
-        if self._mm is not None and hasattr(self._mm, "madvise"):
-            self._mm.madvise(mmap.MADV_SEQUENTIAL)
+    def release(self, info: TensorInfo) -> None:
+        """Drop ``info``'s pages from this process's mapping (``MADV_DONTNEED``): the resident
+        set stays near what is being worked on, however large the file. The data stays in the
+        page cache; touching an array over it again simply maps the pages back in."""
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED") or info.nbytes == 0:
+            return
+        start = info.start - info.start % mmap.PAGESIZE
+        end = min(info.end, self.size)
+        if end > start:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def close(self) -> None:
         """Drop the mapping; arrays handed out keep it alive until they are released."""
