@@ -25,7 +25,7 @@ _ftkit() {
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
                 --filter|-k) COMPREPLY=(); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--filter -k --stats --no-stats --format -f --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--filter -k --stats --no-stats --follow-symlinks --format -f --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
         compare-dumps)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
@@ -33,7 +33,7 @@ _ftkit() {
                 --rules|--html|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
                 --rtol|--atol|--top) COMPREPLY=(); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--exact --rtol --atol --rules --top --html --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--exact --rtol --atol --rules --top --html --follow-symlinks --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
         analyze-events)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;

@@ -41,6 +41,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l help -s h -d 'Show t
 complete -c ftkit -n '__fish_seen_subcommand_from dump; and not __ftkit_prev_in --filter -k --format -f' -F
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l filter -s k -x -d 'Only tensors whose id matches REGEX (re.search), e.g'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l stats -l no-stats -d 'Read the data for statistics and verify fingerprints (--no-stats lists headers only).'
+complete -c ftkit -n '__fish_seen_subcommand_from dump' -l follow-symlinks -d 'Read symlinked files whose target lies outside the tree given (refused by default).'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l format -s f -x -a 'human json' -d 'Output format: human (Rich tables) or json (machine readable, carries schema_version).'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l help -s h -d 'Show this message and exit.'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps; and not __ftkit_prev_in --rtol --atol --rules --top --html --format -f --junit-xml --fail-on' -F
@@ -50,6 +51,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l atol -x -d '
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l rules -r -F -d 'TOML rules: regex over tensor ids -> predicate over the metrics; tensors no rule covers fail (see docs/dumps.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l top -x -d 'How many of the most different tensors to list.'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l html -r -F -d 'Also write a self-contained HTML report with a per-layer divergence plot (its directory must exist).'
+complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l follow-symlinks -d 'Read symlinked files whose target lies outside the tree given (refused by default).'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l format -s f -x -a 'human json github' -d 'Output format: human (Rich tables), json (strict JSON, carries schema_version) or github (escaped workflow annotations, at most 10, and a step summary).'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l fail-on -x -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'

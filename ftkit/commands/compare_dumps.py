@@ -84,6 +84,13 @@ def register(app: typer.Typer) -> None:
                 "(its directory must exist).",
             ),
         ] = None,
+        follow_symlinks: Annotated[
+            bool,
+            typer.Option(
+                "--follow-symlinks",
+                help="Read symlinked files whose target lies outside the tree given (refused by default).",
+            ),
+        ] = False,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
@@ -94,6 +101,9 @@ def register(app: typer.Typer) -> None:
         reassembled, so a TP=2 run compares with a TP=1 run; other safetensors files pair by
         relative path and tensor name. Missing rollouts, files or tensors are findings.
         Default mode: tolerance (rtol 1e-5, atol 1e-8); --exact for bitwise; --rules FILE.
+        Two runs whose run.json differ in what shapes the data are reported as a config diff
+        first (CD012). Special files are skipped with a warning; symlinks that leave a tree are
+        refused unless --follow-symlinks.
         """
         from ftkit.dumps.compare import compare_paths
 
@@ -101,8 +111,15 @@ def register(app: typer.Typer) -> None:
         out = Output(fmt)
         with out.progress("Comparing", total=None) as task:
             result = compare_paths(
-                a, b, options, progress=task.advance, on_start=lambda total: task.update(total=total)
+                a,
+                b,
+                options,
+                progress=task.advance,
+                on_start=lambda total: task.update(total=total),
+                follow_symlinks=follow_symlinks,
             )
+        for path in result.skipped:
+            out.warn(f"{path} is not a regular file (FIFO, socket or device); skipped")
         from ftkit.report.compare_formats import report
         from ftkit.report.emit import emit
 

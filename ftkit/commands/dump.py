@@ -55,6 +55,13 @@ def register(app: typer.Typer) -> None:
                 help="Read the data for statistics and verify fingerprints (--no-stats lists headers only).",
             ),
         ] = True,
+        follow_symlinks: Annotated[
+            bool,
+            typer.Option(
+                "--follow-symlinks",
+                help="Read symlinked files whose target lies outside the tree given (refused by default).",
+            ),
+        ] = False,
         fmt: Annotated[
             DumpFormat,
             typer.Option(
@@ -79,8 +86,14 @@ def register(app: typer.Typer) -> None:
         out = Output(Format(fmt.value))
         with out.progress("Reading dump", total=None) as task:
             inv = inspect_path(
-                path, filter_, stats, progress=lambda done, total: task.update(completed=done, total=total)
+                path,
+                filter_,
+                stats,
+                follow_symlinks,
+                progress=lambda done, total: task.update(completed=done, total=total),
             )
+        for skipped in inv.skipped:
+            out.warn(f"{skipped} is not a regular file (FIFO, socket or device); skipped")
         for rel in inv.orphans:
             out.warn(f"{rel} has no index (an interrupted write?); not listed")
         if out.format is Format.json:

@@ -32,6 +32,11 @@ CODES: dict[str, tuple[str, Severity, str]] = {
     "CD009": ("no-rule", E, "no --rules entry matches the tensor (fail closed)"),
     "CD010": ("non-finite", W, "the tensor holds NaN or Inf values (the same on both sides)"),
     "CD011": ("orphan-data-file", W, "a safetensors file in a dump tree has no index (an interrupted write)"),
+    "CD012": (
+        "config-mismatch",
+        E,
+        "the two runs' run.json differ in what shapes the data (micro-shards, batch, model, seed, ...)",
+    ),
 }
 
 

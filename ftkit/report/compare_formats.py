@@ -53,6 +53,7 @@ def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, An
         "mode": result.options.describe(),
         "verdict": verdict,
         "stats": result.stats,
+        "config_diff": {k: {"a": va, "b": vb} for k, (va, vb) in result.config_diff.items()},
         "first_divergence": first.to_dict() if first else None,
         "worst": [p.to_dict() for p in worst(result, top)],
         "findings": [f.model_dump(mode="json") for f in sort_findings(result.findings)],

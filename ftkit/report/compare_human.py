@@ -20,6 +20,10 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
         f"[bold]compare-dumps[/bold] {escape(str(result.a))} [dim]vs[/dim] {escape(str(result.b))}"
         f"  [dim]({result.kind}, {escape(result.options.describe())})[/dim]"
     )
+    if result.config_diff:  # said first: the tensor findings below follow from it
+        console.print("[bold red]The runs differ in what shapes their data (CD012):[/bold red]")
+        for k, (va, vb) in result.config_diff.items():
+            console.print(f"  {escape(k)}: {escape(repr(va))} in A, {escape(repr(vb))} in B")
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="dim")
     summary.add_column(justify="right")

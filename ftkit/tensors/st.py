@@ -19,14 +19,16 @@ import contextlib
 import json
 import math
 import os
+import re
 import secrets
 import shutil
 import socket
+import stat
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import InputError
 from ftkit.fsutil import fsync_dir
@@ -57,6 +59,7 @@ ST_DTYPES: dict[str, tuple[str, int]] = {
 }
 TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
 _MAX_HEADER = 100 << 20
+_MAX_DIMS = 64
 _TMP_MARK = ".tmp-"
 
 
@@ -205,11 +208,14 @@ class Header:
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
-    """Read and validate the header of a safetensors file; ``InputError`` if it is malformed."""
+    """Read and validate the header of a safetensors file; ``InputError`` if it is malformed.
+
+    Never blocks on a FIFO or device (``open_regular``), never recurses on nested JSON.
+    """
     p = Path(path)
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as fh:
+        with open_regular(p) as fh:
+            size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
             if len(prefix) < 8:
                 raise _bad(p, f"truncated: {size} bytes, not even the 8-byte header length")
@@ -220,14 +226,17 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     except OSError as exc:
         raise InputError(f"cannot read {p}: {exc.strerror or exc}", "check the path and permissions") from exc
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = load_json(raw)
+    except ValueError as exc:
         raise _bad(p, f"header is not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise _bad(p, "header is not a JSON object")
     meta = doc.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise _bad(p, "__metadata__ must map strings to strings")
+    for text in (*doc, *meta, *meta.values()):
+        if not is_text(text):
+            raise _bad(p, f"{short_repr(text)} is not valid Unicode text (a lone surrogate)")
     data_start = 8 + n
     infos = [_entry(p, name, spec, data_start) for name, spec in doc.items()]
     infos.sort(key=lambda i: (i.start, i.end))
@@ -246,33 +255,111 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     return Header(p, {i.name: i for i in infos}, dict(meta), data_start, size)
 
 
+MAX_JSON_DEPTH = 64  # nesting any ftkit JSON document may have (headers, indexes, run.json)
+
+
+def load_json(raw: bytes | str) -> Any:
+    """``json.loads`` that fails closed: ``ValueError`` for invalid UTF-8 or JSON, nesting
+    deeper than ``MAX_JSON_DEPTH`` (checked before parsing, so no recursion limit is hit),
+    and integers with more digits than Python converts."""
+    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw  # UnicodeDecodeError is a ValueError
+    if _max_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except RecursionError as exc:  # pragma: no cover - the depth check comes first
+        raise ValueError("nested too deeply") from exc
+
+
+def _max_depth(text: str) -> int:
+    """Bracket nesting depth of a JSON text, ignoring brackets inside strings (linear scan)."""
+    if "[" not in text and "{" not in text:
+        return 0
+    depth = best = 0
+    in_str = False
+    for m in _JSON_TOKENS.finditer(text):
+        tok = m.group()
+        if in_str:
+            if tok == '"':
+                in_str = False
+            continue
+        if tok == '"':
+            in_str = True
+        elif tok in "[{":
+            depth += 1
+            best = max(best, depth)
+        elif tok in "]}":
+            depth -= 1
+    return best
+
+
+_JSON_TOKENS = re.compile(r'\\.|"|[\[\]{}]', re.S)
+
+
+@contextlib.contextmanager
+def open_regular(path: Path) -> Iterator[Any]:
+    """Open ``path`` for reading only if it is a regular file: a FIFO, socket or device is an
+    ``InputError`` (opened non-blocking, so a FIFO without writer cannot hang us)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"{path} is not a regular file", "pass regular files; FIFOs and devices are not read")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        yield fh
+
+
 def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
     if not isinstance(spec, dict):
         raise _bad(p, f"tensor {name!r}: entry is not an object")
     code = spec.get("dtype")
-    if code not in ST_DTYPES:
-        raise _bad(p, f"tensor {name!r}: unsupported dtype {code!r}")
+    if not isinstance(code, str) or code not in ST_DTYPES:
+        raise _bad(p, f"tensor {name!r}: unsupported dtype {short_repr(code)}")
     shape, offsets = spec.get("shape"), spec.get("data_offsets")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise _bad(p, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+        raise _bad(p, f"tensor {name!r}: shape {short_repr(shape)} is not a list of non-negative integers")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1]
     ):
-        raise _bad(p, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+        raise _bad(p, f"tensor {name!r}: data_offsets {short_repr(offsets)} are not [begin, end]")
     dtype, itemsize = ST_DTYPES[code]
+    if len(shape) > _MAX_DIMS:
+        raise _bad(p, f"tensor {name!r}: {len(shape)} dimensions (at most {_MAX_DIMS})")
     numel = 1
     for d in shape:
         numel *= d
+        if numel > offsets[1]:  # bigger than the file can hold: stop before the product grows huge
+            break
     if offsets[1] - offsets[0] != numel * itemsize:
+        needs = "more" if numel > offsets[1] else str(numel * itemsize)
         raise _bad(
             p,
-            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but "
-            f"{code}{shape} needs {numel * itemsize}",
+            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes, "
+            f"{code}{short_repr(shape)} needs {needs}",
         )
     return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+def is_text(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8 (JSON's ``"\\ud800"`` decodes to a lone surrogate that
+    no output stream can print)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr`` cut to ``limit`` characters (messages must stay one readable line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _bad(p: Path, what: str) -> InputError:

@@ -173,3 +173,21 @@ def test_a_missing_side_is_reported_before_the_other_is_scanned(tmp_path, capsys
     (corrupt / "x.safetensors").write_bytes(b"\x01")  # would be an error of its own if scanned first
     assert main(["compare-dumps", str(corrupt), str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.startswith(f"Error: {tmp_path / 'missing'} does not exist")
+
+
+def test_compare_dumps_and_dump_never_import_torch(trees):
+    """Start-up (issue 10): reading and comparing safetensors needs numpy only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ftkit import cli\n"
+        "codes = [cli.main(['compare-dumps', sys.argv[1], sys.argv[2]]), cli.main(['dump', sys.argv[1]])]\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'ray', 'safetensors'})\n"
+        "sys.stderr.write(f'RESULT {codes} {heavy}')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(trees / "a"), str(trees / "b")], capture_output=True, text=True, timeout=300
+    )
+    assert "RESULT [1, 0] []" in proc.stderr, proc.stderr[-2000:]
