@@ -30,6 +30,7 @@ Items are located by ``loc = input_index << 40 | line_number``; ``locate`` turns
 from __future__ import annotations
 
 import array
+import builtins
 import math
 import mmap
 import os
@@ -235,7 +236,7 @@ class DemuxStream:
                 last_t = t
             yield last_t, si, event, loc
 
-    def _decode(self, line: bytes, name: str, lineno: int, terminated: bool) -> dict[str, Any] | None:
+    def _decode(self, line: builtins.bytes, name: str, lineno: int, terminated: bool) -> dict[str, Any] | None:
         try:
             event = decode(line)
         except ValueError as exc:
@@ -282,7 +283,7 @@ def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int,
         while pos < size:
             lineno += 1
             m = match(mm, pos)
-            if m is not None and (sid := known.get(m.group(1, 3), -1)) >= 0:
+            if m is not None and (sid := known.get(m.group(1, 3), -1)) >= 0:  # type: ignore[arg-type]  # see keys.line_key
                 end = find(b"\n", m.end())
                 end = end if end >= 0 else size
                 if end - pos <= limit:  # a longer line is dropped by read_blocks

@@ -38,9 +38,11 @@ from typing import Any
 from ftkit.errors import InputError
 
 try:
-    from orjson import loads as _fast_loads
+    import orjson
+
+    _fast_loads: Callable[[bytes], Any] = orjson.loads
 except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fast_loads = json.loads  # type: ignore[assignment]  # json.loads takes the same bytes lines
+    _fast_loads = json.loads
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
@@ -138,7 +140,7 @@ def open_log(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
     if path is STDIN:
         raw = io.BufferedReader(io.FileIO(os.dup(sys.stdin.fileno()), "rb"), CHUNK)
         if raw.peek(2)[:2] == _GZIP_MAGIC:
-            return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw  # type: ignore[arg-type]
+            return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw
         return raw, raw
     fh = open(path, "rb")  # noqa: SIM115 - owned and closed by the caller
     if fh.read(2) == _GZIP_MAGIC:

@@ -92,7 +92,8 @@ class _Compiler:
         )
         env = dict(self.env)
         exec(compile(src, f"<ftkit.events.validate:{model.__name__}>", "exec"), env)  # noqa: S102 - built from the schema
-        return env["check"]
+        check: Callable[[dict[str, Any]], bool] = env["check"]
+        return check
 
 
 _COMPILER = _Compiler()
