@@ -132,8 +132,14 @@ class Output:
         self.data(json.dumps(doc, indent=2, allow_nan=False))
 
     def info(self, message: str) -> None:
-        """A Rich-markup line on stderr."""
-        self.err.print(message, markup=True)
+        """A Rich-markup line on stderr (printed as plain text if the markup does not parse,
+        e.g. when an interpolated path holds ``[/x]``)."""
+        from rich.errors import MarkupError
+
+        try:
+            self.err.print(message, markup=True)
+        except MarkupError:
+            self.err.print(message, markup=False)
 
     def warn(self, message: str) -> None:
         """``Warning: message`` on stderr (``message`` is plain text, not markup)."""
