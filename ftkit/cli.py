@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from ftkit import __version__
 from ftkit.errors import FtkitError
-from ftkit.report.sink import guard_stdout
+from ftkit.report.sink import OutputClosed, guard_stdout
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         code = 130
-    except BrokenPipeError:
+    except (BrokenPipeError, OutputClosed):  # the reader of stdout went away (``| head``): not a failure
         code = EXIT_OK
     except Exception as exc:  # noqa: BLE001 - the top-level handler of the CLI contract
         if debug:
