@@ -159,7 +159,7 @@ class Output:
 
     def json(self, payload: dict[str, Any]) -> None:
         """Write a strict JSON document to stdout; ``schema_version`` is added when absent."""
-        doc = strict_json({"schema_version": SCHEMA_VERSION, **_plain(payload)})
+        doc = strict_json({"schema_version": SCHEMA_VERSION, **payload})
         self.data(json.dumps(doc, indent=2, allow_nan=False))
 
     def info(self, message: str) -> None:
@@ -218,20 +218,3 @@ def _isatty(stream: IO[str]) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _plain(obj: Any) -> Any:
-    """``obj`` as JSON-able builtins (pydantic models, enums, sets and paths converted)."""
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, Enum):
-        return obj.value
-    if isinstance(obj, (set, frozenset)):
-        return sorted(_plain(v) for v in obj)
-    if hasattr(obj, "__fspath__"):
-        return os.fspath(obj)
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
