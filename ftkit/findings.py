@@ -52,7 +52,7 @@ class Finding(BaseModel):
     severity: Severity
     message: str
     evidence: dict[str, Any] = Field(default_factory=dict)
-    fix: str = ""
+    fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
 
     def where(self) -> str | None:
         """``file:line`` (or ``file``, or the evidence's ``path``) when the evidence locates it."""
@@ -70,7 +70,7 @@ class RuleSummary(BaseModel):
     rule: str
     severity: Severity
     description: str = ""
-    fix: str = ""
+    fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
     checked: int = 0
     findings: int = 0
 

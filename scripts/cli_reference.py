@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import typer.core
 import typer.main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -119,7 +120,10 @@ def collect() -> tuple[list[Opt], list[Cmd]]:
     """The root options and every visible command; a hidden command that shares a visible
     command's callback is listed as that command's alias."""
     group = typer.main.get_command(cli.app)
-    root_opts = [_describe(p) for p in group.params if p.param_type_name == "option" and not p.hidden]
+    assert isinstance(group, typer.core.TyperGroup), "ftkit's app has several commands, so typer builds a group"
+    root_opts = [
+        _describe(p) for p in group.params if p.param_type_name == "option" and not getattr(p, "hidden", False)
+    ]
     visible = {cmd.callback: name for name, cmd in group.commands.items() if not cmd.hidden}
     commands: list[Cmd] = []
     for name, cmd in group.commands.items():

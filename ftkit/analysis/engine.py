@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftkit.analysis.registry import select_rules
-from ftkit.analysis.replay import MAX_STORED, Replay
-from ftkit.events.reader import EventStream, discover
+from ftkit.analysis.replay import MAX_STORED, NotPerProcess, Replay
+from ftkit.events.demux import DemuxStream
+from ftkit.events.reader import STDIN, EventStream, discover, size_of
+from ftkit.events.spill import SPILL_BYTES
 from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 
 PROGRESS_EVERY = 1 << 16
+Stream = EventStream | DemuxStream
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
 
@@ -47,26 +50,48 @@ def analyze_paths(
     select: list[str] | None = None,
     skip: list[str] | None = None,
     progress: Progress | None = None,
+    spill_bytes: int = SPILL_BYTES,
 ) -> AnalysisResult:
-    """Replay the event logs under ``paths`` and apply the selected rules (default: all)."""
+    """Replay the event logs under ``paths`` and apply the selected rules (default: all).
+
+    Per-process files (each one source, ``seq`` rising) are merged by time as they are read. Any
+    other input -- one merged file, lines split over files, in any order, ``-`` for standard
+    input -- is demultiplexed by source first (``ftkit.events.demux``), with the same result.
+    ``spill_bytes`` bounds the memory of sorting such input (see ``ftkit.events.spill``).
+    """
     rule_classes = select_rules(select, skip)
     files = discover(paths)
-    names = [str(p) for p in files]
-    replay = Replay(rule_classes, names)
-    stream = EventStream(files, replay.issue)
-    total = sum(p.stat().st_size for p in files)
+    total = sum(size_of(p) for p in files)
+    if STDIN not in files:
+        replay = Replay(rule_classes)
+        stream: Stream = EventStream(files, replay.issue)
+        try:
+            _replay(replay, stream, per_process=True, progress=progress, total=total)
+            return _result(replay, stream, len(files), "per-process")
+        except NotPerProcess:
+            pass  # not one process per file: read it again, demultiplexed
+    replay = Replay(rule_classes)
+    stream = DemuxStream(files, replay.issue, spill_bytes)
+    try:
+        _replay(replay, stream, per_process=False, progress=progress, total=total)
+    finally:
+        stream.close()
+    return _result(replay, stream, len(files), stream.mode)
+
+
+def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progress | None, total: int) -> None:
+    replay.attach(len(stream.names), stream.locate, per_process)
     feed = replay.feed
     for n, (event, fi, line) in enumerate(stream.events(), start=1):
         feed(event, fi, line)
         if progress is not None and n % PROGRESS_EVERY == 0:
-            progress(stream.position(), total)
+            progress(min(stream.position(), total), total)
     replay.finish()
     if progress is not None:
         progress(total, total)
-    return _result(replay, stream, len(files))
 
 
-def _result(replay: Replay, stream: EventStream, n_files: int) -> AnalysisResult:
+def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> AnalysisResult:
     rules = [
         RuleSummary(
             code=r.code,
@@ -92,6 +117,7 @@ def _result(replay: Replay, stream: EventStream, n_files: int) -> AnalysisResult
     finished = replay.run_finished[0] if replay.run_finished else {}
     stats = {
         "files": n_files,
+        "read_as": mode,
         "lines": stream.lines,
         "bytes": stream.bytes,
         "events": replay.events,

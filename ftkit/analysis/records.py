@@ -67,8 +67,8 @@ class StepRecord:
         self.epoch: int | None = None
         self.outcomes: dict[int, dict[int | None, tuple[str, Where]]] = {}
         self.fingerprints: dict[int | None, dict[int, str]] = {}
-        self.fp_detail: dict[tuple[int | None, str], tuple[dict, dict, int, Where]] = {}
-        self.witness: tuple[list, list, int, Where] | None = None
+        self.fp_detail: dict[tuple[int | None, str], tuple[dict[str, str], dict[str, str], int, Where]] = {}
+        self.witness: tuple[list[int], list[int], int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
         self.alive_snapshot = alive_snapshot
         self.live: frozenset[int] = frozenset()

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ftkit.analysis.closure import Closure
 from ftkit.analysis.records import RolloutRecord, RuleHooks, StepRecord, Where
 from ftkit.analysis.recovery import RecoveryTracker
 from ftkit.events.schema import Source
@@ -36,9 +37,20 @@ MAX_STORED = 500  # findings kept per rule (all are counted)
 STEP_TYPES = frozenset({"step_outcome", "state_fingerprint", "witness_counts", "grad_nonfinite"})
 
 
+class _Skip(Exception):
+    """The line cannot be used (already reported)."""
+
+
+class NotPerProcess(Exception):
+    """Raised (only when ``per_process`` is set) when a file turns out not to be one process's
+    stream: a second source in it, a ``seq`` that goes back, or a source already read from another
+    file. The caller replays again from a ``DemuxStream``."""
+
+
 class Replay:
-    def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]], files: list[str]) -> None:
-        self.files = files
+    def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]]) -> None:
+        self.locate: Callable[[int, int], Where] = lambda fi, line: (str(fi), line)
+        self.per_process = False
         self.rules = [cls(self) for cls in rule_classes]
         self.by_code = {r.code: r for r in self.rules}
         self.findings: list[Finding] = []
@@ -60,21 +72,21 @@ class Replay:
         self.closed_below = 0
         self.late: list[Any] = [0, None]
         self.steps_closed = self.steps_committed = 0
-        # per file
-        self.seq_next = [0] * len(files)
-        self.file_source: list[dict[str, Any] | None] = [None] * len(files)
-        self.mixed: set[int] = set()
-        self.mixed_seq: dict[tuple[Any, ...], int] = {}
+        # per stream (a file, or one source of a demultiplexed log): see attach()
+        self.seq_next: list[int] = []
+        self.file_source: list[dict[str, Any] | None] = []
+        self.claimed: set[bytes] = set()
         self.unordered: set[int] = set()
-        self.last_time = [-math.inf] * len(files)
-        self.first_time = [math.inf] * len(files)
+        self.last_time: list[float] = []
+        self.first_time: list[float] = []
         self.file_step: dict[int, int] = {}
         self.file_rollout: dict[int, int] = {}
         self.step_marks: Counter[int] = Counter()
         self.rollout_marks: Counter[int] = Counter()
-        self.cell_files: Counter[int] = Counter()
         self.file_cell: dict[int, int] = {}
         self.recovery = RecoveryTracker()
+        self.closure = Closure()
+        self.healed: set[int] = set()  # cells that received their state from a donor at some point
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
@@ -90,15 +102,31 @@ class Replay:
             "grad_nonfinite": self._grad_nonfinite,
             "fault_injected": self._fault,
             "heal": self._heal,
+            "metric": self._metric,
+            "log_closed": self._log_closed,
         }
-        self.handlers: dict[str, list[Any]] = {t: [core[t]] if t in core else [] for t in _all_types()}
+        self.handlers: dict[str, list[Callable[[dict[str, Any], int, int], None]]] = {
+            t: [core[t]] if t in core else [] for t in _all_types()
+        }
         for rule in self.rules:
             for t in rule.events:
                 self.handlers[t].append(rule.on_event)
 
+    def attach(self, streams: int, locate: Callable[[int, int], Where], per_process: bool) -> None:
+        """Size the per-stream state for ``streams`` streams; ``locate(stream, loc)`` gives the
+        (file, line) of an item; ``per_process``: raise ``NotPerProcess`` instead of reading a
+        stream that is not one source's lines in ``seq`` order."""
+        self.locate, self.per_process = locate, per_process
+        self.seq_next = [0] * streams
+        self.file_source = [None] * streams
+        self.last_time = [-math.inf] * streams
+        self.first_time = [math.inf] * streams
+        self.closure.attach(streams)
+        self.closed = self.closure.closed
+
     # ----------------------------------------------------------------- reporting
     def where(self, fi: int, line: int) -> Where:
-        return (self.files[fi], line)
+        return self.locate(fi, line)
 
     def add_finding(self, rule: RuleHooks, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
         if self.stored[rule.code] >= MAX_STORED:
@@ -126,25 +154,32 @@ class Replay:
 
     def issue(self, file: str, line: int, kind: str, message: str) -> None:
         """A line the reader could not decode (FT111)."""
-        sev = Severity.warning if kind == "truncated" else Severity.error
+        sev = Severity.warning if kind in ("truncated", "duplicate") else Severity.error
         self.report("FT111", f"{kind} line: {message}", sev, file=file, line=line, kind=kind)
 
     # ----------------------------------------------------------------- the loop
     def feed(self, event: dict[str, Any] | None, fi: int, line: int) -> None:
         if event is None:
-            self._file_ended(fi)
+            self._file_ended(fi, line)
             return
         self.events += 1
-        t = event.get("type")
-        check = CHECKS.get(t)  # is_valid, inlined: this runs once per line
+        t: Any = event.get("type")  # any JSON value until its check passes
+        check = CHECKS.get(t) if type(t) is str else None  # is_valid, inlined: this runs once per line
         if check is None or not check(event):
+            if type(t) is not str:
+                what = "no" if t is None else f"a JSON {type(t).__name__} as"
+                self.report("FT111", f"invalid event: {what} type", where=self.where(fi, line))
+                return
             if not known(t):
-                self.unknown_types[str(t)[:64]] += 1
+                self.unknown_types[t[:64]] += 1
                 return
             self.report("FT111", f"invalid {t} event: {explain(event)}", where=self.where(fi, line))
             return
         self.by_type[t] += 1
-        self._envelope(event, fi, line)
+        try:
+            self._envelope(event, fi, line)
+        except _Skip:
+            return
         for handler in self.handlers[t]:
             handler(event, fi, line)
 
@@ -154,14 +189,11 @@ class Replay:
         if src != self.file_source[fi]:
             self._source_changed(fi, ev, line)
         seq = ev["seq"]
-        if fi in self.mixed:
-            key = (fi, src.get("role"), src.get("cell"), src.get("rank"), src.get("incarnation"))
-            self._seq(fi, line, seq, self.mixed_seq.get(key, 0))
-            self.mixed_seq[key] = seq + 1
-        else:
-            if seq != self.seq_next[fi]:
-                self._seq(fi, line, seq, self.seq_next[fi])
-            self.seq_next[fi] = seq + 1
+        if seq != self.seq_next[fi]:
+            if seq < self.seq_next[fi] and self.per_process:
+                raise NotPerProcess(f"seq goes back in {self.where(fi, line)[0]}")
+            self._seq(fi, line, seq, self.seq_next[fi])
+        self.seq_next[fi] = seq + 1
         t = ev["time"]
         if t < self.last_time[fi] - 1.0 and fi not in self.unordered:
             self.unordered.add(fi)
@@ -178,7 +210,9 @@ class Replay:
                 self.report(
                     "FT111", f"events of several runs in one log: {sorted(self.runs)}", where=self.where(fi, line)
                 )
-        if self.run_finished is not None:
+        if self.closed[fi]:  # the incarnation was reopened (EventWriter appends): its last line counts
+            self.closed[fi] = False
+        if self.run_finished is not None and ev["type"] != "log_closed":
             self.after_finish[0] += 1
             self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
 
@@ -194,19 +228,21 @@ class Replay:
     def _source_changed(self, fi: int, ev: dict[str, Any], line: int) -> None:
         src = ev["source"]
         if self.file_source[fi] is None:
+            if self.per_process:
+                key = repr(sorted(src.items())).encode()
+                if key in self.claimed:
+                    raise NotPerProcess(f"{self.where(fi, line)[0]} continues a source read from another file")
+                self.claimed.add(key)
             self._file_started(fi, src, line)
+            self.closure.started(fi, ev)
             self.first_time[fi] = self.last_time[fi] = ev["time"]
-        elif fi not in self.mixed:
-            self.mixed.add(fi)
+        elif self.per_process:
+            raise NotPerProcess(f"{self.where(fi, line)[0]} holds events of several sources")
+        else:  # a demultiplexed stream holds one source: only a line with duplicate keys gets here
             self.report(
-                "FT111",
-                "file holds events of several sources; seq is checked per source",
-                Severity.warning,
-                where=self.where(fi, line),
+                "FT111", "a line's source could not be read consistently (duplicate keys?)", where=self.where(fi, line)
             )
-            first = self.file_source[fi]
-            key = (fi, first.get("role"), first.get("cell"), first.get("rank"), first.get("incarnation"))
-            self.mixed_seq[key] = self.seq_next[fi]
+            raise _Skip
 
     def _file_started(self, fi: int, src: dict[str, Any], line: int) -> None:
         try:
@@ -217,14 +253,10 @@ class Replay:
         cell = src.get("cell")
         if src.get("role") == "trainer" and type(cell) is int:
             self.file_cell[fi] = cell
-            self.cell_files[cell] += 1
 
-    def _file_ended(self, fi: int) -> None:
-        cell = self.file_cell.pop(fi, None)
-        if cell is not None:
-            self.cell_files[cell] -= 1
-            if self.cell_files[cell] <= 0:
-                self._died(cell, definite=False)
+    def _file_ended(self, fi: int, line: int) -> None:
+        self.file_cell.pop(fi, None)
+        self.closure.ended(fi, self.file_source[fi], self.first_time[fi], self.where(fi, line))
         step = self.file_step.pop(fi, None)
         if step is not None:
             self._unmark(self.step_marks, step)
@@ -286,6 +318,19 @@ class Replay:
 
     def finish(self) -> None:
         self._advance(final=True)
+        for label, where in self.closure.cut_streams():
+            self.report(
+                "FT111",
+                f"the log of {label} ends without log_closed and the driver did not declare it dead: lines were cut",
+                where=where,
+            )
+        lost = self.closure.lost_steps()
+        if lost:
+            self.report(
+                "FT112",
+                f"the driver trained step(s) {_ranges(lost)} but no rank logged anything of them",
+                steps=lost[:100],
+            )
         for rule in self.rules:
             rule.finish()
 
@@ -314,24 +359,21 @@ class Replay:
     @property
     def ranks_per_cell(self) -> int:
         if self.run_started is not None:
-            return max(1, self.run_started["tp"] * self.run_started["pp"])
+            tp: int = self.run_started["tp"]
+            pp: int = self.run_started["pp"]
+            return max(1, tp * pp)
         return self.max_rank + 1
 
     def cell_lost(self, cell: int, step: int) -> bool:
-        """The cell died during ``step``: its last report before dying was at or before ``step`` and it
-        had not come back (a new incarnation reporting) by then. A death is its state turning
-        ``errored``, or all its rank files ending while the log went on past them."""
-        for died, back, definite in self.deaths.get(cell, ()):
-            if died <= step and (back is None or step < back) and (definite or self.max_step > died):
-                return True
-        return False
+        """The cell died during ``step``: the driver declared it ``errored`` while the run was at
+        ``step`` or before, and it had not come back (a new incarnation reporting) by then. Only the
+        driver's declaration counts: a rank log that merely ends proves nothing (it may be cut)."""
+        return any(died <= step and (back is None or step < back) for died, back in self.deaths.get(cell, ()))
 
-    def _died(self, cell: int, definite: bool) -> None:
+    def _died(self, cell: int) -> None:
         deaths = self.deaths.setdefault(cell, [])
-        if deaths and deaths[-1][1] is None:
-            deaths[-1][2] = deaths[-1][2] or definite
-            return
-        deaths.append([self.cell_last.get(cell, -1), None, definite])
+        if not deaths or deaths[-1][1] is not None:
+            deaths.append([max(self.cell_last.get(cell, -1), self.max_step), None])
 
     # ----------------------------------------------------------------- core handlers
     def _record(self, ev: dict[str, Any], fi: int, line: int) -> StepRecord | None:
@@ -344,6 +386,7 @@ class Replay:
                 return None
             snapshot = frozenset(c for c, s in self.cell_status.items() if s == "alive") if self.cell_status else None
             rec = self.pending[key] = StepRecord(key[0], key[1], key[2], ev["time"], snapshot)
+            self.closure.see_step(key[1])
             if key[0] not in self.rollouts:
                 self.rollouts[key[0]] = RolloutRecord(key[0])
         elif not self._progress(fi, line, key[1], key[0]):
@@ -370,7 +413,8 @@ class Replay:
     def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.cell_status[ev["cell"]] = ev["new"]
         if ev["new"] == "errored":  # "stopped" is a deliberate stop at a step boundary, not a death
-            self._died(ev["cell"], definite=True)
+            self._died(ev["cell"])
+            self.closure.declared_dead(ev["cell"], ev["time"])
             self.recovery.detected(ev["time"], ev["cell"])
 
     def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -420,11 +464,25 @@ class Replay:
         self._progress(fi, line, ev["step"], ev["rollout"])
         self.recovery.detected(ev["time"], ev["cell"])
 
+    def _metric(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["step"] is not None and ev["source"].get("role") == "driver":
+            self.closure.declare_step(ev["step"])
+
+    def _log_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["lines"] != ev["seq"]:
+            self.report(
+                "FT111",
+                f"log_closed says {ev['lines']} line(s) were written before it, but its seq is {ev['seq']}",
+                where=self.where(fi, line),
+            )
+        self.closed[fi] = True
+
     def _fault(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.fault(ev, self.where(fi, line))
 
     def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.healed(ev["time"], ev["cell"])
+        self.healed.add(ev["cell"])
 
     # ----------------------------------------------------------------- closing
     def _close_step(self, rec: StepRecord) -> None:
@@ -454,6 +512,20 @@ class Replay:
         self.recovery.rollout_closed(ro.rollout, ro.deficit())
         for rule in self.rules:
             rule.on_rollout(ro)
+
+
+def _ranges(values: list[int], limit: int = 8) -> str:
+    """``1-3, 7`` (at most ``limit`` ranges, then ``...``)."""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in [*values[1:], None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if v is not None:
+            start = prev = v
+    return ", ".join(out[:limit]) + (", ..." if len(out) > limit else "")
 
 
 def _all_types() -> list[str]:

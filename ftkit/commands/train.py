@@ -11,9 +11,10 @@ above ``--fail-on``, 1 when it does, 2 for a bad config, run directory or layout
 from __future__ import annotations
 
 import json
+import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 
@@ -37,11 +38,18 @@ def _choices(name: str, field: str) -> type[Enum]:
     return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
 
 
-ModelName = _choices("ModelName", "model")
-Reduce = _choices("Reduce", "reduce")
-Device = _choices("Device", "device")
-DumpCells = _choices("DumpCells", "dump_cells")
-Reward = _choices("Reward", "reward")
+if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
+    ModelName: TypeAlias = Enum
+    Reduce: TypeAlias = Enum
+    Device: TypeAlias = Enum
+    DumpCells: TypeAlias = Enum
+    Reward: TypeAlias = Enum
+else:
+    ModelName = _choices("ModelName", "model")
+    Reduce = _choices("Reduce", "reduce")
+    Device = _choices("Device", "device")
+    DumpCells = _choices("DumpCells", "dump_cells")
+    Reward = _choices("Reward", "reward")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
@@ -53,7 +61,7 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
         info = TrainConfig.model_fields[field]
         default = info.default
         shown = ",".join(default) if isinstance(default, tuple) else default
-        help = help or info.description
+        help = help or info.description or ""
         if shown is not None and not isinstance(default, bool):
             help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
@@ -85,7 +93,10 @@ def read_config_file(path: Path) -> dict[str, Any]:
         ) from None
     try:
         if path.suffix.lower() == ".toml":
-            import tomllib
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover - Python 3.10 reads TOML with the tomllib backport
+                import tomli as tomllib
 
             values = tomllib.loads(raw.decode("utf-8"))
         else:

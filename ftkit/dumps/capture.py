@@ -94,7 +94,7 @@ class ModuleCapture:
         self.records.append(Capture(name, tensor.detach().to("cpu", copy=True), sharding))
 
     def _hook(self, path: str, module: Any) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        def hook(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             n = self._calls.get(path, 0)
             self._calls[path] = n + 1
             base = path if n == 0 else f"{path}#{n}"
@@ -109,7 +109,8 @@ class ModuleCapture:
                 if self.activations:
                     self._record(f"{stem}output{suffix}", t, sharding)
                 if self.grads and t.requires_grad:
-                    self._handles.append(t.register_hook(self._grad_hook(f"{stem}output_grad{suffix}", sharding)))
+                    handle = t.register_hook(self._grad_hook(f"{stem}output_grad{suffix}", sharding))  # type: ignore[no-untyped-call]  # torch leaves register_hook unannotated
+                    self._handles.append(handle)
 
         return hook
 

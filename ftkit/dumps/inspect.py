@@ -86,7 +86,7 @@ def _collect(
     loader: TensorLoader,
     progress: Callable[[int, int], None],
 ) -> None:
-    writers: dict[tuple, dict[str, Any]] = {}
+    writers: dict[tuple[str, str, int, str], dict[str, Any]] = {}
     entries = sorted(src.entries, key=entry_order)
     for done, e in enumerate(entries, start=1):
         progress(done, len(entries))
@@ -178,7 +178,7 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
             lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
             s += float(c.sum())
     mean = s / n if n else None
-    if n:
+    if mean is not None:
         for i in range(0, flat.numel(), CHUNK):
             c = flat[i : i + CHUNK].to(torch.float64)
             c = c[torch.isfinite(c)]

@@ -35,7 +35,7 @@ class TensorLoader:
     def load(self, ref: TensorRef) -> torch.Tensor:
         handle = self._handle(ref.file)
         try:
-            t = handle.get_tensor(ref.info.name)
+            t: torch.Tensor = handle.get_tensor(ref.info.name)
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
             raise InputError(
                 f"cannot read tensor {ref.info.name!r} from {ref.file}: {exc}",

@@ -121,7 +121,8 @@ class _Accumulator:
         self.m, self.rtol, self.atol = m, rtol, atol
         self.sum_abs = self.sxy = self.sxx = 0.0
         self.finite_n = 0
-        self.best, self.best_at = -1.0, None
+        self.best = -1.0
+        self.best_at: int | None = None
         self.first_bad: int | None = None
         self.first_bits: int | None = None
 

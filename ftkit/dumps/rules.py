@@ -23,13 +23,17 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import tomllib
+from typing import Any, cast
 
 from ftkit.errors import ConfigError, InputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML with the tomllib backport
+    import tomli as tomllib
 
 RULE_VARIABLES = (
     "numel",
@@ -157,4 +161,4 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         return True
     if isinstance(node, ast.Name):
         return _CONST[node.id] if node.id in _CONST else env[node.id]
-    return node.value  # ast.Constant, checked at load time
+    return cast(ast.Constant, node).value  # checked at load time

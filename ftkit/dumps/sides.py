@@ -38,7 +38,7 @@ class SideValue:
     dtype: str
     shape: tuple[int, ...]
     chosen: list[tuple[Sharding, torch.Tensor]]  # one piece per TP rank (or one replicated piece)
-    signature: tuple
+    signature: tuple[object, ...]
     origins: list[str]
     counts: list[tuple[int, int] | None]  # (NaN, Inf) per chosen piece, from verified indexes
 
@@ -50,7 +50,7 @@ class SideValue:
         return math.prod(self.shape)
 
 
-def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list, list[str]]:
+def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list[torch.Tensor], list[str]]:
     """``(tensors, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
     piece does not match its index fingerprint."""
     tensors = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
@@ -58,7 +58,7 @@ def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tu
 
 
 def resolve_side(
-    item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
+    item_id: str, side: str, pieces: list[Piece], tensors: list[torch.Tensor], fps: list[str]
 ) -> tuple[SideValue | None, list[Finding]]:
     """The value of one side of ``item_id`` (``side`` is "A" or "B") from its loaded pieces,
     and any CD007/CD008 findings."""
@@ -81,7 +81,7 @@ def resolve_side(
     chosen_idx = []
     for rank, members in sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
         members.sort(key=lambda i: pieces[i].origin)
-        distinct = {}
+        distinct: dict[str, list[str]] = {}
         for i in members:
             distinct.setdefault(fps[i], []).append(pieces[i].origin)
         if len(distinct) > 1:
@@ -116,7 +116,9 @@ def resolve_side(
             shape = _full_shape(chosen)
         except ValueError as exc:
             return None, findings + [finding("CD008", f"{item_id}: side {side}: {exc}", tensor=item_id, side=side)]
-        sig = tuple(((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx))
+        sig: tuple[object, ...] = tuple(
+            ((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx)
+        )
     else:
         shape = tuple(chosen[0][1].shape)
         sig = (("replicated",), fps[chosen_idx[0]])
@@ -128,6 +130,7 @@ def resolve_side(
 def _full_shape(chosen: list[tuple[Sharding, torch.Tensor]]) -> tuple[int, ...]:
     s0, t0 = chosen[0]
     dim = s0.dim
+    assert dim is not None  # only split pieces are assembled
     if any(dim >= t.dim() for _, t in chosen):
         raise ValueError(f"split dim {dim} out of range for a {t0.dim()}-d shard")
     rest = {tuple(d for j, d in enumerate(t.shape) if j != dim) for _, t in chosen}

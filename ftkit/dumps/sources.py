@@ -60,7 +60,7 @@ class DumpEntry:
     ref: TensorRef
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, str, int, int, int | None, str]:
         return (self.prefix, self.phase, self.rollout, self.step, self.micro_shard, self.name)
 
 
@@ -119,7 +119,7 @@ def open_source(path: str | os.PathLike[str]) -> Source:
 
 def _walk(root: Path, suffix: str, skip: Path | None = None) -> list[str]:
     """Relative paths (posix) of non-hidden files ending in ``suffix``, sorted."""
-    found = []
+    found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         d = Path(dirpath)
         dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and (skip is None or d / n != skip))

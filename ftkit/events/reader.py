@@ -26,7 +26,10 @@ import gzip
 import heapq
 import io
 import json
+import mmap
 import os
+import stat
+import sys
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -37,37 +40,68 @@ from ftkit.errors import InputError
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fast_loads = json.loads
+    _fast_loads = json.loads  # type: ignore[assignment]  # json.loads takes the same bytes lines
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
+BLOCK = 1 << 20  # lines handed on at a time from a mapped file
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 IssueCallback = Callable[[str, int, str, str], None]  # (file, line, kind, message)
 
 
+SAFE_LEN = 64 << 10  # lines up to this size cannot nest deep enough to crash orjson 3.8 (>30,000 objects)
+MAX_NESTING = 4096  # a longer line with more brackets than this is decoded by the json module (RecursionError)
+
+
 def decode(line: bytes) -> Any:
-    """Decode one line (orjson fast path, json fallback for NaN/Infinity); raises ValueError."""
+    """Decode one line safely; raises ValueError (never crashes the process).
+
+    orjson is the fast path; it rejects the ``NaN``/``Infinity`` literals, so what it refuses is
+    retried with the json module. orjson 3.8 segfaults on objects nested ~100,000 deep: a line over
+    ``SAFE_LEN`` bytes whose bracket count could reach that depth goes to the json module instead,
+    whose recursion limit turns it into a ValueError ("nested too deeply").
+    """
+    if len(line) > SAFE_LEN and line.count(b"{") + line.count(b"[") > MAX_NESTING:
+        return _json_loads(line)
     try:
         return _fast_loads(line)
     except ValueError:
-        try:
-            return json.loads(line)
-        except RecursionError as exc:
-            raise ValueError("nested too deeply") from exc
+        return _json_loads(line)
+
+
+def _json_loads(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply") from exc
+
+
+STDIN = Path("-")  # "-" on the command line: standard input
 
 
 def discover(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
-    """The log files named by ``paths`` (sorted per directory, duplicates removed)."""
+    """The log files named by ``paths`` (sorted per directory, duplicates removed).
+
+    ``-`` stands for standard input. A named path that is not a regular file or a directory (a
+    FIFO, a device, a socket) is refused: reading it could block forever.
+    """
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if not path.exists():
-            raise InputError(
-                f"{path}: no such file or directory", "pass an events/ directory, a run directory or .jsonl files"
-            )
-        if path.is_dir():
+        if str(raw) == "-":
+            files.append(STDIN)
+            continue
+        try:
+            mode = path.stat().st_mode
+        except OSError as exc:
+            if not path.exists():
+                raise InputError(
+                    f"{path}: no such file or directory", "pass an events/ directory, a run directory or .jsonl files"
+                ) from exc
+            raise InputError(f"{path}: cannot read: {exc.strerror or exc}", "check the path's permissions") from exc
+        if stat.S_ISDIR(mode):
             try:
                 found = sorted(p for p in path.rglob("*") if p.name.endswith(LOG_SUFFIXES) and p.is_file())
             except OSError as exc:
@@ -79,10 +113,17 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
                     f"{path}: no *.jsonl or *.jsonl.gz event logs below it", "point at the run's events/ directory"
                 )
             files.extend(found)
-        else:
+        elif stat.S_ISREG(mode):
             files.append(path)
-    unique = list(dict.fromkeys(p.resolve() for p in files))
+        else:
+            raise InputError(
+                f"{path}: not a regular file (a FIFO, device or socket)",
+                "pass the log file itself, or '-' to read standard input",
+            )
+    unique = list(dict.fromkeys(p if p is STDIN else p.resolve() for p in files))
     for p in unique:
+        if p is STDIN:
+            continue
         try:
             with open(p, "rb") as fh:
                 fh.read(1)
@@ -91,14 +132,171 @@ def discover(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return unique
 
 
-def _open(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
-    """(line reader, raw file): the raw file's position is the progress on disk."""
+def open_log(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
+    """(line reader, raw file) of a log (gzip recognised by its magic bytes; ``STDIN`` is standard
+    input): the raw file's position is the progress on disk. The caller closes both."""
+    if path is STDIN:
+        raw = io.BufferedReader(io.FileIO(os.dup(sys.stdin.fileno()), "rb"), CHUNK)
+        if raw.peek(2)[:2] == _GZIP_MAGIC:
+            return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw  # type: ignore[arg-type]
+        return raw, raw
     fh = open(path, "rb")  # noqa: SIM115 - owned and closed by the caller
     if fh.read(2) == _GZIP_MAGIC:
         fh.seek(0)
-        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh  # type: ignore[arg-type]
+        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh
     fh.seek(0)
     return fh, fh
+
+
+def size_of(path: Path) -> int:
+    """Bytes on disk (0 for standard input or a file that vanished)."""
+    if path is STDIN:
+        return 0
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def read_blocks(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterator[tuple[int, bytes, bool]]:
+    """``(lines_before, block, terminated)``: one log read ``CHUNK`` bytes at a time, as blocks of
+    whole lines joined by ``\\n`` (``block.split(b"\\n")`` are lines ``lines_before + 1`` ...).
+
+    A line over ``MAX_LINE`` bytes is reported (``too_long``) and replaced by an empty line,
+    without being held whole; an I/O or decompression error is reported (``unreadable``, or
+    ``truncated`` for a gzip stream cut short) and ends the file. The last block is unterminated
+    (``terminated`` False) when the file does not end with a newline. ``counts`` (lines, bytes) is
+    updated as the file is read.
+    """
+    name = str(path)
+    mapped = _map(path)
+    if mapped is not None:
+        yield from _mapped_blocks(mapped, name, on_issue, counts)
+        return
+    try:
+        fh, raw = open_log(path)
+    except OSError as exc:
+        on_issue(name, 0, "unreadable", f"cannot open: {exc}")
+        return
+    lineno, pending, skipping = 0, b"", False
+    try:
+        while True:
+            try:
+                chunk = fh.read(CHUNK)
+            except (OSError, EOFError, zlib.error) as exc:
+                kind = "truncated" if isinstance(exc, EOFError) else "unreadable"
+                on_issue(name, lineno + 1, kind, f"cannot read past line {lineno}: {exc}")
+                pending = b""
+                break
+            if not chunk:
+                break
+            counts[1] += len(chunk)
+            if skipping:  # the rest of a too-long line
+                start = chunk.find(b"\n")
+                if start < 0:
+                    continue
+                chunk, skipping = chunk[start + 1 :], False
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                pending += chunk
+                if len(pending) > MAX_LINE:
+                    lineno += 1
+                    counts[0] += 1
+                    on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+                    pending, skipping = b"", True
+                continue
+            block = pending + chunk[:end] if pending else chunk[:end]
+            pending = chunk[end + 1 :]
+            n = block.count(b"\n") + 1
+            if len(block) > MAX_LINE:
+                block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
+            counts[0] += n
+            yield lineno, block, True
+            lineno += n
+        if pending:
+            counts[0] += 1
+            yield lineno, pending, False
+    finally:
+        fh.close()
+        raw.close()
+
+
+def _map(path: Path) -> mmap.mmap | None:
+    """A read-only map of a plain (not gzip, not empty) regular file; None otherwise."""
+    if path is STDIN:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(2) == _GZIP_MAGIC or os.fstat(fh.fileno()).st_size == 0:
+                return None
+            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None  # read_blocks' normal path reports what is wrong
+
+
+def _mapped_blocks(
+    mm: mmap.mmap, name: str, on_issue: IssueCallback, counts: list[int]
+) -> Iterator[tuple[int, bytes, bool]]:
+    """read_blocks over a mapped file: blocks of about ``BLOCK`` bytes cut at newlines, one copy each."""
+    with mm:
+        size, pos, lineno = len(mm), 0, 0
+        while pos < size:
+            end = mm.rfind(b"\n", pos, min(pos + BLOCK, size))
+            if end < 0:  # no newline in the window: one long line, or the unterminated last one
+                end = mm.find(b"\n", pos)
+                if end < 0:
+                    end = size
+                if end - pos > MAX_LINE:
+                    lineno += 1
+                    counts[0] += 1
+                    on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+                    counts[1] += end + 1 - pos
+                    pos = end + 1
+                    continue
+            block = mm[pos:end]
+            n = block.count(b"\n") + 1
+            if len(block) > MAX_LINE:
+                block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
+            counts[0] += n
+            counts[1] += min(end + 1, size) - pos
+            yield lineno, block, end < size
+            lineno += n
+            pos = end + 1
+
+
+def _drop_long(lines: list[bytes], name: str, before: int, on_issue: IssueCallback) -> list[bytes]:
+    for i, line in enumerate(lines):
+        if len(line) > MAX_LINE:
+            on_issue(name, before + i + 1, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+            lines[i] = b""
+    return lines
+
+
+def read_lines(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterator[tuple[int, bytes, bool]]:
+    """``(line_number, line, terminated)`` of every non-blank line of one log, in file order (see
+    ``read_blocks``; only the last line can be unterminated)."""
+    for before, block, terminated in read_blocks(path, on_issue, counts):
+        for lineno, line in enumerate(block.split(b"\n"), before + 1):
+            if line and not line.isspace():
+                yield lineno, line, terminated
+
+
+def merge_by_time(gens: list[Iterator[tuple[float, int, Any, int]]]) -> Iterator[tuple[Any, int, int]]:
+    """Merge per-stream heap items ``(time, stream, event, location)`` by ``(time, stream)``; yield
+    ``(event, stream, location)`` and, right after a stream's last item, ``(None, stream, location)``."""
+    heap = [first for gen in gens if (first := next(gen, None)) is not None]
+    heapq.heapify(heap)
+    heapreplace, heappop = heapq.heapreplace, heapq.heappop
+    while heap:
+        _, i, event, loc = heap[0]
+        nxt = next(gens[i], None)
+        if nxt is None:
+            heappop(heap)
+            yield event, i, loc
+            yield None, i, loc  # end of stream i
+        else:
+            heapreplace(heap, nxt)
+            yield event, i, loc
 
 
 class EventStream:
@@ -106,6 +304,7 @@ class EventStream:
 
     def __init__(self, files: list[Path], on_issue: IssueCallback) -> None:
         self.files = files
+        self.names = [str(p) for p in files]
         self.on_issue = on_issue
         self.lines = 0
         self.bytes = 0
@@ -130,7 +329,7 @@ class EventStream:
         path = self.files[index]
         name = str(path)
         try:
-            fh, raw = _open(path)
+            fh, raw = open_log(path)
         except OSError as exc:
             self.on_issue(name, 0, "unreadable", f"cannot open: {exc}")
             return
@@ -161,6 +360,8 @@ class EventStream:
                 for line in parts:
                     lineno += 1
                     try:
+                        if len(line) > SAFE_LEN:
+                            raise ValueError  # decode() checks how deep it may nest
                         event = loads(line)
                     except ValueError:
                         event = self._slow(line, name, lineno, True)
@@ -184,13 +385,13 @@ class EventStream:
                 event = self._slow(pending, name, lineno, False)
                 if type(event) is dict:
                     t = event.get("time")
-                    yield (t if type(t) in (int, float) else last_time, index, event, lineno)
+                    yield (t if type(t) is float or type(t) is int else last_time, index, event, lineno)
                 elif event is not None:
                     self.on_issue(name, lineno, "malformed", f"a JSON {type(event).__name__}, not an object")
         finally:
             fh.close()
             raw.close()
-            self._done += path.stat().st_size if path.exists() else 0
+            self._done += size_of(path)
             del self._raw[index]
 
     def _slow(self, line: bytes, name: str, lineno: int, terminated: bool) -> Any:
@@ -210,20 +411,14 @@ class EventStream:
     def events(self) -> Iterator[tuple[Any, int, int]]:
         """Yield ``(event, file_index, line_number)`` in time order across files; after a file's
         last event, ``(None, file_index, last_line)`` marks its end."""
-        gens = [self._file_events(i) for i in range(len(self.files))]
-        heap = [first for gen in gens if (first := next(gen, None)) is not None]
-        heapq.heapify(heap)
-        heapreplace, heappop = heapq.heapreplace, heapq.heappop
-        while heap:
-            _, i, event, lineno = heap[0]
-            nxt = next(gens[i], None)
-            if nxt is None:
-                heappop(heap)
-                yield event, i, lineno
-                yield None, i, lineno  # end of file i
-            else:
-                heapreplace(heap, nxt)
-                yield event, i, lineno
+        return merge_by_time([self._file_events(i) for i in range(len(self.files))])
+
+    def locate(self, stream: int, line: int) -> tuple[str, int]:
+        """(file, line) of an item this stream yielded."""
+        return self.names[stream], line
+
+    def close(self) -> None:
+        """Nothing to release (files are closed as they end)."""
 
 
 def _short(exc: BaseException, limit: int = 120) -> str:

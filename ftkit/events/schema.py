@@ -1,7 +1,10 @@
 """The event log schema: one pydantic model per event type, one discriminated union on ``type``.
 
-The event log is a public, versioned contract (schema 1): external tools write and read it, so
-the field names below never change; new fields and new types may be added. Every line is one
+The event log is a public, versioned contract: external tools write and read it, so the field
+names below never change; new fields and new types may be added. Schema 2 adds ``log_closed``:
+every writer that closes normally says so in its last line, so a log cut at a line boundary is
+told apart from a process that died (the driver declares deaths). Readers accept schema 1 logs
+(without ``log_closed``) and hold them to everything else. Every line is one
 JSON object carrying the envelope (:class:`Envelope`) plus the fields of its type. Models allow
 extra fields (forward compatibility); readers skip unknown types with a warning.
 
@@ -17,7 +20,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-SCHEMA = 1
+SCHEMA = 2
+SCHEMAS = (1, 2)  # versions this reader understands
 Role = Literal["driver", "trainer", "engine", "tool"]
 CellStatus = Literal["pending", "starting", "alive", "errored", "stopped"]
 Hex = Annotated[str, Field(description="lowercase hex digest")]
@@ -39,7 +43,7 @@ class Envelope(BaseModel):
     """Fields on every line."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
-    schema_: Literal[1] = Field(alias="schema", description="schema version of the line (1)")
+    schema_: Literal[1, 2] = Field(alias="schema", description="schema version of the line (2; 1 is still read)")
     type: str = Field(description="event type (the discriminator)")
     run: str = Field(description="run name")
     time: float = Field(description="unix seconds when the line was written")
@@ -246,6 +250,15 @@ class EventsDropped(Envelope):
     last_error: str = Field(description="the last error")
 
 
+class LogClosed(Envelope):
+    """A writer closed normally (schema 2): always its last line. A schema 2 log that ends without
+    it was cut, unless the driver declared its process dead."""
+
+    type: Literal["log_closed"]
+    lines: int = Field(description="lines this writer emitted before this one (equals this line's seq)")
+    dropped: int = Field(description="of those, lines that could not be written")
+
+
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     RunStarted,
     RunFinished,
@@ -265,11 +278,9 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     CheckpointRejected,
     DumpWritten,
     EventsDropped,
+    LogClosed,
 )
-EVENT_TYPES: dict[str, type[Envelope]] = {
-    m.model_fields["type"].annotation.__args__[0]: m
-    for m in EVENT_MODELS  # type: ignore[union-attr]
-}
+EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 
@@ -277,7 +288,8 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 def parse_event(obj: Any) -> Envelope:
     """Validate one decoded line strictly (no coercion); raises ``pydantic.ValidationError``
     (unknown types included)."""
-    return _ADAPTER.validate_python(obj, strict=True)
+    event: Envelope = _ADAPTER.validate_python(obj, strict=True)
+    return event
 
 
 def _type_name(ann: Any) -> str:
@@ -304,7 +316,7 @@ def _type_name(ann: Any) -> str:
 def schema_markdown() -> str:
     """The reference page ``docs/event-schema.md`` (deterministic: model order, field order)."""
     lines = [
-        "# Event log schema (version 1)",
+        "# Event log schema (version 2)",
         "",
         "<!-- generated from ftkit/events/schema.py; do not edit -->",
         "",
@@ -313,7 +325,8 @@ def schema_markdown() -> str:
         "public contract: fields and types may be added, never renamed. Non-finite floats are the",
         "`NaN` / `Infinity` / `-Infinity` literals Python's json module writes. Readers skip unknown",
         "types with a warning. `step` is the run-global optimizer step (a retried step keeps its",
-        "number and raises `attempt`); `rollout` is the rollout index.",
+        "number and raises `attempt`); `rollout` is the rollout index. Version 2 adds `log_closed` (the",
+        "last line of every writer that closed normally); version 1 logs are still read.",
         "",
         "## Envelope (every line)",
         "",

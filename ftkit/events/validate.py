@@ -2,11 +2,12 @@
 
 Full pydantic validation per line costs about as much as decoding it, so the analyzer uses
 ``is_valid(event)``: for the event's type it checks that every required field is present with
-the right JSON type (and literal fields hold an allowed value); containers are checked as
-containers, not element by element. Only when that fails (or when a rule cannot use a line) is
-``explain(event)`` called, which runs the pydantic model and returns its message. The checks
-are compiled once, at import, into one boolean expression per type, from the models. ``kind(type)``
-tells whether a type is known at all (unknown types are skipped with a warning).
+the right JSON type (literal fields hold an allowed value, integers used as floats fit a float,
+lists and dicts of numbers are checked element by element, so no rule ever meets a value it
+cannot compute with). Only when that fails is ``explain(event)`` called, which runs the pydantic
+model and returns its message. The checks are compiled once, at import, into one boolean
+expression per type, from the models. ``known(type)`` tells whether a type is known at all
+(unknown types are skipped with a warning).
 """
 
 from __future__ import annotations
@@ -19,90 +20,97 @@ from pydantic import BaseModel, ValidationError
 
 from ftkit.events.schema import EVENT_TYPES, parse_event
 
-_NUM = (int, float)
-_Spec = tuple[tuple[str, tuple[type, ...], frozenset[Any] | None, bool], ...]
+_FLOAT_MAX = 1.7976931348623157e308  # an integer beyond this cannot be used as a float
 
 
-def _json_types(ann: Any) -> tuple[tuple[type, ...], frozenset[Any] | None]:
-    """Accepted Python types after JSON decoding, and the allowed values of a Literal."""
-    origin, args = get_origin(ann), get_args(ann)
-    if origin is Annotated:
-        return _json_types(args[0])
-    if origin is Literal:
-        return tuple({type(a) for a in args}), frozenset(args)
-    if origin is Union or origin is UnionType:
-        types: set[type] = set()
-        values: set[Any] | None = set()
-        for a in args:
-            if a is type(None):
-                types.add(type(None))
-                if values is not None:
-                    values.add(None)
+class _Compiler:
+    """Turns field annotations into Python boolean expressions (one function per event type).
+
+    Scalars are checked by exact JSON type (``bool`` is not an ``int``; an ``int`` is a ``float``
+    only when a float can hold it); Literals by value; lists and dicts element by element, except
+    dicts of strings (fingerprint tables, compared by equality only), whose size would make the
+    check cost more than the decoding.
+    """
+
+    def __init__(self) -> None:
+        self.env: dict[str, Any] = {"_KeyError": KeyError, "_FLOAT_MAX": _FLOAT_MAX}
+        self._vars = 0
+
+    def _const(self, value: Any) -> str:
+        name = f"C{len(self.env)}"
+        self.env[name] = value
+        return name
+
+    def term(self, expr: str, ann: Any) -> str | None:
+        """An expression that is true when ``expr`` matches ``ann`` (None: anything goes)."""
+        origin, args = get_origin(ann), get_args(ann)
+        if origin is Annotated:
+            return self.term(expr, args[0])
+        if origin is Literal:
+            types, values = self._const(frozenset(type(a) for a in args)), self._const(frozenset(args))
+            return f"(type({expr}) in {types} and {expr} in {values})"
+        if origin is Union or origin is UnionType:
+            parts = [f"{expr} is None" if a is type(None) else self.term(expr, a) for a in args]
+            return None if None in parts else "(" + " or ".join(parts) + ")"  # type: ignore[arg-type]
+        if origin is list:
+            self._vars += 1
+            var = f"x{self._vars}"
+            inner = self.term(var, args[0])
+            each = f" and all({inner} for {var} in {expr})" if inner is not None else ""
+            return f"(type({expr}) is list{each})"
+        if origin is dict or (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            inner = None
+            if origin is dict and args and args[1] is not str and get_args(args[1])[:1] != (str,):
+                self._vars += 1
+                var = f"x{self._vars}"
+                inner = self.term(var, args[1])
+            each = f" and all({inner} for {var} in {expr}.values())" if inner is not None else ""
+            return f"(type({expr}) is dict{each})"
+        if ann is float:
+            return f"(type({expr}) is float or (type({expr}) is int and -_FLOAT_MAX <= {expr} <= _FLOAT_MAX))"
+        if ann is int:
+            return f"(type({expr}) is int)"
+        if ann is str:
+            return f"(type({expr}) is str)"
+        return None
+
+    def compile(self, model: type[BaseModel]) -> Callable[[dict[str, Any]], bool]:
+        """One boolean expression per type (a loop over the fields costs twice as much per line)."""
+        terms = []
+        for name, field in model.model_fields.items():
+            key = field.alias or name
+            if key == "type":
                 continue
-            t, v = _json_types(a)
-            types.update(t)
-            values = None if (v is None or values is None) else values | set(v)
-        return tuple(types), (frozenset(values) if values is not None else None)
-    if origin is list:
-        return (list,), None
-    if origin is dict or (isinstance(ann, type) and issubclass(ann, BaseModel)):
-        return (dict,), None
-    if ann is float:
-        return _NUM, None
-    if ann is int:
-        return (int,), None
-    if ann is str:
-        return (str,), None
-    return (object,), None
+            term = self.term(f"e[{key!r}]", field.annotation)
+            if term is None:
+                continue
+            terms.append(term if field.is_required() else f"({key!r} not in e or {term})")
+        src = (
+            "def check(e):\n    try:\n        return "
+            + " and ".join(terms or ["True"])
+            + "\n    except _KeyError:\n        return False\n"
+        )
+        env = dict(self.env)
+        exec(compile(src, f"<ftkit.events.validate:{model.__name__}>", "exec"), env)  # noqa: S102 - built from the schema
+        return env["check"]
 
 
-def _spec(model: type[BaseModel]) -> _Spec:
-    out = []
-    for name, field in model.model_fields.items():
-        key = field.alias or name
-        if key == "type":
-            continue
-        types, values = _json_types(field.annotation)
-        if object in types:
-            continue
-        out.append((key, types, values, field.is_required()))
-    return tuple(out)
-
-
-def _compile(spec: _Spec) -> Callable[[dict[str, Any]], bool]:
-    """One boolean expression per type (a loop over the spec costs twice as much per line)."""
-    env: dict[str, Any] = {"_KeyError": KeyError}
-    terms = []
-    for i, (key, types, values, required) in enumerate(spec):
-        env[f"T{i}"], env[f"V{i}"] = frozenset(types), values
-        get = f"e[{key!r}]" if required else f"e.get({key!r})"
-        term = f"type({get}) in T{i}"
-        if values is not None:
-            term += f" and {get} in V{i}"
-        if not required and type(None) not in types:
-            term = f"({key!r} not in e or ({term}))"
-        terms.append(f"({term})")
-    src = (
-        "def check(e):\n    try:\n        return "
-        + " and ".join(terms or ["True"])
-        + "\n    except _KeyError:\n        return False\n"
-    )
-    exec(compile(src, "<ftkit.events.validate>", "exec"), env)  # noqa: S102 - source built from the schema
-    return env["check"]
-
-
-SPECS: dict[str, _Spec] = {name: _spec(model) for name, model in EVENT_TYPES.items()}
-CHECKS: dict[Any, Callable[[dict[str, Any]], bool]] = {name: _compile(spec) for name, spec in SPECS.items()}
+_COMPILER = _Compiler()
+CHECKS: dict[Any, Callable[[dict[str, Any]], bool]] = {
+    name: _COMPILER.compile(model) for name, model in EVENT_TYPES.items()
+}
 
 
 def is_valid(event: dict[str, Any]) -> bool:
     """True when ``event`` (of a known type) has every required field with the right JSON type."""
-    check = CHECKS.get(event.get("type"))
+    t = event.get("type")
+    check = CHECKS.get(t) if type(t) is str else None
     return check is not None and check(event)
 
 
 def known(type_name: Any) -> bool:
-    return type_name in SPECS
+    """Whether ``type_name`` is an event type of this schema (False for anything not a string)."""
+    return type(type_name) is str and type_name in CHECKS
 
 
 def explain(event: dict[str, Any]) -> str:

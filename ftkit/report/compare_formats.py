@@ -29,7 +29,8 @@ SUITE = "ftkit.compare-dumps"
 
 
 def worst(result: CompareResult, n: int) -> list[PairResult]:
-    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel."""
+    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel.
+    Each has metrics (read them with ``compared``)."""
     ranked = [p for p in result.pairs if p.metrics is not None and not p.metrics.bitwise_equal]
     ranked.sort(key=lambda p: (not p.failed, -metrics(p).dissimilarity, -metrics(p).max_rel, -metrics(p).max_abs))
     return ranked[:n]

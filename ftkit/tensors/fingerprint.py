@@ -50,7 +50,7 @@ def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[obje
     """
     h = xxhash.xxh3_128(_header(dtype, shape))
     for buf in buffers:
-        h.update(buf)
+        h.update(buf)  # type: ignore[arg-type]  # any buffer-protocol object, as documented above
     return h.hexdigest()
 
 
@@ -76,13 +76,13 @@ def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> str:
         # contiguous CPU tensor straight from its numpy view, the header cached
         h = xxhash.xxh3_128(_cached_header(t.dtype, tuple(t.shape)))
         if t.numel():
-            h.update(t.numpy())
+            h.update(t.numpy())  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only on 3.12+
         return h.hexdigest()
     return fingerprint_buffers(dtype_name(t.dtype), tuple(t.shape), logical_bytes(t, chunk_bytes))
 
 
 @functools.lru_cache(maxsize=1)
-def _numpy_dtypes(torch: Any) -> frozenset:
+def _numpy_dtypes(torch: Any) -> frozenset[Any]:
     """Dtypes whose numpy view holds exactly the tensor's bytes (no bfloat16, float8, complex)."""
     return frozenset(
         [
@@ -214,14 +214,14 @@ def _device_chunks(t: torch.Tensor, chunk_bytes: int) -> Iterator[object]:
     size = min(chunk_bytes, t.numel() * t.element_size())
     size = max(size, t.element_size())
     staging = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
-    pending: tuple[object, object] | None = None
+    pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
     for k, piece in enumerate(_pieces(t, chunk_bytes)):
         src = _flat_bytes(piece.contiguous())
         buf = staging[k % 2][: src.numel()]
         buf.copy_(src, non_blocking=pin)
-        event = None
+        event: torch.cuda.Event | None = None
         if pin:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event() unannotated
             event.record()
         if pending is not None:
             yield _ready(*pending)
@@ -230,7 +230,7 @@ def _device_chunks(t: torch.Tensor, chunk_bytes: int) -> Iterator[object]:
         yield _ready(*pending)
 
 
-def _ready(buf: torch.Tensor, event: object) -> object:
+def _ready(buf: torch.Tensor, event: torch.cuda.Event | None) -> object:
     if event is not None:
         event.synchronize()
     return buf.numpy()

@@ -121,7 +121,7 @@ def output_sharding(
 
 
 def _parallel_mode(module: Any, attr_name: str) -> str | None:
-    te_mode = getattr(module, "parallel_mode", None)
+    te_mode: str | None = getattr(module, "parallel_mode", None)
     if te_mode in ("column", "row"):
         return te_mode
     names = {cls.__name__ for cls in type(module).__mro__}
@@ -171,6 +171,7 @@ def assemble(pieces: Sequence[tuple[Sharding, torch.Tensor]]) -> torch.Tensor:
         missing = sorted(set(range(first.tp_size)) - set(by_rank))
         raise ValueError(f"TP shards incomplete: have ranks {sorted(by_rank)}, missing {missing}")
     dim, stride = first.dim, first.stride
+    assert dim is not None  # Sharding.__post_init__: a split sharding has a dim
     shards = [by_rank[r] for r in range(first.tp_size)]
     if any(dim >= t.dim() for t in shards):
         raise ValueError(f"split dim {dim} out of range for a {shards[0].dim()}-d shard")

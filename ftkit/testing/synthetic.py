@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,7 +133,7 @@ class _Sim:
         self.epoch = 0
         self.alive: list[int] = list(range(spec.cells))
         self.dead: dict[int, int] = {}  # cell -> step at which to heal
-        self._fp_cache: tuple[int, dict[int, tuple[str, dict, dict]]] = (-1, {})
+        self._fp_cache: tuple[int, dict[int, tuple[str, dict[str, Any], dict[str, Any]]]] = (-1, {})
 
     def _violation_step(self) -> int | None:
         v, steps = self.spec.violation, self.spec.steps
@@ -174,7 +175,7 @@ class _Sim:
         for rank in range(self.ranks):
             self.rank_writers[(cell, rank)] = self._writer("trainer", cell, rank)
 
-    def _fingerprints(self, step: int) -> dict[int, tuple[str, dict, dict]]:
+    def _fingerprints(self, step: int) -> dict[int, tuple[str, dict[str, Any], dict[str, Any]]]:
         if self._fp_cache[0] != step:
             fps = {}
             for rank in range(self.ranks):
@@ -270,8 +271,8 @@ class _Sim:
             self.driver.emit(
                 "fault_injected", kind="kill", point="backward", cell=victim, rank=0, rollout=rollout, step=step
             )
-            for rank in range(self.ranks):  # the victim's processes die: their files end here
-                self.rank_writers.pop((victim, rank)).close()
+            for rank in range(self.ranks):  # the victim's processes die: their files end here, unclosed
+                _die(self.rank_writers.pop((victim, rank)))
             for cell in self.alive:
                 if cell != victim:
                     for rank in range(self.ranks):
@@ -296,6 +297,7 @@ class _Sim:
         spec, v = self.spec, None
         if (
             self.violation_left
+            and self.violation_step is not None
             and step >= self.violation_step
             and (len(self.alive) > 1 or self.violation_left not in ("FT101", "FT106"))
         ):
@@ -394,6 +396,14 @@ class _Sim:
             guard_from_step=first,
             guard_to_step=step,
         )
+
+
+def _die(writer: EventWriter) -> None:
+    """What a killed process leaves: its lines so far, no ``log_closed`` (the descriptor just goes)."""
+    writer.sync()
+    fd, writer._fd = writer._fd, None  # noqa: SLF001 - simulating a process killed mid-run
+    if fd is not None:
+        os.close(fd)
 
 
 def _assign(m: int, alive: list[int]) -> dict[int, list[int]]:

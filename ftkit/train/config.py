@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from ftkit.errors import ConfigError
 
-DUMP_WHAT = ("activations", "grads", "weights")
+DumpPart = Literal["activations", "grads", "weights"]
+DUMP_WHAT: tuple[DumpPart, ...] = ("activations", "grads", "weights")
 
 
 class TrainConfig(BaseModel):
@@ -63,7 +64,7 @@ class TrainConfig(BaseModel):
         "first,last",
         description="Rollouts to dump: 'none', 'all', or a comma list of 'first', 'last' and rollout indices.",
     )
-    dump_what: tuple[Literal["activations", "grads", "weights"], ...] = Field(DUMP_WHAT, description="What dumps hold.")
+    dump_what: tuple[DumpPart, ...] = Field(DUMP_WHAT, description="What dumps hold.")
     dump_cells: Literal["first", "all"] = Field(
         "first", description="Replicated state dumped by the first live cell, or by all cells."
     )

@@ -89,7 +89,7 @@ def connect_ray(cfg: TrainConfig) -> bool:
 
     if ray.is_initialized():
         return False
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
     try:
         if cfg.ray_address:
             ray.init(address=cfg.ray_address, **quiet)

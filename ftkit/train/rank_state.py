@@ -82,6 +82,7 @@ def export(model: Any) -> dict[str, Any]:
         if not sh.is_split:
             out[name] = p.detach().cpu().clone()
             continue
+        assert sh.dim is not None  # a split sharding has a dim
         local = p.detach().contiguous()
         parts = [torch.empty_like(local) for _ in range(tp_size)]
         dist.all_gather(parts, local, group=group)

@@ -348,6 +348,7 @@ class CrossCellGroup:
         self.device = device
         prefixed = dist.PrefixStore(f"xcell/e{epoch}/r{rank}", store)
         timeout = datetime.timedelta(seconds=timeout_s)
+        self.pg: Any  # a c10d backend, NCCL or Gloo (torch's stubs leave allreduce off their base class)
         if device == "cuda":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
@@ -360,7 +361,7 @@ class CrossCellGroup:
         import torch.distributed as dist
 
         opts = dist.AllreduceOptions()
-        opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+        opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]  # type: ignore[assignment]  # torch accepts the RedOpType members; its stubs want a ReduceOp
         if self.device == "cuda" and not tensor.is_cuda:  # NCCL needs device memory
             dev = tensor.cuda()
             self.pg.allreduce([dev], opts).wait()

@@ -189,7 +189,7 @@ class RankWorker:
         else:
             reduced = reduce_float(rows, self.xgroup.allreduce)
             self.xgroup.allreduce(losses, "sum")
-        result = {
+        result: dict[str, Any] = {
             "committed": False,
             "loss": float(losses.sum()),
             "grad_norm": math.nan,

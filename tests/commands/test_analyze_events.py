@@ -14,6 +14,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from ftkit import cli
+from ftkit.analysis.registry import all_rules
 from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
@@ -59,7 +60,8 @@ def test_findings_exit_1_in_every_format(capsys, bad_dir, tmp_path, monkeypatch)
     doc = json.loads(out)
     assert code == 1 and doc["schema_version"] == 1 and doc["verdict"] == "fail"
     (finding,) = doc["findings"]
-    assert set(finding) == {"code", "rule", "severity", "message", "evidence", "fix"} and finding["fix"]
+    assert set(finding) == {"code", "rule", "severity", "message", "evidence", "fix"}
+    assert finding["fix"] == all_rules()["FT104"].fix  # the how-to-fix line travels with the finding
     assert finding["code"] == "FT104" and finding["evidence"]["rollout"] >= 0
     assert {r["code"] for r in doc["rules"]} >= {"FT101", "FT113"} and doc["stats"]["events"] > 0
     assert "recovery" in doc

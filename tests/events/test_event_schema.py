@@ -55,7 +55,7 @@ def test_every_written_event_validates_strictly_and_fast(tmp_path):
     for event in _lines(tmp_path):
         model = parse_event(event)
         assert is_valid(event)
-        assert model.model_dump(by_alias=True)["schema"] == 1
+        assert model.model_dump(by_alias=True)["schema"] == 2
         types.add(event["type"])
     assert {"run_started", "state_fingerprint", "heal", "fault_injected", "reconfigure"} <= types
 
@@ -81,7 +81,7 @@ def test_non_finite_and_null_metric_values_are_valid():
 
 
 @pytest.mark.parametrize(
-    "bad", [{"step": "3"}, {"seq": -1}, {"schema": 2}, {"run": 5}, {"values": []}, {"source": {"role": "nobody"}}]
+    "bad", [{"step": "3"}, {"seq": -1}, {"schema": 3}, {"run": 5}, {"values": []}, {"source": {"role": "nobody"}}]
 )
 def test_invalid_events_are_rejected_with_a_message(bad):
     event = _metric(**bad)
@@ -91,7 +91,16 @@ def test_invalid_events_are_rejected_with_a_message(bad):
 
 
 def test_fast_check_agrees_with_pydantic_on_type_errors():
-    for bad in ({"step": "3"}, {"schema": 2}, {"run": 5}, {"values": []}, {"time": "now"}):
+    for bad in (
+        {"step": "3"},
+        {"schema": 3},
+        {"values": {"loss": {}}},
+        {"time": 10**400},
+        {"step": True},
+        {"run": 5},
+        {"values": []},
+        {"time": "now"},
+    ):
         assert not is_valid(_metric(**bad))
     missing = _metric()
     del missing["seq"]

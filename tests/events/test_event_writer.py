@@ -22,7 +22,7 @@ def test_file_per_incarnation_and_envelope(tmp_path):
     )
     # flushed per line: readable before close
     (event,) = _read(w.path)
-    assert event["seq"] == 0 and event["run"] == "r1" and event["schema"] == 1
+    assert event["seq"] == 0 and event["run"] == "r1" and event["schema"] == 2
     assert event["source"]["role"] == "trainer" and event["source"]["cell"] == 2 and event["source"]["rank"] == 1
     assert event["source"]["pid"] == os.getpid() and is_valid(event)
     w.close()
@@ -48,8 +48,10 @@ def test_reopening_an_incarnation_appends_and_continues_seq(tmp_path):
     with EventWriter(d, "r", "engine", rank=0, incarnation=3) as w2:
         w2.emit("metric", rollout=0, step=None, values={})
     lines = w.path.read_text().splitlines()
-    assert len(lines) == 5 and lines[3] == '{"schema":1,"ty'
-    assert [json.loads(lines[i])["seq"] for i in (0, 1, 2, 4)] == [0, 1, 2, 3]
+    assert len(lines) == 7 and lines[4] == '{"schema":1,"ty'
+    events = [json.loads(lines[i]) for i in (0, 1, 2, 3, 5, 6)]
+    assert [e["seq"] for e in events] == [0, 1, 2, 3, 4, 5]
+    assert [e["type"] for e in events[3::2]] == ["log_closed", "log_closed"] and events[-1]["lines"] == 5
 
 
 def test_thread_safe_whole_lines_and_unique_seq(tmp_path):
@@ -67,7 +69,8 @@ def test_thread_safe_whole_lines_and_unique_seq(tmp_path):
         t.join()
     w.close()
     events = _read(w.path)
-    assert sorted(e["seq"] for e in events) == list(range(1600)) and w.dropped == 0
+    assert sorted(e["seq"] for e in events) == list(range(1601)) and w.dropped == 0
+    assert events[-1]["type"] == "log_closed" and events[-1]["lines"] == 1600
 
 
 def test_never_raises_counts_drops_and_reports_them(tmp_path, caplog):
@@ -79,8 +82,9 @@ def test_never_raises_counts_drops_and_reports_them(tmp_path, caplog):
     assert w.emit("metric", rollout=0, step=2, values={}) is False and w.dropped == 2
     w.close()  # idempotent
     events = _read(w.path)
-    assert [e["seq"] for e in events] == [1, 2]  # the lost line left a visible gap
-    assert events[-1]["type"] == "events_dropped" and events[-1]["count"] == 1
+    assert [e["seq"] for e in events] == [1, 2, 3]  # the lost line left a visible gap
+    assert events[1]["type"] == "events_dropped" and events[1]["count"] == 1
+    assert events[2]["type"] == "log_closed" and events[2]["lines"] == 3 and events[2]["dropped"] == 1
 
 
 def test_write_errors_are_counted_not_raised(tmp_path, monkeypatch):
@@ -132,6 +136,7 @@ def test_background_sync_returns_at_once_and_the_next_emit_waits_for_it(tmp_path
         calls.append(fd)
         real_fsync(fd)
 
+    monkeypatch.delenv("FTKIT_STRICT_EVENTS")  # sync mechanics, told with partial events
     w = EventWriter(tmp_path, run="r", role="trainer", cell=0, rank=0)
     w.emit("step_outcome", step=0)
     monkeypatch.setattr(writer_mod.os, "fsync", slow_fsync)
@@ -146,7 +151,7 @@ def test_background_sync_returns_at_once_and_the_next_emit_waits_for_it(tmp_path
     emitter.join(30)
     assert not emitter.is_alive() and len(calls) == 1
     w.close()
-    assert [e["step"] for e in _read(w.path)] == [0, 1] and len(calls) == 2 and w.dropped == 0
+    assert [e.get("step") for e in _read(w.path)] == [0, 1, None] and len(calls) == 2 and w.dropped == 0
 
 
 def test_close_waits_for_a_background_sync_and_counts_its_failure(tmp_path, monkeypatch):
@@ -155,10 +160,11 @@ def test_close_waits_for_a_background_sync_and_counts_its_failure(tmp_path, monk
     def failing_fsync(fd):
         raise OSError(5, "I/O error")
 
+    monkeypatch.delenv("FTKIT_STRICT_EVENTS")  # sync mechanics, told with partial events
     w = EventWriter(tmp_path, run="r", role="trainer")
     w.emit("step_outcome", step=0)
     monkeypatch.setattr(writer_mod.os, "fsync", failing_fsync)
     w.sync(wait=False)
     w.close()  # joins the helper: its failure is counted and reported
     assert w.dropped >= 1 and "I/O error" in w.last_error
-    assert [e["type"] for e in _read(w.path)] == ["step_outcome", "events_dropped"]
+    assert [e["type"] for e in _read(w.path)] == ["step_outcome", "events_dropped", "log_closed"]

@@ -13,7 +13,9 @@ MAX_NAMES = 5
 KEEP_VERSIONS = 8
 
 
-def differing_tensors(ref: tuple[dict, dict], other: tuple[dict, dict]) -> list[str]:
+def differing_tensors(
+    ref: tuple[dict[str, str], dict[str, str]], other: tuple[dict[str, str], dict[str, str]]
+) -> list[str]:
     """Tensor names (in the reference's order) whose fingerprints differ; optimizer state is
     prefixed ``optimizer/``."""
     names: list[str] = []
@@ -54,19 +56,29 @@ class ReplicaDivergence(Rule):
             if len(set(by_cell.values())) == 1:
                 continue
             top = majority(by_cell)
-            ref_total = top or Counter(by_cell.values()).most_common(1)[0][0]
-            ref = rec.fp_detail[(rank, ref_total)]
-            outliers = sorted(c for c, t in by_cell.items() if t != top) if top else sorted(by_cell)
-            first = next(c for c in outliers if by_cell[c] != ref_total) if top is None else outliers[0]
-            other = rec.fp_detail[(rank, by_cell[first])]
+            if top is not None:
+                ref_cell = min(c for c, t in by_cell.items() if t == top)
+                who = "differ from the majority"
+            else:  # a tie (two cells): the reference is the lowest cell never healed, the likelier intact
+                ref_cell = min(by_cell, key=lambda c: (c in self.replay.healed, c))
+                who = f"differ from cell {ref_cell} (no majority; cell {ref_cell} is the reference: never healed)"
+            ref_total = by_cell[ref_cell]
+            outliers = sorted(c for c, t in by_cell.items() if t != ref_total)
+            ref, other = rec.fp_detail[(rank, ref_total)], rec.fp_detail[(rank, by_cell[outliers[0]])]
             names = differing_tensors(ref[:2], other[:2])
-            who = f"cell(s) {outliers} differ from the majority" if top else f"no majority among cells {outliers}"
+            if names:
+                detail = f"first differing tensors: {', '.join(names)}"
+            elif ref[0] or other[0]:
+                detail = "every per-tensor fingerprint agrees: only the total differs (corrupt total or line)"
+            else:
+                detail = "the log holds no per-tensor fingerprints to name the tensors"
             self.report(
                 f"replica divergence at step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) "
-                f"rank {rank}: {who}; first differing tensors: {', '.join(names) or '?'}",
+                f"rank {rank}: cell(s) {outliers} {who}; {detail}",
                 cells=outliers,
                 rank=rank,
                 tensors=names,
+                reference_cell=ref_cell,
                 majority_cells=sorted(c for c, t in by_cell.items() if t == top) if top else None,
                 where=other[3],
                 **rec.evidence(),
@@ -97,7 +109,7 @@ class EngineWeights(Rule):
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
-        self.sent: OrderedDict[int, tuple[str, dict, tuple[str, int]]] = OrderedDict()
+        self.sent: OrderedDict[int, tuple[str, dict[str, str], tuple[str, int]]] = OrderedDict()
         self.loaded: OrderedDict[int, dict[int, str]] = OrderedDict()
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:

@@ -1,0 +1,81 @@
+"""Expected evidence from what the writers and the driver declared, never from what is present.
+
+A log that lost lines at a line boundary looks complete line by line: no seq gap, no partial
+line. What tells it apart is what its writers and the driver said (DESIGN.md I6):
+
+- **log_closed** (schema 2): every writer that closes normally writes it as its last line, with
+  the number of lines it emitted before. A schema 2 stream that ends without it was cut -- unless
+  the driver declared the writer's cell ``errored`` after the stream began (the process died). A
+  line after ``log_closed``, or a ``lines`` count that is not the line's ``seq``, is damage too.
+- **declared steps**: the driver logs a ``metric`` with the ``step`` of every step it trained; a
+  declared step of which no rank logged anything lost all its evidence (FT112).
+
+Schema 1 streams (written before ``log_closed`` existed) are read without the first check. Memory:
+one entry per stream, one per ``errored`` declaration, and one byte per step number up to
+``MAX_STEPS`` (a bitmap of declared and seen steps).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftkit.analysis.records import Where
+
+MAX_STEPS = 1 << 24  # step numbers above this are not tracked (an invalid log says so elsewhere)
+_DECLARED, _SEEN = 1, 2
+
+
+class Closure:
+    """Per-stream closure state and the driver's declarations; see the module docstring."""
+
+    def __init__(self) -> None:
+        self.closed: list[bool] = []
+        self.schema: list[Any] = []
+        self.unclosed: list[tuple[str, int | None, float, Where]] = []  # (label, cell, first time, last line)
+        self.errored: dict[int, list[float]] = {}
+        self.steps = bytearray()
+
+    def attach(self, streams: int) -> None:
+        self.closed = [False] * streams
+        self.schema = [None] * streams
+
+    def started(self, fi: int, ev: dict[str, Any]) -> None:
+        self.schema[fi] = ev.get("schema")
+
+    def ended(self, fi: int, src: dict[str, Any] | None, first_time: float, where: Where) -> None:
+        """Stream ``fi`` ended at ``where`` (its last line)."""
+        if self.closed[fi] or src is None or type(self.schema[fi]) is not int or self.schema[fi] < 2:
+            return
+        cell = src.get("cell") if src.get("role") == "trainer" else None
+        label = "-".join(str(src.get(k)) for k in ("role", "cell", "rank", "incarnation"))
+        self.unclosed.append((label, cell if type(cell) is int else None, first_time, where))
+
+    def declared_dead(self, cell: int, time: float) -> None:
+        self.errored.setdefault(cell, []).append(time)
+
+    def mark_step(self, step: Any, flag: int) -> None:
+        if type(step) is not int or not 0 <= step < MAX_STEPS:
+            return
+        if step >= len(self.steps):
+            self.steps.extend(bytes(max(step + 1 - len(self.steps), len(self.steps))))
+        self.steps[step] |= flag
+
+    def declare_step(self, step: Any) -> None:
+        self.mark_step(step, _DECLARED)
+
+    def see_step(self, step: Any) -> None:
+        self.mark_step(step, _SEEN)
+
+    def cut_streams(self) -> list[tuple[str, Where]]:
+        """Schema 2 streams that ended without ``log_closed`` and whose process the driver did not
+        declare dead after the stream began."""
+        cut = []
+        for label, cell, first, where in self.unclosed:
+            if cell is not None and any(t >= first for t in self.errored.get(cell, ())):
+                continue
+            cut.append((label, where))
+        return cut
+
+    def lost_steps(self) -> list[int]:
+        """Steps the driver declared of which no rank logged anything."""
+        return [step for step, flags in enumerate(self.steps) if flags == _DECLARED]
