@@ -89,3 +89,11 @@ def test_config_that_is_a_device_or_missing(capsys: pytest.CaptureFixture[str], 
     assert code == 2 and "is not a regular file" in _error(err)
     code, _, err = _train(capsys, "--config", str(tmp_path / "nope.json"))
     assert code == 2 and "does not exist" in _error(err)
+
+
+def test_error_lines_show_no_control_text_from_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    name = tmp_path / "a\x1b[2J\nError: forged.json"
+    code, out, err = _train(capsys, "--config", str(name))
+    assert code == 2 and out == "" and "\x1b" not in err
+    assert [line for line in err.splitlines() if line.startswith("Error: ")] == [_error(err)]
+    assert "\\x1b[2J" in _error(err)
