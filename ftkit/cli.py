@@ -27,7 +27,8 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from ftkit import __version__
 from ftkit.errors import FtkitError
-from ftkit.report.sink import guard_stdout
+from ftkit.report.escaping import terminal
+from ftkit.report.sink import OutputClosed, guard_stdout
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -75,9 +76,15 @@ _register_commands()
 
 
 def _error(message: str, hint: str | None = None) -> None:
-    sys.stderr.write(f"Error: {message}\n")
+    """``Error: <message>`` and ``Hint: <hint>``, one line each; text from the inputs (paths,
+    tensor names) cannot break the lines or reach the terminal as control sequences."""
+    sys.stderr.write(f"Error: {_one_line(message)}\n")
     if hint:
-        sys.stderr.write(f"Hint: {hint}\n")
+        sys.stderr.write(f"Hint: {_one_line(hint)}\n")
+
+
+def _one_line(text: str) -> str:
+    return terminal(text).replace("\n", "\\n").replace("\t", " ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         code = 130
-    except BrokenPipeError:
+    except (BrokenPipeError, OutputClosed):  # the reader of stdout went away (``| head``): not a failure
         code = EXIT_OK
     except Exception as exc:  # noqa: BLE001 - the top-level handler of the CLI contract
         if debug:

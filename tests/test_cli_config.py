@@ -89,3 +89,17 @@ def test_config_that_is_a_device_or_missing(capsys: pytest.CaptureFixture[str], 
     assert code == 2 and "is not a regular file" in _error(err)
     code, _, err = _train(capsys, "--config", str(tmp_path / "nope.json"))
     assert code == 2 and "does not exist" in _error(err)
+
+
+def test_error_lines_show_no_control_text_from_inputs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    name = tmp_path / "a\x1b[2J\nError: forged.json"
+    code, out, err = _train(capsys, "--config", str(name))
+    assert code == 2 and out == "" and "\x1b" not in err
+    assert [line for line in err.splitlines() if line.startswith("Error: ")] == [_error(err)]
+    assert "\\x1b[2J" in _error(err)
+
+
+def test_train_junit_path_in_a_missing_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code = main(["train", "--out", str(tmp_path / "run"), "--junit-xml", str(tmp_path / "no" / "r.xml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot write" in _error(err) and not (tmp_path / "run").exists()

@@ -140,3 +140,24 @@ def test_progress_shows_when_stderr_is_a_terminal(hostile: Path) -> None:
         proc.communicate(timeout=300)
         os.close(master)
         assert label.encode() in seen, (label, seen[-500:])
+
+
+def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:
+    """``ftkit ... --format json | head -c 100``: the closed pipe ends the command quietly."""
+    tensors = {f"layer{i}.weight": np.full(4, float(i), np.float32) for i in range(400)}
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        save_file(tensors, str(tmp_path / side / "t.safetensors"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftkit", "compare-dumps", "a", "b", "--format", "json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    head = proc.stdout.read(100)
+    proc.stdout.close()  # the reader goes away with most of the document unread
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0 and head.startswith(b"{")
+    assert "Traceback" not in err and "Exception ignored" not in err and "Error" not in err, err

@@ -82,7 +82,9 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
 
         write_bytes_atomic(html, report.html().encode("utf-8"))
         if out.human:
-            out.info(f"[dim]HTML report: {html}[/dim]")
+            from rich.markup import escape
+
+            out.info(f"[dim]HTML report: {escape(str(html))}[/dim]")
     return EXIT_FAIL if _failed(report) else EXIT_PASS
 
 

@@ -12,15 +12,17 @@ written. Every renderer passes them through the function for its medium:
   backslash-escaped so no input makes links, images or emphasis.
 - ``xml_text(text)``: characters XML 1.0 cannot hold (controls other than tab/newline/CR,
   lone surrogates, U+FFFE/U+FFFF) become visible escapes; the XML writer escapes the rest.
-- ``strict_json(obj)``: a copy of a JSON-able tree where non-finite floats are the strings
-  ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (strict JSON has no such numbers).
+- ``strict_json(obj)``: a copy of a result tree that strict JSON can hold: non-finite floats
+  are the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (JSON has no such numbers).
 """
 
 from __future__ import annotations
 
 import html
 import math
+import os
 import re
+from enum import Enum
 from typing import Any
 
 _TERMINAL_BAD = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -55,13 +57,40 @@ def md_cell(value: object) -> str:
 
 
 def strict_json(obj: Any) -> Any:
-    """``obj`` with non-finite floats replaced by their names (for ``json.dumps(allow_nan=False)``)."""
+    """A copy of ``obj`` that ``json.dumps(..., allow_nan=False)`` accepts: non-finite floats
+    become ``"NaN"``/``"Infinity"``/``"-Infinity"``; pydantic models, enums, sets and paths
+    become their JSON forms. One pass, with fast paths for the builtin types."""
+    kind = type(obj)
+    if kind is str or kind is int or kind is bool or obj is None:
+        return obj
+    if kind is float:
+        return obj if obj - obj == 0.0 else _nonfinite(obj)
+    if kind is dict:
+        return {k: strict_json(v) for k, v in obj.items()}
+    if kind is list or kind is tuple:
+        return [strict_json(v) for v in obj]
+    if hasattr(obj, "model_dump"):
+        return strict_json(obj.model_dump(mode="json"))
+    if isinstance(obj, Enum):
+        return strict_json(obj.value)
     if isinstance(obj, float):
-        if math.isfinite(obj):
-            return obj
-        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+        return strict_json(float(obj))
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, str):
+        return str(obj)
     if isinstance(obj, dict):
         return {k: strict_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [strict_json(v) for v in obj]
-    return obj
+    if isinstance(obj, (set, frozenset)):
+        return sorted(strict_json(v) for v in obj)
+    if hasattr(obj, "__fspath__"):
+        return os.fspath(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _nonfinite(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"

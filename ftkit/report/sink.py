@@ -29,7 +29,7 @@ import os
 import sys
 from collections.abc import Iterator
 from enum import Enum
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from rich.console import Console
 from rich.text import Text
@@ -51,7 +51,7 @@ class _Guard:
     """State of ``guard_stdout``: armed by the CLI, engaged by the first ``Output``."""
 
     armed = False
-    data: IO[str] | None = None
+    data: Any = None  # IO[str] or _DataStream
     saved_fd: int | None = None
     stdout: Any = None
 
@@ -62,8 +62,7 @@ def data_stream() -> IO[str]:
         return sys.stdout
     if _Guard.data is None:
         _engage()
-    assert _Guard.data is not None
-    return _Guard.data
+    return cast(IO[str], _Guard.data)
 
 
 def _engage() -> None:
@@ -78,8 +77,38 @@ def _engage() -> None:
         _Guard.saved_fd = os.dup(out_fd)
         os.dup2(err_fd, out_fd)
         encoding = getattr(original, "encoding", None) or "utf-8"
-        _Guard.data = open(_Guard.saved_fd, "w", encoding=encoding, errors="replace", closefd=False)  # noqa: SIM115
+        stream = open(_Guard.saved_fd, "w", encoding=encoding, errors="replace", closefd=False)  # noqa: SIM115
+        _Guard.data = _DataStream(stream)
     sys.stdout = sys.stderr
+
+
+class OutputClosed(Exception):
+    """The reader of stdout went away (``ftkit ... | head``); ``ftkit.cli.main`` ends quietly.
+
+    Not an ``OSError``, so no library (Click maps EPIPE to exit 1) mistakes it for a failure."""
+
+
+class _DataStream:
+    """The private stdout of a guarded command: a text stream whose writes raise
+    ``OutputClosed`` instead of ``BrokenPipeError``."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 @contextlib.contextmanager
@@ -92,11 +121,13 @@ def guard_stdout() -> Iterator[None]:
         _Guard.armed = False
         data, _Guard.data = _Guard.data, None
         if data is not None:
-            data.flush()
+            with contextlib.suppress(OSError, OutputClosed):  # a closed pipe must not stop the restore
+                data.flush()
             sys.stdout = _Guard.stdout
             if _Guard.saved_fd is not None:
-                sys.stdout.flush()
-                data.close()
+                with contextlib.suppress(OSError, OutputClosed):
+                    sys.stdout.flush()
+                    data.close()
                 os.dup2(_Guard.saved_fd, sys.stdout.fileno())
                 os.close(_Guard.saved_fd)
                 _Guard.saved_fd = None
@@ -128,12 +159,18 @@ class Output:
 
     def json(self, payload: dict[str, Any]) -> None:
         """Write a strict JSON document to stdout; ``schema_version`` is added when absent."""
-        doc = strict_json({"schema_version": SCHEMA_VERSION, **_plain(payload)})
+        doc = strict_json({"schema_version": SCHEMA_VERSION, **payload})
         self.data(json.dumps(doc, indent=2, allow_nan=False))
 
     def info(self, message: str) -> None:
-        """A Rich-markup line on stderr."""
-        self.err.print(message, markup=True)
+        """A Rich-markup line on stderr (printed as plain text if the markup does not parse,
+        e.g. when an interpolated path holds ``[/x]``)."""
+        from rich.errors import MarkupError
+
+        try:
+            self.err.print(message, markup=True)
+        except MarkupError:
+            self.err.print(message, markup=False)
 
     def warn(self, message: str) -> None:
         """``Warning: message`` on stderr (``message`` is plain text, not markup)."""
@@ -181,20 +218,3 @@ def _isatty(stream: IO[str]) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-def _plain(obj: Any) -> Any:
-    """``obj`` as JSON-able builtins (pydantic models, enums, sets and paths converted)."""
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, Enum):
-        return obj.value
-    if isinstance(obj, (set, frozenset)):
-        return sorted(_plain(v) for v in obj)
-    if hasattr(obj, "__fspath__"):
-        return os.fspath(obj)
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj

@@ -10,7 +10,8 @@ Accepted forms (those ``ray.init`` takes for an existing cluster):
 - ``HOST:PORT`` or ``[IPV6]:PORT``: the head's GCS address (``ray start --head`` prints it);
 - ``ray://HOST:PORT``: a Ray client server;
 - ``auto``: the cluster named by ``$RAY_ADDRESS`` or, as Ray does, by the address file
-  ``ray_current_cluster`` in Ray's temp directory (``/tmp/ray`` unless ``RAY_TMPDIR`` says).
+  ``ray_current_cluster`` in Ray's temp directory (``/tmp/ray`` unless ``RAY_TMPDIR`` says);
+- ``local``: Ray starts a new local instance; nothing to probe.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ _HINT = "check the address (ray start --head prints it) and that the head is run
 def probe_ray_address(address: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Return when a TCP connection to ``address`` succeeds within ``timeout_s``; otherwise
     raise ``ConfigError`` saying why (malformed, unresolvable, refused, no answer)."""
+    if address.strip() == "local":  # ray.init starts a new local instance: nothing to probe
+        return
     target = _resolve_auto() if address.strip() == "auto" else address.strip()
     host, port = split_address(target)
     outcome: list[BaseException | None] = []

@@ -132,3 +132,10 @@ def test_nothing_from_ray_reaches_stdout() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout) == {"schema_version": 1, "ok": True}
     assert "actor-says-hello" in proc.stderr and "driver-saw" in proc.stderr
+
+
+def test_info_with_broken_markup_prints_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    from ftkit.report.sink import Format, Output
+
+    Output(Format.human).info("training -> runs/a[/b]c")
+    assert "runs/a[/b]c" in capsys.readouterr().err

@@ -55,6 +55,10 @@ def test_malformed_or_unresolvable_addresses(address: str, message: str) -> None
         probe_ray_address(address, timeout_s=10)
 
 
+def test_local_starts_a_new_instance_and_is_not_probed() -> None:
+    probe_ray_address("local", timeout_s=1)
+
+
 def test_split_address_forms() -> None:
     assert split_address("10.0.0.5:6379") == ("10.0.0.5", 6379)
     assert split_address("[::1]:6379") == ("::1", 6379)
