@@ -39,11 +39,25 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
+        html: Annotated[
+            Path | None,
+            typer.Option(
+                "--html",
+                metavar="FILE",
+                dir_okay=False,
+                help="Also write a self-contained HTML report: timeline of cells, faults and heals, "
+                "metrics by step, recovery, rules and findings.",
+            ),
+        ] = None,
     ) -> None:
         from ftkit.analysis.engine import analyze_paths
         from ftkit.analysis.registry import select_rules
 
         select_rules(rule, skip_rule)  # unknown codes: exit 2 before reading anything
+        if html is not None:
+            from ftkit.report.timeline_html import check_target
+
+            check_target(html)  # exit 2 before reading anything
         out = Output(fmt)
         with out.progress("Analyzing events", total=None) as task:
             result = analyze_paths(
@@ -61,6 +75,11 @@ def register(app: typer.Typer) -> None:
             from ftkit.report.junit import write_junit
 
             write_junit(junit_xml, SUITE, result.rules, result.findings)
+        if html is not None:
+            from ftkit.report.timeline_html import write_report
+
+            write_report(html, paths, result, outcome)
+            out.info(f"HTML report: {html}")
         raise typer.Exit(1 if outcome == "fail" else 0)
 
     analyze_events.__doc__ = HELP
