@@ -24,7 +24,8 @@ CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:20px 28px;color:#1f2328;background:#fff}
 h1{font-size:21px;margin:0 0 6px}h2{font-size:17px;margin:22px 0 6px;border-bottom:1px solid #d8dee4;padding-bottom:3px}
 table{border-collapse:collapse;margin:6px 0}
-td,th{border:1px solid #d8dee4;padding:2px 8px;text-align:left;font-size:13px;vertical-align:top}th{background:#f6f8fa}.num{text-align:right;font-variant-numeric:tabular-nums}
+td,th{border:1px solid #d8dee4;padding:2px 8px;text-align:left;font-size:13px;vertical-align:top}
+th{background:#f6f8fa}.num{text-align:right;font-variant-numeric:tabular-nums}
 .mono,code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 .pass{color:#1a7f37;font-weight:600}.fail{color:#cf222e;font-weight:600}.sev-error{color:#cf222e}
 .sev-warning{color:#9a6700}.sev-info{color:#57606a}.muted{color:#57606a}

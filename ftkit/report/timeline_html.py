@@ -69,7 +69,8 @@ _TIMELINE_CSS = """<style>
 </style>"""
 _ZOOM_JS = """
 (function(){var z=document.getElementById('zoom'),inner=document.getElementById('tl-inner'),
-out=document.getElementById('zoom-out');if(!z||!inner){return;}z.addEventListener('input',function(){var f=Math.pow(2,+z.value);inner.style.width=(100*f)+'%';
+out=document.getElementById('zoom-out');if(!z||!inner){return;}
+z.addEventListener('input',function(){var f=Math.pow(2,+z.value);inner.style.width=(100*f)+'%';
 out.textContent=f+'x';});})();
 """
 
