@@ -18,7 +18,7 @@ from pathlib import Path
 from ftkit.analysis.findings import Finding
 from ftkit.errors import UsageError
 
-MAX_ROWS = 2000
+MAX_ROWS = 1000
 
 CSS = """
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,sans-serif;margin:20px 28px;color:#1f2328;background:#fff}
