@@ -57,6 +57,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from analyze-events' -l skip-rule -
 complete -c ftkit -n '__fish_seen_subcommand_from analyze-events' -l format -s f -r -a 'human json github' -d 'Output format: human (Rich tables), json (machine readable, carries schema_version) or github (workflow annotations).'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze-events' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze-events' -l fail-on -r -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
+complete -c ftkit -n '__fish_seen_subcommand_from analyze-events' -l html -r -F -d 'Also write a self-contained HTML report: timeline of cells, faults and heals, metrics by step, recovery, rules and findings.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze-events' -l help -s h -d 'Show this message and exit.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -F
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l rule -r -F -d 'Run only this rule (repeatable).'
@@ -64,4 +65,5 @@ complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l skip-rule -r -F -d
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l format -s f -r -a 'human json github' -d 'Output format: human (Rich tables), json (machine readable, carries schema_version) or github (workflow annotations).'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l fail-on -r -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
+complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l html -r -F -d 'Also write a self-contained HTML report: timeline of cells, faults and heals, metrics by step, recovery, rules and findings.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l help -s h -d 'Show this message and exit.'

@@ -13,4 +13,9 @@ fi
 if { ! command -v zsh >/dev/null || ! command -v fish >/dev/null; } && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zsh fish >/dev/null
 fi
+# chromium (Debian's package): the browser tests load the HTML reports in headless Chromium
+# (tests/report/test_html_browser.py); they skip only where it is absent and cannot be installed.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 echo "ftkit installed: $(ftkit --version)" >&2
