@@ -87,7 +87,7 @@ def where_link(file: str | None, line: int | None) -> str:
         href = Path(file).resolve().as_uri()
     except ValueError:
         href = file
-    return f"<a class='mono' href='{escape(href)}' title='{escape(file)}'>{escape(text)}</a>"
+    return f"<a class='mono' href='{escape(href)}'>{escape(text)}</a>"
 
 
 def finding_list(findings: Sequence[Finding], list_id: str, open_up_to: int = 20) -> str:

@@ -27,7 +27,18 @@ from typing import Any
 
 from ftkit.analysis.engine import AnalysisResult
 from ftkit.analysis.timeline import Marker, StepBin, Timeline
-from ftkit.report.html_page import check_target, finding_list, kv, legend, num, page, table, where_link, write_page
+from ftkit.report.html_page import (
+    MAX_ROWS,
+    check_target,
+    finding_list,
+    kv,
+    legend,
+    num,
+    page,
+    table,
+    where_link,
+    write_page,
+)
 
 __all__ = ["check_target", "render_timeline_html", "write_report"]
 
@@ -52,7 +63,7 @@ MARK_STYLE = {  # kind -> (colour, stroke width, dash, legend text)
     "rejected": ("#cf222e", 2, "1 2", "checkpoint rejected"),
 }
 LISTED = ("fault", "detected", "heal", "reconfigure", "discarded", "rejected")  # in the searchable event list
-DENSE = 200  # marks of one kind on one lane drawn one by one up to this many, bucketed beyond
+DENSE = 100  # marks of one kind on one lane drawn one by one up to this many, bucketed beyond
 METRIC_ORDER = ("reward", "loss", "grad_norm", "tokens_per_s")
 MAX_CHARTS = 6
 _LANE_H, _W = 22, 1000.0
@@ -303,18 +314,19 @@ def _chart(name: str, tl: Timeline, faults: Sequence[int], discarded: Sequence[i
     for s in _ticks(last - first, 8):
         step = first + s
         out.append(f"<text x='{sx(step):.1f}' y='{_CH - 6}' text-anchor='middle'>{step:.0f}</text>")
-    for step in discarded:
-        out.append(
-            f"<line class='chart-discarded' x1='{sx(step):.1f}' x2='{sx(step):.1f}' y1='{_CH - _CB}' "
-            f"y2='{_CH - _CB - 8}' stroke='#fb8f44' stroke-width='2'><title>step {step}: attempt not committed"
-            "</title></line>"
-        )
-    for step in faults:
-        out.append(
-            f"<line class='chart-fault' x1='{sx(step):.1f}' x2='{sx(step):.1f}' y1='{_CT}' y2='{_CH - _CB}' "
-            f"stroke='#cf222e' stroke-width='1.5' stroke-dasharray='4 3'><title>fault injected at step {step}"
-            "</title></line>"
-        )
+    for cls, steps, colour, y0, y1, title in (
+        ("chart-discarded", discarded, "#fb8f44", _CH - _CB - 8, _CH - _CB, "attempt not committed at step"),
+        ("chart-fault", faults, "#cf222e", _CT, _CH - _CB, "fault injected at step"),
+    ):
+        xs = sorted({round(sx(step)) for step in steps})  # one stroke per pixel column, however many
+        if xs:
+            path = "".join(f"M{x} {y0}V{y1}" for x in xs)
+            listed = ", ".join(str(st) for st in steps[:40]) + (" ..." if len(steps) > 40 else "")
+            dash = " stroke-dasharray='4 3'" if cls == "chart-fault" else ""
+            out.append(
+                f"<path class='{cls}' d='{path}' stroke='{colour}' stroke-width='1.5'{dash}>"
+                f"<title>{title} {listed}</title></path>"
+            )
     if tl.width > 1:
         band = [f"{sx(s):.1f},{sy(st[3]):.1f}" for s, st in pts] + [
             f"{sx(s):.1f},{sy(st[2]):.1f}" for s, st in reversed(pts)
@@ -399,11 +411,14 @@ def _event_list(tl: Timeline) -> str:
             escape(m.label),
             where_link(m.file, m.line),
         )
-        for m in marks
+        for m in marks[:MAX_ROWS]
     ]
+    more = len(marks) - len(rows)
+    note = f"<p class='muted'>{more} more not listed (the timeline draws them).</p>" if more else ""
     return (
-        f"<details{' open' if len(rows) <= 30 else ''}><summary>{len(rows)} event(s)</summary>"
+        f"<details{' open' if len(rows) <= 30 else ''}><summary>{len(marks)} event(s)</summary>"
         "<input class='search' type='search' placeholder='filter events' data-filter='tl-events'>"
         + table(("at", "what", "lane", "detail", "logged at"), rows, "tl-events")
+        + note
         + "</details>"
     )

@@ -109,7 +109,9 @@ def test_cli_writes_page(faulty: tuple[Path, list[int]], tmp_path: Path, capsys:
         assert f"<h2>{section}</h2>" in text
     recovery = re.search(r"<table id='recovery'>.*?</table>", text, re.S).group(0)
     assert recovery.count("<tr>") == 1 + len(fault_steps) and "reconfigure" in recovery
-    assert text.count("class='chart'") == 3 and text.count("class='chart-fault'") == 3 * len(fault_steps)
+    assert text.count("class='chart'") == 3  # reward, loss, grad_norm; each marks the faults (one path)
+    paths = re.findall(r"<path class='chart-fault' d='([^']*)'", text)
+    assert len(paths) == 3 and all(p.count("M") == len(fault_steps) for p in paths)
     assert "FT113" in text and "driver-i0.jsonl:" in text  # rule table; faults linked to their log line
 
 
