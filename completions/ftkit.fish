@@ -46,7 +46,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l rtol -r -F -
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l atol -r -F -d 'Absolute tolerance [default: 1e-08].'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l rules -r -F -d 'TOML rules: regex over tensor ids -> predicate over the metrics; tensors no rule covers fail (see docs/dumps.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l top -r -F -d 'How many of the most different tensors to list.'
-complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l html -r -F -d 'Also write a self-contained HTML report with a per-layer divergence plot.'
+complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l html -r -F -d 'Also write a self-contained HTML report: divergence heatmap (layers x rollout/step/micro-shard), run.json differences, worst tensors, findings.'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l format -s f -r -a 'human json github' -d 'Output format: human (Rich tables), json (machine readable, carries schema_version) or github (workflow annotations).'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH.'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps' -l fail-on -r -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'

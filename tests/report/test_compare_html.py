@@ -139,3 +139,11 @@ def test_long_finding_lists_are_collapsed_and_capped(runs: Path) -> None:
     block = re.search(r"<details>.*?</details>", text[text.index("<h2>Findings</h2>") :], re.S).group(0)
     assert "data-filter='findings'" in block and block.count("<tr>") == 1 + MAX_ROWS
     assert f"{5000 - MAX_ROWS} more finding(s)" in block and len(text) < 500_000
+
+
+def test_bad_html_target_is_exit_2_before_comparing(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["compare-dumps", str(runs / "a"), str(runs / "b"), "--html", str(tmp_path / "no" / "x.html")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.startswith("Error: --html") and "Hint:" in err
