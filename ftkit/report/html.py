@@ -9,8 +9,10 @@ Heatmap: one row per *layer* in model order, one column per capture group (rollo
 micro-shard, or plain file) in capture order. A layer is the module path up to its index
 for megatron (``decoder.layers.3``), Hugging Face (``encoder.layer.3``, ``model.layers.3``,
 ``transformer.h.3``) and similar names; otherwise the tensor's module path (the name up to
-its capture kind, or without a trailing ``weight`` / ``bias``). Rows with an index sit
-together at the place their prefix is first captured, sorted by index. A cell's value is the
+its capture kind, without trailing parameter leaves: ``weight``, ``bias``, ``exp_avg`` ...),
+so a module's parameters, activations and gradients share its row. Rows are in forward order
+(the order activations are first captured; indexed rows together, sorted by index), rows
+never captured in forward follow in capture order. A cell's value is the
 largest metric over its tensors; colour is ``log10`` of it (grey: bitwise equal, black: a
 tensor missing or of another shape or dtype, white: nothing captured there); failing cells
 are outlined red, the first divergence outlined black and labelled. A selector switches the
@@ -44,6 +46,8 @@ _CELL_H, _LABEL_W, _HEAD_H, _RIGHT = 16, 230, 96, 130
 _PALETTE = ("#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725")
 _EQUAL, _BROKEN, _FAIL = "#e6e8eb", "#1f2328", "#cf222e"
 _BAD_STATUS = ("shape", "dtype", "missing_in_a", "missing_in_b", "invalid")
+_LEAVES = frozenset({"weight", "bias", "exp_avg", "exp_avg_sq", "step", "_extra_state"})  # per-parameter leaves
+_FORWARD = frozenset({"input", "output"})
 
 
 def layer_of(name: str) -> str:
@@ -54,18 +58,23 @@ def layer_of(name: str) -> str:
     parts = name.split(".")
     for i, part in enumerate(parts):
         if part in KINDS:
-            return ".".join(parts[:i]) or "(model)"
-    if len(parts) > 1 and parts[-1] in ("weight", "bias"):
-        return ".".join(parts[:-1])
-    return name
+            parts = parts[:i]
+            break
+    while len(parts) > 1 and parts[-1] in _LEAVES:
+        parts.pop()
+    return ".".join(parts) or "(model)"
 
 
-def _row_key(first_seen: dict[str, int]) -> Callable[[str], tuple[int, int, str]]:
-    def key(layer: str) -> tuple[int, int, str]:
+def _row_key(forward: dict[str, int], seen: dict[str, int]) -> Callable[[str], tuple[int, int, int, str]]:
+    """Model order: rows (or their indexed prefix) by their first forward capture (activations
+    run through the model in order), then rows never captured in forward by first capture."""
+
+    def key(layer: str) -> tuple[int, int, int, str]:
         m = _LAYER_RE.match(layer + ".")
-        if m:
-            return (first_seen[m.group("prefix")], int(m.group("index")), layer)
-        return (first_seen[layer], -1, layer)
+        group, index = (m.group("prefix"), int(m.group("index"))) if m else (layer, -1)
+        if group in forward:
+            return (0, forward[group], index, layer)
+        return (1, seen[group], index, layer)
 
     return key
 
@@ -118,14 +127,18 @@ def heatmap(result: CompareResult) -> Heatmap:
     first = result.first_divergence
     cols: dict[str, int] = {}
     seen: dict[str, int] = {}
+    forward: dict[str, int] = {}
     by_layer: dict[str, dict[int, Cell]] = {}
     for p in result.pairs:
         col = cols.setdefault(p.group, len(cols))
         layer = layer_of(p.name)
         m = _LAYER_RE.match(layer + ".")
-        seen.setdefault(m.group("prefix") if m else layer, len(seen))
+        group = m.group("prefix") if m else layer
+        seen.setdefault(group, len(seen))
+        if p.kind in _FORWARD:
+            forward.setdefault(group, len(forward))
         by_layer.setdefault(layer, {}).setdefault(col, Cell()).add(p, p is first)
-    rows = sorted(by_layer, key=_row_key(seen))
+    rows = sorted(by_layer, key=_row_key(forward, seen))
     cells = {(r, c): cell for r, layer in enumerate(rows) for c, cell in by_layer[layer].items()}
     hm = Heatmap(rows, list(cols), cells)
     return _shrink(hm, MAX_HEAT_ROWS, MAX_COLS)

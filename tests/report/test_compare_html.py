@@ -72,6 +72,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("transformer.h.2.attn.c_attn.bias", "transformer.h.2"),
         ("decoder.final_layernorm.output", "decoder.final_layernorm"),
         ("embedding.word_embeddings.weight", "embedding.word_embeddings"),
+        ("embedding.word_embeddings.weight.param", "embedding.word_embeddings"),  # shares the activation's row
+        ("embedding.word_embeddings.output", "embedding.word_embeddings"),
+        ("optimizer.decoder.final_layernorm.bias.exp_avg_sq", "optimizer.decoder.final_layernorm"),
+        ("output", "(model)"),
         ("tokens", "tokens"),
     ],
 )
@@ -147,3 +151,17 @@ def test_bad_html_target_is_exit_2_before_comparing(
     code = cli.main(["compare-dumps", str(runs / "a"), str(runs / "b"), "--html", str(tmp_path / "no" / "x.html")])
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and err.startswith("Error: --html") and "Hint:" in err
+
+
+def test_rows_follow_the_forward_pass(tmp_path: Path) -> None:
+    """Parameters are captured before activations (and here in the opposite order); rows follow
+    the forward pass, and a module's parameters share its activation's row."""
+    for side in ("a", "b"):
+        dw = DumpWriter(tmp_path / side / "dumps", "actor", "fwd_bwd", 0, "w", meta={"cell": 0})
+        for name in ("head.weight.param", "stem.weight.param", "stem.output", "head.output", "output"):
+            ms = None if name.endswith(".param") else 0
+            dw.add(name, torch.ones(2), step=0, micro_shard=ms, sharding=Sharding.replicated())
+        dw.write()
+    hm = heatmap(compare_paths(tmp_path / "a", tmp_path / "b", CompareOptions()))
+    assert hm.rows == ["stem", "head", "(model)"]
+    assert hm.cols == ["actor/fwd_bwd/rollout_000000/step000000", "actor/fwd_bwd/rollout_000000/step000000/ms000"]
