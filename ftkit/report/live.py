@@ -2,7 +2,9 @@
 
 ``LiveView`` is fed by the driver's callbacks: ``on_step(StepReport)`` after every optimizer
 step, and, where the driver offers them, ``on_cell_state(cell, state, reason)``,
-``on_fault(text)`` and ``on_heal(text)``. It shows, in place, when stderr is a terminal
+``on_fault(text)`` and ``on_heal(text)`` -- or all three at once through
+``on_event(event_type, fields)`` with what the driver logs. Without a cell-state feed the cells
+shown are the step's alive count. It shows, in place, when stderr is a terminal
 (``live=True``): a progress bar over the run's steps with the rollout, the cells' states at a
 glance (one coloured block per cell: alive, failed, restarting, healing, stopped ...), the
 last fault and the last heal, and the latest reward, loss, grad norm and tokens/s. Otherwise
@@ -31,10 +33,11 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+_SHOWN = {"errored": "failed"}  # event-log state -> shown state
 STATE_STYLE = {
     "alive": "green",
     "failed": "red",
-    "errored": "red",
+    "down": "red",
     "restarting": "yellow",
     "starting": "cyan",
     "healing": "magenta",
@@ -75,6 +78,7 @@ class LiveView:
     def __init__(self, total_steps: int, cells: int, live: bool, stream: TextIO | None = None) -> None:
         self.total = max(total_steps, 1)
         self.states: dict[int, str] = {c: "pending" for c in range(cells)}
+        self.state_fed = False
         self.last: StepLike | None = None
         self.done = 0
         self.discarded = 0
@@ -95,11 +99,31 @@ class LiveView:
         self.last, self.done = report, report.step + 1
         self.total = max(report.steps, 1)
         self.discarded += not report.committed
+        if not self.state_fed:  # no cell-state feed: the step's alive count is all there is
+            self.states = {c: "alive" if c < report.cells_alive else "down" for c in range(report.cells)}
         self._show(step_text(report))
 
     def on_cell_state(self, cell: int, state: str, reason: str | None = None) -> None:
-        self.states[cell] = state
+        self.state_fed = True
+        self.states[cell] = _SHOWN.get(state, state)
         self._show(f"cell {cell}: {state}" + (f" ({reason})" if reason else ""))
+
+    def on_event(self, event_type: str, fields: dict[str, Any]) -> None:
+        """Feed from the driver's event stream (the type and fields it logs): ``cell_state``,
+        ``fault_injected`` and ``heal`` update the view, other types are ignored."""
+        if event_type == "cell_state":
+            self.on_cell_state(int(fields["cell"]), str(fields["new"]), fields.get("reason"))
+        elif event_type == "fault_injected":
+            self.on_fault(
+                f"{fields.get('kind')} at {fields.get('point')}, cell {fields.get('cell')} rank {fields.get('rank')}, "
+                f"step {fields.get('step')}"
+            )
+        elif event_type == "heal":
+            took = sum(float(v) for v in dict(fields.get("seconds") or {}).values())
+            self.on_heal(
+                f"cell {fields.get('cell')} from cell {fields.get('donor')}: "
+                f"{int(fields.get('bytes') or 0) / 2**20:.1f} MiB in {took:.3g}s"
+            )
 
     def on_fault(self, text: str) -> None:
         self.fault = text

@@ -100,3 +100,21 @@ def test_mode_follows_output() -> None:
     view = live_view(human, 4, 2)
     assert view._live is not None
     view.close()
+
+
+def test_event_feed_and_step_only_feed() -> None:
+    out = io.StringIO()
+    view = LiveView(4, 2, live=False, stream=out)
+    view.on_step(Report(0, 1, 0, 4, True, 0.5, 1.0, 0.25, 10.0, 1, 2))  # no cell-state feed yet
+    assert view.states == {0: "alive", 1: "down"}
+    view.on_event("cell_state", {"cell": 1, "old": "alive", "new": "errored", "reason": "rank died"})
+    view.on_event("fault_injected", {"kind": "kill", "point": "backward", "cell": 1, "rank": 0, "step": 3})
+    view.on_event("heal", {"cell": 1, "donor": 0, "bytes": 3 << 20, "seconds": {"transfer": 0.5, "verify": 0.25}})
+    view.on_event("metric", {"values": {}})  # ignored
+    view.on_step(Report(0, 1, 1, 4, True, 0.5, 1.0, 0.25, 10.0, 2, 2))
+    assert view.states == {0: "alive", 1: "failed"}  # the feed, not the count, once there is one
+    assert out.getvalue().splitlines()[1:4] == [
+        "cell 1: errored (rank died)",
+        "fault: kill at backward, cell 1 rank 0, step 3",
+        "heal: cell 1 from cell 0: 3.0 MiB in 0.75s",
+    ]
