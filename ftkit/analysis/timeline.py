@@ -7,8 +7,8 @@ and returns a :class:`Timeline`: what happened when, ready to draw.
   (``alive``, ``failed`` for ``errored``, ``restarting`` for a ``starting`` that follows a
   failure, ``starting``, ``pending``, ``stopped``) plus ``healing`` intervals (a ``heal``
   event at time t covers ``[t - sum(seconds), t]``);
-- **markers**: faults (``fault`` = injected, the ground truth; ``detected`` = the faulted cell
-  turned ``errored`` or a rank logged ``grad_nonfinite``), heals (bytes, seconds, donor),
+- **markers**: faults (``fault`` = injected, the ground truth; ``detected`` = a cell turned
+  ``errored``, after an injected fault or not, or a rank logged ``grad_nonfinite``), heals (bytes, seconds, donor),
   reconfigures (epoch, alive set), step attempts that did not commit (``discarded``),
   weight pushes, engine loads and checkpoints (published or rejected), each with its file
   and line;
@@ -126,7 +126,7 @@ class _Builder:
         self.files = files
         self.tl = Timeline()
         self.bins: dict[int, StepBin] = {}  # bin index -> bin
-        self.open: dict[tuple[int, int], list[Any]] = {}  # (step, attempt) -> [t0, t1, committed?, rollout, marked?]
+        self.open: dict[tuple[int, int], list[Any]] = {}  # (step, attempt) -> [t0, t1, committed?, marked?]
         self.max_step = -1
         self.state: dict[int, tuple[str, float, str | None]] = {}  # cell -> (state, since, reason)
         self.fault_cells: set[int] = set()
@@ -137,7 +137,7 @@ class _Builder:
         self.where = (0, 0)
 
     # ------------------------------------------------------------------ bins
-    def _bin(self, step: int) -> StepBin:
+    def bin_of(self, step: int) -> StepBin:
         tl = self.tl
         while step // tl.width >= MAX_BINS:
             merged: dict[int, StepBin] = {}
@@ -155,11 +155,11 @@ class _Builder:
             found = self.bins[idx] = StepBin(idx * tl.width)
         return found
 
-    def _fold(self, below: int) -> None:
+    def fold(self, below: int) -> None:
         """Move the open attempts of steps below ``below`` into their bins."""
         for key in [k for k in self.open if k[0] < below]:
-            t0, t1, ok = self.open.pop(key)[:3]
-            b = self._bin(key[0])
+            t0, t1, ok, _ = self.open.pop(key)
+            b = self.bin_of(key[0])
             b.t0, b.t1 = min(b.t0, t0), max(b.t1, t1)
             b.attempts += 1
             b.steps += key[1] == 0
@@ -169,26 +169,27 @@ class _Builder:
                 b.not_committed += 1
 
     # ------------------------------------------------------------------ lanes and markers
-    def _interval(self, cell: int, state: str, start: float, end: float, reason: str | None) -> None:
+    def interval(self, cell: int, state: str, start: float, end: float, reason: str | None) -> None:
         lane = self.tl.lanes.setdefault(f"cell {cell}", [])
         if len(lane) >= MAX_INTERVALS:
             self.tl.dropped[f"interval:cell {cell}"] += 1
             return
         lane.append(Interval(state, start, end, reason))
 
-    def _cell_state(self, ev: dict[str, Any], t: float) -> None:
+    def cell_state(self, ev: dict[str, Any], t: float) -> None:
         cell, new = int(ev["cell"]), str(ev["new"])
         prev = self.state.get(cell)
         if prev is not None:
-            self._interval(cell, prev[0], prev[1], t, prev[2])
+            self.interval(cell, prev[0], prev[1], t, prev[2])
         shown = _STATE.get(new, new)
         if new == "starting" and prev is not None and prev[0] in ("failed", "restarting"):
             shown = "restarting"
         self.state[cell] = (shown, t, ev.get("reason"))
         self.tl.lanes.setdefault(f"cell {cell}", [])
-        if new == "errored" and cell in self.fault_cells:
+        if new == "errored":  # a failure detected, whether a fault was injected or not
+            cause = "after an injected fault" if cell in self.fault_cells else "no injected fault"
             self.fault_cells.discard(cell)
-            self._emit_marker("detected", t, f"cell {cell}", f"cell {cell} errored: {ev.get('reason') or ''}")
+            self.mark("detected", t, f"cell {cell}", f"cell {cell} errored: {ev.get('reason') or '?'} ({cause})")
 
     # ------------------------------------------------------------------ the pass
     def feed(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -209,7 +210,7 @@ class _Builder:
         except (KeyError, TypeError, ValueError):
             tl.skipped += 1
 
-    def _emit_marker(self, kind: str, t: float, lane: str, label: str, step: Any = None) -> None:
+    def mark(self, kind: str, t: float, lane: str, label: str, step: Any = None) -> None:
         tl = self.tl
         if kind in ROUTINE:
             key = f"{kind}@{lane}"
@@ -239,10 +240,10 @@ class _Builder:
 
     def finish(self) -> Timeline:
         tl = self.tl
-        self._fold(self.max_step + 1)
+        self.fold(self.max_step + 1)
         end = tl.end if tl.events else 0.0
         for cell, (state, since, reason) in sorted(self.state.items()):
-            self._interval(cell, state, since, max(end, since), reason)
+            self.interval(cell, state, since, max(end, since), reason)
         for lane in tl.lanes.values():
             lane.sort(key=lambda iv: (iv.start, iv.state == "healing"))
         if self.bins:
@@ -264,25 +265,23 @@ def _run_finished(b: _Builder, ev: dict[str, Any], t: float) -> None:
 def _reconfigure(b: _Builder, ev: dict[str, Any], t: float) -> None:
     alive = ",".join(str(c) for c in ev["alive_after"])
     why = f": {ev['reason']}" if ev.get("reason") else ""
-    b._emit_marker("reconfigure", t, "driver", f"epoch {ev['epoch']}, alive [{alive}]{why}")
+    b.mark("reconfigure", t, "driver", f"epoch {ev['epoch']}, alive [{alive}]{why}")
 
 
 def _step_outcome(b: _Builder, ev: dict[str, Any], t: float) -> None:
     step, attempt, outcome = int(ev["step"]), int(ev["attempt"]), str(ev["outcome"])
     rec = b.open.get((step, attempt))
     if rec is None:
-        rec = b.open[(step, attempt)] = [t, t, True, int(ev.get("rollout", -1)), False]
+        rec = b.open[(step, attempt)] = [t, t, True, False]
     rec[0], rec[1] = min(rec[0], t), max(rec[1], t)
     if outcome != "committed":
         rec[2] = False
-        if not rec[4]:
-            rec[4] = True
-            b._emit_marker(
-                "discarded", t, "steps", f"step {step} attempt {attempt} {outcome} (cell {ev.get('cell')})", step
-            )
+        if not rec[3]:
+            rec[3] = True
+            b.mark("discarded", t, "steps", f"step {step} attempt {attempt} {outcome} (cell {ev.get('cell')})", step)
     if step > b.max_step:
         b.max_step = step
-        b._fold(step - LAG)
+        b.fold(step - LAG)
         for name, value in b.pending_rollout_metrics:
             _metric_value(b, step, name, value)
         b.pending_rollout_metrics.clear()
@@ -291,7 +290,7 @@ def _step_outcome(b: _Builder, ev: dict[str, Any], t: float) -> None:
 def _metric_value(b: _Builder, step: int, name: str, value: float) -> None:
     b.metric_names.setdefault(name, None)
     if math.isfinite(value):
-        _add_stat(b._bin(step).metrics, name, 1, value, value, value)
+        _add_stat(b.bin_of(step).metrics, name, 1, value, value, value)
 
 
 def _metric(b: _Builder, ev: dict[str, Any], t: float) -> None:
@@ -311,7 +310,7 @@ def _fault(b: _Builder, ev: dict[str, Any], t: float) -> None:
     if isinstance(cell, int):
         b.fault_cells.add(cell)
     where = f"rank {ev.get('rank')}, step {ev.get('step')}" if ev.get("step") is not None else f"rank {ev.get('rank')}"
-    b._emit_marker("fault", t, lane, f"injected {ev['kind']} at {ev['point']} ({where})", ev.get("step"))
+    b.mark("fault", t, lane, f"injected {ev['kind']} at {ev['point']} ({where})", ev.get("step"))
 
 
 def _heal(b: _Builder, ev: dict[str, Any], t: float) -> None:
@@ -320,10 +319,10 @@ def _heal(b: _Builder, ev: dict[str, Any], t: float) -> None:
     took = sum(seconds.values())
     state = b.state.get(cell)
     since = state[1] if state is not None and state[0] == "restarting" else -math.inf
-    b._interval(cell, "healing", max(t - took, since), t, f"from cell {ev['donor']}")
+    b.interval(cell, "healing", max(t - took, since), t, f"from cell {ev['donor']}")
     phases = ", ".join(f"{k} {v:.3g}s" for k, v in seconds.items())
     ok = "" if ev.get("total") == ev.get("donor_total") else "; FINGERPRINT MISMATCH"
-    b._emit_marker(
+    b.mark(
         "heal",
         t,
         f"cell {cell}",
@@ -333,32 +332,30 @@ def _heal(b: _Builder, ev: dict[str, Any], t: float) -> None:
 
 
 def _nonfinite(b: _Builder, ev: dict[str, Any], t: float) -> None:
-    b._emit_marker(
-        "detected", t, f"cell {ev['cell']}", f"non-finite gradient at step {ev['step']}: {ev['where']}", ev["step"]
-    )
+    b.mark("detected", t, f"cell {ev['cell']}", f"non-finite gradient at step {ev['step']}: {ev['where']}", ev["step"])
 
 
 def _weights(b: _Builder, ev: dict[str, Any], t: float) -> None:
-    b._emit_marker("weights", t, "driver", f"weights version {ev['version']} pushed ({str(ev['total'])[:12]})")
+    b.mark("weights", t, "driver", f"weights version {ev['version']} pushed ({str(ev['total'])[:12]})")
 
 
 def _engine(b: _Builder, ev: dict[str, Any], t: float) -> None:
     engine = int(ev["engine"])
-    b._emit_marker("engine", t, f"engine {engine}", f"loaded version {ev['version']} ({str(ev['total'])[:12]})")
+    b.mark("engine", t, f"engine {engine}", f"loaded version {ev['version']} ({str(ev['total'])[:12]})")
 
 
 def _checkpoint(b: _Builder, ev: dict[str, Any], t: float) -> None:
-    b._emit_marker("checkpoint", t, "driver", f"checkpoint {ev['kind']} at step {ev['step']}: {ev['path']}", ev["step"])
+    b.mark("checkpoint", t, "driver", f"checkpoint {ev['kind']} at step {ev['step']}: {ev['path']}", ev["step"])
 
 
 def _rejected(b: _Builder, ev: dict[str, Any], t: float) -> None:
-    b._emit_marker("rejected", t, "driver", f"checkpoint rejected at step {ev['step']}: {ev['reason']}", ev["step"])
+    b.mark("rejected", t, "driver", f"checkpoint rejected at step {ev['step']}: {ev['reason']}", ev["step"])
 
 
 _HANDLERS = {
     "run_started": _run_started,
     "run_finished": _run_finished,
-    "cell_state": lambda b, ev, t: b._cell_state(ev, t),
+    "cell_state": lambda b, ev, t: b.cell_state(ev, t),
     "reconfigure": _reconfigure,
     "step_outcome": _step_outcome,
     "metric": _metric,
