@@ -124,6 +124,8 @@ def _summary(tl: Timeline, result: AnalysisResult) -> str:
     dropped = ", ".join(f"{n} {k}" for k, n in sorted(tl.dropped.items()))
     if dropped:
         notes += f"<p class='muted'>Not drawn (over the per-kind limit): {escape(dropped)}</p>"
+    if tl.skipped:
+        notes += f"<p class='muted'>{tl.skipped} event(s) lack the fields the timeline needs (see the findings).</p>"
     return (
         kv(
             [
