@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -133,3 +135,29 @@ def test_bad_target_is_exit_2_before_work(
     code, out, err = _run(capsys, "analyze-events", faulty[0], "--html", tmp_path / target)
     assert code == 2 and out == "" and err.startswith("Error:") and "Hint:" in err and "Traceback" not in err
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.slow
+def test_real_train_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The timeline of a real ``ftkit train`` run (Ray actors, megatron-core ranks, one engine)."""
+    out = tmp_path / "run"
+    args = ["--rollouts", "2", "--steps-per-rollout", "1", "--samples-per-rollout", "8", "--micro-shards", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tl = build_timeline([out / "events"])
+    assert tl.run == "run" and tl.status == "completed"
+    for lane in ("cell 0", "cell 1"):
+        assert [iv.state for iv in tl.lanes[lane]] == ["starting", "alive", "stopped"]
+    assert [m.label.split(" (")[0] for m in tl.markers_of("engine")] == [f"loaded version {v}" for v in range(3)]
+    assert len(tl.markers_of("weights")) == 3 and len(tl.markers_of("reconfigure")) == 1
+    assert [(b.first, b.committed, b.not_committed) for b in tl.bins] == [(0, 1, 0), (1, 1, 0)]
+    assert {"loss", "grad_norm", "tokens_per_s", "reward"} <= set(tl.metric_names)
+    page = tmp_path / "run.html"
+    assert _run(capsys, "analyze-events", out, "--html", page)[0] == 0
+    text = page.read_text()
+    assert all(f"data-metric='{m}'" in text for m in ("reward", "loss", "grad_norm", "tokens_per_s"))
