@@ -17,8 +17,10 @@ largest metric over its tensors; colour is ``log10`` of it (grey: bitwise equal,
 tensor missing or of another shape or dtype, white: nothing captured there); failing cells
 are outlined red, the first divergence outlined black and labelled. A selector switches the
 metric (``max_rel``, ``max_abs``, ``dissimilarity``); hovering a cell names its worst tensor,
-worst element and both values. Beyond ``MAX_COLS`` columns or ``MAX_HEAT_ROWS`` rows,
-neighbours are merged (the maximum is kept), so any run stays one readable picture.
+worst element and both values (from a compact JSON block; the worst-tensor table has the
+same without a script). Beyond ``MAX_COLS`` columns, ``MAX_HEAT_ROWS`` rows or ``MAX_CELLS``
+cells, neighbours are merged (the maximum is kept), so any run stays one readable picture
+of bounded size.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ftkit.report.compare_formats import worst
 from ftkit.report.html_page import finding_list, kv, legend, num, page, table
 
 METRICS = ("max_rel", "max_abs", "dissimilarity")
-MAX_COLS, MAX_HEAT_ROWS = 160, 400
+MAX_COLS, MAX_HEAT_ROWS, MAX_CELLS = 160, 400, 12_000
 _LAYER_RE = re.compile(r"^(?P<prefix>(?:.*?\.)?(?:layers|layer|h|blocks|block))\.(?P<index>\d+)(?:\.|#|$)")
 _CELL_H, _LABEL_W, _HEAD_H, _RIGHT = 16, 230, 96, 130
 # viridis, sampled at 9 points (value 0 = smallest log10, 1 = largest)
@@ -98,9 +100,8 @@ class Cell:
             self.broken = self.broken or p.status in _BAD_STATUS
             return
         self.broken = self.broken or p.status in ("shape", "dtype")
-        d = p.metrics.to_dict()
         for i, metric in enumerate(METRICS):
-            v = abs(float(d[metric]))
+            v = abs(float(getattr(p.metrics, metric)))
             if math.isnan(v):
                 v = math.inf
             if v > self.values[i] or self.worst[i] is None:
@@ -147,7 +148,8 @@ def heatmap(result: CompareResult) -> Heatmap:
 def _shrink(hm: Heatmap, max_rows: int, max_cols: int) -> Heatmap:
     """Merge neighbouring rows / columns so at most ``max_rows`` x ``max_cols`` remain."""
     fr = math.ceil(len(hm.rows) / max_rows) if len(hm.rows) > max_rows else 1
-    fc = math.ceil(len(hm.cols) / max_cols) if len(hm.cols) > max_cols else 1
+    cols = min(max_cols, max(MAX_CELLS // math.ceil(len(hm.rows) / fr), 1))  # and at most MAX_CELLS cells
+    fc = math.ceil(len(hm.cols) / cols) if len(hm.cols) > cols else 1
     if fr == 1 and fc == 1:
         return hm
 
@@ -177,14 +179,17 @@ def _range(cells: Sequence[Cell], i: int) -> tuple[float, float]:
     return (float(lo), float(max(hi, lo + 1)))
 
 
-def _svg(hm: Heatmap) -> str:
+def _svg(hm: Heatmap) -> tuple[str, str]:
+    """The heatmap SVG and its hover data (JSON: row and column labels, metric ranges, and per
+    drawn cell, in drawing order, ``[row, col, [max_rel, max_abs, dissimilarity] (null:
+    infinite), tensors, worst tensor (relative to the row), status, worst element]``)."""
     nr, nc = len(hm.rows), len(hm.cols)
     cw = max(13, min(40, 720 // max(nc, 1)))  # cell width: wide for few columns, never below a label's height
     w, h = _LABEL_W + nc * cw + _RIGHT, _HEAD_H + nr * _CELL_H + 4
     ranges = [_range(list(hm.cells.values()), i) for i in range(len(METRICS))]
     out = [
         f"<svg id='heat' xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' role='img' "
-        f"aria-label='divergence heatmap' data-ranges='{json.dumps(ranges)}'>"
+        "aria-label='divergence heatmap'>"
     ]
     for r, label in enumerate(hm.rows):  # every row and column labelled: cells are larger than the font
         y = _HEAD_H + r * _CELL_H + _CELL_H - 3
@@ -202,16 +207,13 @@ def _svg(hm: Heatmap) -> str:
         f"<rect x='{_LABEL_W}' y='{_HEAD_H}' width='{nc * cw}' height='{nr * _CELL_H}' fill='#fff' stroke='#d8dee4'/>"
     )
     first_xy: tuple[int, int] | None = None
+    tips: list[list[Any]] = []
     for (r, c), cell in sorted(hm.cells.items()):
         x, y = _LABEL_W + c * cw, _HEAD_H + r * _CELL_H
         fill = _BROKEN if cell.broken else _colour(cell.values[0], *ranges[0])
-        stroke = " stroke='#cf222e' stroke-width='1.5'" if cell.failed else ""
-        vals = " ".join(f"{v:.3g}" for v in cell.values)
-        out.append(
-            f"<rect class='cell{' failing' if cell.failed else ''}{' broken' if cell.broken else ''}' x='{x}' "
-            f"y='{y}' width='{cw - 1}' height='{_CELL_H - 1}' fill='{fill}'{stroke} data-v='{vals}'>"
-            f"<title>{escape(_tip(hm, r, c, cell))}</title></rect>"
-        )
+        cls = "c" + (" f" if cell.failed else "") + (" b" if cell.broken else "")
+        out.append(f"<rect class='{cls}' x='{x}' y='{y}' width='{cw - 1}' height='{_CELL_H - 1}' fill='{fill}'/>")
+        tips.append(_tip(hm, r, c, cell))
         if cell.first and first_xy is None:
             first_xy = (x, y)
     if first_xy is not None:
@@ -225,7 +227,8 @@ def _svg(hm: Heatmap) -> str:
             "</text>"
         )
     out.append("</svg>")
-    return "".join(out)
+    data = {"rows": hm.rows, "cols": hm.cols, "ranges": ranges, "cells": tips}
+    return "".join(out), json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
 
 
 def _col(group: str) -> str:
@@ -241,23 +244,18 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else "\u2026" + text[-(n - 1) :]
 
 
-def _tip(hm: Heatmap, r: int, c: int, cell: Cell) -> str:
-    head = f"{hm.rows[r]} @ {hm.cols[c]}: {cell.tensors} tensor(s)"
+def _tip(hm: Heatmap, r: int, c: int, cell: Cell) -> list[Any]:
+    """One cell's hover data (see ``_svg``)."""
+    values = [float(f"{v:.3g}") if math.isfinite(v) else None for v in cell.values]
     p = next((w for w in cell.worst if w is not None and w.failed), None) or cell.worst[0]
     if p is None:
-        return head + ("; " + _status_text(cell) if cell.broken or cell.failed else "")
+        return [r, c, values, cell.tensors, None, "missing, shape or dtype mismatch" if cell.broken else None, None]
+    name = p.name[len(hm.rows[r]) + 1 :] if p.name.startswith(hm.rows[r] + ".") else p.name
     m = p.metrics
-    text = f"{head}; worst {p.name} ({p.status})"
     if m is None:
-        return f"{text}: {p.message}"
-    text += f"; max_rel {m.max_rel:.3g}, max_abs {m.max_abs:.3g}, dissimilarity {m.dissimilarity:.3g}"
-    if m.argmax is not None:
-        text += f"; worst element {m.argmax}: A={m.a_at!r} B={m.b_at!r}"
-    return text
-
-
-def _status_text(cell: Cell) -> str:
-    return "missing, shape or dtype mismatch" if cell.broken else "differs"
+        return [r, c, values, cell.tensors, name, p.status, p.message or None]
+    where = None if m.argmax is None else f"{m.argmax}: A={m.a_at:.7g} B={m.b_at:.7g}"
+    return [r, c, values, cell.tensors, name, p.status, where]
 
 
 def find_run_json(path: Path) -> Path | None:
@@ -295,17 +293,34 @@ def _flatten(doc: Any, prefix: str = "") -> dict[str, str]:
     return {prefix.rstrip("."): json.dumps(doc)}
 
 
-_METRIC_JS = (
+_HEAT_JS = (
     f"var HEAT_PALETTE={json.dumps(list(_PALETTE))},HEAT_EQUAL='{_EQUAL}';"
     + """
-(function(){var svg=document.getElementById('heat'),sel=document.getElementById('metric');if(!svg||!sel){return;}
-var ranges=JSON.parse(svg.dataset.ranges);
-sel.addEventListener('change',function(){var i=sel.selectedIndex,lo=ranges[i][0],hi=ranges[i][1],pal=HEAT_PALETTE;
-svg.querySelectorAll('rect.cell').forEach(function(r){if(r.classList.contains('broken')){return;}
-var v=parseFloat(r.dataset.v.split(' ')[i]);var c=HEAT_EQUAL;if(v>0){var l=isFinite(v)?Math.log10(v):hi;
-var x=(Math.min(Math.max(l,lo),hi)-lo)/(hi-lo);c=pal[Math.round(x*(pal.length-1))];}r.setAttribute('fill',c);});
-document.getElementById('scale-lo').textContent='1e'+lo;document.getElementById('scale-hi').textContent='1e'+hi;});})();
+(function(){var svg=document.getElementById('heat'),el=document.getElementById('heat-data');if(!svg||!el){return;}
+var D=JSON.parse(el.textContent),rects=svg.querySelectorAll('rect.c'),tip=document.getElementById('heat-tip');
+var names=['max_rel','max_abs','dissimilarity'];
+function fmt(v){return v===null?'inf':String(v);}
+function text(i){var d=D.cells[i],s=D.rows[d[0]]+' @ '+D.cols[d[1]]+': '+d[3]+' tensor(s); '+
+  names.map(function(n,k){return n+' '+fmt(d[2][k]);}).join(', ');
+  if(d[4]!==null){s+='; worst '+D.rows[d[0]]+'.'+d[4]+' ('+d[5]+')';}else if(d[5]){s+='; '+d[5];}
+  if(d[6]){s+='; worst element '+d[6];}return s;}
+for(var k=0;k<rects.length;k++){rects[k].__i=k;}
+svg.addEventListener('mousemove',function(e){var i=e.target.__i;if(i===undefined){tip.style.display='none';return;}
+  tip.textContent=text(i);tip.style.display='block';tip.style.left=(e.pageX+14)+'px';tip.style.top=(e.pageY+14)+'px';});
+svg.addEventListener('mouseleave',function(){tip.style.display='none';});
+var sel=document.getElementById('metric');
+sel.addEventListener('change',function(){var i=sel.selectedIndex,lo=D.ranges[i][0],hi=D.ranges[i][1],pal=HEAT_PALETTE;
+  for(var k=0;k<rects.length;k++){var r=rects[k];if(r.classList.contains('b')){continue;}
+    var v=D.cells[k][2][i],c=HEAT_EQUAL;if(v===null||v>0){var l=v===null?hi:Math.log10(v);
+    var x=(Math.min(Math.max(l,lo),hi)-lo)/(hi-lo);c=pal[Math.round(x*(pal.length-1))];}r.setAttribute('fill',c);}
+  document.getElementById('scale-lo').textContent='1e'+lo;document.getElementById('scale-hi').textContent='1e'+hi;});
+})();
 """
+)
+_HEAT_CSS = (
+    "<style>#heat rect.f{stroke:#cf222e;stroke-width:1.5}#heat-tip{position:absolute;display:none;max-width:560px;"
+    "background:#fff;border:1px solid #8c959f;padding:4px 8px;font:12px ui-monospace,monospace;"
+    "box-shadow:0 2px 6px #0003;pointer-events:none;z-index:9}</style>"
 )
 
 
@@ -344,7 +359,7 @@ def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
         "<h2>Findings</h2>",
         finding_list(sort_findings(result.findings), "findings"),
     ]
-    return page("ftkit compare-dumps", body, _METRIC_JS)
+    return page("ftkit compare-dumps", body, _HEAT_JS)
 
 
 def _heat_section(result: CompareResult) -> str:
@@ -354,13 +369,15 @@ def _heat_section(result: CompareResult) -> str:
     lo, hi = _range(list(hm.cells.values()), 0)
     options = "".join(f"<option>{m}</option>" for m in METRICS)
     scale = "".join(f"<i class='swatch' style='background:{c};margin:0'></i>" for c in _PALETTE)
+    svg, data = _svg(hm)
     return (
-        f"<p><label>colour: log10 of <select id='metric'>{options}</select></label> &nbsp; "
+        _HEAT_CSS + f"<p><label>colour: log10 of <select id='metric'>{options}</select></label> &nbsp; "
         f"<span id='scale-lo'>1e{lo:.0f}</span> {scale} <span id='scale-hi'>1e{hi:.0f}</span></p>"
         + legend([("bitwise equal", _EQUAL), ("missing / shape / dtype", _BROKEN), ("nothing captured", "#fff")])
         + "<p class='muted'>Rows: layers in model order; columns: rollout (r), step (s), micro-shard (ms) or "
         "replicated state (repl) in capture order. Red outline: failing cell. Hover a cell for its worst tensor.</p>"
-        + f"<div class='scroll'>{_svg(hm)}</div>"
+        + f"<div class='scroll'>{svg}</div><div id='heat-tip' role='tooltip'></div>"
+        + f"<script type='application/json' id='heat-data'>{data}</script>"
     )
 
 

@@ -98,13 +98,11 @@ def test_html_report_is_self_contained(trees, capsys, tmp_path):
     assert "decoder.layers.1" in text and "First divergence" in text
     assert not re.search(r"""src\s*=|<link|https?://(?!www\.w3\.org/2000/svg)""", text)  # nothing fetched
     svg = ET.fromstring(re.search(r"<svg id='heat'.*?</svg>", text, re.S).group(0))  # well-formed inline SVG
-    cells = [c for c in svg if c.tag.endswith("rect") and "cell" in c.get("class", "").split()]
+    cells = [c for c in svg if c.tag.endswith("rect") and "c" in c.get("class", "").split()]
     assert len(cells) == 3  # layers 0 and 1 at micro-shard 0, layer 0 in the replicated (param) column
-    failing = {
-        c.find("{http://www.w3.org/2000/svg}title").text.split(" @ ")[0]
-        for c in cells
-        if "failing" in c.get("class", "").split()
-    }
+    data = json.loads(re.search(r"<script type='application/json' id='heat-data'>(.*?)</script>", text, re.S).group(1))
+    assert len(data["cells"]) == len(cells)  # hover data, one entry per drawn cell in drawing order
+    failing = {data["rows"][d[0]] for c, d in zip(cells, data["cells"]) if "f" in c.get("class", "").split()}
     assert failing == {"decoder.layers.1"}
 
 

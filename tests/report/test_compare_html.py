@@ -123,12 +123,18 @@ def test_page_has_config_diff_heatmap_and_first_divergence(
     assert "config.cells" in diff and "created" not in diff
     svg = ET.fromstring(re.search(r"<svg id='heat'.*?</svg>", text, re.S).group(0))
     assert svg.find(f"{SVG}rect[@id='first-divergence']") is not None
-    titles = [t.text or "" for t in svg.iter(f"{SVG}title")]
-    tip = next(t for t in titles if t.startswith("output_layer @ actor/fwd_bwd/rollout_000001/step000003/ms001"))
-    assert "worst output_layer.output (differ)" in tip and "worst element [" in tip and "A=" in tip
     labels = [t.text for t in svg.iter(f"{SVG}text")]
     assert "r1 s3 ms1" in labels and "decoder.layers.3" in labels
-    assert all(len(v.split()) == 3 for v in re.findall(r"data-v='([^']*)'", text))  # one value per metric
+    data = json.loads(re.search(r"id='heat-data'>(.*?)</script>", text, re.S).group(1))
+    cells = [r for r in svg.iter(f"{SVG}rect") if "c" in (r.get("class") or "").split()]
+    assert len(cells) == len(data["cells"]) == 6 * 8
+    col = data["cols"].index("actor/fwd_bwd/rollout_000001/step000003/ms001")
+    r, c, values, tensors, worst, status, element = next(
+        d for d in data["cells"] if data["rows"][d[0]] == "output_layer" and d[1] == col
+    )
+    assert tensors == 1 and worst == "output" and status == "differ" and values[0] > 0
+    assert re.fullmatch(r"\[\d+, \d+\]: A=\S+ B=\S+", element)  # worst element and both values
+    assert all(len(d[2]) == 3 for d in data["cells"])  # one value per metric
 
 
 def test_long_finding_lists_are_collapsed_and_capped(runs: Path) -> None:

@@ -173,11 +173,14 @@ def test_timeline_screenshot_shows_the_story(chromium: str, timeline_page: Path,
 
 HEAT_CHECK = """
 var svg=document.getElementById('heat'), box=function(e){return e.getBoundingClientRect();};
-var cells=svg.querySelectorAll('rect.cell'), failing=svg.querySelectorAll('rect.failing');
+var cells=svg.querySelectorAll('rect.c'), failing=svg.querySelectorAll('rect.f');
 var before=Array.prototype.map.call(cells,function(c){return c.getAttribute('fill');});
 var sel=document.getElementById('metric'); sel.selectedIndex=2; sel.dispatchEvent(new Event('change'));
 var after=Array.prototype.map.call(cells,function(c){return c.getAttribute('fill');});
 var changed=before.filter(function(c,i){return c!==after[i];}).length;
+var last=cells[cells.length-1], b=box(last);
+last.dispatchEvent(new MouseEvent('mousemove',{bubbles:true,clientX:b.left+2,clientY:b.top+2}));
+var tip=document.getElementById('heat-tip'), tipText=tip.textContent, tipShown=getComputedStyle(tip).display;
 var texts=Array.prototype.slice.call(svg.querySelectorAll('text'));
 var rows=texts.filter(function(t){return t.getAttribute('text-anchor')==='end';}).map(box);
 var cols=texts.filter(function(t){return (t.getAttribute('transform')||'').indexOf('rotate')>=0;}).map(box);
@@ -192,7 +195,7 @@ var shown=Array.prototype.filter.call(document.getElementById('findings').tBodie
 return {cells:cells.length, failing:failing.length, changed:changed, rows:rows.length, cols:cols.length,
   overlapR:overlapR, overlapC:overlapC, firstInside:first.left>=sb.left&&first.right<=sb.right&&first.width>0,
   rowsLeftOfCells:Math.max.apply(null,rows.map(function(r){return r.right;}))<=box(cells[0]).left,
-  scaleLo:document.getElementById('scale-lo').textContent, shown:shown};
+  scaleLo:document.getElementById('scale-lo').textContent, shown:shown, tip:tipText, tipShown:tipShown};
 """
 
 
@@ -207,6 +210,9 @@ def test_heatmap_page_in_chromium(chromium: str, heatmap_page: Path, tmp_path: P
     assert f["rows"] == 6 and f["cols"] == 8 and f["overlapR"] == 0 and f["overlapC"] == 0
     assert f["firstInside"] and f["rowsLeftOfCells"]
     assert f["shown"] == 2  # the two tensors of layer 3 at step 3, micro-shard 1
+    assert f["tipShown"] == "block"  # hovering the last cell (output layer, last capture group) explains it
+    assert f["tip"].startswith("output_layer @ actor/fwd_bwd/rollout_000001/step000003/ms001: 1 tensor(s); max_rel ")
+    assert "worst output_layer.output (differ); worst element [" in f["tip"] and " B=" in f["tip"]
 
 
 def test_heatmap_screenshot_shows_the_divergence(chromium: str, heatmap_page: Path, tmp_path: Path) -> None:
