@@ -13,7 +13,9 @@ and returns a :class:`Timeline`: what happened when, ready to draw.
   weight pushes, engine loads and checkpoints (published or rejected), each with its file
   and line;
 - **steps**: step attempts aggregated into at most ``MAX_BINS`` bins of equal step width
-  (the width doubles when a run outgrows them), each with its time span, attempts,
+  (the width doubles when a run outgrows them), each with its time span (from the first to
+  the last ``step_outcome`` of its attempts, extended back by the driver's ``step_seconds``
+  metric where it logs one), attempts,
   committed and not-committed counts and per-metric count / sum / min / max;
 - per-rollout metrics (``step`` null, e.g. the driver's ``reward``) are counted at the
   first step after they were logged.
@@ -295,6 +297,11 @@ def _metric_value(b: _Builder, step: int, name: str, value: float) -> None:
 
 def _metric(b: _Builder, ev: dict[str, Any], t: float) -> None:
     step = ev.get("step")
+    took = dict(ev["values"]).get("step_seconds")
+    if isinstance(step, int) and isinstance(took, (int, float)) and math.isfinite(took):
+        for (s, _), rec in b.open.items():  # the driver timed the step: its attempt began that long ago
+            if s == step:
+                rec[0] = min(rec[0], t - float(took))
     for name, value in dict(ev["values"]).items():
         if not isinstance(value, (int, float)):
             continue

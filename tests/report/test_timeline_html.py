@@ -90,6 +90,20 @@ def test_log_content_never_raises(tmp_path: Path) -> None:
     assert tl.metric_names == ["reward"]
 
 
+def test_step_seconds_extend_the_step_back(tmp_path: Path) -> None:
+    """Ranks log a step when it ends; the driver's ``step_seconds`` says when it began."""
+    outcome = {"type": "step_outcome", "rollout": 0, "attempt": 0, "outcome": "committed"}
+    lines = [
+        {**outcome, "time": 10.0, "step": 0},
+        {"type": "metric", "time": 10.5, "rollout": 0, "step": 0, "values": {"step_seconds": 2.0, "loss": 1.0}},
+        {**outcome, "time": 12.0, "step": 1},
+    ]
+    log = tmp_path / "x.jsonl"
+    log.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    tl = build_timeline([log])
+    assert [(b.t0, b.t1) for b in tl.bins] == [(8.5, 10.0), (12.0, 12.0)]
+
+
 def _run(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
     code = cli.main([str(a) for a in args])
     out, err = capsys.readouterr()
