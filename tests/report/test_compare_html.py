@@ -1,4 +1,5 @@
-"""``ftkit compare-dumps --html``: the divergence heatmap (``ftkit.report.html``) on real dumps."""
+"""``ftkit compare-dumps --html``: the divergence heatmap (``ftkit.report.heatmap``, ``ftkit.report.html``)
+on real dumps."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from ftkit import cli
 from ftkit.analysis.findings import Finding, Severity
 from ftkit.dumps.compare import CompareOptions, compare_paths
 from ftkit.dumps.writer import DumpWriter
-from ftkit.report import html as heat
-from ftkit.report.html import heatmap, layer_of, render_html
+from ftkit.report import heatmap as heat
+from ftkit.report.heatmap import heatmap, layer_of
+from ftkit.report.html import render_html
 from ftkit.report.html_page import MAX_ROWS
 from ftkit.tensors.sharding import Sharding
 
