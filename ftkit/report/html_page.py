@@ -148,3 +148,13 @@ def write_page(path: Path, html: str) -> None:
     from ftkit.tensors.st import write_bytes_atomic
 
     write_bytes_atomic(path, html.encode("utf-8"))
+
+
+def nice_ticks(span: float, n: int) -> list[float]:
+    """About ``n`` round tick positions in [0, span]."""
+    if span <= 0:
+        return [0.0]
+    raw = span / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return [i * step for i in range(int(span / step) + 1)]
