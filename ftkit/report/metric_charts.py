@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from html import escape
 
-from ftkit.analysis.timeline import Timeline
+from ftkit.analysis.timeline_model import Timeline
 from ftkit.report.html_page import legend, nice_ticks
 
 METRIC_ORDER = ("reward", "loss", "grad_norm", "tokens_per_s")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.analysis.engine import AnalysisResult
-from ftkit.analysis.timeline import Marker, StepBin, Timeline
+from ftkit.analysis.timeline_model import Marker, StepBin, Timeline
 from ftkit.report.html_page import (
     MAX_ROWS,
     check_target,
