@@ -38,18 +38,18 @@ _ftkit() {
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
-                --junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+                --junit-xml|--html) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
                 --rule|--skip-rule) COMPREPLY=(); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --html --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
         analyze)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
-                --junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+                --junit-xml|--html) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
                 --rule|--skip-rule) COMPREPLY=(); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --html --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit

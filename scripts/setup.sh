@@ -17,4 +17,9 @@ if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; the
   # shellcheck disable=SC2086  # one package name per word
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
 fi
+# chromium (Debian's package): the browser tests load the HTML reports in headless Chromium
+# (tests/report/test_html_browser.py); they skip only where it is absent and cannot be installed.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 echo "ftkit installed: $(ftkit --version)" >&2

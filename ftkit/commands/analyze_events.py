@@ -39,11 +39,25 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
+        html: Annotated[
+            Path | None,
+            typer.Option(
+                "--html",
+                metavar="FILE",
+                dir_okay=False,
+                help="Also write a self-contained HTML report: timeline of cells, faults and heals, "
+                "metrics by step, recovery, rules and findings.",
+            ),
+        ] = None,
     ) -> None:
         from ftkit.analysis.engine import analyze_paths
         from ftkit.analysis.registry import select_rules
 
         select_rules(rule, skip_rule)  # unknown codes: exit 2 before reading anything
+        if html is not None:
+            from ftkit.report.timeline_html import check_target
+
+            check_target(html)  # exit 2 before reading anything
         out = Output(fmt)
         with out.progress("Analyzing events", total=None) as task:
             result = analyze_paths(
@@ -57,7 +71,13 @@ def register(app: typer.Typer) -> None:
         from ftkit.report.analysis_formats import report
         from ftkit.report.emit import emit
 
-        raise typer.Exit(emit(out, report(result, result.verdict(fail_on)), junit_xml=junit_xml))
+        outcome = result.verdict(fail_on)
+        if html is not None:
+            from ftkit.report.timeline_html import write_report
+
+            write_report(html, paths, result, outcome)
+            out.info(f"HTML report: {html}")
+        raise typer.Exit(emit(out, report(result, outcome), junit_xml=junit_xml))
 
     analyze_events.__doc__ = HELP
     app.command("analyze-events")(analyze_events)

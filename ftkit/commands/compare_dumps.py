@@ -80,8 +80,8 @@ def register(app: typer.Typer) -> None:
                 metavar="FILE",
                 dir_okay=False,
                 callback=report_path,
-                help="Also write a self-contained HTML report with a per-layer divergence plot "
-                "(its directory must exist).",
+                help="Also write a self-contained HTML report: divergence heatmap (layers x rollout/step/micro-shard), "
+                "run.json differences, worst tensors, findings (its directory must exist).",
             ),
         ] = None,
         follow_symlinks: Annotated[
@@ -108,6 +108,10 @@ def register(app: typer.Typer) -> None:
         from ftkit.dumps.compare import compare_paths
 
         options = _options(exact, rtol, atol, rules)
+        if html is not None:
+            from ftkit.report.html_page import check_target
+
+            check_target(html)  # exit 2 before the comparison
         out = Output(fmt)
         with out.progress("Comparing", total=None) as task:
             result = compare_paths(

@@ -95,13 +95,13 @@ def test_html_report_is_self_contained(trees, capsys, tmp_path):
     text = html.read_text()
     assert code == 1 and text.startswith("<!DOCTYPE html>") and "<svg" in text and "</html>" in text
     assert "decoder.layers.1" in text and "First divergence" in text
-    assert not re.search(r"""(src|href)\s*=""", text) and "<script" not in text and "<link" not in text
-    svg = ET.fromstring(re.search(r"<svg.*?</svg>", text, re.S).group(0))  # well-formed inline SVG
-    circles = [c for c in svg if c.tag.endswith("circle")]
-    assert len(circles) == 2 * 2  # max_rel and dissimilarity for layers 0 and 1
-    failing = {
-        c.find("{http://www.w3.org/2000/svg}title").text.split(":")[0] for c in circles if c.get("fill") == "#c0262d"
-    }
+    assert not re.search(r"""src\s*=|<link|https?://(?!www\.w3\.org/2000/svg)""", text)  # nothing fetched
+    svg = ET.fromstring(re.search(r"<svg id='heat'.*?</svg>", text, re.S).group(0))  # well-formed inline SVG
+    cells = [c for c in svg if c.tag.endswith("rect") and "c" in c.get("class", "").split()]
+    assert len(cells) == 3  # layers 0 and 1 at micro-shard 0, layer 0 in the replicated (param) column
+    data = json.loads(re.search(r"<script type='application/json' id='heat-data'>(.*?)</script>", text, re.S).group(1))
+    assert len(data["cells"]) == len(cells)  # hover data, one entry per drawn cell in drawing order
+    failing = {data["rows"][d[0]] for c, d in zip(cells, data["cells"]) if "f" in c.get("class", "").split()}
     assert failing == {"decoder.layers.1"}
 
 
