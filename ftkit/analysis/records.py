@@ -22,6 +22,7 @@ class StepRecord:
         "fp_detail",
         "witness",
         "witness_conflicts",
+        "witness_cells",
         "alive_snapshot",
         "live",
         "lost",
@@ -36,6 +37,7 @@ class StepRecord:
         self.fp_detail: dict[tuple[int | None, str], tuple[dict, dict, int, Where]] = {}
         self.witness: tuple[list, list, int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
+        self.witness_cells: set[int] = set()  # cells that reported witness counts
         self.alive_snapshot = alive_snapshot
         self.live: frozenset[int] = frozenset()
         self.lost: frozenset[int] = frozenset()
