@@ -124,10 +124,12 @@ def mutate(base: dict[str, list[bytes]], rng: random.Random) -> Case:
             lines.insert(rng.randrange(len(lines) + 1), lines[i])
         elif kind == "delete":
             closed = _closed(lines)
-            t = _type(lines.pop(i))
+            gone = lines.pop(i)
+            t = _type(gone)
             # a gap in seq, or a closed stream cut short; the last line of a stream that was never
-            # closed (its process died) is gone without a trace: as if the process died a line earlier
-            if t is not None and (closed or i < len(lines)):
+            # closed (its process died) is gone without a trace: as if the process died a line earlier;
+            # a duplicated line deleted loses nothing
+            if t is not None and (closed or i < len(lines)) and gone not in lines:
                 case.lossy.append(f"deleted a {t} line")
         elif kind == "truncate" and _closed(lines):
             keep = rng.randrange(len(lines))
