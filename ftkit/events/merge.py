@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import gzip
 import heapq
+import io
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from ftkit.events.keys import SourceTable, line_key
 from ftkit.events.reader import IssueCallback, decode, discover, read_lines
@@ -55,7 +55,7 @@ def write_merged_log(
     written = 0
     try:
         with open(tmp, "wb") as raw:
-            fh: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb") if out.name.endswith(".gz") else raw
+            fh: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="wb") if out.name.endswith(".gz") else raw
             streams = [_keyed_lines(p, i, table, issue, fragments) for i, p in enumerate(files)]
             for *_, line in heapq.merge(*streams):
                 fh.write(line)

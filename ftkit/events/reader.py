@@ -40,12 +40,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ftkit.errors import InputError
+import orjson
 
-try:
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fast_loads = json.loads
+from ftkit.errors import InputError
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
@@ -53,6 +50,7 @@ BLOCK = 1 << 20  # lines handed on at a time from a mapped file
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
+fast_loads = orjson.loads  # the fast path of decode(); callers check the line's length first (SAFE_LEN)
 IssueCallback = Callable[[str, int, str, str], None]  # (file, line, kind, message)
 
 
@@ -71,7 +69,7 @@ def decode(line: bytes) -> Any:
     if len(line) > SAFE_LEN and line.count(b"{") + line.count(b"[") > MAX_NESTING:
         return _json_loads(line)
     try:
-        return _fast_loads(line)
+        return fast_loads(line)
     except ValueError:
         return _json_loads(line)
 
@@ -143,12 +141,12 @@ def open_log(path: Path) -> tuple[io.BufferedIOBase, io.BufferedIOBase]:
     if path is STDIN:
         raw = io.BufferedReader(io.FileIO(os.dup(sys.stdin.fileno()), "rb"), CHUNK)
         if raw.peek(2)[:2] == _GZIP_MAGIC:
-            return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw  # type: ignore[arg-type]
+            return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), 1 << 20), raw
         return raw, raw
     fh = open(path, "rb")  # noqa: SIM115 - owned and closed by the caller
     if fh.read(2) == _GZIP_MAGIC:
         fh.seek(0)
-        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh  # type: ignore[arg-type]
+        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), 1 << 20), fh
     fh.seek(0)
     return fh, fh
 
@@ -318,7 +316,7 @@ class EventStream:
         return self.counts[0]
 
     @property
-    def bytes(self) -> int:
+    def bytes_read(self) -> int:
         return self.counts[1]
 
     def position(self) -> int:
@@ -329,7 +327,7 @@ class EventStream:
         """Heap items ``(time, index, event, line)`` of one file, in file order (``read_blocks``:
         whole lines a block at a time, over-long lines dropped, so memory stays bounded)."""
         path = self.files[index]
-        name, loads, last_time = str(path), _fast_loads, float("-inf")
+        name, loads, last_time = str(path), fast_loads, float("-inf")
         for before, block, terminated in read_blocks(path, self.on_issue, self.counts):
             lineno = before
             for line in block.split(b"\n"):

@@ -102,7 +102,8 @@ class _Compiler:
         )
         env = dict(self.env)
         exec(compile(src, f"<ftkit.events.validate:{model.__name__}>", "exec"), env)  # noqa: S102 - built from the schema
-        return env["check"]
+        check: Callable[[dict[str, Any]], bool] = env["check"]
+        return check
 
 
 def _flat_types(ann: Any) -> frozenset[type] | None:

@@ -69,7 +69,6 @@ class CommitInconsistent(Rule):
                 **rec.evidence(),
             )
 
-
     def _uncommitted(self, rec: StepRecord) -> None:
         """An attempt no cell committed still needs an outcome from every live rank that did not die
         during it: a failed or discarded attempt whose reports are missing hides how it ended."""
