@@ -30,6 +30,8 @@ import pytest
 from ftkit import cli
 from ftkit.events.synthetic import SyntheticSpec, generate
 
+REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
+
 CASES = int(os.environ.get("FTKIT_FUZZ_CASES", "1000"))
 SUBPROCESS_CASES = 8
 SEED = int(os.environ.get("FTKIT_FUZZ_SEED", "20261130"))
@@ -215,7 +217,7 @@ def test_mutated_logs_in_subprocesses(bases, tmp_path):
             [sys.executable, "-m", "ftkit", "analyze", *paths, "--format", "json"],
             capture_output=True,
             timeout=TIMEOUT_S * 4,
-            env={**os.environ, "PYTHONPATH": os.getcwd()},
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
         assert proc.returncode in (0, 1, 2), (n, proc.returncode, case.notes, proc.stderr[-2000:])
         assert not case.lossy or proc.returncode == 1, (n, case.notes, case.lossy)

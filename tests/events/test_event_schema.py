@@ -91,7 +91,16 @@ def test_invalid_events_are_rejected_with_a_message(bad):
 
 
 def test_fast_check_agrees_with_pydantic_on_type_errors():
-    for bad in ({"step": "3"}, {"schema": 3}, {"values": {"loss": {}}}, {"time": 10**400}, {"step": True}, {"run": 5}, {"values": []}, {"time": "now"}):
+    for bad in (
+        {"step": "3"},
+        {"schema": 3},
+        {"values": {"loss": {}}},
+        {"time": 10**400},
+        {"step": True},
+        {"run": 5},
+        {"values": []},
+        {"time": "now"},
+    ):
         assert not is_valid(_metric(**bad))
     missing = _metric()
     del missing["seq"]
