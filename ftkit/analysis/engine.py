@@ -119,7 +119,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
         "files": n_files,
         "read_as": mode,
         "lines": stream.lines,
-        "bytes": stream.bytes,
+        "bytes": stream.bytes_read,
         "events": replay.events,
         "events_by_type": dict(sorted(replay.by_type.items())),
         "unknown_types": dict(sorted(replay.unknown_types.items())),

@@ -56,6 +56,7 @@ class StepRecord:
         "fp_detail",
         "witness",
         "witness_conflicts",
+        "witness_cells",
         "alive_snapshot",
         "live",
         "lost",
@@ -70,6 +71,7 @@ class StepRecord:
         self.fp_detail: dict[tuple[int | None, str], tuple[dict[str, str], dict[str, str], int, Where]] = {}
         self.witness: tuple[list[int], list[int], int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
+        self.witness_cells: set[int] = set()  # cells that reported witness counts
         self.alive_snapshot = alive_snapshot
         self.live: frozenset[int] = frozenset()
         self.lost: frozenset[int] = frozenset()

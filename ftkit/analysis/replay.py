@@ -366,8 +366,9 @@ class Replay:
 
     def cell_lost(self, cell: int, step: int) -> bool:
         """The cell died during ``step``: the driver declared it ``errored`` while the run was at
-        ``step`` or before, and it had not come back (a new incarnation reporting) by then. Only the
-        driver's declaration counts: a rank log that merely ends proves nothing (it may be cut)."""
+        ``step`` or before, and it had not come back by then (the driver declared it ``alive``
+        again, or a new incarnation reported a later step). Only the driver's declaration makes a
+        death: a rank log that merely ends proves nothing (it may be cut)."""
         return any(died <= step and (back is None or step < back) for died, back in self.deaths.get(cell, ()))
 
     def _died(self, cell: int) -> None:
@@ -412,6 +413,10 @@ class Replay:
 
     def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.cell_status[ev["cell"]] = ev["new"]
+        if ev["new"] == "alive":  # the driver declares the cell back from the next step on
+            deaths = self.deaths.get(ev["cell"])
+            if deaths and deaths[-1][1] is None:
+                deaths[-1][1] = self.max_step + 1
         if ev["new"] == "errored":  # "stopped" is a deliberate stop at a step boundary, not a death
             self._died(ev["cell"])
             self.closure.declared_dead(ev["cell"], ev["time"])
@@ -443,6 +448,7 @@ class Replay:
         rec = self._record(ev, fi, line)
         if rec is None:
             return
+        rec.witness_cells.add(ev["cell"])
         if rec.witness is None:
             rec.witness = (ev["ids"], ev["counts"], ev["cell"], self.where(fi, line))
         elif ev["ids"] != rec.witness[0] or ev["counts"] != rec.witness[1]:

@@ -19,16 +19,22 @@ from ftkit.report.sink import Format, Output
 
 HELP = """Replay a run's event log and apply the forensic rules (FT101-FT113).
 
-PATH is an events/ directory (every *.jsonl and *.jsonl.gz below it), a run directory or
-one or more log files. Prints a run summary, the rules with checked / finding counts, the
-findings (most severe first), a recovery table per injected fault and a verdict.
+PATH is an events/ directory (every *.jsonl and *.jsonl.gz below it), a run directory,
+one or more log files, or '-' for standard input. The lines may come in any order and
+split any way (one merged file as a log shipper or `cat` makes it, several files, gzipped):
+they are sorted back into one stream per process, with the same verdict as the per-process
+files. Prints a run summary, the rules with checked / finding counts, the findings (most
+severe first), a recovery table per injected fault and a verdict.
 """
 
 
 def register(app: typer.Typer) -> None:
     def analyze_events(
         paths: Annotated[
-            list[Path], typer.Argument(help="Event log files or directories.", metavar="PATH", show_default=False)
+            list[Path],
+            typer.Argument(
+                help="Event log files or directories ('-': standard input).", metavar="PATH", show_default=False
+            ),
         ],
         rule: Annotated[
             list[str] | None, typer.Option("--rule", metavar="CODE", help="Run only this rule (repeatable).")

@@ -46,8 +46,8 @@ from ftkit.events.reader import (
     SAFE_LEN,
     STDIN,
     IssueCallback,
-    _fast_loads,
     decode,
+    fast_loads,
     merge_by_time,
     read_blocks,
     read_lines,
@@ -92,7 +92,7 @@ class DemuxStream:
         return self.counts[0]
 
     @property
-    def bytes(self) -> int:
+    def bytes_read(self) -> int:
         return self.counts[1]
 
     def position(self) -> int:
@@ -196,7 +196,7 @@ class DemuxStream:
                     try:
                         if len(line) > SAFE_LEN:
                             raise ValueError  # decode() checks how deep it may nest
-                        event = _fast_loads(line)
+                        event = fast_loads(line)
                         if type(event) is dict:
                             yield event, si, lineno
                         else:
@@ -283,7 +283,7 @@ def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int,
         while pos < size:
             lineno += 1
             m = match(mm, pos)
-            if m is not None and (sid := known.get(m.group(1, 3), -1)) >= 0:  # type: ignore[arg-type]  # see keys.line_key
+            if m is not None and (sid := known.get((m[1], m[3]), -1)) >= 0:
                 end = find(b"\n", m.end())
                 end = end if end >= 0 else size
                 if end - pos <= limit:  # a longer line is dropped by read_blocks

@@ -121,7 +121,7 @@ def line_key(line: bytes, table: SourceTable) -> Key | None:
     """
     m = ENVELOPE.match(line)
     if m is not None:
-        sid = table.sid_of_raw(m.group(1, 3))  # type: ignore[arg-type]  # re's stubs: group(1, 3) has any length
+        sid = table.sid_of_raw((m[1], m[3]))
         if sid is not None:
             return sid, int(m[4]), float(m[2])
     try:

@@ -1,27 +1,32 @@
-"""Streaming reader of event logs: files, directories, ``.gz``; merged by time; never crashes.
+"""Streaming reader of event logs: files, directories, ``.gz``, standard input; never crashes.
 
 ``discover(paths)`` resolves the inputs: a file is taken as is (gzip recognised by its magic
-bytes), a directory contributes every ``*.jsonl`` and ``*.jsonl.gz`` below it. A missing or
-unreadable path, or a directory without logs, raises ``InputError`` (exit 2).
+bytes), a directory contributes every ``*.jsonl`` and ``*.jsonl.gz`` below it, ``-`` is standard
+input. A missing or unreadable path, a directory without logs, or a path that is not a regular
+file (a FIFO, device or socket: reading it could block forever) raises ``InputError`` (exit 2).
 
-``EventStream(files).events()`` yields ``(event, file_index, line_number)`` for every line that
-decodes to a JSON object, merging the files by ``time`` with a heap (each file stays in its own
-order), so memory is bounded by one pending line per file plus ``MAX_LINE``. Lines that do not
-decode are reported to ``on_issue`` and skipped:
+``read_blocks`` / ``read_lines`` read one log in bounded memory (a plain file is memory-mapped
+and handed on in blocks of whole lines; gzip and standard input are read ``CHUNK`` bytes at a
+time). ``EventStream(files).events()`` is the per-process reader: it yields ``(event, file_index,
+line_number)`` for every line that decodes to a JSON object, merging the files by ``time`` with a
+heap (``merge_by_time``: each file stays in its own order), so memory is bounded by one pending
+block per file. Any other arrangement of a run's lines is read by ``ftkit.events.demux``. Lines
+that do not decode are reported to ``on_issue`` and skipped:
 
 - ``truncated``: the last line of a file is unterminated and does not decode (a writer died
   mid-line) -- a warning;
-- ``malformed``: any other line that is not a JSON object (bad bytes, bad JSON) -- an error;
+- ``malformed``: any other line that is not a JSON object (bad bytes, bad JSON, nested too deeply
+  to decode safely) -- an error;
 - ``too_long``: a line over ``MAX_LINE`` bytes (skipped without being held in memory);
 - ``unreadable``: an I/O or decompression error part-way through a file.
 
-Decoding uses orjson when installed (it rejects the ``NaN``/``Infinity`` literals, so lines it
-refuses are retried with the standard json module, which accepts them).
+``decode`` uses orjson (it rejects the ``NaN``/``Infinity`` literals, so lines it refuses are
+retried with the standard json module, which accepts them), and never hands orjson a line that
+could nest deep enough to crash it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import heapq
 import io
@@ -35,14 +40,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from ftkit.errors import InputError
-
-try:
-    import orjson
-
-    _fast_loads: Callable[[bytes], Any] = orjson.loads
-except ImportError:  # pragma: no cover - orjson is a declared dependency
-    _fast_loads = json.loads
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
@@ -50,6 +50,7 @@ BLOCK = 1 << 20  # lines handed on at a time from a mapped file
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
+fast_loads = orjson.loads  # the fast path of decode(); callers check the line's length first (SAFE_LEN)
 IssueCallback = Callable[[str, int, str, str], None]  # (file, line, kind, message)
 
 
@@ -68,7 +69,7 @@ def decode(line: bytes) -> Any:
     if len(line) > SAFE_LEN and line.count(b"{") + line.count(b"[") > MAX_NESTING:
         return _json_loads(line)
     try:
-        return _fast_loads(line)
+        return fast_loads(line)
     except ValueError:
         return _json_loads(line)
 
@@ -308,93 +309,44 @@ class EventStream:
         self.files = files
         self.names = [str(p) for p in files]
         self.on_issue = on_issue
-        self.lines = 0
-        self.bytes = 0
-        self._raw: dict[int, io.BufferedIOBase] = {}
-        self._done = 0
+        self.counts = [0, 0]  # lines, bytes (uncompressed) read so far
+
+    @property
+    def lines(self) -> int:
+        return self.counts[0]
+
+    @property
+    def bytes_read(self) -> int:
+        return self.counts[1]
 
     def position(self) -> int:
-        """Bytes consumed on disk (compressed bytes for .gz), for progress bars."""
-        pos = self._done
-        for raw in list(self._raw.values()):
-            with contextlib.suppress(OSError, ValueError):
-                pos += raw.tell()
-        return pos
+        """Bytes read so far (uncompressed), for progress bars."""
+        return self.counts[1]
 
     def _file_events(self, index: int) -> Iterator[tuple[float, int, Any, int]]:
-        """Heap items ``(time, index, event, line)`` of one file, in file order.
-
-        Reads ``CHUNK`` bytes at a time and splits them (much cheaper per line than ``readline``); a partial
-        line is carried to the next chunk, and one that grows past ``MAX_LINE`` is dropped and
-        skipped up to its newline, so memory stays bounded whatever the file holds.
-        """
+        """Heap items ``(time, index, event, line)`` of one file, in file order (``read_blocks``:
+        whole lines a block at a time, over-long lines dropped, so memory stays bounded)."""
         path = self.files[index]
-        name = str(path)
-        try:
-            fh, raw = open_log(path)
-        except OSError as exc:
-            self.on_issue(name, 0, "unreadable", f"cannot open: {exc}")
-            return
-        self._raw[index] = raw
-        loads, last_time, lineno, pending, skipping = _fast_loads, float("-inf"), 0, b"", False
-        try:
-            while True:
-                try:
-                    chunk = fh.read(CHUNK)
-                except (OSError, EOFError, zlib.error) as exc:
-                    kind = "truncated" if isinstance(exc, EOFError) else "unreadable"
-                    self.on_issue(name, lineno + 1, kind, f"cannot read past line {lineno}: {exc}")
-                    pending = b""
-                    break
-                if not chunk:
-                    break
-                self.bytes += len(chunk)
-                parts = chunk.split(b"\n")
-                if skipping:
-                    if len(parts) == 1:
-                        continue
-                    del parts[0]
-                    skipping = False
-                elif pending:
-                    parts[0] = pending + parts[0]
-                pending = parts.pop()
-                self.lines += len(parts)
-                for line in parts:
-                    lineno += 1
-                    try:
-                        if len(line) > SAFE_LEN:
-                            raise ValueError  # decode() checks how deep it may nest
-                        event = loads(line)
-                    except ValueError:
-                        event = self._slow(line, name, lineno, True)
-                        if event is None:
-                            continue
-                    if type(event) is not dict:
-                        self.on_issue(name, lineno, "malformed", f"a JSON {type(event).__name__}, not an object")
-                        continue
-                    t = event.get("time")
-                    if type(t) is float or type(t) is int:
-                        last_time = t
-                    yield (last_time, index, event, lineno)
-                if len(pending) > MAX_LINE:
-                    lineno += 1
-                    self.lines += 1
-                    self.on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
-                    pending, skipping = b"", True
-            if pending:
+        name, loads, last_time = str(path), fast_loads, float("-inf")
+        for before, block, terminated in read_blocks(path, self.on_issue, self.counts):
+            lineno = before
+            for line in block.split(b"\n"):
                 lineno += 1
-                self.lines += 1
-                event = self._slow(pending, name, lineno, False)
-                if type(event) is dict:
-                    t = event.get("time")
-                    yield (t if type(t) is float or type(t) is int else last_time, index, event, lineno)
-                elif event is not None:
+                try:
+                    if len(line) > SAFE_LEN:
+                        raise ValueError  # decode() checks how deep it may nest
+                    event = loads(line)
+                except ValueError:
+                    event = self._slow(line, name, lineno, terminated)
+                    if event is None:
+                        continue
+                if type(event) is not dict:
                     self.on_issue(name, lineno, "malformed", f"a JSON {type(event).__name__}, not an object")
-        finally:
-            fh.close()
-            raw.close()
-            self._done += size_of(path)
-            del self._raw[index]
+                    continue
+                t = event.get("time")
+                if type(t) is float or type(t) is int:
+                    last_time = t
+                yield (last_time, index, event, lineno)
 
     def _slow(self, line: bytes, name: str, lineno: int, terminated: bool) -> Any:
         """Decode a line the fast decoder refused: blank (None, silently), NaN/Infinity literals

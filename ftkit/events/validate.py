@@ -53,18 +53,11 @@ class _Compiler:
             parts = [f"{expr} is None" if a is type(None) else self.term(expr, a) for a in args]
             return None if None in parts else "(" + " or ".join(parts) + ")"  # type: ignore[arg-type]
         if origin is list:
-            self._vars += 1
-            var = f"x{self._vars}"
-            inner = self.term(var, args[0])
-            each = f" and all({inner} for {var} in {expr})" if inner is not None else ""
-            return f"(type({expr}) is list{each})"
+            return f"(type({expr}) is list{self._each(expr, args[0])})"
         if origin is dict or (isinstance(ann, type) and issubclass(ann, BaseModel)):
-            inner = None
+            each = ""
             if origin is dict and args and args[1] is not str and get_args(args[1])[:1] != (str,):
-                self._vars += 1
-                var = f"x{self._vars}"
-                inner = self.term(var, args[1])
-            each = f" and all({inner} for {var} in {expr}.values())" if inner is not None else ""
+                each = self._each(f"{expr}.values()", args[1])
             return f"(type({expr}) is dict{each})"
         if ann is float:
             return f"(type({expr}) is float or (type({expr}) is int and -_FLOAT_MAX <= {expr} <= _FLOAT_MAX))"
@@ -73,6 +66,23 @@ class _Compiler:
         if ann is str:
             return f"(type({expr}) is str)"
         return None
+
+    def _each(self, items: str, ann: Any) -> str:
+        """`` and <every element of items matches ann>``: one C-level pass over the element types
+        (``set(map(type, items))``) when that decides it, the exact check only when it does not (an
+        int where a float is wanted must fit a float)."""
+        self._vars += 1
+        var = f"x{self._vars}"
+        exact = self.term(var, ann)
+        if exact is None:
+            return ""
+        flat = _flat_types(ann)
+        if flat is None:
+            return f" and all({exact} for {var} in {items})"
+        fast = f"set(map(type, {items})) <= {self._const(flat)}"
+        if float in flat:  # ints are allowed too, when a float can hold them
+            return f" and ({fast} or all({exact} for {var} in {items}))"
+        return f" and {fast}"
 
     def compile(self, model: type[BaseModel]) -> Callable[[dict[str, Any]], bool]:
         """One boolean expression per type (a loop over the fields costs twice as much per line)."""
@@ -94,6 +104,18 @@ class _Compiler:
         exec(compile(src, f"<ftkit.events.validate:{model.__name__}>", "exec"), env)  # noqa: S102 - built from the schema
         check: Callable[[dict[str, Any]], bool] = env["check"]
         return check
+
+
+def _flat_types(ann: Any) -> frozenset[type] | None:
+    """The exact JSON types that satisfy a scalar annotation (int, str, float, None and unions of
+    them; a float's ints are left to the exact check), or None when more than the type matters."""
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Annotated:
+        return _flat_types(args[0])
+    if origin is Union or origin is UnionType:
+        parts = [frozenset({type(None)}) if a is type(None) else _flat_types(a) for a in args]
+        return None if None in parts else frozenset().union(*parts)  # type: ignore[arg-type]
+    return frozenset({ann}) if ann in (int, str, float) else None
 
 
 _COMPILER = _Compiler()

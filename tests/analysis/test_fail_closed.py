@@ -19,6 +19,8 @@ from ftkit import cli
 from ftkit.analysis.engine import analyze_paths
 from ftkit.testing.synthetic import SyntheticSpec, generate
 
+REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
+
 SPEC = SyntheticSpec(
     cells=2, tp=2, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, tensors=6, faults=0
 )
@@ -163,7 +165,7 @@ def test_a_line_nested_100000_deep_is_malformed_not_a_crash(run):
         [sys.executable, "-m", "ftkit", "analyze", str(run), "--format", "json"],
         capture_output=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)

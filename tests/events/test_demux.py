@@ -25,6 +25,8 @@ from ftkit.events.demux import DemuxStream
 from ftkit.events.merge import write_merged_log
 from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
 
+REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
+
 SPEC = SyntheticSpec(cells=3, tp=2, engines=1, rollouts=3, steps_per_rollout=2, samples_per_rollout=12, tensors=6)
 
 
@@ -194,7 +196,7 @@ def test_standard_input(runs, reference, tmp_path):
             [sys.executable, "-m", "ftkit", "analyze", "-", "--format", "json"],
             input=payload,
             capture_output=True,
-            env={**os.environ, "PYTHONPATH": os.getcwd()},
+            env={**os.environ, "PYTHONPATH": str(REPO)},
             timeout=120,
         )
         doc = json.loads(proc.stdout)

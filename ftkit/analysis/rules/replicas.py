@@ -147,8 +147,8 @@ class EngineWeights(Rule):
             )
         elif len(engines) == 1:
             self.report(
-                f"engine {ev['engine']} loaded version {version}, which was never sent (weights_sent)",
-                Severity.warning,
+                f"engine {ev['engine']} loaded version {version}, which was never sent (no weights_sent): "
+                f"nothing proves it holds the trained weights",
                 engine=ev["engine"],
                 version=version,
                 where=where,

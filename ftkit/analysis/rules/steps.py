@@ -43,6 +43,7 @@ class CommitInconsistent(Rule):
 
     def on_step(self, rec: StepRecord) -> None:
         if not rec.committed:
+            self._uncommitted(rec)
             return
         self.check()
         n_ranks = self.replay.ranks_per_cell
@@ -65,6 +66,25 @@ class CommitInconsistent(Rule):
                 f"{sorted(rec.committed_cells)} but {'; '.join(problems[:8])}",
                 cells=sorted(rec.committed_cells),
                 problems=problems,
+                **rec.evidence(),
+            )
+
+    def _uncommitted(self, rec: StepRecord) -> None:
+        """An attempt no cell committed still needs an outcome from every live rank that did not die
+        during it: a failed or discarded attempt whose reports are missing hides how it ended."""
+        self.check()
+        n_ranks = self.replay.ranks_per_cell
+        missing = []
+        for cell in sorted(rec.live - rec.lost):
+            ranks = rec.outcomes.get(cell, {})
+            if None in ranks:
+                continue
+            missing += [f"cell {cell} rank {r}" for r in range(n_ranks) if r not in ranks]
+        if missing:
+            self.report(
+                f"step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) was not committed and has "
+                f"no outcome from {', '.join(missing[:8])}",
+                problems=missing,
                 **rec.evidence(),
             )
 
@@ -170,6 +190,15 @@ class MissingEvidence(Rule):
                 f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no witness_counts",
                 **rec.evidence(),
             )
+        else:
+            silent = sorted(((rec.live - rec.lost) | rec.committed_cells) - rec.witness_cells)
+            if silent:
+                self.report(
+                    f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no "
+                    f"witness_counts from cell(s) {silent} (every cell reads them from its reduced gradient)",
+                    cells=silent,
+                    **rec.evidence(),
+                )
 
     def on_rollout(self, ro: Any) -> None:
         if ro.committed_steps:
