@@ -155,24 +155,38 @@ class _Kernel:
         self.cdt = compute_dtype(str(fa.dtype), str(fb.dtype))
         self.hashers = hashers
         self._turn = 0
+        self._failed = False
         self._cond = threading.Condition()
 
     def stripe(self, job: tuple[int, tuple[int, int]]) -> _Part:
         k, (start, stop) = job
         p = _Part()
-        for i in range(start, stop, CHUNK):
-            self.chunk(p, i, min(i + CHUNK, stop))
-        if self.hashers:  # hash the stripe while it is still in cache, in stripe order
-            with self._cond:
-                self._cond.wait_for(lambda: self._turn == k)
-            try:
+        ok = False
+        try:
+            for i in range(start, stop, CHUNK):
+                self.chunk(p, i, min(i + CHUNK, stop))
+            ok = True
+        finally:
+            if self.hashers:  # hash the stripe while it is still in cache, in stripe order
+                self._hash_in_turn(k, start, stop, ok)
+        return p
+
+    def _hash_in_turn(self, k: int, start: int, stop: int, ok: bool) -> None:
+        """Wait until stripes 0..k-1 have hashed, hash stripe k (unless a stripe failed: the
+        result is then an exception anyway), pass the turn on. Stripes start in order, so the
+        one waited for is running or done; every stripe passes the turn on, even on errors."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == k)
+        try:
+            if ok and not self._failed:
                 for h, flat in zip(self.hashers, (self.fa, self.fb)):
                     h.update(flat[start:stop])
-            finally:
-                with self._cond:
-                    self._turn = k + 1
-                    self._cond.notify_all()
-        return p
+            else:
+                self._failed = True
+        finally:
+            with self._cond:
+                self._turn = k + 1
+                self._cond.notify_all()
 
     def chunk(self, p: _Part, i: int, j: int) -> None:
         ac, bc = self.fa[i:j], self.fb[i:j]
