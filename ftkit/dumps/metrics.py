@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ftkit.tensors.arrays import bits, compute_dtype, real_view
+from ftkit.tensors.arrays import bits, compute_dtype, real_view, sum_squares
 from ftkit.tensors.parallel import map_ordered, stripes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -202,7 +202,7 @@ class _Kernel:
                 p.first_bits = i
         x, y = ac.astype(self.cdt, copy=False), bc.astype(self.cdt, copy=False)
         with np.errstate(all="ignore"):
-            sxx = float(np.dot(x, x)) + float(np.dot(y, y))
+            sxx = sum_squares(x) + sum_squares(y)
             if not math.isfinite(sxx):
                 return self.masked(p, i, x, y)
             if nb == 0:  # bitwise equal chunk: only the energy and the count
@@ -232,7 +232,7 @@ class _Kernel:
         k = int(np.argmax(d))
         p.best, p.best_at = float(d[k]), i + (k if where is None else int(where[k]))
         p.sum_abs = float(np.add.reduce(d))  # pairwise summation: relative error ~1e-6 in float32
-        p.sdd = float(np.dot(d, d))
+        p.sdd = sum_squares(d)
         ay = np.abs(y)
         den = np.maximum(np.abs(x), ay)
         np.maximum(den, np.finfo(den.dtype).tiny, out=den)
@@ -258,7 +258,7 @@ class _Kernel:
             where = np.flatnonzero(fin)
             xf, yf = x[where], y[where]
             self.measure(q, i, xf, yf, where)
-            q.sxx = float(np.dot(xf, xf)) + float(np.dot(yf, yf))
+            q.sxx = sum_squares(xf) + sum_squares(yf)
         q.finite_n = int(where.size)
         if self.same:
             ne = bits(self.fa[i : i + x.size]) != bits(self.fb[i : i + x.size])
