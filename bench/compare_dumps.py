@@ -138,10 +138,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dir", type=Path, default=None, help="where to generate (default: a temp dir, removed)")
     ap.add_argument("--naive", action="store_true", help="also time load-everything + torch.allclose")
+    ap.add_argument("--generate-into", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    spec = (args.size, args.rollouts, args.writers, args.differ, args.seed, args.pattern)
+    if args.generate_into is not None:  # the child that generates (torch stays out of the parent)
+        print(json.dumps(generate(args.generate_into, *spec)))
+        return
     root = Path(tempfile.mkdtemp(prefix="ftkit-bench-", dir=args.dir))
     try:
-        tensors, largest = generate(root, args.size, args.rollouts, args.writers, args.differ, args.seed, args.pattern)
+        # Generated in a child process: a child's peak RSS (wait4) starts from its parent's RSS
+        # at fork, so the parent that forks the measured commands must stay small.
+        gen = [sys.executable, __file__, *sys.argv[1:], "--generate-into", str(root)]
+        tensors, largest = json.loads(subprocess.run(gen, capture_output=True, text=True, check=True).stdout)
         a, b = root / "a", root / "b"
         files = [str(p) for p in sorted(a.rglob("*")) + sorted(b.rglob("*")) if p.is_file()]
         total = sum(os.path.getsize(f) for f in files)
