@@ -202,18 +202,22 @@ class _Kernel:
                 p.first_bits = i
         x, y = ac.astype(self.cdt, copy=False), bc.astype(self.cdt, copy=False)
         with np.errstate(all="ignore"):
-            sxx = sum_squares(x) + sum_squares(y)
-            if not math.isfinite(sxx):
-                return self.masked(p, i, x, y)
-            if nb == 0:  # bitwise equal chunk: only the energy and the count
-                p.sxx += sxx
+            sx = sum_squares(x)
+            if nb == 0:  # bitwise equal chunk: only the energy (2Σa², a = b) and the count
+                if not math.isfinite(sx):
+                    return self.masked(p, i, x, y)
+                p.sxx += 2 * sx
                 p.finite_n += n
                 return None
-            if ne is not None and nb * _SPARSE < n:
+            if ne is not None and nb * _SPARSE < n:  # a = b off the differing positions
                 where = np.flatnonzero(ne)
                 xd, yd = x[where], y[where]
+                sxx = 2 * sx + (sum_squares(yd) - sum_squares(xd))
             else:
                 where, xd, yd = None, x, y
+                sxx = sx + sum_squares(y)
+            if not math.isfinite(sxx):  # NaN/Inf somewhere, or float32 squares overflowed
+                return self.masked(p, i, x, y)
             q = _Part()
             self.measure(q, i, xd, yd, where)
             if not (math.isfinite(q.sum_abs) and math.isfinite(q.sdd)):
