@@ -5,7 +5,7 @@ half per side; ``--size 4096`` for the 4 GiB target): ``--rollouts`` rollouts, e
 ``--writers`` micro-shard writers of activation-like tensors (float32 and bfloat16, 1-32 MiB)
 and one replicated writer. B is written from the same tensors, except a ``--differ`` fraction
 (default 1: every tensor) that is perturbed: ``--pattern sparse`` adds 1e-3 to every 997th
-element, ``--pattern dense`` scales every element by 1 + 1e-6·noise. With the page cache warm,
+element, ``--pattern dense`` scales every element by 1 + noise of a few ulps. With the page cache warm,
 it measures in the same run (best of ``--repeat``):
 
 - ``cat``: ``cat`` of every file of both trees to /dev/null (the time to read them);
@@ -41,21 +41,21 @@ import json, sys, time
 mode, a, b = sys.argv[1:4]
 if mode in ("tolerance", "exact"):
     from ftkit.dumps.compare import CompareOptions, compare_paths
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = compare_paths(a, b, CompareOptions(mode))
-    dt = time.perf_counter() - t0
-    print(json.dumps({"seconds": dt, "tensors": r.stats["tensors"], "differ": r.stats["differ"]}))
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"seconds": dt, "cpu": cpu, "tensors": r.stats["tensors"], "differ": r.stats["differ"]}))
 else:
     import torch
     from pathlib import Path
     from safetensors.torch import load_file
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     files = sorted(p.relative_to(a) for p in Path(a).rglob("*.safetensors"))
     sa = {f: load_file(Path(a) / f) for f in files}
     sb = {f: load_file(Path(b) / f) for f in files}
     differ = sum(1 for f in files for k in sa[f] if not torch.allclose(sa[f][k].float(), sb[f][k].float()))
-    dt = time.perf_counter() - t0
-    print(json.dumps({"seconds": dt, "tensors": sum(len(v) for v in sa.values()), "differ": differ}))
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"seconds": dt, "cpu": cpu, "tensors": sum(len(v) for v in sa.values()), "differ": differ}))
 """
 
 
@@ -95,7 +95,8 @@ def generate(
                     perturbed = t.clone()
                     if pattern == "dense":
                         noise = torch.randn(t.shape, generator=g).to(t.dtype)
-                        perturbed = (t.float() * (1 + 1e-6 * noise.float())).to(t.dtype)
+                        scale = 1e-2 if dtype == torch.bfloat16 else 1e-6  # a few ulps of the dtype
+                        perturbed = (t.float() * (1 + scale * noise.float())).to(t.dtype)
                     else:
                         perturbed.view(-1)[::997] += 1e-3
                 largest = max(largest, nbytes)
@@ -109,19 +110,21 @@ def generate(
     return count, largest
 
 
-def run_child(argv: list[str]) -> tuple[float, int, str]:
-    """Wall seconds, peak RSS bytes and stdout of one child process."""
-    out = tempfile.TemporaryFile()  # noqa: SIM115 - read back after the child exits
+def run_child(argv: list[str], keep_stdout: bool = True) -> tuple[float, int, str, float]:
+    """Wall seconds, peak RSS bytes, stdout and CPU seconds (user + system) of one child."""
+    out = tempfile.TemporaryFile() if keep_stdout else subprocess.DEVNULL  # noqa: SIM115 - read back below
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
-    out.seek(0)
-    text = out.read().decode()
+    text = ""
+    if keep_stdout:
+        out.seek(0)
+        text = out.read().decode()
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):
         raise SystemExit(f"{argv[:4]} exited {code}")
-    return wall, usage.ru_maxrss * 1024, text
+    return wall, usage.ru_maxrss * 1024, text, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -135,10 +138,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dir", type=Path, default=None, help="where to generate (default: a temp dir, removed)")
     ap.add_argument("--naive", action="store_true", help="also time load-everything + torch.allclose")
+    ap.add_argument("--generate-into", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    spec = (args.size, args.rollouts, args.writers, args.differ, args.seed, args.pattern)
+    if args.generate_into is not None:  # the child that generates (torch stays out of the parent)
+        print(json.dumps(generate(args.generate_into, *spec)))
+        return
     root = Path(tempfile.mkdtemp(prefix="ftkit-bench-", dir=args.dir))
     try:
-        tensors, largest = generate(root, args.size, args.rollouts, args.writers, args.differ, args.seed, args.pattern)
+        # Generated in a child process: a child's peak RSS (wait4) starts from its parent's RSS
+        # at fork, so the parent that forks the measured commands must stay small.
+        gen = [sys.executable, __file__, *sys.argv[1:], "--generate-into", str(root)]
+        tensors, largest = json.loads(subprocess.run(gen, capture_output=True, text=True, check=True).stdout)
         a, b = root / "a", root / "b"
         files = [str(p) for p in sorted(a.rglob("*")) + sorted(b.rglob("*")) if p.is_file()]
         total = sum(os.path.getsize(f) for f in files)
@@ -149,19 +160,19 @@ def main() -> None:
             return min((fn() for _ in range(args.repeat)), key=lambda r: r[0])
 
         def cat_once():
-            t0 = time.perf_counter()
-            subprocess.run(cat, stdout=subprocess.DEVNULL, check=True)
-            return time.perf_counter() - t0, 0, ""
+            wall, _, _, cpu = run_child(cat, keep_stdout=False)
+            return wall, 0, "", cpu
 
         def worker(mode):
             w = run_child([sys.executable, "-c", _WORKER, mode, str(a), str(b)])
-            return json.loads(w[2])["seconds"], w[1], w[2]
+            doc = json.loads(w[2])
+            return doc["seconds"], w[1], w[2], doc["cpu"]
 
         def cli(*extra):
             argv = [sys.executable, "-m", "ftkit", "compare-dumps", str(a), str(b), *extra, "--format", "json"]
             return run_child(argv)
 
-        t_cat = best(cat_once)[0]
+        t_cat, _, _, cpu_cat = best(cat_once)
         rows = {
             "library, tolerance": best(lambda: worker("tolerance")),
             "library, --exact": best(lambda: worker("exact")),
@@ -175,13 +186,14 @@ def main() -> None:
             f"pair: {total / 2**30:.2f} GiB in {len(files)} files, {tensors} tensors per side, "
             f"{doc['differ']} differ ({args.pattern}); largest tensor {largest / 2**20:.0f} MiB; best of {args.repeat}"
         )
-        print(f"  cat both trees        {t_cat:8.3f} s")
-        for k, (sec, rss, _) in rows.items():
-            mem = f"   peak RSS {rss / 2**20:6.0f} MiB = {rss / (2 * largest):5.1f}x the largest pair" if rss else ""
-            print(f"  {k:<21} {sec:8.3f} s   {sec / t_cat:5.2f}x cat{mem}")
+        print(f"  cat both trees        {t_cat:8.3f} s wall {cpu_cat:8.3f} s CPU")
+        for k, (sec, rss, _, cpu) in rows.items():
+            mem = f"   peak RSS {rss / 2**20:5.0f} MiB = {rss / (2 * largest):4.1f}x the largest pair"
+            print(f"  {k:<21} {sec:8.3f} s wall {cpu:8.3f} s CPU  {sec / t_cat:5.2f}x cat{mem}")
         target = 2.0 if args.size <= 1024 else 1.5
         for mode in ("tolerance", "--exact"):
-            print(f"CLI {mode} / cat: {rows[f'CLI, {mode}'][0] / t_cat:.2f} (target <= {target})")
+            wall, cpu = rows[f"CLI, {mode}"][0], rows[f"CLI, {mode}"][3]
+            print(f"CLI {mode} / cat: wall {wall / t_cat:.2f} (target <= {target}), CPU {cpu / cpu_cat:.2f}")
         print(f"exact / tolerance (library): {rows['library, --exact'][0] / rows['library, tolerance'][0]:.2f} (<= 1)")
     finally:
         shutil.rmtree(root, ignore_errors=True)

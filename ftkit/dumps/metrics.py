@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ftkit.tensors.arrays import bits, compute_dtype, real_view
+from ftkit.tensors.arrays import bits, compute_dtype, real_view, sum_squares
 from ftkit.tensors.parallel import map_ordered, stripes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -155,24 +155,38 @@ class _Kernel:
         self.cdt = compute_dtype(str(fa.dtype), str(fb.dtype))
         self.hashers = hashers
         self._turn = 0
+        self._failed = False
         self._cond = threading.Condition()
 
     def stripe(self, job: tuple[int, tuple[int, int]]) -> _Part:
         k, (start, stop) = job
         p = _Part()
-        for i in range(start, stop, CHUNK):
-            self.chunk(p, i, min(i + CHUNK, stop))
-        if self.hashers:  # hash the stripe while it is still in cache, in stripe order
-            with self._cond:
-                self._cond.wait_for(lambda: self._turn == k)
-            try:
+        ok = False
+        try:
+            for i in range(start, stop, CHUNK):
+                self.chunk(p, i, min(i + CHUNK, stop))
+            ok = True
+        finally:
+            if self.hashers:  # hash the stripe while it is still in cache, in stripe order
+                self._hash_in_turn(k, start, stop, ok)
+        return p
+
+    def _hash_in_turn(self, k: int, start: int, stop: int, ok: bool) -> None:
+        """Wait until stripes 0..k-1 have hashed, hash stripe k (unless a stripe failed: the
+        result is then an exception anyway), pass the turn on. Stripes start in order, so the
+        one waited for is running or done; every stripe passes the turn on, even on errors."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == k)
+        try:
+            if ok and not self._failed:
                 for h, flat in zip(self.hashers, (self.fa, self.fb)):
                     h.update(flat[start:stop])
-            finally:
-                with self._cond:
-                    self._turn = k + 1
-                    self._cond.notify_all()
-        return p
+            else:
+                self._failed = True
+        finally:
+            with self._cond:
+                self._turn = k + 1
+                self._cond.notify_all()
 
     def chunk(self, p: _Part, i: int, j: int) -> None:
         ac, bc = self.fa[i:j], self.fb[i:j]
@@ -188,18 +202,22 @@ class _Kernel:
                 p.first_bits = i
         x, y = ac.astype(self.cdt, copy=False), bc.astype(self.cdt, copy=False)
         with np.errstate(all="ignore"):
-            sxx = float(np.dot(x, x)) + float(np.dot(y, y))
-            if not math.isfinite(sxx):
-                return self.masked(p, i, x, y)
-            if nb == 0:  # bitwise equal chunk: only the energy and the count
-                p.sxx += sxx
+            sx = sum_squares(x)
+            if nb == 0:  # bitwise equal chunk: only the energy (2Σa², a = b) and the count
+                if not math.isfinite(sx):
+                    return self.masked(p, i, x, y)
+                p.sxx += 2 * sx
                 p.finite_n += n
                 return None
-            if ne is not None and nb * _SPARSE < n:
+            if ne is not None and nb * _SPARSE < n:  # a = b off the differing positions
                 where = np.flatnonzero(ne)
                 xd, yd = x[where], y[where]
+                sxx = 2 * sx + (sum_squares(yd) - sum_squares(xd))
             else:
                 where, xd, yd = None, x, y
+                sxx = sx + sum_squares(y)
+            if not math.isfinite(sxx):  # NaN/Inf somewhere, or float32 squares overflowed
+                return self.masked(p, i, x, y)
             q = _Part()
             self.measure(q, i, xd, yd, where)
             if not (math.isfinite(q.sum_abs) and math.isfinite(q.sdd)):
@@ -218,7 +236,7 @@ class _Kernel:
         k = int(np.argmax(d))
         p.best, p.best_at = float(d[k]), i + (k if where is None else int(where[k]))
         p.sum_abs = float(np.add.reduce(d))  # pairwise summation: relative error ~1e-6 in float32
-        p.sdd = float(np.dot(d, d))
+        p.sdd = sum_squares(d)
         ay = np.abs(y)
         den = np.maximum(np.abs(x), ay)
         np.maximum(den, np.finfo(den.dtype).tiny, out=den)
@@ -244,7 +262,7 @@ class _Kernel:
             where = np.flatnonzero(fin)
             xf, yf = x[where], y[where]
             self.measure(q, i, xf, yf, where)
-            q.sxx = float(np.dot(xf, xf)) + float(np.dot(yf, yf))
+            q.sxx = sum_squares(xf) + sum_squares(yf)
         q.finite_n = int(where.size)
         if self.same:
             ne = bits(self.fa[i : i + x.size]) != bits(self.fb[i : i + x.size])

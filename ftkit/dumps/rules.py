@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ftkit.errors import ConfigError, InputError
-from ftkit.tensors.st import open_regular, short_repr
+from ftkit.tensors.untrusted import open_regular, short_repr
 
 MAX_FILE = 1 << 20  # bytes of a rules file
 MAX_TEXT = 10_000  # characters of one regex or require expression

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.dumps.layout import DATA_SUFFIX, INDEX_SCHEMA, INDEX_SUFFIX, INDEX_VERSION, KINDS, kind_of
+from ftkit.dumps.tree import TreeWalker
 from ftkit.errors import InputError, UsageError
 from ftkit.tensors.sharding import Sharding
-from ftkit.tensors.st import Header, TensorInfo, is_text, load_json, open_regular, read_header, short_repr
+from ftkit.tensors.st import Header, TensorInfo, read_header
+from ftkit.tensors.untrusted import is_text, load_json, open_regular, short_repr
 
 RUN_MARKERS = ("run.json", "events", "dumps")
 _MAX_INDEX = 256 << 20  # an index (or run.json) larger than this is not one ftkit wrote
@@ -109,7 +111,7 @@ def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> 
                 "pass a run directory, a dump directory or safetensors files",
             )
         return Source(p, "file", files={"": read_header(p)})  # two single files pair whatever their names
-    walker = _Walker(p, follow_symlinks)
+    walker = TreeWalker(p, follow_symlinks)
     if any(os.path.lexists(p / m) for m in RUN_MARKERS):
         src = Source(p, "run", config=_run_config(p / "run.json", walker))
         dumps = p / "dumps"
@@ -129,49 +131,7 @@ def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> 
     return src
 
 
-class _Walker:
-    """Lists the regular files of a tree; records special files; guards symlinks."""
-
-    def __init__(self, root: Path, follow_symlinks: bool) -> None:
-        self.root, self.follow = root, follow_symlinks
-        self.real_root = root.resolve()
-        self.skipped: list[str] = []
-
-    def files(self, top: Path, suffix: str, skip: Path | None = None) -> list[str]:
-        """Relative paths (posix, to ``top``) of non-hidden regular files ending in ``suffix``."""
-        found = []
-        for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-            d = Path(dirpath)
-            dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and (skip is None or d / n != skip))
-            for n in filenames:
-                if n.endswith(suffix) and not n.startswith(".") and self.check(d / n):
-                    found.append((d / n).relative_to(top).as_posix())
-        return sorted(found)
-
-    def check(self, path: Path) -> bool:
-        """True for a regular file (through an allowed symlink); False for a special file
-        (recorded); ``InputError`` for a symlink leaving the tree or a dangling one."""
-        if path.is_symlink():
-            try:
-                target = path.resolve(strict=True)
-            except (OSError, RuntimeError) as exc:
-                raise InputError(f"{path} is a broken or looping symlink", "remove it or fix its target") from exc
-            if not self.follow and not target.is_relative_to(self.real_root):
-                raise InputError(
-                    f"{path} is a symlink to {target}, outside {self.root}",
-                    "copy the file into the tree, or pass --follow-symlinks to read it anyway",
-                )
-        try:
-            mode = path.stat().st_mode
-        except OSError as exc:
-            raise InputError(f"cannot read {path}: {exc.strerror or exc}", "check the path and permissions") from exc
-        if stat.S_ISREG(mode):
-            return True
-        self.skipped.append(str(path))
-        return False
-
-
-def _run_config(path: Path, walker: _Walker) -> dict[str, Any] | None:
+def _run_config(path: Path, walker: TreeWalker) -> dict[str, Any] | None:
     """``config`` of a run directory's ``run.json`` (``None`` when absent or without one)."""
     if not os.path.lexists(path) or not walker.check(path):
         return None
@@ -186,7 +146,7 @@ def _run_config(path: Path, walker: _Walker) -> dict[str, Any] | None:
     return config if isinstance(config, dict) else None
 
 
-def _read_dump_tree(root: Path, src: Source, walker: _Walker) -> None:
+def _read_dump_tree(root: Path, src: Source, walker: TreeWalker) -> None:
     indexed: set[str] = set()
     for rel in walker.files(root, INDEX_SUFFIX):
         data_rel = _read_index(root / rel, src, walker)
@@ -194,7 +154,7 @@ def _read_dump_tree(root: Path, src: Source, walker: _Walker) -> None:
     src.orphans.extend(rel for rel in walker.files(root, DATA_SUFFIX) if rel not in indexed)
 
 
-def _read_index(path: Path, src: Source, walker: _Walker) -> str:
+def _read_index(path: Path, src: Source, walker: TreeWalker) -> str:
     """Parse one writer index, validate it against its data file, add its entries to ``src``;
     returns the data file's name."""
     try:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ftkit.tensors.arrays import real_view
+from ftkit.tensors.arrays import real_view, sum_squares
 from ftkit.tensors.parallel import map_ordered, stripes
 
 CHUNK = 1 << 16  # elements per inner step (float64 temporaries stay in the L2 cache)
@@ -77,7 +77,7 @@ def tensor_stats(a: np.ndarray) -> dict[str, Any]:
                 s = float(np.add.reduce(c))
             lo, hi, mean = float(c.min()), float(c.max()), s / c.size
             dev = np.subtract(c, mean, out=c)
-            acc.add(c.size, lo, hi, mean, float(np.dot(dev, dev)))
+            acc.add(c.size, lo, hi, mean, sum_squares(dev))
         return acc
 
     total = _Moments()

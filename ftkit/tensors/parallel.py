@@ -16,8 +16,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import ThreadPoolExecutor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,6 +43,8 @@ def workers() -> int:
 def pool() -> ThreadPoolExecutor:
     """The shared pool (created on first use, ``workers()`` threads, daemon-like at exit)."""
     global _pool
+    from concurrent.futures import ThreadPoolExecutor  # imported when first needed (start-up)
+
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=workers(), thread_name_prefix="ftkit-np")

@@ -16,22 +16,20 @@ dtype x shape, file size) and raises ``ftkit.errors.InputError`` with one clear 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import re
 import secrets
 import shutil
 import socket
-import stat
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftkit.errors import InputError
 from ftkit.fsutil import fsync_dir
+from ftkit.tensors.untrusted import is_text, load_json, open_regular, short_repr
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -255,63 +253,6 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     return Header(p, {i.name: i for i in infos}, dict(meta), data_start, size)
 
 
-MAX_JSON_DEPTH = 64  # nesting any ftkit JSON document may have (headers, indexes, run.json)
-
-
-def load_json(raw: bytes | str) -> Any:
-    """``json.loads`` that fails closed: ``ValueError`` for invalid UTF-8 or JSON, nesting
-    deeper than ``MAX_JSON_DEPTH`` (checked before parsing, so no recursion limit is hit),
-    and integers with more digits than Python converts."""
-    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw  # UnicodeDecodeError is a ValueError
-    if _max_depth(text) > MAX_JSON_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        return json.loads(text)
-    except RecursionError as exc:  # pragma: no cover - the depth check comes first
-        raise ValueError("nested too deeply") from exc
-
-
-def _max_depth(text: str) -> int:
-    """Bracket nesting depth of a JSON text, ignoring brackets inside strings (linear scan)."""
-    if "[" not in text and "{" not in text:
-        return 0
-    depth = best = 0
-    in_str = False
-    for m in _JSON_TOKENS.finditer(text):
-        tok = m.group()
-        if in_str:
-            if tok == '"':
-                in_str = False
-            continue
-        if tok == '"':
-            in_str = True
-        elif tok in "[{":
-            depth += 1
-            best = max(best, depth)
-        elif tok in "]}":
-            depth -= 1
-    return best
-
-
-_JSON_TOKENS = re.compile(r'\\.|"|[\[\]{}]', re.S)
-
-
-@contextlib.contextmanager
-def open_regular(path: Path) -> Iterator[Any]:
-    """Open ``path`` for reading only if it is a regular file: a FIFO, socket or device is an
-    ``InputError`` (opened non-blocking, so a FIFO without writer cannot hang us)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InputError(f"{path} is not a regular file", "pass regular files; FIFOs and devices are not read")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as fh:
-        yield fh
-
-
 def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
     if not isinstance(spec, dict):
         raise _bad(p, f"tensor {name!r}: entry is not an object")
@@ -344,22 +285,6 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
             f"{code}{short_repr(shape)} needs {needs}",
         )
     return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
-
-
-def is_text(value: str) -> bool:
-    """Whether ``value`` encodes as UTF-8 (JSON's ``"\\ud800"`` decodes to a lone surrogate that
-    no output stream can print)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def short_repr(value: object, limit: int = 80) -> str:
-    """``repr`` cut to ``limit`` characters (messages must stay one readable line)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _bad(p: Path, what: str) -> InputError:

@@ -43,3 +43,29 @@ def test_fused_hashing_in_diff_metrics_gives_the_fingerprints(monkeypatch):
         m = diff_metrics(a, b, 0, 0, hashers)
         assert [h.hexdigest() for h in hashers] == [fingerprint_array(a), fingerprint_array(b)]
         assert m.bits_differ == int((a.reshape(-1)[::7] != b.reshape(-1)[::7]).sum())
+
+
+def test_a_failing_stripe_never_leaves_the_others_waiting(monkeypatch):
+    monkeypatch.setattr(parallel, "STRIPE", 100)
+    monkeypatch.setattr(metrics, "CHUNK", 50)
+    a = np.arange(1000, dtype=np.float32)
+    b = a + 1
+    calls = {"n": 0}
+    real = metrics._Kernel.chunk
+
+    def flaky(self, p, i, j):
+        calls["n"] += 1
+        if i == 300:
+            raise MemoryError("injected")
+        return real(self, p, i, j)
+
+    monkeypatch.setattr(metrics._Kernel, "chunk", flaky)
+    hashers = [fingerprint_hasher("float32", a.shape) for _ in range(2)]
+    try:
+        diff_metrics(a, b, 0, 0, hashers)
+    except MemoryError:
+        pass
+    else:  # pragma: no cover
+        raise AssertionError("the injected error must surface")
+    monkeypatch.setattr(metrics._Kernel, "chunk", real)
+    assert diff_metrics(a, b, 0, 0).bits_differ == 1000  # the shared pool is not stuck
