@@ -105,7 +105,7 @@ def nonfinite_counts(a: np.ndarray) -> tuple[int, int]:
 
 
 def _is_ml_float(dt: np.dtype[Any]) -> bool:
-    return dt.name == "bfloat16" or dt.name.startswith("float8_")
+    return bool(dt.name == "bfloat16" or dt.name.startswith("float8_"))
 
 
 @dataclass

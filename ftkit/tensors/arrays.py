@@ -32,7 +32,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ftkit.tensors.st import TensorInfo
 
-_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+_UINT: dict[int, np.dtype[Any]] = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.uint16),
+    4: np.dtype(np.uint32),
+    8: np.dtype(np.uint64),
+}
 _F32_EXACT = frozenset(["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 _F32_EXACT |= {"float8_e4m3fnuz", "float8_e5m2fnuz"}
 
@@ -43,7 +48,8 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     if name in ("bfloat16",) or name.startswith("float8_"):
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name))
+        ml: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
+        return ml
     if name == "bool":
         return np.dtype(np.bool_)
     return np.dtype(name)
@@ -51,7 +57,8 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
 
 def bits(a: np.ndarray) -> np.ndarray:
     """``a``'s bytes viewed as unsigned integers of its element size (complex64: uint64)."""
-    return a.view(_UINT[a.dtype.itemsize])
+    out: np.ndarray = a.view(_UINT[a.dtype.itemsize])
+    return out
 
 
 def compute_dtype(*names: str) -> np.dtype[Any]:

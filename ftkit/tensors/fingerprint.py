@@ -63,7 +63,7 @@ def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[obje
     """
     h = fingerprint_hasher(dtype, shape)
     for buf in buffers:
-        h.update(buf)  # type: ignore[arg-type]  # any buffer-protocol object, as documented above
+        h.update(buf)
     return h.hexdigest()
 
 

@@ -68,7 +68,7 @@ class _CHasher:
 def _library() -> Any | None:
     """The ctypes handle on python-xxhash's extension, or ``None`` when unusable."""
     try:
-        from xxhash import _xxhash
+        from xxhash import _xxhash  # type: ignore[attr-defined]  # the C extension itself has no stub
 
         lib = ctypes.CDLL(_xxhash.__file__)
         lib.XXH3_createState.restype = ctypes.c_void_p
