@@ -5,7 +5,9 @@ Values come from ``TrainConfig`` defaults, then ``--config FILE`` (JSON, or TOML
 the resulting config as JSON and exits. Live progress (one line per optimizer step) goes to
 stderr; the final report (run summary, analyzer verdict and findings) is the command's data
 on stdout in ``--format human|json|github``. Exit 0 when the analyzer finds nothing at or
-above ``--fail-on``, 1 when it does, 2 for a bad config, run directory or layout.
+above ``--fail-on``, 1 when it does or when the run could not go on (``RunFailed``: too few
+live cells, retries exhausted), 2 for a bad config, run directory or layout, 130 / 143 when
+SIGINT / SIGTERM stopped it (``RunInterrupted``; docs/faults.md).
 """
 
 from __future__ import annotations
@@ -180,8 +182,12 @@ def register(app: typer.Typer) -> None:
 
         Runs an RL loop (engines generate, rewards, group-normalised advantages, K optimizer
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
-        directory: run.json, events/, rollouts/, dumps/, final/. Then replays its own event
-        log through the analyzer and prints the verdict.
+        directory: run.json, events/, rollouts/, dumps/, final/, status.json. Then replays its
+        own event log through the analyzer and prints the verdict. Faults (a dead, hung or
+        erring rank, a failed collective, a dead engine) are detected, the step is discarded
+        everywhere and retried over the survivors, and failed cells are restarted and healed:
+        the result is bitwise that of the fault-free run. Exit 1 also when the run cannot go
+        on (--min-cells, --max-retries); 130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config
 

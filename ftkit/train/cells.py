@@ -87,8 +87,8 @@ class Cell:
         """Rank ``r`` loads ``payloads[r]`` (an object ref, passed unresolved)."""
         return [w.load_state.remote([p], donor, epoch, attempt) for w, p in zip(self.workers, payloads)]
 
-    def export_weights(self) -> list[Any]:
-        return [w.export_weights.remote() for w in self.workers]
+    def export_weights(self, version: int) -> list[Any]:
+        return [w.export_weights.remote(version) for w in self.workers]
 
     def save_final(self, run_dir: str) -> list[Any]:
         return [w.save_final.remote(run_dir) for w in self.workers]

@@ -3,7 +3,7 @@
 ``StepCoordinator.run_step(rollout, step, batch_ref, dump) -> StepOutcome`` (docs/faults.md):
 
 1. at the step boundary, restarted cells that are ready are healed and the membership is
-   reconfigured (``Healer.at_boundary``);
+   reconfigured (``Healer.at_boundary``; before the run's last step it waits for them);
 2. phase 1: every rank of every live cell runs ``compute_reduce`` on its micro-shards
    (``microshards.assign`` over the live cells); the driver waits with ``ray.wait`` under a
    deadline (``step_timeout``; once anything failed, at most ``collective_timeout`` more for
@@ -153,7 +153,7 @@ class StepCoordinator:
         cfg, t0 = self.cfg, time.perf_counter()
         for attempt in range(cfg.max_retries + 1):
             if self.healer is not None:
-                self.healer.at_boundary(step)
+                self.healer.at_boundary(step, wait=step == cfg.rollouts * cfg.steps_per_rollout - 1)
             if self.members != self.book.alive():
                 self.reconfigure("membership changed")
             alive, epoch = self.members, self.book.epoch

@@ -320,7 +320,7 @@ class Driver:
         """Export the first live cell's weights, fingerprint them, load them on every engine."""
         from ftkit.tensors.fingerprint import fingerprint_tensors
 
-        state = self.coord.on_first_cell("the weights export", lambda cell: cell.export_weights())[0]
+        state = self.coord.on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
         total, params = fingerprint_tensors(state)
         self.events.emit("weights_sent", rollout=version, version=version, total=total, params=params)
         self.engine_totals.append(self.engines.load(state, version))

@@ -38,6 +38,7 @@ class EnginePool:
         self.cls = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
         self.actors = [self.cls.remote(cfg_dict, run_dir, e) for e in range(cfg.engines)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
+        self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
         self.restarts = 0
 
     def ready(self) -> None:
@@ -83,7 +84,9 @@ class EnginePool:
                 total = None
                 if reload and self.weights is not None:
                     ref, version = self.weights
-                    total = ray.get(self.actors[e].load_weights.remote(ref, version, version))
+                    attempt = self.sends.get((e, version), 0)
+                    self.sends[(e, version)] = attempt + 1
+                    total = ray.get(self.actors[e].load_weights.remote(ref, version, version, attempt))
                 reload = False
                 return total if what == "load" else ray.get(self.actors[e].generate.remote(*args))
             except ray.exceptions.RayError as exc:

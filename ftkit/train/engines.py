@@ -6,7 +6,7 @@ engine). Each holds a TP=1 megatron-core ``GPTModel`` (``build_gpt`` after
 
 Contract:
 
-* ``load_weights(state, version, rollout)`` copies every parameter of the model from ``state`` (the
+* ``load_weights(state, version, rollout, attempt=0)`` copies every parameter of the model from ``state`` (the
   names of the TP=1 model's ``named_parameters``, exactly: a missing or extra name raises),
   then fingerprints what the model *holds* afterwards and emits ``engine_weights``; it returns
   the fingerprint total, which must equal the driver's ``weights_sent`` fingerprint. The
@@ -79,9 +79,11 @@ class InferenceEngine:
         """Returns the engine index once constructed (lets the driver wait for startup)."""
         return self.engine
 
-    def load_weights(self, state: dict[str, Any], version: int, rollout: int) -> str:
+    def load_weights(self, state: dict[str, Any], version: int, rollout: int, attempt: int = 0) -> str:
         """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
-        emit ``engine_weights`` and return the fingerprint total of what the model holds."""
+        emit ``engine_weights`` and return the fingerprint total of what the model holds.
+        ``attempt``: how many times this version was sent to this engine index before (a
+        restarted engine is re-sent it), the ``during_weight_sync`` fault point's attempt."""
         import torch
 
         from ftkit.tensors.fingerprint import fingerprint_tensors
@@ -101,7 +103,11 @@ class InferenceEngine:
                         f"the model holds {p.dtype}{tuple(p.shape)}"
                     )
                 p.copy_(src)
-            if self.faults.at("during_weight_sync", rollout=rollout) == "corrupt-engine":
+            sync_step = version * self.cfg.steps_per_rollout
+            if (
+                self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
+                == "corrupt-engine"
+            ):
                 from ftkit.train.faults import flip_bit
 
                 flip_bit(next(iter(params.values())))

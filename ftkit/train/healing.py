@@ -4,7 +4,8 @@
 actors with ``incarnation + 1`` in a new placement group (``cells.spawn_cell``) and their
 ``init_cell`` started; nothing waits for them, the survivors keep training.
 
-``Healer.at_boundary(step)`` (called by the coordinator before every step attempt): for each
+``Healer.at_boundary(step, wait)`` (called by the coordinator before every step attempt;
+``wait`` before the run's last step, see below): for each
 restarting cell whose ranks all finished ``init_cell``, ``restarting -> healing`` and, for each
 rank position, the donor rank's ``donor_state()`` (the state codec, put in Ray's object store
 once) is loaded by the recipient (``RankWorker.load_state``), which fingerprints what it holds
@@ -16,6 +17,11 @@ recipients at one boundary take different donors (round robin), each transfer is
 object per rank, fetched in parallel. A recipient that dies or errs is failed again (and
 restarted); one that is not placed and started within ``heal_timeout`` is given up
 (``stopped``) and the run goes on with fewer cells.
+
+Before the run's last step the coordinator waits for the cells still starting (bounded by
+``heal_timeout``): survivors never wait for a restart otherwise, but a run that lost a cell
+ends with all its cells where possible, and the last step's fingerprints prove each healed
+cell's state (FT107).
 """
 
 from __future__ import annotations
@@ -52,15 +58,17 @@ class Healer:
         self.coord.cells[cell] = new
         self.starting[cell] = (new.init(*self.store), time.monotonic())
 
-    def at_boundary(self, step: int) -> None:
-        """Heal every restarted cell that is ready (see the module docstring)."""
+    def at_boundary(self, step: int, wait: bool = False) -> None:
+        """Heal every restarted cell that is ready (see the module docstring); with ``wait``,
+        first wait for the cells still starting (each at most until its ``heal_timeout``)."""
         import ray
 
         from ftkit.train.coordinator import classify
 
         for cell in sorted(self.starting):
             refs, since = self.starting[cell]
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            left = since + self.cfg.heal_timeout - time.monotonic() if wait else 0.0
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, left))
             if len(ready) < len(refs):
                 if time.monotonic() - since > self.cfg.heal_timeout:
                     del self.starting[cell]

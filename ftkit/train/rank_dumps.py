@@ -74,7 +74,9 @@ class RankDumps:
         self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
         self._announce(rollout, dw.write())
 
-    def replicated(self, rollout: int, step: int, enabled: bool, before_step: bool, write: bool = True) -> None:
+    def replicated(
+        self, rollout: int, step: int, enabled: bool, before_step: bool, write: bool = True, attempt: int = 0
+    ) -> None:
         """Before the optimizer step: record weights (first step) and the reduced gradients.
         After it, on the rollout's last step: write the file when ``write`` (else drop the
         record: every live cell records, the driver picks one that saw the whole rollout)."""
@@ -97,7 +99,7 @@ class RankDumps:
         if k == cfg.steps_per_rollout - 1 and rollout in self._replicated:
             dw = self._replicated.pop(rollout)
             if write and len(dw):
-                self.w.faults.at("during_dump_write", step=step, rollout=rollout)
+                self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
                 self._announce(rollout, dw.write())
 
     def _writer(self, rollout: int) -> Any:

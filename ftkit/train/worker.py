@@ -10,7 +10,7 @@ fault handling docs/faults.md)::
     w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
     w.discard(step, attempt)                           # phase 2, when anything failed
     w.donor_state() / w.load_state(...)  # heal: the state codec, from a live donor to a restarted rank
-    w.export_weights() / w.save_final(run_dir) / w.shutdown()
+    w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
 
 ``compute_reduce`` is collective twice over: inside the cell (megatron TP all-reduces) and
 across cells (the reducer). Every rank of every alive cell must call it for the same step
@@ -269,7 +269,9 @@ class RankWorker:
         total = None
         if self.cfg.bookkeeping:
             total = self._fingerprint(task.rollout, step, attempt)
-        self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=False, write=write_dumps)
+        self.dumps.replicated(
+            task.rollout, step, task.dump_replicated, before_step=False, write=write_dumps, attempt=attempt
+        )
         ev.sync(wait=False)  # the next emit waits for this fsync
         return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
 
@@ -406,12 +408,14 @@ class RankWorker:
         return float(sq.sqrt())
 
     # --- state -------------------------------------------------------------------------
-    def export_weights(self) -> dict[str, Any]:
-        """The weights in the TP=1/PP=1 layout (TP shards and pipeline stages gathered, no
-        witness); rank 0 returns them, others {}. Collective inside the cell."""
+    def export_weights(self, version: int) -> dict[str, Any]:
+        """Weights version ``version`` (the state after ``version`` rollouts) in the TP=1/PP=1
+        layout (TP shards and pipeline stages gathered, no witness); rank 0 returns them,
+        others {}. Collective inside the cell. Fault point ``during_weight_sync`` with
+        ``step = version * steps_per_rollout``."""
         from ftkit.train.pipeline import export_cell
 
-        self.faults.at("during_weight_sync", step=self.counters["step"], rollout=self.counters["rollout"])
+        self.faults.at("during_weight_sync", step=version * self.cfg.steps_per_rollout, rollout=version)
         return export_cell(self.model)
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
