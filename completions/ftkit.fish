@@ -28,6 +28,8 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l ray-address -r -F -d
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-rollouts -r -F -d 'Rollouts to dump: \'none\', \'all\', or a comma list of \'first\', \'last\' and rollout indices'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-what -r -F -d 'Comma list of activations, grads, weights; or none'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-cells -r -a 'first all' -d 'Replicated state dumped by the first live cell, or by all cells'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l inject -r -F -d 'Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l chaos -r -F -d 'Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l config -r -F -d 'Read config values from a JSON or TOML file; options given on the command line override them.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l print-config -d 'Print the resulting config as JSON and exit.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l overwrite -d 'Replace an existing run directory.'

@@ -24,6 +24,7 @@ from ftkit.report.sink import Format, Output
 
 PANEL = "Training"
 PANEL_DUMPS = "Dumps"
+PANEL_FAULTS = "Faults"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
@@ -54,7 +55,7 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
         default = info.default
         shown = ",".join(default) if isinstance(default, tuple) else default
         help = help or info.description
-        if shown is not None and not isinstance(default, bool):
+        if shown not in (None, "") and not isinstance(default, bool):
             help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
@@ -137,6 +138,17 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         dump_cells: Annotated[DumpCells | None, _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
+        inject: Annotated[
+            list[str] | None,
+            _opt(
+                "--inject",
+                field="inject",
+                metavar="SPEC",
+                panel=PANEL_FAULTS,
+                help="Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.",
+            ),
+        ] = None,
+        chaos: Annotated[str | None, _opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
         config: Annotated[
             Path | None,
             _opt(
@@ -185,6 +197,8 @@ def register(app: typer.Typer) -> None:
             "dump_rollouts": dump_rollouts,
             "dump_what": None if dump_what is None else parse_dump_what(dump_what),
             "dump_cells": dump_cells,
+            "inject": None if inject is None else tuple(inject),
+            "chaos": chaos,
         }
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:
