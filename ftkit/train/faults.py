@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 KINDS = ("sigkill", "exit", "exception", "hang", "nan-grad", "slow", "corrupt-transfer", "corrupt-engine")
 TRAINER_POINTS = ("before_forward", "mid_backward", "before_reduce", "during_reduce", "after_reduce")
 POINTS = (*TRAINER_POINTS, "during_weight_sync", "during_dump_write", "during_heal")
-# Where each kind applies; during_weight_sync is the engines' point (an engine loading weights).
+# Where each kind applies. during_weight_sync is where a rank exports (cell=) or an engine
+# loads (engine=) a weights version; engines have no other point.
 KIND_POINTS: dict[str, tuple[str, ...]] = {
     **{k: POINTS for k in ("sigkill", "exit", "exception", "hang", "slow")},
     "nan-grad": ("mid_backward", "before_reduce"),
@@ -55,10 +56,10 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True)
 class FaultSpec:
-    """One fault to inject. Trainer faults name ``cell`` (and ``rank``, default 0); engine
-    faults name ``engine``. ``step`` is run-global (``None``: the first matching point, only
-    allowed for ``during_heal``); ``attempt`` is the attempt of that step (or heal, or weight
-    sync) the fault strikes."""
+    """One fault to inject. Rank faults name ``cell`` (and ``rank``, default 0); engine faults
+    name ``engine`` (point ``during_weight_sync``). ``step`` is run-global (``None``: the first
+    matching point, only allowed for ``during_heal``); ``attempt`` is the attempt of that step
+    (or heal, or weight sync) the fault strikes."""
 
     kind: str
     point: str
@@ -127,15 +128,14 @@ def parse_spec(spec: str, cfg: TrainConfig | None = None) -> FaultSpec:
             raise ValueError(f"inject spec {spec!r}: seconds must be a number >= 0, not {fields['seconds']!r}")
     else:
         seconds = DEFAULT_SLOW_SECONDS
-    if point == "during_weight_sync":
-        if "engine" not in num or "cell" in num or "rank" in num:
-            raise ValueError(
-                f"inject spec {spec!r}: point=during_weight_sync strikes an engine: give engine=, not cell="
-            )
-    elif "engine" in num:
+    if "engine" in num and ("cell" in num or "rank" in num):
+        raise ValueError(f"inject spec {spec!r}: give engine= (an engine) or cell= (a rank), not both")
+    if "engine" in num and point != "during_weight_sync":
         raise ValueError(f"inject spec {spec!r}: engine= needs point=during_weight_sync (the engines' fault point)")
-    elif "cell" not in num:
+    if "engine" not in num and "cell" not in num:
         raise ValueError(f"inject spec {spec!r}: point={point} strikes a rank: give cell= (and rank=, default 0)")
+    if kind == "corrupt-engine" and "engine" not in num:
+        raise ValueError(f"inject spec {spec!r}: kind=corrupt-engine strikes an engine: give engine=")
     if "step" not in num and point != "during_heal":
         raise ValueError(f"inject spec {spec!r}: step= is required for point={point}")
     out = FaultSpec(
@@ -155,6 +155,8 @@ def parse_spec(spec: str, cfg: TrainConfig | None = None) -> FaultSpec:
 
 def _check_bounds(spec: str, f: FaultSpec, cfg: TrainConfig) -> None:
     steps = cfg.rollouts * cfg.steps_per_rollout
+    if f.point == "during_weight_sync":
+        steps += 1  # the final weights (version ``rollouts``) are synced "before" step ``steps``
     limits = {"cell": cfg.cells, "rank": cfg.tp * cfg.pp, "engine": cfg.engines, "step": steps}
     for key, limit in limits.items():
         value = getattr(f, key)

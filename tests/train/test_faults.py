@@ -46,24 +46,28 @@ def test_the_issue_example_parses():
     assert (e.role, e.engine, e.cell, e.rank, e.step, e.attempt) == ("engine", 0, None, None, 4, 1)
     assert parse_spec("kind=slow,point=before_forward,cell=0,rank=1,step=0,seconds=0.25").seconds == 0.25
     assert parse_spec("kind=corrupt-transfer,point=during_heal,cell=1").step is None  # any heal
+    export = parse_spec("kind=exit,point=during_weight_sync,cell=1,step=2")  # a rank exporting weights
+    assert (export.role, export.cell, export.rank, export.engine) == ("trainer", 1, 0, None)
 
 
-specs_strategy = st.sampled_from(sorted((k, p) for k, ps in KIND_POINTS.items() for p in ps)).flatmap(
-    lambda kp: st.builds(
-        FaultSpec,
-        kind=st.just(kp[0]),
-        point=st.just(kp[1]),
-        cell=st.none() if kp[1] == "during_weight_sync" else st.integers(0, 63),
-        rank=st.none() if kp[1] == "during_weight_sync" else st.integers(0, 7),
-        engine=st.integers(0, 15) if kp[1] == "during_weight_sync" else st.none(),
-        step=(st.none() | st.integers(0, 10**6)) if kp[1] == "during_heal" else st.integers(0, 10**6),
-        attempt=st.integers(0, 9),
-        seconds=st.floats(0, 100, allow_nan=False) if kp[0] == "slow" else st.just(1.0),
+@st.composite
+def specs_strategy(draw: st.DrawFn) -> FaultSpec:
+    kind, point = draw(st.sampled_from(sorted((k, p) for k, ps in KIND_POINTS.items() for p in ps)))
+    engine_ok, rank_ok = point == "during_weight_sync", kind != "corrupt-engine"
+    on_engine = engine_ok and (not rank_ok or draw(st.booleans()))
+    return FaultSpec(
+        kind,
+        point,
+        cell=None if on_engine else draw(st.integers(0, 63)),
+        rank=None if on_engine else draw(st.integers(0, 7)),
+        engine=draw(st.integers(0, 15)) if on_engine else None,
+        step=draw(st.none() | st.integers(0, 10**6)) if point == "during_heal" else draw(st.integers(0, 10**6)),
+        attempt=draw(st.integers(0, 9)),
+        seconds=draw(st.floats(0, 100, allow_nan=False)) if kind == "slow" else 1.0,
     )
-)
 
 
-@given(specs_strategy)
+@given(specs_strategy())
 def test_every_spec_round_trips_through_its_text(spec):
     assert parse_spec(spec.text()) == spec
 
@@ -78,8 +82,9 @@ def test_every_spec_round_trips_through_its_text(spec):
         ("kind=corrupt-engine,point=before_forward,cell=0,step=0", "must be one of during_weight_sync"),
         ("kind=corrupt-transfer,point=during_reduce,cell=0,step=0", "must be one of during_heal"),
         ("kind=sigkill,point=during_reduce,step=3", "give cell="),
-        ("kind=sigkill,point=during_weight_sync,cell=0,step=0", "strikes an engine: give engine="),
-        ("kind=sigkill,point=during_weight_sync,step=0", "strikes an engine: give engine="),
+        ("kind=sigkill,point=during_weight_sync,cell=0,engine=0,step=0", "give engine= (an engine) or cell="),
+        ("kind=sigkill,point=during_weight_sync,step=0", "strikes a rank: give cell="),
+        ("kind=corrupt-engine,point=during_weight_sync,cell=0,step=0", "corrupt-engine strikes an engine"),
         ("kind=sigkill,point=before_forward,engine=0,step=0", "engine= needs point=during_weight_sync"),
         ("kind=sigkill,point=before_forward,cell=0", "step= is required for point=before_forward"),
         ("kind=sigkill,point=before_forward,cell=-1,step=0", "cell must be an integer >= 0, not '-1'"),
@@ -106,11 +111,14 @@ def test_bad_specs_are_one_line_errors_naming_the_key(spec, message):
         ("kind=sigkill,point=during_weight_sync,engine=1,step=0", "engine must be below 1"),
         ("kind=sigkill,point=before_forward,cell=0,step=16", "step must be below 16"),
         ("kind=corrupt-engine,point=during_weight_sync,engine=0,step=3", "step must be one of them"),
+        ("kind=sigkill,point=during_weight_sync,engine=0,step=18", "step must be below 17"),
     ],
 )
 def test_specs_are_bounded_by_the_config(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_spec(spec, TrainConfig())  # 2 cells x 1 rank, 1 engine, 8 rollouts x 2 steps
+    final_sync = parse_spec("kind=sigkill,point=during_weight_sync,engine=0,step=16", TrainConfig())
+    assert final_sync.step == 16  # the final weights (version 8)
 
 
 @pytest.mark.parametrize(
