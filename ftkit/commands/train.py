@@ -24,7 +24,7 @@ from ftkit.report.sink import Format, Output
 
 PANEL = "Training"
 PANEL_DUMPS = "Dumps"
-PANEL_FAULTS = "Faults"
+PANEL_FAULTS = "Fault tolerance"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
