@@ -138,6 +138,27 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         dump_cells: Annotated[DumpCells | None, _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
+        collective_timeout: Annotated[
+            float | None,
+            _opt("--collective-timeout", field="collective_timeout", metavar="SECONDS", panel=PANEL_FAULTS),
+        ] = None,
+        step_timeout: Annotated[
+            float | None, _opt("--step-timeout", field="step_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
+        min_cells: Annotated[int | None, _opt("--min-cells", field="min_cells", panel=PANEL_FAULTS)] = None,
+        max_retries: Annotated[int | None, _opt("--max-retries", field="max_retries", panel=PANEL_FAULTS)] = None,
+        heal: Annotated[
+            bool | None,
+            _opt(
+                "--heal/--no-heal",
+                field="heal",
+                panel=PANEL_FAULTS,
+                help="Restart failed cells and heal them from a live peer [default: heal].",
+            ),
+        ] = None,
+        heal_timeout: Annotated[
+            float | None, _opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
         inject: Annotated[
             list[str] | None,
             _opt(
@@ -197,6 +218,12 @@ def register(app: typer.Typer) -> None:
             "dump_rollouts": dump_rollouts,
             "dump_what": None if dump_what is None else parse_dump_what(dump_what),
             "dump_cells": dump_cells,
+            "collective_timeout": collective_timeout,
+            "step_timeout": step_timeout,
+            "min_cells": min_cells,
+            "max_retries": max_retries,
+            "heal": heal,
+            "heal_timeout": heal_timeout,
             "inject": None if inject is None else tuple(inject),
             "chaos": chaos,
         }

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 SCHEMA = 1
 Role = Literal["driver", "trainer", "engine", "tool"]
-CellStatus = Literal["pending", "starting", "alive", "errored", "stopped"]
+CellStatus = Literal["pending", "starting", "alive", "errored", "stopped", "failed", "restarting", "healing"]
 Hex = Annotated[str, Field(description="lowercase hex digest")]
 
 

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from ftkit.train.faults import FaultSpec
 
 DUMP_WHAT = ("activations", "grads", "weights")
+#: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
+#: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
+#: faults are detected by ``collective_timeout`` and ``step_timeout``.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class TrainConfig(BaseModel):
@@ -67,6 +71,21 @@ class TrainConfig(BaseModel):
     dump_cells: Literal["first", "all"] = Field(
         "first", description="Replicated state dumped by the first live cell, or by all cells."
     )
+    collective_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a cross-cell collective waits for a peer before the step is discarded "
+        "(a dead or hung cell).",
+    )
+    step_timeout: float = Field(
+        60.0, gt=0, description="Seconds a step attempt may take before its unfinished cells are declared hung."
+    )
+    min_cells: int = Field(1, ge=1, description="Fewest live cells to go on with; below it the run fails (exit 1).")
+    max_retries: int = Field(5, ge=0, description="Retries of one step after failed attempts; then the run fails.")
+    heal: bool = Field(True, description="Restart failed cells and heal them from a live peer.")
+    heal_timeout: float = Field(
+        120.0, gt=0, description="Seconds a restarted cell may take to be placed and start before it is given up."
+    )
     inject: tuple[str, ...] = Field(
         (),
         description="Faults to inject, one spec each: kind=...,point=...,cell=...,step=... (docs/fault-injection.md).",
@@ -97,6 +116,8 @@ class TrainConfig(BaseModel):
             raise ValueError(
                 f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards ({K} * {M} = {K * M})"
             )
+        if self.min_cells > self.cells:
+            raise ValueError(f"min_cells ({self.min_cells}) must be at most cells ({self.cells})")
         if self.cells > M:
             raise ValueError(f"micro_shards ({M}) must be at least cells ({self.cells})")
         if B % self.group_size:
