@@ -57,7 +57,7 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
         default = info.default
         shown = ",".join(default) if isinstance(default, tuple) else default
         help = help or info.description
-        if shown is not None and not isinstance(default, bool):
+        if shown not in (None, "") and not isinstance(default, bool):
             help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
@@ -161,6 +161,17 @@ def register(app: typer.Typer) -> None:
         heal_timeout: Annotated[
             float | None, _opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
         ] = None,
+        inject: Annotated[
+            list[str] | None,
+            _opt(
+                "--inject",
+                field="inject",
+                metavar="SPEC",
+                panel=PANEL_FAULTS,
+                help="Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.",
+            ),
+        ] = None,
+        chaos: Annotated[str | None, _opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
         config: Annotated[
             Path | None,
             _opt(
@@ -219,6 +230,8 @@ def register(app: typer.Typer) -> None:
             "max_retries": max_retries,
             "heal": heal,
             "heal_timeout": heal_timeout,
+            "inject": None if inject is None else tuple(inject),
+            "chaos": chaos,
         }
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:

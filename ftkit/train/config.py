@@ -14,11 +14,14 @@ cell computes, so there must be at least as many micro-shards as cells.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ftkit.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ftkit.train.faults import FaultSpec
 
 DUMP_WHAT = ("activations", "grads", "weights")
 #: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
@@ -83,6 +86,13 @@ class TrainConfig(BaseModel):
     heal_timeout: float = Field(
         120.0, gt=0, description="Seconds a restarted cell may take to be placed and start before it is given up."
     )
+    inject: tuple[str, ...] = Field(
+        (),
+        description="Faults to inject, one spec each: kind=...,point=...,cell=...,step=... (docs/fault-injection.md).",
+    )
+    chaos: str | None = Field(
+        None, description="Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md)."
+    )
     bookkeeping: bool = Field(
         True, description="False turns off fingerprints, witness and exact reduction (overhead bench)."
     )
@@ -129,6 +139,9 @@ class TrainConfig(BaseModel):
                 f"response_len ({self.response_len}) must be below half the {self.model} model's "
                 f"sequence length ({preset.max_seq_len})"
             )
+        from ftkit.train.faults import parse_specs
+
+        parse_specs(self.inject, self.chaos, self)  # a bad spec is a one-line ValueError
         if not self.bookkeeping and self.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
@@ -144,6 +157,12 @@ class TrainConfig(BaseModel):
     def shard_samples(self) -> int:
         """Samples per micro-shard (B / (K * M))."""
         return self.step_samples // self.micro_shards
+
+    def fault_specs(self) -> list[FaultSpec]:
+        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults)."""
+        from ftkit.train.faults import parse_specs
+
+        return parse_specs(self.inject, self.chaos, self)
 
     def resolved_device(self) -> str:
         """``cpu`` or ``cuda``; ``auto`` picks cuda when torch sees a GPU (imports torch)."""

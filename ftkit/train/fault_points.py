@@ -1,8 +1,8 @@
 """The named fault points of a step, and the injector each actor consults at them.
 
-Every actor (rank, engine, driver) builds one injector from its config with ``injector_for``
-and calls ``injector.at(point, step=..., attempt=..., rollout=...)`` at each point in
-``POINTS`` it passes. Without ``--inject`` / ``--chaos`` that is ``NoFaults`` (a call that
+Every actor (rank, engine) builds one injector from its config with ``injector_for`` and
+calls ``injector.at(point, step=..., attempt=..., rollout=...)`` at each point of
+``ftkit.train.faults.POINTS`` it passes. Without ``--inject`` / ``--chaos`` that is ``NoFaults`` (a call that
 returns ``None``: no import, no cost); with them it is ``ftkit.train.faults.FaultInjector``
 (docs/fault-injection.md), which logs ``fault_injected`` before it fires and either acts
 itself (``sigkill``, ``exit``, ``exception``, ``hang``, ``slow``) or returns the kind for the
@@ -20,18 +20,10 @@ Where each point is (docs/faults.md has the recovery of each):
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-POINTS = (
-    "before_forward",
-    "mid_backward",
-    "before_reduce",
-    "during_reduce",
-    "after_reduce",
-    "during_weight_sync",
-    "during_dump_write",
-    "during_heal",
-)
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 
 class Injector(Protocol):
@@ -50,16 +42,20 @@ class NoFaults:
 
 
 def injector_for(
-    cfg: Any, events: Any, role: str, cell: int | None = None, rank: int | None = None, engine: int | None = None
+    cfg: TrainConfig,
+    events: Any,
+    role: Literal["trainer", "engine"],
+    cell: int | None = None,
+    rank: int | None = None,
+    engine: int | None = None,
 ) -> Injector:
     """The injector of one actor: ``NoFaults`` unless ``cfg`` asks for injections."""
-    inject, chaos = tuple(getattr(cfg, "inject", ()) or ()), getattr(cfg, "chaos", None)
-    if not inject and not chaos:
+    if not cfg.inject and not cfg.chaos:
         return NoFaults()
-    from ftkit.train.faults import FaultInjector, parse_specs
+    from ftkit.train.faults import FaultInjector
 
     injector: Injector = FaultInjector(
-        parse_specs(inject, chaos, cfg),
+        cfg.fault_specs(),
         emit=events.emit,
         sync=events.sync,
         role=role,
