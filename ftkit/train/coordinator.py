@@ -121,8 +121,9 @@ class StepCoordinator:
             self.healer.restart(cell)
 
     def reconfigure(self, reason: str) -> None:
-        """Rebuild the cross-cell groups over the alive cells under a new epoch (until it holds)."""
-        while True:
+        """Rebuild the cross-cell groups over the alive cells under a new epoch; a member that
+        fails to join is failed and the next epoch tried, at most ``max_retries + 1`` times."""
+        for _ in range(self.cfg.max_retries + 1):
             self.require_cells()
             before, self.members = self.members, self.book.alive()
             epoch = self.book.next_epoch(reason, before)
@@ -132,9 +133,13 @@ class StepCoordinator:
             )
             for cell, cause in answers.failed.items():
                 self.fail(cell, cause)
-            if not answers.failed and not answers.collective:
+            if answers.clean:
                 return
             reason = f"epoch {epoch} could not form: {', '.join(answers.failed.values()) or 'collective error'}"
+        raise RunFailed(
+            f"the cells could not form a group {self.cfg.max_retries + 1} times in a row ({reason})",
+            hint="check the cells' connectivity; a heavily loaded machine may need a larger --collective-timeout",
+        )
 
     def require_cells(self) -> None:
         alive = self.book.alive()

@@ -59,13 +59,13 @@ LOCAL_RAY_CPUS = 8
 
 @dataclass
 class StepReport:
-    """What the driver knows after one optimizer step (for live progress)."""
+    """What the driver knows after one committed optimizer step (for live progress)."""
 
     rollout: int
     rollouts: int
     step: int
     steps: int
-    committed: bool
+    attempts: int  # attempts the step took to commit (1 without faults)
     loss: float
     grad_norm: float
     reward: float
@@ -305,7 +305,7 @@ class Driver:
                 cfg.rollouts,
                 out.step,
                 cfg.rollouts * cfg.steps_per_rollout,
-                True,
+                out.attempts,
                 out.loss,
                 out.grad_norm,
                 reward,

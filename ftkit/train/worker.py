@@ -318,7 +318,7 @@ class RankWorker:
         )
         return total
 
-    def _step_batch(self, rollout: int, step: int, batch: dict) -> dict:
+    def _step_batch(self, rollout: int, step: int, batch: dict[str, Any]) -> dict[str, Any]:
         """This step's rows of ``batch`` (CPU tensors), see the module docstring."""
         cfg = self.cfg
         k, n = step % cfg.steps_per_rollout, cfg.step_samples
@@ -335,7 +335,7 @@ class RankWorker:
             return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
         raise ValueError(f"a batch of {rows} samples is neither a rollout ({cfg.samples_per_rollout}) nor a step ({n})")
 
-    def _forward_backward(self, part: dict, norm: float) -> float:
+    def _forward_backward(self, part: dict[str, Any], norm: float) -> float:
         """Forward and backward of one micro-shard; returns its (normalised) loss."""
         import torch
 
