@@ -74,6 +74,11 @@ class StepReport:
     cells_alive: int
     cells: int
 
+    @property
+    def committed(self) -> bool:
+        """Always true: a step that cannot commit ends the run (``RunFailed``) instead."""
+        return True
+
 
 @dataclass
 class RunResult:
