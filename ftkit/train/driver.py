@@ -149,10 +149,10 @@ class Driver:
     def run(self) -> RunResult:
         from ftkit.train.run_end import signals_interrupt
 
-        with signals_interrupt():
-            return self._run()
+        with signals_interrupt() as arm:
+            return self._run(arm)
 
-    def _run(self) -> RunResult:
+    def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
         from ftkit.train.run_end import RunFailed, RunInterrupted, write_status
@@ -167,6 +167,7 @@ class Driver:
             )
         check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg)
+        arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()

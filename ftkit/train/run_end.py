@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -73,12 +73,14 @@ def write_status(
 
 
 @contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[Callable[[], None]]:
     """Inside the block, SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (once:
-    a second signal during the cleanup is ignored, so the cleanup finishes). The previous
-    handlers come back afterwards. Outside the main thread this does nothing."""
+    a second signal during the cleanup is ignored, so the cleanup finishes). The block gets
+    ``arm()``, which installs the handlers again: call it after anything that installs its
+    own (``ray.init`` sets a SIGTERM handler that exits). The previous handlers come back
+    afterwards. Outside the main thread this does nothing."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
     fired: list[int] = []
 
@@ -88,9 +90,16 @@ def signals_interrupt() -> Iterator[None]:
         fired.append(signum)
         raise RunInterrupted(signum)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in signals}
+
+    def arm() -> None:
+        for s in signals:
+            signal.signal(s, handler)
+
+    arm()
     try:
-        yield
+        yield arm
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
