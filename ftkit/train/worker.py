@@ -442,6 +442,7 @@ class RankWorker:
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
         from ftkit.train.rank_state import save_final
+        from ftkit.train.state_codec import capture
 
         meta = {
             "cell": str(self.cell),
@@ -451,7 +452,8 @@ class RankWorker:
             "model": self.cfg.model,
             "seed": str(self.cfg.seed),
         }
-        return [str(save_final(run_dir, self.model, self.optimizer, self.tp_rank, self.pp_rank, meta))]
+        state = capture(self.params, self.optimizer, None, self.counters)
+        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta))]
 
     def shutdown(self) -> None:
         """Close the event log and leave the cell's world (idempotent)."""
