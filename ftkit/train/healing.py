@@ -106,7 +106,7 @@ class Healer:
             book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
             payloads = coord.cells[donor].donor_state()
             answers = coord.wait(
-                {cell: coord.cells[cell].load_state(payloads, donor, book.epoch + 1, attempt)},
+                {cell: coord.cells[cell].load_state(payloads, donor, book.epoch + 1, step, attempt)},
                 self.cfg.step_timeout,
             )
             if cell not in answers.values:

@@ -9,7 +9,7 @@ fault handling docs/faults.md)::
     w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
     w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
     w.discard(step, attempt)                           # phase 2, when anything failed
-    w.donor_state() / w.load_state(...)  # heal: the state codec, from a live donor to a restarted rank
+    w.donor_state() / w.load_state(...)    # heal: the state codec, from a live donor to a restarted rank
     w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
 
 ``compute_reduce`` is collective twice over: inside the cell (megatron TP all-reduces) and
@@ -430,14 +430,15 @@ class RankWorker:
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
         return tensors, meta, total
 
-    def load_state(self, payload: list[Any], donor: int, epoch: int, attempt: int = 0) -> HealReport:
+    def load_state(self, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
         """Heal: load a donor's ``donor_state()`` (``payload``: ``[its object ref]``, the same
         rank position of a live cell), fingerprint what this rank now holds and compare with
         the donor's total (``ftkit.train.heal.receive``). Emits ``heal`` when they are equal
-        (``HealReport.accepted``); a mismatch is returned, not raised."""
+        (``HealReport.accepted``); a mismatch is returned, not raised. ``step``: the step the
+        cell joins before; ``attempt``: the heal attempt (fault point ``during_heal``)."""
         from ftkit.train.heal import receive
 
-        return receive(self, payload, donor, epoch, attempt)
+        return receive(self, payload, donor, epoch, step, attempt)
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
