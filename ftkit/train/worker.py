@@ -178,11 +178,13 @@ class RankWorker:
             self._bind_grads(rows[i if keep else 0])
             self._seed(shard_seed(cfg.seed, task.rollout, task.step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
+            mid = self._mid_backward(at) if i == 0 else None
             with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
                 losses[m] = float(self._forward_backward(part, norm))
+            if mid is not None:
+                mid[1].remove()
+                poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
-            if i == 0:
-                poison = poison or faults.at("mid_backward", **at)
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
@@ -212,6 +214,21 @@ class RankWorker:
         ids = data["witness_ids"].tolist()
         self._pending = _Pending(task, reduced, ids, float(losses.sum()), tokens)
         return Reduced(self.cell, self.rank, task.step, task.attempt, reduced is not None, float(losses.sum()), tokens)
+
+    def _mid_backward(self, at: dict[str, int]) -> tuple[list[str | None], Any] | None:
+        """The ``mid_backward`` fault point as a gradient hook on the first parameter (its
+        gradient comes last in the backward pass, so the rest is already computed): the
+        kinds it returned and the hook handle. ``None`` when no fault is armed (no hook)."""
+        from ftkit.train.fault_points import NoFaults
+
+        if isinstance(self.faults, NoFaults):
+            return None
+        kinds: list[str | None] = []
+
+        def hook(grad: Any) -> None:
+            kinds.append(self.faults.at("mid_backward", **at))
+
+        return kinds, self.params[0][1].register_hook(hook)
 
     def _faulty_allreduce(self, at: dict[str, int]) -> Any:
         """The link's all-reduce, with the ``during_reduce`` point before its second call
