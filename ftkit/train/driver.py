@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftkit import __version__
-from ftkit.errors import ConfigError
+from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ class Driver:
     def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
-        from ftkit.train.run_end import RunFailed, RunInterrupted, write_status
+        from ftkit.train.run_end import RunInterrupted, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
@@ -197,11 +197,11 @@ class Driver:
         except RunInterrupted as exc:
             status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
             raise
-        except RunFailed as exc:
+        except FtkitError as exc:  # RunFailed (exit 1), a ConfigError found while starting (exit 2)
             reason, code = exc.message, exc.exit_code
             raise
         except BaseException as exc:
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            reason, code = f"{type(exc).__name__}: {exc}".splitlines()[0], 3  # a bug in ftkit
             raise
         finally:
             self._shutdown(interrupted=status == "interrupted")

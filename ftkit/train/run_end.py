@@ -8,8 +8,9 @@ Both are ``FtkitError``s: the CLI prints one ``Error:`` line and a hint, never a
 never "bug". Whatever the end, the driver writes ``<run_dir>/status.json`` last
 (``write_status``): ``{"status": "completed" | "failed" | "interrupted", "reason": str | null,
 "exit_code": int | null, "steps_committed": int, "steps_total": int, "finished": unix seconds}``
-(``exit_code`` is that of ``ftkit train`` when it is known to the driver: 1 / 130 / 143 for
-failed / interrupted, ``null`` for completed, whose exit code the analyzer's verdict decides).
+(``exit_code`` is that of ``ftkit train`` when the driver knows it: 1 for ``RunFailed``, 2
+for a configuration problem found while starting, 3 for a bug, 130 / 143 when interrupted;
+``null`` for completed, whose exit code the analyzer's verdict decides).
 The same status and reason end the event log (``run_finished``).
 """
 
