@@ -17,9 +17,9 @@ _ftkit() {
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --out|-o|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
-                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what) COMPREPLY=(); return;;
+                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;

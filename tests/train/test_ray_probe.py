@@ -86,3 +86,24 @@ def test_an_address_that_never_answers_ends_at_the_timeout() -> None:
     # by a sandbox; whichever, the probe ends and says so.
     with pytest.raises(ConfigError, match=r"--ray-address 192.0.2.1:6379: .*192.0.2.1"):
         probe_ray_address("192.0.2.1:6379", timeout_s=1)
+
+
+def test_train_with_a_dead_address_is_exit_2_before_anything_starts(tmp_path: Path) -> None:
+    """The driver probes --ray-address first: nothing listens -> exit 2, no run directory."""
+    import socket
+
+    from ftkit import cli
+
+    with socket.socket() as s:  # a port nobody listens on once this socket is closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "run"
+    code = cli.main(["train", "--out", str(out), "--ray-address", f"127.0.0.1:{port}"])
+    assert code == 2 and not out.exists()
+
+
+def test_reasons_are_plain_text() -> None:
+    from ftkit.train.driver import plain_line
+
+    assert plain_line("\x1b[36mray::Worker\x1b[39m died\nsecond line") == "ray::Worker died"
+    assert plain_line("") == ""
