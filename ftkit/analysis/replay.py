@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from ftkit.analysis.closure import Closure
 from ftkit.analysis.records import RolloutRecord, RuleHooks, StepRecord, Where
 from ftkit.analysis.recovery import RecoveryTracker
-from ftkit.events.schema import Source
+from ftkit.events.schema import DEAD_STATES, Source
 from ftkit.events.validate import CHECKS, explain, known
 from ftkit.findings import Finding, Severity
 
@@ -417,7 +417,7 @@ class Replay:
             deaths = self.deaths.get(ev["cell"])
             if deaths and deaths[-1][1] is None:
                 deaths[-1][1] = self.max_step + 1
-        if ev["new"] == "errored":  # "stopped" is a deliberate stop at a step boundary, not a death
+        if ev["new"] in DEAD_STATES:  # "stopped" is a deliberate stop at a step boundary, not a death
             self._died(ev["cell"])
             self.closure.declared_dead(ev["cell"], ev["time"])
             self.recovery.detected(ev["time"], ev["cell"])

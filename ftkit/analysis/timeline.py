@@ -38,13 +38,14 @@ from typing import Any
 
 from ftkit.analysis.timeline_model import Interval, Marker, StepBin, Timeline, add_stat
 from ftkit.events.reader import EventStream, discover
+from ftkit.events.schema import DEAD_STATES
 
 MAX_BINS = 512
 MAX_MARKERS = 1000
 MAX_INTERVALS = 2000
 ROUTINE = frozenset({"weights", "engine", "checkpoint"})  # thinned, not cut, when there are too many
 LAG = 4
-_STATE = {"errored": "failed"}
+_STATE = {"errored": "failed"}  # schema-1 logs said errored where the driver now says failed
 
 
 class _Builder:
@@ -114,7 +115,7 @@ class _Builder:
             shown = "restarting"
         self.state[cell] = (shown, t, ev.get("reason"))
         self.tl.lanes.setdefault(f"cell {cell}", [])
-        if new == "errored":  # a failure detected, whether a fault was injected or not
+        if new in DEAD_STATES:  # a failure detected, whether a fault was injected or not
             cause = "after an injected fault" if cell in self.fault_cells else "no injected fault"
             self.fault_cells.discard(cell)
             self.mark("detected", t, f"cell {cell}", f"cell {cell} errored: {ev.get('reason') or '?'} ({cause})")

@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 SCHEMA = 2
 SCHEMAS = (1, 2)  # versions this reader understands
 Role = Literal["driver", "trainer", "engine", "tool"]
+#: States in which the driver declares a cell dead (``errored``: schema-1 logs; ``failed``: the
+#: fault-tolerant driver, which then restarts and heals it).
+DEAD_STATES = frozenset({"errored", "failed"})
 CellStatus = Literal["pending", "starting", "alive", "errored", "stopped", "failed", "restarting", "healing"]
 Hex = Annotated[str, Field(description="lowercase hex digest")]
 
