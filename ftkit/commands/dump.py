@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -152,7 +152,7 @@ def _human(out: Output, inv: Inventory, pattern: str | None) -> None:
     c.print(table)
 
 
-def _sharding(s: dict | None) -> str:
+def _sharding(s: dict[str, Any] | None) -> str:
     if not s or s["kind"] == "replicated" or s["tp_size"] == 1:
         return "-"
     return f"split d{s['dim']} {s['tp_rank']}/{s['tp_size']}" + (f" x{s['stride']}" if s["stride"] != 1 else "")

@@ -95,7 +95,7 @@ class ModuleCapture:
         self.records.append(Capture(name, tensor.detach().to("cpu", copy=True), sharding))
 
     def _hook(self, path: str, module: Any) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        def hook(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             n = self._calls.get(path, 0)
             self._calls[path] = n + 1
             base = path if n == 0 else f"{path}#{n}"

@@ -179,4 +179,5 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         return True
     if isinstance(node, ast.Name):
         return _CONST[node.id] if node.id in _CONST else env[node.id]
-    return node.value  # ast.Constant, checked at load time
+    assert isinstance(node, ast.Constant)  # checked at load time
+    return node.value

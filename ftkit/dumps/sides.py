@@ -114,7 +114,9 @@ def resolve_side(
             shape = _full_shape(chosen)
         except ValueError as exc:
             return None, findings + [finding("CD008", f"{item_id}: side {side}: {exc}", tensor=item_id, side=side)]
-        sig = tuple(((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx))
+        sig: tuple[Any, ...] = tuple(
+            ((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx)
+        )
     else:
         shape = tuple(chosen[0][1].shape)
         sig = (("replicated",), fps[chosen_idx[0]])

@@ -63,7 +63,7 @@ class DumpEntry:
     ref: TensorRef
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         return (self.prefix, self.phase, self.rollout, self.step, self.micro_shard, self.name)
 
 

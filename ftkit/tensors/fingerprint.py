@@ -107,7 +107,7 @@ def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _numpy_dtypes(torch: Any) -> frozenset:
+def _numpy_dtypes(torch: Any) -> frozenset[Any]:
     """Dtypes whose numpy view holds exactly the tensor's bytes (no bfloat16, float8, complex)."""
     return frozenset(
         [
