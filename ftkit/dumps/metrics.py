@@ -82,8 +82,11 @@ def equal_metrics(a: np.ndarray) -> Metrics:
     return Metrics(a.size, True, nan_a=nan, nan_b=nan, inf_a=inf, inf_b=inf)
 
 
-def nonfinite_counts(a: np.ndarray) -> tuple[int, int]:
-    """``(nan, inf)`` counts of an array of any dtype (0, 0 for integers and bools)."""
+def nonfinite_counts(a: np.ndarray, threads: bool = True) -> tuple[int, int]:
+    """``(nan, inf)`` counts of an array of any dtype (0, 0 for integers and bools).
+
+    ``threads=False`` keeps the work on the calling thread (training ranks, whose thread
+    count is fixed by their configuration)."""
     flat = real_view(a).reshape(-1)
     if flat.dtype.kind not in "fV" and not _is_ml_float(flat.dtype):
         return 0, 0
@@ -100,7 +103,8 @@ def nonfinite_counts(a: np.ndarray) -> tuple[int, int]:
                 inf += int(np.count_nonzero(np.isinf(x)))
         return nan, inf
 
-    parts = map_ordered(part, stripes(flat.size))
+    spans = stripes(flat.size)
+    parts = map_ordered(part, spans) if threads else [part(s) for s in spans]
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 

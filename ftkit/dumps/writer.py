@@ -115,7 +115,7 @@ class DumpWriter:
         if sharding.kind == "split" and (sharding.dim or 0) >= max(t.dim(), 1):
             raise ValueError(f"{name!r}: split dim {sharding.dim} out of range for shape {tuple(t.shape)}")
         self._tensors[key] = t
-        nan, inf = nonfinite_counts(from_torch(t))
+        nan, inf = nonfinite_counts(from_torch(t), threads=False)  # no extra threads in a training rank
         self._entries.append(
             {
                 "order": len(self._entries),
