@@ -242,10 +242,11 @@ class _Kernel:
         p.sum_abs = float(np.add.reduce(d))  # pairwise summation: relative error ~1e-6 in float32
         p.sdd = sum_squares(d)
         ay = np.abs(y)
-        den = np.maximum(np.abs(x), ay)
-        np.maximum(den, np.finfo(den.dtype).tiny, out=den)
-        np.divide(d, den, out=den)
-        p.max_rel = float(den.max())
+        den = np.abs(x)
+        np.maximum(den, ay, out=den)
+        np.divide(d, den, out=den)  # 0/0 = NaN where both are 0 (and d is 0): fmax skips it
+        rel = float(np.fmax.reduce(den))
+        p.max_rel = rel if rel == rel else 0.0
         np.multiply(ay, self.rtol, out=ay)
         np.add(ay, self.atol, out=ay)
         p.tol_fail = int(np.count_nonzero(d > ay))
