@@ -247,6 +247,9 @@ class _Kernel:
         np.divide(d, den, out=den)  # 0/0 = NaN where both are 0 (and d is 0): fmax skips it
         rel = float(np.fmax.reduce(den))
         p.max_rel = rel if rel == rel else 0.0
+        if self.rtol == 0 and self.atol == 0:  # --exact: any numeric difference
+            p.tol_fail = int(np.count_nonzero(d))
+            return
         np.multiply(ay, self.rtol, out=ay)
         np.add(ay, self.atol, out=ay)
         p.tol_fail = int(np.count_nonzero(d > ay))
