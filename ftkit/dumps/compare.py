@@ -47,6 +47,11 @@ class CompareOptions:
     atol: float = 1e-8
     rules: RuleSet | None = None
 
+    def tolerances(self) -> tuple[float, float]:
+        """``(rtol, atol)`` the metrics use: zero under ``--exact`` (``tol_fail`` then counts
+        every numeric difference, and no tolerance arithmetic is done)."""
+        return (0.0, 0.0) if self.mode == "exact" else (self.rtol, self.atol)
+
     def describe(self) -> str:
         if self.mode == "exact":
             return "exact (bitwise)"
@@ -274,7 +279,7 @@ def _fused_pass(
         return None
     arrays = [loader.load(pa.ref), loader.load(pb.ref)]
     hashers = [fingerprint_hasher(p.ref.info.dtype, p.ref.info.shape) for p in (pa, pb)]
-    metrics = diff_metrics(arrays[0], arrays[1], opt.rtol, opt.atol, hashers)
+    metrics = diff_metrics(arrays[0], arrays[1], *opt.tolerances(), hashers)
     fps = [h.hexdigest() for h in hashers]
     for p, fp in zip((pa, pb), fps):
         check_fingerprint(p.ref, fp)
@@ -288,7 +293,7 @@ def _metrics(va: SideValue, vb: SideValue, opt: CompareOptions) -> Metrics:
             n, i = known if known is not None else nonfinite_counts(t)  # index counts: data verified
             nan, inf = nan + n, inf + i
         return Metrics(va.numel, True, nan_a=nan, nan_b=nan, inf_a=inf, inf_b=inf)
-    return diff_metrics(va.full(), vb.full(), opt.rtol, opt.atol)  # (same bits in another TP layout: equal)
+    return diff_metrics(va.full(), vb.full(), *opt.tolerances())  # (same bits in another TP layout: equal)
 
 
 def _decide(pr: PairResult, opt: CompareOptions) -> list[Finding]:

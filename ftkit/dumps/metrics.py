@@ -82,8 +82,11 @@ def equal_metrics(a: np.ndarray) -> Metrics:
     return Metrics(a.size, True, nan_a=nan, nan_b=nan, inf_a=inf, inf_b=inf)
 
 
-def nonfinite_counts(a: np.ndarray) -> tuple[int, int]:
-    """``(nan, inf)`` counts of an array of any dtype (0, 0 for integers and bools)."""
+def nonfinite_counts(a: np.ndarray, threads: bool = True) -> tuple[int, int]:
+    """``(nan, inf)`` counts of an array of any dtype (0, 0 for integers and bools).
+
+    ``threads=False`` keeps the work on the calling thread (training ranks, whose thread
+    count is fixed by their configuration)."""
     flat = real_view(a).reshape(-1)
     if flat.dtype.kind not in "fV" and not _is_ml_float(flat.dtype):
         return 0, 0
@@ -100,7 +103,8 @@ def nonfinite_counts(a: np.ndarray) -> tuple[int, int]:
                 inf += int(np.count_nonzero(np.isinf(x)))
         return nan, inf
 
-    parts = map_ordered(part, stripes(flat.size))
+    spans = stripes(flat.size)
+    parts = map_ordered(part, spans) if threads else [part(s) for s in spans]
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
@@ -238,10 +242,14 @@ class _Kernel:
         p.sum_abs = float(np.add.reduce(d))  # pairwise summation: relative error ~1e-6 in float32
         p.sdd = sum_squares(d)
         ay = np.abs(y)
-        den = np.maximum(np.abs(x), ay)
-        np.maximum(den, np.finfo(den.dtype).tiny, out=den)
-        np.divide(d, den, out=den)
-        p.max_rel = float(den.max())
+        den = np.abs(x)
+        np.maximum(den, ay, out=den)
+        np.divide(d, den, out=den)  # 0/0 = NaN where both are 0 (and d is 0): fmax skips it
+        rel = float(np.fmax.reduce(den))
+        p.max_rel = rel if rel == rel else 0.0
+        if self.rtol == 0 and self.atol == 0:  # --exact: any numeric difference
+            p.tol_fail = int(np.count_nonzero(d))
+            return
         np.multiply(ay, self.rtol, out=ay)
         np.add(ay, self.atol, out=ay)
         p.tol_fail = int(np.count_nonzero(d > ay))

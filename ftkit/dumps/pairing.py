@@ -15,6 +15,7 @@ the writer's capture order; then plain files by path and tensor position in the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ftkit.dumps.sources import DumpEntry, Source, TensorRef
 from ftkit.tensors.sharding import Sharding
@@ -34,7 +35,7 @@ class Piece:
 @dataclass
 class Item:
     id: str  # "actor/fwd_bwd/rollout_000003/step000004/ms003:decoder.layers.0.output"
-    order: tuple[int | str, ...]  # sort key: dump tensors in capture order, then plain files
+    order: tuple[Any, ...]
     group: str  # the writer group or file the item belongs to (missing tensors aggregate by it)
     name: str
     kind: str
@@ -58,7 +59,7 @@ def rollout_label(prefix: str, phase: str, rollout: int) -> str:
 
 
 def pair(a: Source, b: Source) -> Pairing:
-    items: dict[tuple[object, ...], Item] = {}
+    items: dict[tuple[Any, ...], Item] = {}
     common = a.rollouts & b.rollouts
     for side, src in (("a", a), ("b", b)):
         for e in src.entries:
@@ -94,7 +95,7 @@ def file_id(rel: str, name: str) -> str:
     return f"{rel}:{name}" if rel else name
 
 
-def entry_order(e: DumpEntry) -> tuple[int | str, ...]:
+def entry_order(e: DumpEntry) -> tuple[Any, ...]:
     """Sort key of a dump tensor in capture order (see the module docstring)."""
     ms = -1 if e.micro_shard is None else e.micro_shard
     return (0, e.rollout, e.step, _STAGE.get(e.kind, 1), ms, e.order, e.prefix, e.phase, e.name)

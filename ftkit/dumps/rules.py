@@ -26,7 +26,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ftkit.errors import ConfigError, InputError
 from ftkit.tensors.untrusted import open_regular, short_repr
@@ -183,4 +183,5 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         return True
     if isinstance(node, ast.Name):
         return _CONST[node.id] if node.id in _CONST else env[node.id]
-    return cast(ast.Constant, node).value  # checked at load time
+    assert isinstance(node, ast.Constant)  # checked at load time
+    return node.value

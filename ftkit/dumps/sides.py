@@ -114,7 +114,7 @@ def resolve_side(
             shape = _full_shape(chosen)
         except ValueError as exc:
             return None, findings + [finding("CD008", f"{item_id}: side {side}: {exc}", tensor=item_id, side=side)]
-        sig: tuple[object, ...] = tuple(
+        sig: tuple[Any, ...] = tuple(
             ((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx)
         )
     else:

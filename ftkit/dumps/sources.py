@@ -63,7 +63,7 @@ class DumpEntry:
     ref: TensorRef
 
     @property
-    def key(self) -> tuple[str, str, int, int, int | None, str]:
+    def key(self) -> tuple[Any, ...]:
         return (self.prefix, self.phase, self.rollout, self.step, self.micro_shard, self.name)
 
 

@@ -112,10 +112,10 @@ class DumpWriter:
         t = t.to("cpu", copy=True) if copy else t.to("cpu")
         t = t.contiguous()
         sharding = sharding or Sharding.replicated()
-        if sharding.kind == "split" and sharding.dim is not None and sharding.dim >= max(t.dim(), 1):
+        if sharding.kind == "split" and (sharding.dim or 0) >= max(t.dim(), 1):
             raise ValueError(f"{name!r}: split dim {sharding.dim} out of range for shape {tuple(t.shape)}")
         self._tensors[key] = t
-        nan, inf = nonfinite_counts(from_torch(t))
+        nan, inf = nonfinite_counts(from_torch(t), threads=False)  # no extra threads in a training rank
         self._entries.append(
             {
                 "order": len(self._entries),

@@ -32,12 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ftkit.tensors.st import TensorInfo
 
-_UINT: dict[int, np.dtype[Any]] = {
-    1: np.dtype(np.uint8),
-    2: np.dtype(np.uint16),
-    4: np.dtype(np.uint32),
-    8: np.dtype(np.uint64),
-}
+_UINT: dict[int, np.dtype[Any]] = {n: np.dtype(f"uint{8 * n}") for n in (1, 2, 4, 8)}
 _F32_EXACT = frozenset(["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
 _F32_EXACT |= {"float8_e4m3fnuz", "float8_e5m2fnuz"}
 
@@ -48,11 +43,9 @@ def numpy_dtype(name: str) -> np.dtype[Any]:
     if name in ("bfloat16",) or name.startswith("float8_"):
         import ml_dtypes
 
-        ml: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
-        return ml
-    if name == "bool":
-        return np.dtype(np.bool_)
-    return np.dtype(name)
+        dt: np.dtype[Any] = np.dtype(getattr(ml_dtypes, name))
+        return dt
+    return np.dtype(np.bool_) if name == "bool" else np.dtype(name)
 
 
 def bits(a: np.ndarray) -> np.ndarray:

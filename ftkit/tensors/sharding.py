@@ -133,7 +133,7 @@ def output_sharding(
 def _parallel_mode(module: Any, attr_name: str) -> str | None:
     te_mode: str | None = getattr(module, "parallel_mode", None)
     if te_mode in ("column", "row"):
-        return te_mode
+        return str(te_mode)
     names = {cls.__name__ for cls in type(module).__mro__}
     if "ColumnParallelLinear" in names:
         return "column"

@@ -68,9 +68,9 @@ class _CHasher:
 def _library() -> Any | None:
     """The ctypes handle on python-xxhash's extension, or ``None`` when unusable."""
     try:
-        from xxhash import _xxhash  # type: ignore[attr-defined]  # the C extension itself has no stub
+        import importlib
 
-        lib = ctypes.CDLL(_xxhash.__file__)
+        lib = ctypes.CDLL(importlib.import_module("xxhash._xxhash").__file__)
         lib.XXH3_createState.restype = ctypes.c_void_p
         lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
         lib.XXH3_128bits_reset.argtypes = [ctypes.c_void_p]
