@@ -68,6 +68,16 @@ def read_journal(checkpoints: Path) -> dict[str, Any] | None:
     return doc
 
 
+def failed_cleanups(checkpoints: Path) -> list[str]:
+    """Names whose deletion failed in the last transaction and that are still there (the next
+    transaction retries them, so a failure is never forgotten)."""
+    doc = read_journal(checkpoints)
+    if doc is None or doc["state"] != "done":
+        return []
+    names = [f.get("name") for f in doc.get("cleanup_failures", []) if isinstance(f, dict)]
+    return [n for n in names if isinstance(n, str) and parse_step(n) is not None and (checkpoints / n).exists()]
+
+
 def begin(checkpoints: Path, publish: str | None, before: dict[str, Any] | None, after: dict[str, Any],
           delete: list[str]) -> dict[str, Any]:  # fmt: skip
     """Write the ``pending`` journal (the commit point); returns it for ``apply``."""

@@ -169,7 +169,8 @@ class Publisher:
             old, old_latest = load_records(self.dir)
             before = select(old, self.policy).to_json(self.policy) if old else None
             retained = select([*old, record], self.policy)
-            doc = journal.begin(self.dir, target.name, before, retained.to_json(self.policy), retained.dropped)
+            delete = retained.dropped + [n for n in journal.failed_cleanups(self.dir) if n not in retained.dropped]
+            doc = journal.begin(self.dir, target.name, before, retained.to_json(self.policy), delete)
         except (OSError, ValueError) as exc:
             reason = _reason(exc)
             try:
