@@ -29,14 +29,17 @@ def events_dir(path: Path, kind: str) -> Path:
     return log
 
 
-def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Collector) -> None:
-    """Leftovers (FT217), the journal (FT213, FT216), retention records (FT211) and latest (FT212)."""
+def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Collector, dropped: Sequence[str]) -> None:
+    """Leftovers (FT217), the journal (FT213), retention records (FT211), latest (FT212), and the
+    ``dropped`` directories whose deletion failed (FT216; not verified as checkpoints)."""
+    for name in dropped:
+        col.add("FT216", f"{name}: dropped by retention but its deletion failed (journal)", checkpoint=name)
     for p in sorted(root.iterdir()):
         if p.name.startswith(".") and (".tmp-" in p.name or p.name.startswith(DELETING)):
             col.add("FT217", f"{p.name}: left by an interrupted writer", file=str(p))
+    col.check("FT216", len(dropped))
     col.check("FT217")
     col.check("FT213")
-    failed: set[str] = set()
     try:
         doc = read_journal(root)
     except ValueError as exc:
@@ -48,9 +51,7 @@ def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Coll
             f"journal.json is pending: the transaction publishing {doc.get('publish')} was not rolled forward",
             file=str(root / "journal.json"),
         )
-    elif doc is not None:
-        failed = {f.get("name") for f in doc.get("cleanup_failures", []) if isinstance(f, dict)}
-    records = _check_records(root, results, failed, col)
+    records = _check_records(root, results, col)
     col.check("FT212")
     newest = max(records, key=lambda r: r.step).name if records else None
     try:
@@ -64,9 +65,8 @@ def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Coll
         )
 
 
-def _check_records(root: Path, results: Sequence[CheckpointResult], failed: set[str], col: Collector) -> list[Record]:
+def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collector) -> list[Record]:
     col.check("FT211", max(1, len(results)))
-    col.check("FT216")
     path = root / RETENTION
     where = {"file": str(path)}
     records: list[Record] = []
@@ -94,11 +94,7 @@ def _check_records(root: Path, results: Sequence[CheckpointResult], failed: set[
         ):
             col.add("FT211", f"{rec.name}: recorded metric or taint differs from its manifest", checkpoint=rec.name)
     for res in results:
-        if res.name in recorded:
-            continue
-        if res.name in failed:
-            col.add("FT216", f"{res.name}: dropped by retention but its deletion failed", checkpoint=res.name)
-        else:
+        if res.name not in recorded:
             col.add("FT211", f"{res.name}: present but not recorded (never published)", checkpoint=res.name, **where)
     want = select(records, policy)
     roles = {r["name"]: r.get("roles") for r in doc["records"]}

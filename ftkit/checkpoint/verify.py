@@ -96,13 +96,14 @@ def verify_path(
     log = events_dir(Path(path), kind) if use_events else None  # InputError before any work
     col = Collector()
     rows: list[FileRow] = []
-    results = [_load(d, col) for d in dirs]
+    dropped = _dropped(root) if root is not None else set()
+    results = [_load(d, col) for d in dirs if d.name not in dropped]
     if on_start is not None:
         on_start(sum(f.size for r in results if r.manifest for f in r.manifest.files.values()))
     for r in results:
         rows += check_files(r, col, progress)
     if root is not None:
-        check_bookkeeping(root, results, col)
+        check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
     if log is not None:
         check_events(log, results, col)
     return VerifyResult(
@@ -120,6 +121,16 @@ def verify_path(
             "seconds": time.perf_counter() - t0,
         },
     )
+
+
+def _dropped(root: Path) -> set[str]:
+    """Directories retention dropped whose deletion failed (journal): leftovers, not checkpoints."""
+    from ftkit.checkpoint.journal import failed_cleanups
+
+    try:
+        return set(failed_cleanups(root))
+    except ValueError:  # a malformed journal is reported by the bookkeeping checks
+        return set()
 
 
 def _load(d: Path, col: Collector) -> CheckpointResult:
