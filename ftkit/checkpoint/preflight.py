@@ -19,8 +19,8 @@ from ftkit.checkpoint.guard import GuardVerdict
 from ftkit.checkpoint.layout import step_name
 
 Hook = Callable[[str], "str | None"]  # fault point -> injected kind (or None)
-SPACE_MARGIN = 1.05  # free space asked for on top of the payload (headers, meta, manifest)
-SPACE_SLACK = 1 << 20
+SPACE_MARGIN = 1.02  # free space asked for: the payload (``Payload.nbytes``, which counts
+SPACE_SLACK = 64 << 10  # headers and manifest entries) times the margin, plus the slack
 
 
 class InjectedFault(RuntimeError):
@@ -68,7 +68,7 @@ def preflight(
 ) -> PreflightVerdict:
     """One rank's checks for publishing ``step``: guard clean, room for the payload, target free.
 
-    ``payload_bytes`` is the size of what will be written (``stfile.payload_nbytes``); the
+    ``payload_bytes`` is the size of what will be written (``Payload.nbytes``); the
     free space asked for is ``payload_bytes * SPACE_MARGIN + SPACE_SLACK`` on the file system
     of ``checkpoints`` (the staging directory is created inside it, so the final rename never
     crosses file systems). Never raises for an ``OSError``: that is a failed verdict.

@@ -41,6 +41,7 @@ from ftkit.fsutil import fsync_dir
 from ftkit.tensors.st import temp_path
 
 OnEvent = Callable[[str, dict[str, Any]], None]
+TENSOR_OVERHEAD = 512  # bytes per tensor: its safetensors header entry and its manifest entry
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,9 @@ class Payload:
 
     @property
     def nbytes(self) -> int:
-        """Tensor bytes to be written (what preflight asks free space for)."""
-        return sum(payload_nbytes(t) for t in self.files.values())
+        """Bytes the checkpoint will take: tensor data plus an allowance per tensor for its
+        safetensors header and manifest entries (what preflight asks free space for)."""
+        return sum(payload_nbytes(t) + TENSOR_OVERHEAD * len(t) for t in self.files.values())
 
 
 @dataclass
