@@ -18,6 +18,7 @@ import hashlib
 import json
 import mmap
 import os
+import queue
 import struct
 import threading
 from collections.abc import Iterator, Mapping
@@ -67,7 +68,12 @@ def payload_nbytes(tensors: Mapping[str, Any]) -> int:
 
 
 def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> FileRecord:
-    """Write ``tensors`` to ``path`` as safetensors; returns the file's record (no fsync)."""
+    """Write ``tensors`` to ``path`` as safetensors; returns the file's record (no fsync).
+
+    The bytes are written chunk by chunk on this thread while a helper thread (``_Digester``)
+    feeds the same chunks, in order, to the file's sha256, the tensor's fingerprint and the
+    NaN/Inf count, so hashing overlaps the write instead of adding to it.
+    """
     items = [(name, *host_bytes(tensors[name])) for name in sorted(tensors)]
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     pos = 0
@@ -76,26 +82,88 @@ def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str]
         pos += flat.size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    sha = hashlib.sha256()
-    records: dict[str, TensorRecord] = {}
-    with open(path, "wb") as fh:
-        head = struct.pack("<Q", len(raw)) + raw
-        sha.update(head)
-        fh.write(head)
-        for name, code, shape, flat in items:
-            bad = [0]
-
-            def chunks(flat: np.ndarray = flat, code: str = code, bad: list[int] = bad) -> Iterator[memoryview]:
+    head = struct.pack("<Q", len(raw)) + raw
+    digester = _Digester(head, [(name, code, shape) for name, code, shape, _ in items])
+    try:
+        with open(path, "wb") as fh:
+            fh.write(head)
+            for _, _, _, flat in items:
                 for i in range(0, flat.size, CHUNK_BYTES):
                     piece = memoryview(flat[i : i + CHUNK_BYTES])
-                    sha.update(piece)
-                    bad[0] += count_nonfinite(code, piece)
+                    digester.feed(piece)
                     fh.write(piece)
-                    yield piece
+                digester.feed(None)
+    except BaseException:
+        digester.abort()
+        raise
+    sha, records = digester.result()
+    return FileRecord(size=len(head) + pos, sha256=sha, tensors=records)
 
-            fp = fingerprint_buffers(dtype_of(code), shape, chunks())
-            records[name] = TensorRecord(dtype_of(code), shape, fp, bad[0])
-    return FileRecord(size=len(head) + pos, sha256=sha.hexdigest(), tensors=records)
+
+class _Digester:
+    """A helper thread that hashes and scans the chunks of ``write_st`` in order.
+
+    ``feed(chunk)`` queues a chunk of the current tensor, ``feed(None)`` ends the tensor;
+    ``result()`` waits and returns ``(sha256 hex, {name: TensorRecord})`` or re-raises the
+    thread's error; ``abort()`` stops it (the write failed).
+    """
+
+    _ABORT = object()
+
+    def __init__(self, head: bytes, tensors: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        self.sha = hashlib.sha256(head)
+        self.records: dict[str, TensorRecord] = {}
+        self.error: BaseException | None = None
+        self.queue: queue.Queue[object] = queue.Queue(maxsize=4)
+        self.thread = threading.Thread(target=self._run, args=(tensors,), daemon=True, name="ftkit-ckpt-digest")
+        self.thread.start()
+
+    def feed(self, chunk: memoryview | None) -> None:
+        self.queue.put(chunk)
+
+    def abort(self) -> None:
+        self.queue.put(self._ABORT)
+        self.thread.join()
+
+    def result(self) -> tuple[str, dict[str, TensorRecord]]:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.sha.hexdigest(), self.records
+
+    def _run(self, tensors: list[tuple[str, str, tuple[int, ...]]]) -> None:
+        self.ended = 0  # end-of-tensor markers consumed
+        try:
+            for name, code, shape in tensors:
+                bad = [0]
+                fp = fingerprint_buffers(dtype_of(code), shape, self._chunks(code, bad))
+                self.records[name] = TensorRecord(dtype_of(code), shape, fp, bad[0])
+        except _Aborted:
+            return
+        except BaseException as exc:  # re-raised by result(); drain so the writer never blocks
+            self.error = exc
+            while self.ended < len(tensors):
+                item = self.queue.get()
+                if item is self._ABORT:
+                    return
+                self.ended += item is None
+
+    def _chunks(self, code: str, bad: list[int]) -> Iterator[memoryview]:
+        while True:
+            chunk = self.queue.get()
+            if chunk is None:
+                self.ended += 1
+                return
+            if chunk is self._ABORT:
+                raise _Aborted
+            assert isinstance(chunk, memoryview)
+            self.sha.update(chunk)
+            bad[0] += count_nonfinite(code, chunk)
+            yield chunk
+
+
+class _Aborted(Exception):
+    pass
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> FileRecord:
