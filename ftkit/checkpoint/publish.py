@@ -23,6 +23,7 @@ through ``on_event(type, fields)``: ``checkpoint_published``, ``checkpoint_rejec
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -41,6 +42,7 @@ from ftkit.fsutil import fsync_dir
 from ftkit.tensors.st import temp_path
 
 OnEvent = Callable[[str, dict[str, Any]], None]
+WRITERS = max(1, min(8, (os.cpu_count() or 1)))  # files written (and hashed) at once
 TENSOR_OVERHEAD = 512  # bytes per tensor: its safetensors header entry and its manifest entry
 
 
@@ -206,9 +208,17 @@ class Publisher:
         return out
 
     def _write(self, stage: Path, step: int, rollout: int | None, payload: Payload) -> dict[str, FileRecord]:
-        records: dict[str, FileRecord] = {}
-        for fname, tensors in payload.files.items():
-            records[fname] = write_st(stage / fname, tensors, {"protocol": PROTOCOL, "step": str(step)})
+        """Write the payload files in parallel (one thread per file, at most ``WRITERS``): each
+        file's sha256 is sequential, so several files are what lets hashing use several cores."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = list(payload.files)
+        with ThreadPoolExecutor(max_workers=max(1, min(WRITERS, len(names)))) as pool:
+            futures = [
+                pool.submit(write_st, stage / f, payload.files[f], {"protocol": PROTOCOL, "step": str(step)})
+                for f in names
+            ]
+            records: dict[str, FileRecord] = {f: fut.result() for f, fut in zip(names, futures)}
         meta = {**payload.meta, "protocol": PROTOCOL, "step": step, "rollout": rollout}
         records[META] = write_json(stage / META, meta)
         return records

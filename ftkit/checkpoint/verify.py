@@ -25,10 +25,12 @@ from typing import Any
 from ftkit.checkpoint import manifest as mf
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.layout import MANIFEST, META, RETENTION, checkpoint_dirs, parse_step
+from ftkit.checkpoint.stfile import FileRecord
 from ftkit.errors import InputError
 
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib")
 _ZIP_MAGIC = b"PK\x03\x04"
+READERS = max(1, min(8, (os.cpu_count() or 1)))  # files hashed at once
 
 
 @dataclass
@@ -194,21 +196,41 @@ def check_files(r: CheckpointResult, col: Collector, progress: Progress | None) 
         if rel != MANIFEST and rel not in listed and not any(k.startswith(rel + "/") for k in listed):
             kind = "link" if p.is_symlink() else "directory" if p.is_dir() else "file"
             col.add("FT205", f"{d.name}/{rel}: {kind} not listed in the manifest", checkpoint=r.name, file=str(p))
-    for fname, entry in listed.items():
-        rows.append(_check_file(r, fname, entry, on_disk.get(fname), col))
-        if progress is not None:
-            progress(entry.size)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=READERS) as pool:  # sha256 is per file: files in parallel
+        digests = {f: pool.submit(_digest, on_disk.get(f), e) for f, e in listed.items()}
+        for fname, entry in listed.items():
+            rows.append(_check_file(r, fname, entry, on_disk.get(fname), digests[fname].result(), col))
+            if progress is not None:
+                progress(entry.size)
     return rows
 
 
-def _check_file(r: CheckpointResult, fname: str, entry: mf.FileEntry, p: Path | None, col: Collector) -> FileRow:
+def _digest(p: Path | None, entry: mf.FileEntry) -> FileRecord | InputError | None:
+    """The file's record from disk (safetensors: via the structural reader), the reader's
+    error, or None when there is no regular file to read."""
     from ftkit.checkpoint.stfile import digest_st, sha256_file
+
+    if p is None or p.is_symlink() or not p.is_file():
+        return None
+    if entry.tensors is None:
+        return FileRecord(p.stat().st_size, sha256_file(p))
+    try:
+        return digest_st(p)
+    except InputError as exc:
+        return exc
+
+
+def _check_file(r: CheckpointResult, fname: str, entry: mf.FileEntry, p: Path | None,
+                digest: FileRecord | InputError | None, col: Collector) -> FileRow:  # fmt: skip
+    from ftkit.checkpoint.stfile import sha256_file
 
     before = len(col.findings)
     where = {"checkpoint": r.name, "file": str(r.path / fname)}
     col.check("FT206")
     ntensors = len(entry.tensors or {})
-    if p is None or p.is_symlink() or not p.is_file():
+    if p is None or digest is None:
         what = "absent" if p is None else "not a regular file"
         col.add("FT206", f"{r.name}/{fname}: listed in the manifest but {what}", **where)
         return FileRow(r.name, fname, 0, ntensors, "FT206")
@@ -216,22 +238,19 @@ def _check_file(r: CheckpointResult, fname: str, entry: mf.FileEntry, p: Path | 
     col.check("FT203")
     if size != entry.size:
         col.add("FT203", f"{r.name}/{fname}: {size} bytes, manifest says {entry.size}", **where)
-    digest = None
     if entry.tensors is not None:
         col.check("FT207")
-        try:
-            rec = digest_st(p)
-        except InputError as exc:
-            col.add("FT207", f"{r.name}/{fname}: {exc.message}", **where)
-        else:
-            digest = rec.sha256
-            _check_tensors(r, fname, entry.tensors, rec.tensors or {}, col)
-    if digest is None:
-        digest = sha256_file(p)
+    if isinstance(digest, InputError):
+        col.add("FT207", f"{r.name}/{fname}: {digest.message}", **where)
+        sha = sha256_file(p)
+    else:
+        sha = digest.sha256
+        if entry.tensors is not None:
+            _check_tensors(r, fname, entry.tensors, digest.tensors or {}, col)
     col.check("FT204")
-    if size == entry.size and digest != entry.sha256:
-        col.add("FT204", f"{r.name}/{fname}: sha256 {digest[:16]}... differs from the manifest's", **where)
-    if fname == META and digest == entry.sha256:
+    if size == entry.size and sha != entry.sha256:
+        col.add("FT204", f"{r.name}/{fname}: sha256 {sha[:16]}... differs from the manifest's", **where)
+    if fname == META and sha == entry.sha256:
         _check_meta(r, p, col)
     codes = sorted({f.code for f in col.findings[before:]})
     return FileRow(r.name, fname, size, ntensors, ",".join(codes) or "ok")
