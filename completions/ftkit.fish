@@ -5,6 +5,7 @@ complete -c ftkit -n '__fish_use_subcommand' -a dump -d 'Inspect a dump: prefixe
 complete -c ftkit -n '__fish_use_subcommand' -a compare-dumps -d 'Compare two runs tensor by tensor and report where they first diverge.'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze-events -d 'Replay a run\'s event log and apply the forensic rules (FT101-FT113).'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze -d 'Alias of analyze-events.'
+complete -c ftkit -n '__fish_use_subcommand' -a verify-checkpoint -d 'Verify checkpoints, failing closed (rules FT201-FT217, docs/checkpoints.md).'
 complete -c ftkit -n '__fish_use_subcommand' -l version -d 'Print the version and exit.'
 complete -c ftkit -n '__fish_use_subcommand' -l debug -d 'Show tracebacks for errors.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -F
@@ -65,3 +66,9 @@ complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l format -s f -r -a 
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l fail-on -r -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
 complete -c ftkit -n '__fish_seen_subcommand_from analyze' -l help -s h -d 'Show this message and exit.'
+complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -F
+complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l events -l no-events -d 'Cross-check against the run\'s event log [default: on for a run directory].'
+complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l format -s f -r -a 'human json github' -d 'Output format: human (Rich tables), json (machine readable, carries schema_version) or github (workflow annotations).'
+complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH.'
+complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l fail-on -r -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
+complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l help -s h -d 'Show this message and exit.'
