@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Final
 
-PROTOCOL = "ftkit.checkpoint/1"
+PROTOCOL: Final = "ftkit.checkpoint/1"
 RETENTION_SCHEMA = "ftkit.checkpoint-retention/1"
 JOURNAL_SCHEMA = "ftkit.checkpoint-journal/1"
 MANIFEST = "MANIFEST.json"

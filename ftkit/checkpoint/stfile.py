@@ -89,7 +89,7 @@ def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str]
             fh.write(head)
             for _, _, _, flat in items:
                 for i in range(0, flat.size, CHUNK_BYTES):
-                    piece = memoryview(flat[i : i + CHUNK_BYTES])
+                    piece = flat[i : i + CHUNK_BYTES].data
                     digester.feed(piece)
                     fh.write(piece)
                 digester.feed(None)

@@ -175,7 +175,7 @@ def _load(d: Path, col: Collector) -> CheckpointResult:
 
 def check_files(r: CheckpointResult, col: Collector, progress: Progress | None) -> list[FileRow]:
     """Pickle scan of the whole tree, then each listed file against the manifest."""
-    d, rows = r.path, []
+    d, rows = r.path, list[FileRow]()
     on_disk: dict[str, Path] = {}
     for base, subdirs, files in os.walk(d):
         for name in subdirs + files:

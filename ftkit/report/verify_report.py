@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ftkit.checkpoint.verify import VerifyResult
-from ftkit.report.github import annotations, markdown_table
+from ftkit.report import github
 
 SUITE = "ftkit.verify-checkpoint"
 MAX_FINDINGS = 100
@@ -42,7 +42,7 @@ def verdict_line(result: VerifyResult, outcome: str) -> str:
 
 
 def github_text(result: VerifyResult, outcome: str) -> str:
-    lines = [annotations(result.findings)] if result.findings else []
+    lines = ["\n".join(github.annotation(f) for f in result.findings)] if result.findings else []
     level = "error" if outcome == "fail" else "notice"
     lines.append(f"::{level} title=ftkit verify-checkpoint::{verdict_line(result, outcome)}")
     return "\n".join(lines)
@@ -54,14 +54,14 @@ def step_summary(result: VerifyResult, outcome: str) -> str:
         "",
         verdict_line(result, outcome),
         "",
-        markdown_table(
+        github.markdown_table(
             ["checkpoint", "file", "bytes", "tensors", "status"],
             [(r.checkpoint, r.file, r.size, r.tensors, r.status) for r in result.rows],
         ),
     ]
     if result.findings:
         rows = [(f.code, f.severity.value, f.message) for f in result.findings[:50]]
-        parts += ["", "### Findings", "", markdown_table(["code", "severity", "message"], rows)]
+        parts += ["", "### Findings", "", github.markdown_table(["code", "severity", "message"], rows)]
     return "\n".join(parts)
 
 
