@@ -16,9 +16,9 @@ _ftkit() {
             --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
             --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
             --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
-            --out|-o|--cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            --out|-o|--cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
         dump)
             case "$prev" in
             --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;

@@ -5,7 +5,9 @@ Values come from ``TrainConfig`` defaults, then ``--config FILE`` (JSON, or TOML
 the resulting config as JSON and exits. Live progress (one line per optimizer step) goes to
 stderr; the final report (run summary, analyzer verdict and findings) is the command's data
 on stdout in ``--format human|json|github``. Exit 0 when the analyzer finds nothing at or
-above ``--fail-on``, 1 when it does, 2 for a bad config, run directory or layout.
+above ``--fail-on``, 1 when it does or when the run could not go on (``RunFailed``: too few
+live cells, retries exhausted), 2 for a bad config, run directory or layout, 130 / 143 when
+SIGINT / SIGTERM stopped it (``RunInterrupted``; docs/faults.md).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ftkit.report.sink import Format, Output
 
 PANEL = "Training"
 PANEL_DUMPS = "Dumps"
+PANEL_FAULTS = "Fault tolerance"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
@@ -54,7 +57,7 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
         default = info.default
         shown = ",".join(default) if isinstance(default, tuple) else default
         help = help or info.description
-        if shown is not None and not isinstance(default, bool):
+        if shown not in (None, "") and not isinstance(default, bool):
             help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
@@ -137,6 +140,38 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         dump_cells: Annotated[DumpCells | None, _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
+        collective_timeout: Annotated[
+            float | None,
+            _opt("--collective-timeout", field="collective_timeout", metavar="SECONDS", panel=PANEL_FAULTS),
+        ] = None,
+        step_timeout: Annotated[
+            float | None, _opt("--step-timeout", field="step_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
+        min_cells: Annotated[int | None, _opt("--min-cells", field="min_cells", panel=PANEL_FAULTS)] = None,
+        max_retries: Annotated[int | None, _opt("--max-retries", field="max_retries", panel=PANEL_FAULTS)] = None,
+        heal: Annotated[
+            bool | None,
+            _opt(
+                "--heal/--no-heal",
+                field="heal",
+                panel=PANEL_FAULTS,
+                help="Restart failed cells and heal them from a live peer [default: heal].",
+            ),
+        ] = None,
+        heal_timeout: Annotated[
+            float | None, _opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
+        inject: Annotated[
+            list[str] | None,
+            _opt(
+                "--inject",
+                field="inject",
+                metavar="SPEC",
+                panel=PANEL_FAULTS,
+                help="Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.",
+            ),
+        ] = None,
+        chaos: Annotated[str | None, _opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
         config: Annotated[
             Path | None,
             _opt(
@@ -158,8 +193,12 @@ def register(app: typer.Typer) -> None:
 
         Runs an RL loop (engines generate, rewards, group-normalised advantages, K optimizer
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
-        directory: run.json, events/, rollouts/, dumps/, final/. Then replays its own event
-        log through the analyzer and prints the verdict.
+        directory: run.json, events/, rollouts/, dumps/, final/, status.json. Then replays its
+        own event log through the analyzer and prints the verdict. Faults (a dead, hung or
+        erring rank, a failed collective, a dead engine) are detected, the step is discarded
+        everywhere and retried over the survivors, and failed cells are restarted and healed:
+        the result is bitwise that of the fault-free run. Exit 1 also when the run cannot go
+        on (--min-cells, --max-retries); 130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config
 
@@ -185,6 +224,14 @@ def register(app: typer.Typer) -> None:
             "dump_rollouts": dump_rollouts,
             "dump_what": None if dump_what is None else parse_dump_what(dump_what),
             "dump_cells": dump_cells,
+            "collective_timeout": collective_timeout,
+            "step_timeout": step_timeout,
+            "min_cells": min_cells,
+            "max_retries": max_retries,
+            "heal": heal,
+            "heal_timeout": heal_timeout,
+            "inject": None if inject is None else tuple(inject),
+            "chaos": chaos,
         }
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 SCHEMA = 1
 Role = Literal["driver", "trainer", "engine", "tool"]
-CellStatus = Literal["pending", "starting", "alive", "errored", "stopped"]
+CellStatus = Literal["pending", "starting", "alive", "errored", "stopped", "failed", "restarting", "healing"]
 Hex = Annotated[str, Field(description="lowercase hex digest")]
 
 
@@ -173,12 +173,14 @@ class FaultInjected(Envelope):
     """A fault was injected on purpose (fault schedule)."""
 
     type: Literal["fault_injected"]
-    kind: str = Field(description="what was injected (kill, exception, nonfinite, ...)")
-    point: str = Field(description="where in the step it struck")
+    kind: str = Field(description="what was injected (sigkill, exit, exception, hang, nan-grad, slow, ...)")
+    point: str = Field(description="where in the step it struck (before_forward, during_reduce, ...)")
     cell: int | None = Field(description="target cell")
     rank: int | None = Field(description="target rank")
     rollout: int | None = Field(description="rollout index")
     step: int | None = Field(description="run-global optimizer step")
+    attempt: int | None = Field(default=None, description="attempt of the step, heal or weight sync it struck")
+    engine: int | None = Field(default=None, description="target engine (engine faults)")
 
 
 class Heal(Envelope):

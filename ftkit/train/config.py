@@ -14,13 +14,20 @@ cell computes, so there must be at least as many micro-shards as cells.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ftkit.errors import ConfigError
 
+if TYPE_CHECKING:
+    from ftkit.train.faults import FaultSpec
+
 DUMP_WHAT = ("activations", "grads", "weights")
+#: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
+#: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
+#: faults are detected by ``collective_timeout`` and ``step_timeout``.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class TrainConfig(BaseModel):
@@ -64,6 +71,28 @@ class TrainConfig(BaseModel):
     dump_cells: Literal["first", "all"] = Field(
         "first", description="Replicated state dumped by the first live cell, or by all cells."
     )
+    collective_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a cross-cell collective waits for a peer before the step is discarded "
+        "(a dead or hung cell).",
+    )
+    step_timeout: float = Field(
+        60.0, gt=0, description="Seconds a step attempt may take before its unfinished cells are declared hung."
+    )
+    min_cells: int = Field(1, ge=1, description="Fewest live cells to go on with; below it the run fails (exit 1).")
+    max_retries: int = Field(5, ge=0, description="Retries of one step after failed attempts; then the run fails.")
+    heal: bool = Field(True, description="Restart failed cells and heal them from a live peer.")
+    heal_timeout: float = Field(
+        120.0, gt=0, description="Seconds a restarted cell may take to be placed and start before it is given up."
+    )
+    inject: tuple[str, ...] = Field(
+        (),
+        description="Faults to inject, one spec each: kind=...,point=...,cell=...,step=... (docs/fault-injection.md).",
+    )
+    chaos: str | None = Field(
+        None, description="Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md)."
+    )
     bookkeeping: bool = Field(
         True, description="False turns off fingerprints, witness and exact reduction (overhead bench)."
     )
@@ -87,6 +116,8 @@ class TrainConfig(BaseModel):
             raise ValueError(
                 f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards ({K} * {M} = {K * M})"
             )
+        if self.min_cells > self.cells:
+            raise ValueError(f"min_cells ({self.min_cells}) must be at most cells ({self.cells})")
         if self.cells > M:
             raise ValueError(f"micro_shards ({M}) must be at least cells ({self.cells})")
         if B % self.group_size:
@@ -108,6 +139,9 @@ class TrainConfig(BaseModel):
                 f"response_len ({self.response_len}) must be below half the {self.model} model's "
                 f"sequence length ({preset.max_seq_len})"
             )
+        from ftkit.train.faults import parse_specs
+
+        parse_specs(self.inject, self.chaos, self)  # a bad spec is a one-line ValueError
         if not self.bookkeeping and self.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
@@ -123,6 +157,12 @@ class TrainConfig(BaseModel):
     def shard_samples(self) -> int:
         """Samples per micro-shard (B / (K * M))."""
         return self.step_samples // self.micro_shards
+
+    def fault_specs(self) -> list[FaultSpec]:
+        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults)."""
+        from ftkit.train.faults import parse_specs
+
+        return parse_specs(self.inject, self.chaos, self)
 
     def resolved_device(self) -> str:
         """``cpu`` or ``cuda``; ``auto`` picks cuda when torch sees a GPU (imports torch)."""
