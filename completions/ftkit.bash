@@ -14,11 +14,12 @@ _ftkit() {
             --reward) COMPREPLY=( $(compgen -W "task deterministic_random" -- "$cur") ); return;;
             --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
             --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
+            --best-metric) COMPREPLY=( $(compgen -W "reward" -- "$cur") ); return;;
             --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
             --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
-            --out|-o|--cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            --out|-o|--cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
         dump)
             case "$prev" in
             --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;

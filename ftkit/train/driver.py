@@ -244,6 +244,9 @@ class Driver:
         self.coord.reconfigure("run start")
         self.engines.ready()
         self._push_weights(version=0)
+        from ftkit.train.checkpointing import RunCheckpoints
+
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
 
     def _rollout(self, rollout: int) -> None:
         import ray
@@ -274,6 +277,8 @@ class Driver:
             step = rollout * cfg.steps_per_rollout + k
             self._step_done(self.coord.run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
+        if self.checkpoints.due(rollout):
+            self.checkpoints.publish(rollout, reward)
 
     def _generate(self, rollout: int) -> dict[str, Any]:
         cfg = self.cfg

@@ -131,6 +131,9 @@ class RankWorker:
         from ftkit.train.pipeline import StagePipeline
 
         self.pipe = StagePipeline(self.model, self.device) if cfg.pp > 1 else None
+        from ftkit.checkpoint.guard import NonFiniteGuard
+
+        self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
         return os.getpid()
 
     def configure(self, epoch: int, alive: list[int]) -> None:
@@ -200,6 +203,8 @@ class RankWorker:
             allreduce(losses, "sum")
         faults.at("after_reduce", **at)
         tokens = int(data["loss_mask"].sum())
+        self.guard.observe(task.step, "reduced gradient", reduced is not None)
+        self.guard.observe_value(task.step, "loss", float(losses.sum()))
         if reduced is None:
             self.events.emit(
                 "grad_nonfinite",
@@ -417,6 +422,52 @@ class RankWorker:
 
         self.faults.at("during_weight_sync", step=version * self.cfg.steps_per_rollout, rollout=version)
         return export_cell(self.model)
+
+    def checkpoint_preflight(self, step: int, checkpoints_dir: str) -> tuple[Any, Any]:
+        """``(PreflightVerdict, GuardVerdict)`` of this rank for the checkpoint of ``step``.
+
+        Consumes the non-finite guard (exactly once per boundary, published or not) and runs
+        ``ftkit.checkpoint.preflight.preflight`` with the ``publish_preflight`` fault point;
+        the payload estimate is this rank's parameters and optimizer state times the ranks of
+        a cell. Touches no collective, so a failing peer cannot make it hang."""
+        from ftkit.checkpoint.preflight import preflight
+        from ftkit.checkpoint.publish import TENSOR_OVERHEAD
+        from ftkit.train.rank_state import optimizer_tensors
+
+        guard = self.guard.consume(step)
+        local = [p for _, p in self.params] + list(optimizer_tensors(self.model, self.optimizer).values())
+        nbytes = sum(int(t.numel()) * t.element_size() + TENSOR_OVERHEAD for t in local) * self.cfg.tp * self.cfg.pp
+        verdict = preflight(
+            Path(checkpoints_dir),
+            step,
+            nbytes,
+            guard,
+            f"cell{self.cell}-rank{self.rank}",
+            at=lambda point: self.faults.at(point, step=step, rollout=self.counters["rollout"]),
+        )
+        return verdict, guard
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The state a checkpoint holds, in the TP=1/PP=1 layout (cells of one rank only):
+        ``{"params", "optimizer", "extra", "total"}``; ``extra`` holds the counters and the
+        witness table. The RNG is not state here: every micro-shard reseeds it from (seed,
+        rollout, step, micro-shard)."""
+        import torch
+
+        from ftkit.train.rank_state import fingerprint_state, optimizer_tensors, param_tensors
+
+        if self.cfg.tp * self.cfg.pp != 1:
+            raise RuntimeError("checkpoint_state gathers only cells of one rank (tp = pp = 1)")
+        extra = {"counters": torch.tensor([self.counters["step"], self.counters["rollout"]], dtype=torch.int64)}
+        if self.witness is not None:
+            extra["witness"] = self.witness.param.detach()
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        return {
+            "params": param_tensors(self.model),
+            "optimizer": optimizer_tensors(self.model, self.optimizer),
+            "extra": extra,
+            "total": total,
+        }
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec
