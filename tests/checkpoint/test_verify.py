@@ -350,3 +350,16 @@ def test_cli_unusable_input_is_exit_2(run, tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.count("Error:") == 3 and "Hint:" in err and "Traceback" not in err
     assert cli.main(["verify-checkpoint", str(run), "--no-events"]) == 0
+
+
+def test_analyzer_counts_a_closed_publication_as_recovery(tmp_path) -> None:
+    """A fault at a publish_* point is recovered when the publication ends (rejected or
+    published) and training goes on: the analyzer's recovery table says so (no FT113 row)."""
+    from ftkit.analysis.engine import analyze_paths
+
+    with EventWriter(tmp_path / "events", run="r", role="driver") as w:
+        w.emit("fault_injected", kind="enospc", point="publish_write", cell=None, rank=None, rollout=2, step=5)
+        w.emit("checkpoint_rejected", step=5, kind="latest", reason="I/O error: [Errno 28] No space left on device")
+        w.emit("fault_injected", kind="sigkill", point="before_forward", cell=0, rank=0, rollout=3, step=6)
+    rows = analyze_paths([tmp_path / "events"]).recovery
+    assert [(r["point"], r["recovered_by"]) for r in rows] == [("publish_write", "rejected"), ("before_forward", None)]
