@@ -37,6 +37,7 @@ class RunCheckpoints:
         self.enabled = cfg.checkpoint_every > 0 and cfg.tp * cfg.pp == 1
         self.dir = Path(run_dir) / "checkpoints"
         self.step = -1
+        self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
         injector = injector_for(cfg, events, "driver")
         self.publisher = Publisher(
             self.dir,
@@ -72,7 +73,9 @@ class RunCheckpoints:
         agreed = agree(verdicts)
         guard = merge(guards) if guards else GuardVerdict(step, step, False)
         if not agreed.ok:
-            return self.publisher.publish(step, Payload(files={}), guard, agreed, metric=reward, rollout=rollout)
+            return self._note(
+                self.publisher.publish(step, Payload(files={}), guard, agreed, metric=reward, rollout=rollout)
+            )
         state = coord.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
         meta = {
             "run": Path(self.dir).parent.name,
@@ -83,4 +86,10 @@ class RunCheckpoints:
             "config": cfg.model_dump(mode="json"),
         }
         payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, {"0": state["total"]})
-        return self.publisher.publish(step, payload, guard, agreed, metric=reward, rollout=rollout)
+        return self._note(self.publisher.publish(step, payload, guard, agreed, metric=reward, rollout=rollout))
+
+    def _note(self, out: Outcome) -> Outcome:
+        self.summary.append(
+            {"step": out.step, "published": out.published, "path": str(out.path or ""), "reason": out.reason}
+        )
+        return out

@@ -88,6 +88,7 @@ class RunResult:
     rewards: list[float] = field(default_factory=list)  # mean reward per rollout
     engine_totals: list[list[str]] = field(default_factory=list)  # per version, per engine
     analysis: Any = None  # ftkit.analysis.engine result
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
 
 
 def connect_ray(cfg: TrainConfig) -> bool:
@@ -136,6 +137,7 @@ class Driver:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
         self.coord: Any = None
         self.engines: Any = None
+        self.checkpoints: Any = None
         self.engine_totals: list[list[str]] = []
         self.rewards: list[float] = []
         self.steps_committed = 0
@@ -214,6 +216,7 @@ class Driver:
             self.rewards,
             self.engine_totals,
             analyze(self.run_dir),
+            self.checkpoints.summary if self.checkpoints is not None else [],
         )
 
     def _start(self) -> None:
