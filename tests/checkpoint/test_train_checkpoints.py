@@ -13,6 +13,7 @@ One run, 4 rollouts x 2 steps, a boundary at the end of each rollout (steps 1, 3
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -73,3 +74,37 @@ def test_train_publishes_rejects_and_verifies(tmp_path) -> None:
     assert verify.returncode == 0, verify.stdout[-3000:]
     doc = json.loads(verify.stdout)
     assert doc["stats"]["events"] and {r["code"]: r["checked"] for r in doc["rules"]}["FT214"] == 1
+
+
+@pytest.mark.parametrize("point", ["publish_manifest", "publish_journal"])
+def test_train_killed_while_publishing_leaves_nothing_partial(tmp_path, point) -> None:
+    """``kind=sigkill`` at a publication phase kills ``ftkit train`` itself (the writer). After
+    ``reconcile`` (what a resume does first) nothing partial is visible and everything
+    published verifies against the event log."""
+    import signal
+
+    from ftkit.checkpoint.journal import reconcile
+
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    args = ["train", "--out", str(run), "--cells", "1", *CONFIG, "--inject", f"kind=sigkill,point={point},step=3"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftkit", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its Ray processes share the session: removed below with it
+    )
+    try:
+        assert proc.wait(timeout=900) == -signal.SIGKILL
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    ck = run / "checkpoints"
+    assert [e["step"] for e in _events(run, "checkpoint_published")] == [1]
+    reconcile(ck)
+    assert sorted(p.name for p in ck.iterdir()) == ["journal.json", "latest", "retention.json", "step_000001"]
+    verify = _ftkit("verify-checkpoint", str(ck), "--format", "json")
+    assert verify.returncode == 0, verify.stdout[-3000:]
+    events = _ftkit("verify-checkpoint", str(run), "--format", "json")  # with the event log
+    assert events.returncode == 0, events.stdout[-3000:]
