@@ -4,8 +4,11 @@
 (validated by ``ftkit.tensors.st.read_header``; no tensor data is read):
 
 - ``run``: a directory with ``run.json``, ``events/`` or ``dumps/``. Its ``dumps/`` tree gives
-  dump entries; every other ``*.safetensors`` below it (rollouts/, final/, checkpoints/) is a
-  plain file keyed by its relative path.
+  dump entries; every other ``*.safetensors`` below it (rollouts/, final/, ...) is a plain file
+  keyed by its relative path, except under ``checkpoints/``: which checkpoints a run holds
+  depends on its non-finite guard (a faulted interval publishes none), and what they hold is
+  the state ``final/`` and the dumps already show; compare two checkpoint directories
+  directly, and check them with ``ftkit verify-checkpoint``.
 - ``dumps``: a directory with ``*.index.json`` files below it (a dumps root, a prefix, a phase
   or a rollout directory).
 - ``files``: any other directory; its ``*.safetensors`` files pair by relative path.
@@ -103,7 +106,7 @@ def open_source(path: str | os.PathLike[str]) -> Source:
         dumps = p / "dumps"
         if dumps.is_dir():
             _read_dump_tree(dumps, src)
-        for rel in _walk(p, DATA_SUFFIX, skip=dumps):
+        for rel in _walk(p, DATA_SUFFIX, skip=(dumps, p / "checkpoints")):
             src.files[rel] = read_header(p / rel)
         return src
     indexes = _walk(p, INDEX_SUFFIX)
@@ -117,12 +120,13 @@ def open_source(path: str | os.PathLike[str]) -> Source:
     return src
 
 
-def _walk(root: Path, suffix: str, skip: Path | None = None) -> list[str]:
-    """Relative paths (posix) of non-hidden files ending in ``suffix``, sorted."""
+def _walk(root: Path, suffix: str, skip: tuple[Path, ...] = ()) -> list[str]:
+    """Relative paths (posix) of non-hidden files ending in ``suffix``, sorted; directories in
+    ``skip`` are not entered."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         d = Path(dirpath)
-        dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and (skip is None or d / n != skip))
+        dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and d / n not in skip)
         found.extend(
             (d / n).relative_to(root).as_posix() for n in filenames if n.endswith(suffix) and not n.startswith(".")
         )
