@@ -117,8 +117,11 @@ class Publisher:
     ) -> Outcome:
         """Run the phases for ``step`` (see the module docstring); never raises an ``OSError``."""
         clock: dict[str, float] = {}
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._finish_pending()
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._finish_pending()
+        except (OSError, ValueError) as exc:  # nothing new is published over an unfinished transaction
+            return self._reject(step, f"the previous retention transaction cannot be finished: {_reason(exc)}", clock)
         if not agreed.ok:
             return self._reject(step, f"preflight: {agreed.reason}", clock)
         if guard.tainted:

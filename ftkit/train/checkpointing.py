@@ -48,7 +48,8 @@ class RunCheckpoints:
 
     def due(self, rollout: int) -> bool:
         """Whether the end of ``rollout`` is a publication boundary."""
-        return self.enabled and (rollout + 1) % self.cfg.checkpoint_every == 0
+        every: int = self.cfg.checkpoint_every
+        return self.enabled and (rollout + 1) % every == 0
 
     def publish(self, rollout: int, reward: float) -> Outcome:
         """Preflight everywhere, agree, publish (or reject); never raises for a rejection."""
