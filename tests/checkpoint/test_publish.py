@@ -181,3 +181,20 @@ def test_select_never_ranks_nonfinite_or_tainted_best() -> None:
     assert tie.roles == {"b": ["best"], "c": ["last"]}  # ties go to the newer step
     with pytest.raises(ValueError):
         RetentionPolicy(keep_last=0)
+
+
+def test_unfinishable_pending_transaction_rejects_instead_of_raising(ckdir) -> None:
+    from ftkit.checkpoint import journal
+
+    pub = Publisher(ckdir, RetentionPolicy())
+    publish(pub, 3)
+    doc = json.loads((ckdir / "retention.json").read_text())
+    journal.begin(ckdir, None, doc, doc, [])  # a pending transaction ...
+    (ckdir / "retention.json").unlink()
+    (ckdir / "retention.json").mkdir()  # ... that cannot be applied (its target is a directory)
+    out = publish(pub, 7)
+    assert not out.published and out.reason.startswith("the previous retention transaction cannot be finished")
+    assert not (ckdir / "step_000007").exists()
+    (ckdir / "retention.json").rmdir()
+    assert publish(pub, 11).published  # once it can be finished, publication goes on
+    assert verify_path(ckdir).findings == []
