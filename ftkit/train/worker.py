@@ -486,9 +486,15 @@ class RankWorker:
         rank position of a live cell), fingerprint what this rank now holds and compare with
         the donor's total (``ftkit.train.heal.receive``). Emits ``heal`` when they are equal
         (``HealReport.accepted``); a mismatch is returned, not raised."""
+        from ftkit.checkpoint.guard import NonFiniteGuard
         from ftkit.train.heal import receive
 
-        return receive(self, payload, donor, epoch, attempt)
+        report = receive(self, payload, donor, epoch, attempt)
+        # the guard of a healed rank covers what it computes from here on: the steps its donor
+        # saw before are the donor's to report (a guard from step 0 would reach back into
+        # intervals consumed at earlier boundaries)
+        self.guard = NonFiniteGuard(first_step=self.counters["step"] + 1)
+        return report
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
