@@ -14,8 +14,9 @@ from ftkit.report.sink import Format, Output
 
 
 def step_line(r: Any) -> str:
-    """``rollout 1/3  step 2/6  loss ...  reward ...  cells 2/2  1234 tok/s`` (a ``StepReport``)."""
-    state = "" if r.committed else "  [red]DISCARDED[/red]"
+    """``rollout 1/3  step 2/6  loss ...  reward ...  cells 2/2  1234 tok/s`` (a ``StepReport``),
+    plus ``  N attempts`` when faults made the step retry."""
+    state = f"  [yellow]{r.attempts} attempts[/yellow]" if r.attempts > 1 else ""
     return (
         f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
         f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "

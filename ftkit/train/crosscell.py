@@ -71,7 +71,7 @@ class CrossCellLink:
 
         if self.pg is None:
             raise CollectiveError(f"cell {self.cell} rank {self.rank} has no cross-cell group (call configure)")
-        opts = dist.AllreduceOptions()
+        opts: Any = dist.AllreduceOptions()
         opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
         try:
             if self.device == "cuda" and not tensor.is_cuda:  # NCCL needs device memory

@@ -35,8 +35,8 @@ class EnginePool:
 
         self.cfg, self.cfg_dict, self.run_dir = cfg, cfg_dict, run_dir
         res = actor_resources(device)
-        self.cls = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
-        self.actors = [self.cls.remote(cfg_dict, run_dir, e) for e in range(cfg.engines)]
+        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
+        self.actors: list[Any] = [self.cls.remote(cfg_dict, run_dir, e) for e in range(cfg.engines)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
         self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
         self.restarts = 0

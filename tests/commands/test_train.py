@@ -240,7 +240,7 @@ def test_step_line():
             rollouts=3,
             step=3,
             steps=6,
-            committed=True,
+            attempts=1,
             loss=-0.0123,
             grad_norm=0.5,
             reward=0.25,
@@ -251,4 +251,4 @@ def test_step_line():
         )
     )
     assert line == ("rollout 2/3  step 4/6  loss -0.01230  reward 0.250  grad_norm 0.5  cells 2/2  1,234 tok/s")
-    assert "DISCARDED" in step_line(StepReport(0, 1, 0, 1, False, 0.0, float("nan"), 0.0, 0.0, 0.1, 1, 1))
+    assert "3 attempts" in step_line(StepReport(0, 1, 0, 1, 3, 0.0, float("nan"), 0.0, 0.0, 0.1, 1, 1))
