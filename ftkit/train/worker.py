@@ -449,10 +449,11 @@ class RankWorker:
         a cell. Touches no collective, so a failing peer cannot make it hang."""
         from ftkit.checkpoint.preflight import preflight
         from ftkit.checkpoint.publish import TENSOR_OVERHEAD
-        from ftkit.train.rank_state import optimizer_tensors
+        from ftkit.train.state_codec import capture
 
         guard = self.guard.consume(step)
-        local = [p for _, p in self.params] + list(optimizer_tensors(self.model, self.optimizer).values())
+        state = capture(self.params, self.optimizer, None, self.counters)  # views, no copy
+        local = [*state.params.values(), *state.optimizer.values()]
         nbytes = sum(int(t.numel()) * t.element_size() + TENSOR_OVERHEAD for t in local) * self.cfg.tp * self.cfg.pp
         verdict = preflight(
             Path(checkpoints_dir),
@@ -466,25 +467,24 @@ class RankWorker:
 
     def checkpoint_state(self) -> dict[str, Any]:
         """The state a checkpoint holds, in the TP=1/PP=1 layout (cells of one rank only):
-        ``{"params", "optimizer", "extra", "total"}``; ``extra`` holds the counters and the
-        witness table. The RNG is not state here: every micro-shard reseeds it from (seed,
-        rollout, step, micro-shard)."""
+        ``{"params", "optimizer", "extra", "total"}`` from the rank-state codec's ``capture``
+        (the state a heal sends); ``extra`` holds the counters and the witness table. The RNG
+        is not saved: every micro-shard reseeds it from (seed, rollout, step, micro-shard), and
+        its leftover state depends on which cell ran the last micro-shard."""
         import torch
 
-        from ftkit.train.rank_state import fingerprint_state, optimizer_tensors, param_tensors
+        from ftkit.train.rank_state import fingerprint_state
+        from ftkit.train.state_codec import capture
 
         if self.cfg.tp * self.cfg.pp != 1:
             raise RuntimeError("checkpoint_state gathers only cells of one rank (tp = pp = 1)")
+        witness = None if self.witness is None else self.witness.param
+        state = capture(self.params, self.optimizer, witness, self.counters)
         extra = {"counters": torch.tensor([self.counters["step"], self.counters["rollout"]], dtype=torch.int64)}
-        if self.witness is not None:
-            extra["witness"] = self.witness.param.detach()
+        if state.witness is not None:
+            extra["witness"] = state.witness
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
-        return {
-            "params": param_tensors(self.model),
-            "optimizer": optimizer_tensors(self.model, self.optimizer),
-            "extra": extra,
-            "total": total,
-        }
+        return {"params": state.params, "optimizer": state.optimizer, "extra": extra, "total": total}
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec
