@@ -6,7 +6,7 @@ _ftkit() {
     cmd=""
     for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done
     case "$cmd" in
-        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze --version --debug" -- "$cur") ); return;;
+        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
                 --model) COMPREPLY=( $(compgen -W "tiny small" -- "$cur") ); return;;
@@ -14,12 +14,13 @@ _ftkit() {
                 --reward) COMPREPLY=( $(compgen -W "task deterministic_random" -- "$cur") ); return;;
                 --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
                 --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
+                --best-metric) COMPREPLY=( $(compgen -W "reward" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --out|-o|--config|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
-                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos) COMPREPLY=(); return;;
+                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --format -f --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
@@ -50,6 +51,13 @@ _ftkit() {
                 --rule|--skip-rule) COMPREPLY=(); return;;
             esac
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --html --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+        verify-checkpoint)
+            case "$prev" in
+                --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+                --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
+                --junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--events --no-events --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit

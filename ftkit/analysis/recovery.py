@@ -9,7 +9,9 @@
 - ``samples_lost``: witness deficit (allocated ids counted fewer times than expected) of the
   fault's rollout; ``None`` while the rollout is open or has no witness evidence. Must be 0;
 - ``recovered_by``: ``reconfigure``, ``heal`` or ``retry`` (a later attempt of a step committed
-  after the fault), whichever came first; ``None`` means unrecovered (FT113).
+  after the fault), whichever came first; for a fault at a checkpoint publication point
+  (``publish_*``), ``rejected`` or ``published``: the publication ended and training went on;
+  ``None`` means unrecovered (FT113).
 
 All times are seconds after the fault's own ``time``. Memory is one row per fault.
 """
@@ -106,6 +108,12 @@ class RecoveryTracker:
         for r in rows:
             r.heal_s = t - r.time
         self._recovered(rows, "heal")
+
+    def checkpoint_closed(self, t: float, how: str) -> None:
+        """A checkpoint publication ended at ``t`` (``how``: rejected / published): it recovers
+        the faults struck at its ``publish_*`` points before it."""
+        rows = [r for r in self._waiting["recover"] if r.time <= t and r.point.startswith("publish_")]
+        self._recovered(rows, how)
 
     def step_closed(self, t0: float, committed: bool, attempt: int) -> None:
         """A step attempt that started at ``t0`` closed."""

@@ -102,6 +102,8 @@ class Replay:
             "grad_nonfinite": self._grad_nonfinite,
             "fault_injected": self._fault,
             "heal": self._heal,
+            "checkpoint_published": self._checkpoint_closed,
+            "checkpoint_rejected": self._checkpoint_closed,
             "metric": self._metric,
             "log_closed": self._log_closed,
         }
@@ -489,6 +491,9 @@ class Replay:
     def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.healed(ev["time"], ev["cell"])
         self.healed.add(ev["cell"])
+
+    def _checkpoint_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.recovery.checkpoint_closed(ev["time"], "rejected" if ev["type"] == "checkpoint_rejected" else "published")
 
     # ----------------------------------------------------------------- closing
     def _close_step(self, rec: StepRecord) -> None:

@@ -5,4 +5,4 @@ them in this order (which is the order of ``ftkit --help``). Only commands that 
 listed here.
 """
 
-COMMAND_MODULES: list[str] = ["train", "dump", "compare_dumps", "analyze_events"]
+COMMAND_MODULES: list[str] = ["train", "dump", "compare_dumps", "analyze_events", "verify_checkpoint"]

@@ -28,6 +28,7 @@ from ftkit.report.sink import Format, Output
 PANEL = "Training"
 PANEL_DUMPS = "Dumps"
 PANEL_FAULTS = "Fault tolerance"
+PANEL_CKPT = "Checkpoints"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
@@ -47,12 +48,14 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     Device: TypeAlias = Enum
     DumpCells: TypeAlias = Enum
     Reward: TypeAlias = Enum
+    BestMetric: TypeAlias = Enum
 else:
     ModelName = _choices("ModelName", "model")
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
     DumpCells = _choices("DumpCells", "dump_cells")
     Reward = _choices("Reward", "reward")
+    BestMetric = _choices("BestMetric", "best_metric")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
@@ -198,6 +201,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         chaos: Annotated[str | None, _opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
+        checkpoint_every: Annotated[
+            int | None, _opt("--checkpoint-every", field="checkpoint_every", metavar="N", panel=PANEL_CKPT)
+        ] = None,
+        keep_last: Annotated[int | None, _opt("--keep-last", field="keep_last", metavar="N", panel=PANEL_CKPT)] = None,
+        keep_best: Annotated[int | None, _opt("--keep-best", field="keep_best", metavar="K", panel=PANEL_CKPT)] = None,
+        best_metric: Annotated[BestMetric | None, _opt("--best-metric", field="best_metric", panel=PANEL_CKPT)] = None,
         config: Annotated[
             Path | None,
             _opt(
@@ -258,6 +267,10 @@ def register(app: typer.Typer) -> None:
             "heal_timeout": heal_timeout,
             "inject": None if inject is None else tuple(inject),
             "chaos": chaos,
+            "checkpoint_every": checkpoint_every,
+            "keep_last": keep_last,
+            "keep_best": keep_best,
+            "best_metric": best_metric,
         }
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:
@@ -268,6 +281,8 @@ def register(app: typer.Typer) -> None:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
 
+        if cfg.checkpoint_every and cfg.tp * cfg.pp > 1:
+            output.warn("checkpoints are published for cells of one rank only (tp = pp = 1); none this run")
         from ftkit.commands.train_report import report, step_line
         from ftkit.train.driver import run_training
 

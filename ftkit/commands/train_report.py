@@ -37,6 +37,7 @@ def run_summary(result: Any) -> dict[str, Any]:
         "rewards": result.rewards,
         "final_files": result.final_files,
         "engine_fingerprints": [{"version": v, "engines": totals} for v, totals in enumerate(result.engine_totals)],
+        "checkpoints": result.checkpoints,
     }
 
 
@@ -76,8 +77,16 @@ def _summary_text(result: Any) -> str:
         if last
         else "no engine weights"
     )
+    published = [c for c in result.checkpoints if c["published"]]
+    checkpoints = (
+        f"; checkpoints: {len(published)} published"
+        + (f" (last {published[-1]['path']})" if published else "")
+        + f", {len(result.checkpoints) - len(published)} rejected"
+        if result.checkpoints
+        else ""
+    )
     return (
         f"{result.run_dir}: {result.steps_committed}/{result.steps_total} steps committed in "
         f"{result.seconds:.1f}s; reward per rollout {rewards}; final state in "
-        f"{', '.join(result.final_files) or '-'}; {engines}"
+        f"{', '.join(result.final_files) or '-'}; {engines}{checkpoints}"
     )

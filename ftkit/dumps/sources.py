@@ -4,8 +4,11 @@
 (validated by ``ftkit.tensors.st.read_header``; no tensor data is read):
 
 - ``run``: a directory with ``run.json``, ``events/`` or ``dumps/``. Its ``dumps/`` tree gives
-  dump entries; every other ``*.safetensors`` below it (rollouts/, final/, checkpoints/) is a
-  plain file keyed by its relative path.
+  dump entries; every other ``*.safetensors`` below it (rollouts/, final/, ...) is a plain file
+  keyed by its relative path, except under ``checkpoints/``: which checkpoints a run holds
+  depends on its non-finite guard (a faulted interval publishes none), and what they hold is
+  the state ``final/`` and the dumps already show; compare two checkpoint directories
+  directly, and check them with ``ftkit verify-checkpoint``.
 - ``dumps``: a directory with ``*.index.json`` files below it (a dumps root, a prefix, a phase
   or a rollout directory).
 - ``files``: any other directory; its ``*.safetensors`` files pair by relative path.
@@ -117,7 +120,7 @@ def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> 
         dumps = p / "dumps"
         if dumps.is_dir():
             _read_dump_tree(dumps, src, walker)
-        for rel in walker.files(p, DATA_SUFFIX, skip=dumps):
+        for rel in walker.files(p, DATA_SUFFIX, skip=(dumps, p / "checkpoints")):
             src.files[rel] = read_header(p / rel)
     else:
         indexes = walker.files(p, INDEX_SUFFIX)

@@ -24,12 +24,13 @@ class TreeWalker:
         self.real_root = root.resolve()
         self.skipped: list[str] = []
 
-    def files(self, top: Path, suffix: str, skip: Path | None = None) -> list[str]:
-        """Relative paths (posix, to ``top``) of non-hidden regular files ending in ``suffix``."""
+    def files(self, top: Path, suffix: str, skip: tuple[Path, ...] = ()) -> list[str]:
+        """Relative paths (posix, to ``top``) of non-hidden regular files ending in ``suffix``;
+        the directories in ``skip`` are not entered."""
         found = []
         for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
             d = Path(dirpath)
-            dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and (skip is None or d / n != skip))
+            dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and d / n not in skip)
             for n in filenames:
                 if n.endswith(suffix) and not n.startswith(".") and self.check(d / n):
                     found.append((d / n).relative_to(top).as_posix())

@@ -236,6 +236,15 @@ class CheckpointRejected(Envelope):
     reason: str = Field(description="why")
 
 
+class CheckpointCleanupFailed(Envelope):
+    """A checkpoint retention dropped could not be deleted (recorded in the journal; retried)."""
+
+    type: Literal["checkpoint_cleanup_failed"]
+    step: int | None = Field(description="step of the publication whose cleanup failed (null: a reconcile)")
+    path: str = Field(description="the checkpoint directory left behind")
+    error: str = Field(description="the error")
+
+
 class DumpWritten(Envelope):
     """A tensor dump file was written."""
 
@@ -281,6 +290,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     GradNonfinite,
     CheckpointPublished,
     CheckpointRejected,
+    CheckpointCleanupFailed,
     DumpWritten,
     EventsDropped,
     LogClosed,

@@ -80,6 +80,13 @@ class Cell:
     def discard(self, step: int, attempt: int) -> list[Any]:
         return [w.discard.remote(step, attempt) for w in self.workers]
 
+    def checkpoint_preflight(self, step: int, checkpoints_dir: str) -> list[Any]:
+        return [w.checkpoint_preflight.remote(step, checkpoints_dir) for w in self.workers]
+
+    def checkpoint_state(self) -> list[Any]:
+        """Rank 0's state for a checkpoint (cells of one rank)."""
+        return [self.workers[0].checkpoint_state.remote()]
+
     def donor_state(self) -> list[Any]:
         return [w.donor_state.remote() for w in self.workers]
 

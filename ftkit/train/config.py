@@ -97,6 +97,14 @@ class TrainConfig(BaseModel):
     chaos: str | None = Field(
         None, description="Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md)."
     )
+    checkpoint_every: int = Field(
+        1,
+        ge=0,
+        description="Publish a checkpoint every N rollouts (0: never; cells of one rank only, docs/checkpoints.md).",
+    )
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept: the newest N ...")
+    keep_best: int = Field(1, ge=0, description="... plus the best K by --best-metric (finite, untainted).")
+    best_metric: Literal["reward"] = Field("reward", description="What ranks checkpoints: the rollout's mean reward.")
     bookkeeping: bool = Field(
         True, description="False turns off fingerprints, witness and exact reduction (overhead bench)."
     )

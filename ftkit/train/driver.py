@@ -94,6 +94,7 @@ class RunResult:
     rewards: list[float] = field(default_factory=list)  # mean reward per rollout
     engine_totals: list[list[str]] = field(default_factory=list)  # per version, per engine
     analysis: Any = None  # ftkit.analysis.engine result
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
 
 
 def connect_ray(cfg: TrainConfig) -> bool:
@@ -156,6 +157,7 @@ class Driver:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
         self.coord: Any = None
         self.engines: Any = None
+        self.checkpoints: Any = None
         self.engine_totals: list[list[str]] = []
         self.rewards: list[float] = []
         self.steps_committed = 0
@@ -235,6 +237,7 @@ class Driver:
             self.rewards,
             self.engine_totals,
             analyze(self.run_dir),
+            self.checkpoints.summary if self.checkpoints is not None else [],
         )
 
     def _start(self) -> None:
@@ -265,6 +268,9 @@ class Driver:
         self.coord.reconfigure("run start")
         self.engines.ready()
         self._push_weights(version=0)
+        from ftkit.train.checkpointing import RunCheckpoints
+
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
 
     def _rollout(self, rollout: int) -> None:
         import ray
@@ -295,6 +301,8 @@ class Driver:
             step = rollout * cfg.steps_per_rollout + k
             self._step_done(self.coord.run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
+        if self.checkpoints.due(rollout):
+            self.checkpoints.publish(rollout, reward)
 
     def _generate(self, rollout: int) -> dict[str, Any]:
         cfg = self.cfg

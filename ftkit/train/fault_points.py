@@ -44,7 +44,7 @@ class NoFaults:
 def injector_for(
     cfg: TrainConfig,
     events: Any,
-    role: Literal["trainer", "engine"],
+    role: Literal["trainer", "engine", "driver"],
     cell: int | None = None,
     rank: int | None = None,
     engine: int | None = None,

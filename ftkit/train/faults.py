@@ -16,7 +16,9 @@ Contract of ``at``: ``sigkill`` kills the process with ``SIGKILL``; ``exit`` end
 ``os._exit(1)``; ``exception`` raises ``InjectedFault``; ``hang`` never returns; ``slow``
 sleeps ``seconds`` (default 1) and returns ``None``; ``nan-grad``, ``corrupt-transfer`` and
 ``corrupt-engine`` return the kind and the caller acts (poison the micro-shard's gradient,
-``flip_bit`` the heal payload or the engine's loaded weights). No match returns ``None``.
+``flip_bit`` the heal payload or the engine's loaded weights); so do ``enospc`` and
+``preflight-fail`` at the checkpoint publication points (``ftkit.checkpoint.preflight.fire``
+raises ``OSError(ENOSPC)`` / fails the rank's preflight). No match returns ``None``.
 """
 
 from __future__ import annotations
@@ -29,14 +31,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
+from ftkit.checkpoint.layout import FAULT_POINTS as PUBLISH_FAULT_POINTS
+
 if TYPE_CHECKING:
     import torch
 
     from ftkit.train.config import TrainConfig
 
-KINDS = ("sigkill", "exit", "exception", "hang", "nan-grad", "slow", "corrupt-transfer", "corrupt-engine")
+KINDS = (
+    "sigkill",
+    "exit",
+    "exception",
+    "hang",
+    "nan-grad",
+    "slow",
+    "corrupt-transfer",
+    "corrupt-engine",
+    "enospc",
+    "preflight-fail",
+)
 TRAINER_POINTS = ("before_forward", "mid_backward", "before_reduce", "during_reduce", "after_reduce")
-POINTS = (*TRAINER_POINTS, "during_weight_sync", "during_dump_write", "during_heal")
+# Checkpoint publication (docs/checkpoints.md): every rank runs publish_preflight; the other
+# phases run in the checkpoint writer, the driver (their specs name no cell).
+PUBLISH_POINTS = PUBLISH_FAULT_POINTS
+WRITER_POINTS = tuple(p for p in PUBLISH_POINTS if p != "publish_preflight")
+POINTS = (*TRAINER_POINTS, "during_weight_sync", "during_dump_write", "during_heal", *PUBLISH_POINTS)
 # Where each kind applies. during_weight_sync is where a rank exports (cell=) or an engine
 # loads (engine=) a weights version; engines have no other point.
 KIND_POINTS: dict[str, tuple[str, ...]] = {
@@ -44,10 +63,12 @@ KIND_POINTS: dict[str, tuple[str, ...]] = {
     "nan-grad": ("mid_backward", "before_reduce"),
     "corrupt-transfer": ("during_heal",),
     "corrupt-engine": ("during_weight_sync",),
+    "enospc": PUBLISH_POINTS,  # OSError(ENOSPC) raised in that phase of the publication
+    "preflight-fail": ("publish_preflight",),
 }
 KEYS = ("kind", "point", "cell", "rank", "step", "attempt", "engine", "seconds")
 DEFAULT_SLOW_SECONDS = 1.0
-Role = Literal["trainer", "engine"]
+Role = Literal["trainer", "engine", "driver"]
 
 
 class InjectedFault(RuntimeError):
@@ -73,7 +94,9 @@ class FaultSpec:
     @property
     def role(self) -> Role:
         """Which kind of process the spec strikes."""
-        return "engine" if self.engine is not None else "trainer"
+        if self.engine is not None:
+            return "engine"
+        return "driver" if self.point in WRITER_POINTS else "trainer"
 
     def text(self) -> str:
         """The spec in the ``--inject`` grammar (round-trips through ``parse_spec``)."""
@@ -132,7 +155,9 @@ def parse_spec(spec: str, cfg: TrainConfig | None = None) -> FaultSpec:
         raise ValueError(f"inject spec {spec!r}: give engine= (an engine) or cell= (a rank), not both")
     if "engine" in num and point != "during_weight_sync":
         raise ValueError(f"inject spec {spec!r}: engine= needs point=during_weight_sync (the engines' fault point)")
-    if "engine" not in num and "cell" not in num:
+    if point in WRITER_POINTS and ("cell" in num or "rank" in num or "engine" in num):
+        raise ValueError(f"inject spec {spec!r}: point={point} strikes the checkpoint writer (the driver): no cell=")
+    if "engine" not in num and "cell" not in num and point not in WRITER_POINTS:
         raise ValueError(f"inject spec {spec!r}: point={point} strikes a rank: give cell= (and rank=, default 0)")
     if kind == "corrupt-engine" and "engine" not in num:
         raise ValueError(f"inject spec {spec!r}: kind=corrupt-engine strikes an engine: give engine=")

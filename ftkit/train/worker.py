@@ -131,6 +131,9 @@ class RankWorker:
         from ftkit.train.pipeline import StagePipeline
 
         self.pipe = StagePipeline(self.model, self.device) if cfg.pp > 1 else None
+        from ftkit.checkpoint.guard import NonFiniteGuard
+
+        self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
         return os.getpid()
 
     def configure(self, epoch: int, alive: list[int]) -> None:
@@ -215,6 +218,8 @@ class RankWorker:
             allreduce(losses, "sum")
         faults.at("after_reduce", **at)
         tokens = int(data["loss_mask"].sum())
+        self.guard.observe(task.step, "reduced gradient", reduced is not None)
+        self.guard.observe_value(task.step, "loss", float(losses.sum()))
         if reduced is None:
             self.events.emit(
                 "grad_nonfinite",
@@ -448,6 +453,52 @@ class RankWorker:
         self.faults.at("during_weight_sync", step=version * self.cfg.steps_per_rollout, rollout=version)
         return export_cell(self.model)
 
+    def checkpoint_preflight(self, step: int, checkpoints_dir: str) -> tuple[Any, Any]:
+        """``(PreflightVerdict, GuardVerdict)`` of this rank for the checkpoint of ``step``.
+
+        Consumes the non-finite guard (exactly once per boundary, published or not) and runs
+        ``ftkit.checkpoint.preflight.preflight`` with the ``publish_preflight`` fault point;
+        the payload estimate is this rank's parameters and optimizer state times the ranks of
+        a cell. Touches no collective, so a failing peer cannot make it hang."""
+        from ftkit.checkpoint.preflight import preflight
+        from ftkit.checkpoint.publish import TENSOR_OVERHEAD
+        from ftkit.train.state_codec import capture
+
+        guard = self.guard.consume(step)
+        state = capture(self.params, self.optimizer, None, self.counters)  # views, no copy
+        local = [*state.params.values(), *state.optimizer.values()]
+        nbytes = sum(int(t.numel()) * t.element_size() + TENSOR_OVERHEAD for t in local) * self.cfg.tp * self.cfg.pp
+        verdict = preflight(
+            Path(checkpoints_dir),
+            step,
+            nbytes,
+            guard,
+            f"cell{self.cell}-rank{self.rank}",
+            at=lambda point: self.faults.at(point, step=step, rollout=self.counters["rollout"]),
+        )
+        return verdict, guard
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """The state a checkpoint holds, in the TP=1/PP=1 layout (cells of one rank only):
+        ``{"params", "optimizer", "extra", "total"}`` from the rank-state codec's ``capture``
+        (the state a heal sends); ``extra`` holds the counters and the witness table. The RNG
+        is not saved: every micro-shard reseeds it from (seed, rollout, step, micro-shard), and
+        its leftover state depends on which cell ran the last micro-shard."""
+        import torch
+
+        from ftkit.train.rank_state import fingerprint_state
+        from ftkit.train.state_codec import capture
+
+        if self.cfg.tp * self.cfg.pp != 1:
+            raise RuntimeError("checkpoint_state gathers only cells of one rank (tp = pp = 1)")
+        witness = None if self.witness is None else self.witness.param
+        state = capture(self.params, self.optimizer, witness, self.counters)
+        extra = {"counters": torch.tensor([self.counters["step"], self.counters["rollout"]], dtype=torch.int64)}
+        if state.witness is not None:
+            extra["witness"] = state.witness
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        return {"params": state.params, "optimizer": state.optimizer, "extra": extra, "total": total}
+
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec
         (``state_codec.encode``, views, no copy) and its fingerprint total (the
@@ -466,9 +517,15 @@ class RankWorker:
         the donor's total (``ftkit.train.heal.receive``). Emits ``heal`` when they are equal
         (``HealReport.accepted``); a mismatch is returned, not raised. ``step``: the step the
         cell joins before; ``attempt``: the heal attempt (fault point ``during_heal``)."""
+        from ftkit.checkpoint.guard import NonFiniteGuard
         from ftkit.train.heal import receive
 
-        return receive(self, payload, donor, epoch, step, attempt)
+        report = receive(self, payload, donor, epoch, step, attempt)
+        # the guard of a healed rank covers what it computes from here on: the steps its donor
+        # saw before are the donor's to report (a guard from step 0 would reach back into
+        # intervals consumed at earlier boundaries)
+        self.guard = NonFiniteGuard(first_step=self.counters["step"] + 1)
+        return report
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""

@@ -26,6 +26,7 @@ from ftkit.train.config import TrainConfig
 from ftkit.train.faults import (
     KIND_POINTS,
     POINTS,
+    WRITER_POINTS,
     FaultInjector,
     FaultSpec,
     InjectedFault,
@@ -55,11 +56,12 @@ def specs_strategy(draw: st.DrawFn) -> FaultSpec:
     kind, point = draw(st.sampled_from(sorted((k, p) for k, ps in KIND_POINTS.items() for p in ps)))
     engine_ok, rank_ok = point == "during_weight_sync", kind != "corrupt-engine"
     on_engine = engine_ok and (not rank_ok or draw(st.booleans()))
+    on_writer = point in WRITER_POINTS  # the checkpoint writer (the driver): no cell
     return FaultSpec(
         kind,
         point,
-        cell=None if on_engine else draw(st.integers(0, 63)),
-        rank=None if on_engine else draw(st.integers(0, 7)),
+        cell=None if on_engine or on_writer else draw(st.integers(0, 63)),
+        rank=None if on_engine or on_writer else draw(st.integers(0, 7)),
         engine=draw(st.integers(0, 15)) if on_engine else None,
         step=draw(st.none() | st.integers(0, 10**6)) if point == "during_heal" else draw(st.integers(0, 10**6)),
         attempt=draw(st.integers(0, 9)),

@@ -1,0 +1,110 @@
+"""Finding codes of ``ftkit verify-checkpoint`` (FT2xx, documented in docs/checkpoints.md).
+
+Errors make the command exit 1; warnings are reported and exit 1 only with ``--fail-on
+warning``. ``Collector`` gathers findings and how many things each code checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftkit.findings import Finding, RuleSummary, Severity, sort_findings
+
+E, W = Severity.error, Severity.warning
+CODES: dict[str, tuple[str, Severity, str]] = {
+    "FT201": ("manifest-missing", E, "a checkpoint directory has no MANIFEST.json (it was never committed)"),
+    "FT202": (
+        "manifest-malformed",
+        E,
+        "MANIFEST.json is not JSON or not a protocol-1 manifest, or disagrees with itself or meta.json "
+        "(step, state fingerprint, rank totals, meta.json listed)",
+    ),
+    "FT203": ("size-mismatch", E, "a file's size differs from the manifest"),
+    "FT204": ("hash-mismatch", E, "a file's sha256 differs from the manifest"),
+    "FT205": ("file-unlisted", E, "a file, directory or link in the checkpoint is not listed in the manifest"),
+    "FT206": ("file-missing", E, "a file listed in the manifest is absent"),
+    "FT207": (
+        "safetensors-malformed",
+        E,
+        "a safetensors file is structurally broken (header length or JSON, dtypes, shapes, "
+        "offsets that overlap or leave gaps, truncation, trailing bytes)",
+    ),
+    "FT208": ("tensor-mismatch", E, "a tensor's name, dtype, shape or fingerprint differs from the manifest"),
+    "FT209": ("pickle-file", E, "a pickle file (or a torch.save zip archive) anywhere in the checkpoint tree"),
+    "FT210": (
+        "non-finite",
+        E,
+        "NaN or Inf in a floating tensor (optimizer state included), or a manifest whose scan is not clean",
+    ),
+    "FT211": (
+        "retention-disagrees",
+        E,
+        "retention.json is missing or malformed, lists a checkpoint that is absent or differs, "
+        "misses a published one, or does not follow its own policy",
+    ),
+    "FT212": ("latest-disagrees", E, "`latest` is missing, not a symlink, or not the newest recorded checkpoint"),
+    "FT213": ("journal-mid-transition", E, "journal.json is pending (a transaction not rolled forward) or malformed"),
+    "FT214": (
+        "fingerprint-vs-events",
+        E,
+        "the checkpoint's state fingerprint differs from the committed state_fingerprint the event log "
+        "holds for its step, or the log holds none (--events)",
+    ),
+    "FT215": (
+        "tainted-interval",
+        E,
+        "the checkpoint was published from a guard interval that saw non-finite values "
+        "(its manifest, or grad_nonfinite / non-finite metrics in the log with --events)",
+    ),
+    "FT216": ("cleanup-pending", W, "a checkpoint retention dropped is still there (its deletion failed; journal)"),
+    "FT217": ("stale-temp", W, "staging or deletion leftovers of a dead writer (reconcile / --resume removes them)"),
+}
+
+
+class Collector:
+    """Findings plus a per-code count of what was checked."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.checked: dict[str, int] = {}
+
+    def check(self, code: str, n: int = 1) -> None:
+        self.checked[code] = self.checked.get(code, 0) + n
+
+    def add(self, code: str, message: str, **evidence: Any) -> None:
+        rule, severity, _ = CODES[code]
+        self.findings.append(
+            Finding(
+                code=code,
+                rule=rule,
+                severity=severity,
+                message=message,
+                evidence={k: v for k, v in evidence.items() if v is not None},
+            )
+        )
+
+    def summaries(self) -> list[RuleSummary]:
+        counts: dict[str, int] = {}
+        for f in self.findings:
+            counts[f.code] = counts.get(f.code, 0) + 1
+        return [
+            RuleSummary(
+                code=code,
+                rule=rule,
+                severity=sev,
+                description=desc,
+                checked=self.checked.get(code, 0),
+                findings=counts.get(code, 0),
+            )
+            for code, (rule, sev, desc) in CODES.items()
+        ]
+
+    def sorted(self) -> list[Finding]:
+        return sort_findings(self.findings)
+
+
+def rules_markdown() -> str:
+    """The rules table of docs/checkpoints.md."""
+    lines = ["| code | rule | severity | fails when |", "|---|---|---|---|"]
+    lines += [f"| {c} | {r} | {s.value} | {d} |" for c, (r, s, d) in CODES.items()]
+    return "\n".join(lines)

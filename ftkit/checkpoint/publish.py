@@ -1,0 +1,268 @@
+"""The publication flow, as a library over a state the caller provides.
+
+The caller (one process, after every rank's ``preflight`` verdict was gathered and
+``agree``d) hands ``Publisher.publish`` a ``Payload``: files of ``{name: tensor}`` in the
+TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
+
+``publish_write``    stage ``checkpoints/.step_N.tmp-*`` (same file system) and write the
+                     safetensors files and ``meta.json``, hashing and scanning in the same pass
+``publish_scan``     reject on any NaN/Inf (optimizer state included); then fsync every file
+``publish_manifest`` write ``MANIFEST.json`` last, fsync it and the staging directory
+``publish_rename``   rename to ``checkpoints/step_N`` and fsync ``checkpoints/``
+``publish_journal``  retention decides what is kept; the intent journal is written (commit point)
+``publish_cleanup``  (inside ``journal.apply``) retention records, ``latest``, deletions
+
+A failure (``OSError``, e.g. ENOSPC, or a failed scan) before the commit point removes
+everything staged or renamed and returns a rejected ``Outcome`` with the reason; after it the
+checkpoint is published and any leftover is finished by the next ``publish`` or by
+``journal.reconcile``. Deletion failures are recorded, reported, never fatal. Events go
+through ``on_event(type, fields)``: ``checkpoint_published``, ``checkpoint_rejected``,
+``checkpoint_cleanup_failed``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftkit.checkpoint import journal
+from ftkit.checkpoint import manifest as mf
+from ftkit.checkpoint.guard import GuardVerdict
+from ftkit.checkpoint.layout import MANIFEST, META, PROTOCOL, step_name
+from ftkit.checkpoint.preflight import Hook, PreflightVerdict, fire
+from ftkit.checkpoint.retention import Record, RetentionPolicy, load_records, select
+from ftkit.checkpoint.stfile import FileRecord, fsync_file, payload_nbytes, write_json, write_st
+from ftkit.fsutil import fsync_dir
+from ftkit.tensors.st import temp_path
+
+OnEvent = Callable[[str, dict[str, Any]], None]
+WRITERS = max(1, min(8, (os.cpu_count() or 1)))  # files written (and hashed) at once
+TENSOR_OVERHEAD = 512  # bytes per tensor: its safetensors header entry and its manifest entry
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What to publish: ``files`` (``"model.safetensors" -> {name: tensor}``), ``meta`` (step,
+    rollout, config hash, cells and layout; JSON-able), the files whose tensors make up the
+    state fingerprint and their name prefixes, and the totals the ranks logged at this step."""
+
+    files: Mapping[str, Mapping[str, Any]]
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint_prefixes: Mapping[str, str] = field(default_factory=dict)
+    rank_totals: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the checkpoint will take: tensor data plus an allowance per tensor for its
+        safetensors header and manifest entries (what preflight asks free space for)."""
+        return sum(payload_nbytes(t) + TENSOR_OVERHEAD * len(t) for t in self.files.values())
+
+
+@dataclass
+class Outcome:
+    """The result of one ``publish`` call."""
+
+    published: bool
+    step: int
+    path: Path | None = None
+    reason: str | None = None
+    manifest_sha256: str | None = None
+    bytes: int = 0
+    kept: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    cleanup_failures: list[journal.CleanupFailure] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+class _Rejected(Exception):
+    """A phase decided not to publish (the message is the reason)."""
+
+
+class Publisher:
+    """Publishes checkpoints into ``checkpoints`` under ``policy``.
+
+    ``at`` is the fault hook (``preflight.fire`` semantics); ``on_event`` receives events.
+    """
+
+    def __init__(
+        self,
+        checkpoints: Path,
+        policy: RetentionPolicy,
+        on_event: OnEvent | None = None,
+        at: Hook | None = None,
+    ) -> None:
+        self.dir = Path(checkpoints)
+        self.policy = policy
+        self.on_event = on_event
+        self.at = at
+
+    def _emit(self, type_: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(type_, fields)
+
+    def publish(
+        self,
+        step: int,
+        payload: Payload,
+        guard: GuardVerdict,
+        agreed: PreflightVerdict,
+        metric: float | None = None,
+        rollout: int | None = None,
+    ) -> Outcome:
+        """Run the phases for ``step`` (see the module docstring); never raises an ``OSError``."""
+        clock: dict[str, float] = {}
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._finish_pending()
+        except (OSError, ValueError) as exc:  # nothing new is published over an unfinished transaction
+            return self._reject(step, f"the previous retention transaction cannot be finished: {_reason(exc)}", clock)
+        if not agreed.ok:
+            return self._reject(step, f"preflight: {agreed.reason}", clock)
+        if guard.tainted:
+            return self._reject(step, f"guard: steps [{guard.from_step}, {guard.to_step}] tainted", clock)
+        _check_names(payload)
+        target = self.dir / step_name(step)
+        stage = temp_path(target)
+        try:
+            t0 = time.perf_counter()
+            fire(self.at, "publish_write")
+            stage.mkdir()
+            records = self._write(stage, step, rollout, payload)
+            clock["write"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            fire(self.at, "publish_scan")
+            self._scan(records)
+            for name in records:
+                fsync_file(stage / name)
+            clock["scan_fsync"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            fire(self.at, "publish_manifest")
+            man = mf.build(
+                step=step,
+                rollout=rollout,
+                created=time.time(),
+                records=records,
+                guard=guard.to_json(),
+                metric_name=self.policy.best_metric,
+                metric=metric,
+                prefixes=dict(payload.fingerprint_prefixes),
+                rank_totals=dict(payload.rank_totals),
+            )
+            raw = mf.dumps(man)
+            with open(stage / MANIFEST, "wb") as fh:
+                fh.write(raw)
+            fsync_file(stage / MANIFEST)
+            fsync_dir(stage)
+            clock["manifest"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            fire(self.at, "publish_rename")
+            stage.rename(target)
+            fsync_dir(self.dir)
+            clock["rename"] = time.perf_counter() - t0
+        except (OSError, _Rejected) as exc:
+            shutil.rmtree(stage, ignore_errors=True)
+            return self._reject(step, _reason(exc), clock)
+        digest = hashlib.sha256(raw).hexdigest()
+        record = Record(target.name, step, metric, guard.tainted, digest)
+        t0 = time.perf_counter()
+        try:
+            fire(self.at, "publish_journal")
+            old, old_latest = load_records(self.dir)
+            before = select(old, self.policy).to_json(self.policy) if old else None
+            retained = select([*old, record], self.policy)
+            delete = retained.dropped + [n for n in journal.failed_cleanups(self.dir) if n not in retained.dropped]
+            doc = journal.begin(self.dir, target.name, before, retained.to_json(self.policy), delete)
+        except (OSError, ValueError) as exc:
+            reason = _reason(exc)
+            try:
+                journal.condemn(self.dir, target.name)
+            except OSError as exc2:  # reconcile removes the unrecorded directory later
+                reason += f"; removing {target.name} failed too ({exc2}), reconcile will"
+            return self._reject(step, reason, clock)
+        out = Outcome(True, step, target, manifest_sha256=digest, bytes=sum(r.size for r in records.values()))
+        out.kept, out.dropped = [r.name for r in retained.kept], retained.dropped
+        try:
+            out.cleanup_failures = journal.apply(
+                self.dir, doc, self._cleanup_failed(step), lambda: _cleanup_hook(self.at)
+            )
+        except OSError as exc:  # committed: the pending journal is finished next time
+            out.reason = f"published; bookkeeping left pending ({_reason(exc)})"
+        clock["journal"] = time.perf_counter() - t0
+        out.seconds = clock
+        self._emit(
+            "checkpoint_published",
+            step=step,
+            path=str(target),
+            kind="latest",
+            metric=metric,
+            manifest_sha256=digest,
+            guard_from_step=guard.from_step,
+            guard_to_step=guard.to_step,
+            bytes=out.bytes,
+            kept=out.kept,
+            dropped=out.dropped,
+        )
+        return out
+
+    def _write(self, stage: Path, step: int, rollout: int | None, payload: Payload) -> dict[str, FileRecord]:
+        """Write the payload files in parallel (one thread per file, at most ``WRITERS``): each
+        file's sha256 is sequential, so several files are what lets hashing use several cores."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = list(payload.files)
+        with ThreadPoolExecutor(max_workers=max(1, min(WRITERS, len(names)))) as pool:
+            futures = [
+                pool.submit(write_st, stage / f, payload.files[f], {"protocol": PROTOCOL, "step": str(step)})
+                for f in names
+            ]
+            records: dict[str, FileRecord] = {f: fut.result() for f, fut in zip(names, futures)}
+        meta = {**payload.meta, "protocol": PROTOCOL, "step": step, "rollout": rollout}
+        records[META] = write_json(stage / META, meta)
+        return records
+
+    @staticmethod
+    def _scan(records: dict[str, FileRecord]) -> None:
+        bad = [(f, n, t.nonfinite) for f, r in records.items() for n, t in (r.tensors or {}).items() if t.nonfinite]
+        if bad:
+            f, n, k = bad[0]
+            total = sum(b[2] for b in bad)
+            raise _Rejected(f"scan: {total} non-finite value(s) in {len(bad)} tensor(s), first {f}:{n} ({k})")
+
+    def _finish_pending(self) -> None:
+        doc = journal.read_journal(self.dir)
+        if doc is not None and doc["state"] == "pending":
+            journal.apply(self.dir, doc, self._cleanup_failed(None))
+
+    def _cleanup_failed(self, step: int | None) -> journal.OnFailure:
+        def report(name: str, error: str) -> None:
+            self._emit("checkpoint_cleanup_failed", step=step, path=str(self.dir / name), error=error)
+
+        return report
+
+    def _reject(self, step: int, reason: str, clock: dict[str, float]) -> Outcome:
+        self._emit("checkpoint_rejected", step=step, kind="latest", reason=reason)
+        return Outcome(False, step, reason=reason, seconds=clock)
+
+
+def _check_names(payload: Payload) -> None:
+    for fname in payload.files:
+        if "/" in fname or fname.startswith(".") or not fname.endswith(".safetensors"):
+            raise ValueError(f"payload file name {fname!r} is not a plain *.safetensors name")
+
+
+def _cleanup_hook(at: Hook | None) -> None:
+    fire(at, "publish_cleanup")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, _Rejected):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"I/O error: [Errno {exc.errno}] {exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,97 @@
+"""From a rank's state to a checkpoint payload, and from a run's checkpoints back to a state.
+
+The training side stores a state in the TP=1/PP=1 layout as three files:
+
+* ``model.safetensors``: ``{parameter name: tensor}`` (fingerprint prefix ``param/``);
+* ``optimizer.safetensors``: ``{"<param>.<key>": tensor}`` (prefix ``optimizer/``);
+* ``extra.safetensors``: everything else a resumed run needs (RNG state, witness table,
+  counters as int64 scalars, ...), not part of the state fingerprint.
+
+With those prefixes the manifest's ``state_fingerprint`` is the ``total`` of the
+``state_fingerprint`` event a TP=1/PP=1 rank logs at the checkpoint's step.
+
+``newest_verified(checkpoints)`` is what ``--resume`` does first: ``reconcile``, then the
+records newest first, each verified fail-closed (``verify_path`` on the checkpoint); the first
+that verifies wins, each one skipped is reported through ``on_warning`` with its first finding.
+``load(checkpoint)`` verifies again and reads the tensors with the safetensors reader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ftkit.checkpoint.publish import Payload
+from ftkit.errors import InputError
+
+MODEL, OPTIMIZER, EXTRA = "model.safetensors", "optimizer.safetensors", "extra.safetensors"
+PREFIXES = {MODEL: "param/", OPTIMIZER: "optimizer/"}
+
+
+def state_payload(
+    params: Mapping[str, Any],
+    optimizer: Mapping[str, Any],
+    extra: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    rank_totals: Mapping[str, str] | None = None,
+) -> Payload:
+    """The ``Payload`` of a TP=1/PP=1 state (tensors as torch tensors or numpy arrays)."""
+    return Payload(
+        files={MODEL: dict(params), OPTIMIZER: dict(optimizer), EXTRA: dict(extra)},
+        meta=dict(meta),
+        fingerprint_prefixes=PREFIXES,
+        rank_totals=dict(rank_totals or {}),
+    )
+
+
+def newest_verified(checkpoints: Path, on_warning: Callable[[str], None] | None = None) -> Path | None:
+    """Reconcile ``checkpoints`` and return the newest recorded checkpoint that verifies.
+
+    None when there is none (no records, or none verifies). Every newer checkpoint skipped is
+    reported through ``on_warning``. ``ValueError`` when the journal or the records are
+    unreadable (reconcile refuses to guess).
+    """
+    from ftkit.checkpoint.journal import reconcile
+    from ftkit.checkpoint.retention import load_records
+    from ftkit.checkpoint.verify import verify_path
+
+    warn = on_warning or (lambda message: None)
+    rep = reconcile(checkpoints)
+    if rep.rolled:
+        warn(f"{checkpoints}: rolled an interrupted retention transaction {rep.rolled}")
+    for name in rep.removed_unrecorded:
+        warn(f"{checkpoints}: removed {name}, which was never published")
+    records, _ = load_records(checkpoints)
+    for rec in sorted(records, key=lambda r: r.step, reverse=True):
+        path = checkpoints / rec.name
+        try:
+            findings = [f for f in verify_path(path).findings if f.severity.value == "error"]
+        except InputError as exc:
+            warn(f"{rec.name} cannot be verified ({exc.message}); trying an older checkpoint")
+            continue
+        if not findings:
+            return path
+        warn(f"{rec.name} does not verify ({findings[0].code}: {findings[0].message}); trying an older checkpoint")
+    return None
+
+
+def load(checkpoint: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``({file: {name: torch tensor}}, meta)`` of a checkpoint that verifies; ``InputError`` else."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from ftkit.checkpoint.layout import META
+    from ftkit.checkpoint.manifest import load as load_manifest
+    from ftkit.checkpoint.verify import verify_path
+
+    errors = [f for f in verify_path(checkpoint).findings if f.severity.value == "error"]
+    if errors:
+        raise InputError(
+            f"checkpoint {checkpoint} does not verify: {errors[0].code} {errors[0].message}",
+            f"run 'ftkit verify-checkpoint {checkpoint}' for every finding",
+        )
+    man, _ = load_manifest(checkpoint / "MANIFEST.json")
+    files = {name: load_file(str(checkpoint / name)) for name, e in man.files.items() if e.tensors is not None}
+    return files, json.loads((checkpoint / META).read_text())

@@ -1,0 +1,96 @@
+"""Checkpoints of a training run: the driver's side of ``ftkit.checkpoint`` (docs/checkpoints.md).
+
+At the end of every ``checkpoint_every``-th rollout (``due``), ``publish``:
+
+1. asks every rank of every live cell for its preflight (``RankWorker.checkpoint_preflight``:
+   consumes the rank's non-finite guard, checks disk space and the target; no collective), under
+   the step deadline; a cell that does not answer fails (the coordinator handles it like any
+   failure) and counts as a failed verdict;
+2. ``agree``: one failing rank means nobody serialises; the publication is rejected with every
+   reason (``checkpoint_rejected``) and training goes on;
+3. otherwise fetches the state of the first live cell (``checkpoint_state``: parameters,
+   optimizer moments and steps, counters, witness table; TP=1/PP=1 cells) and publishes it in
+   this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
+
+The checkpoint's step is the rollout's last step; its metric the rollout's mean reward. The
+publication fault points run here (the writer is the driver), except ``publish_preflight``,
+which every rank runs. Cells of more than one rank (TP or PP > 1) are not checkpointed yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ftkit.checkpoint.publish import Outcome
+
+
+class RunCheckpoints:
+    """Publication of checkpoints for one run (``enabled`` only for cells of one rank)."""
+
+    def __init__(self, cfg: Any, run_dir: Path, coord: Any, events: Any) -> None:
+        from ftkit.checkpoint.publish import Publisher
+        from ftkit.checkpoint.retention import RetentionPolicy
+        from ftkit.train.fault_points import injector_for
+
+        self.cfg, self.coord = cfg, coord
+        self.enabled = cfg.checkpoint_every > 0 and cfg.tp * cfg.pp == 1
+        self.dir = Path(run_dir) / "checkpoints"
+        self.step = -1
+        self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
+        injector = injector_for(cfg, events, "driver")
+        self.publisher = Publisher(
+            self.dir,
+            RetentionPolicy(cfg.keep_last, cfg.keep_best, cfg.best_metric),
+            on_event=lambda type_, fields: events.emit(type_, **fields),
+            at=lambda point: injector.at(point, step=self.step),
+        )
+
+    def due(self, rollout: int) -> bool:
+        """Whether the end of ``rollout`` is a publication boundary."""
+        every: int = self.cfg.checkpoint_every
+        return self.enabled and (rollout + 1) % every == 0
+
+    def publish(self, rollout: int, reward: float) -> Outcome:
+        """Preflight everywhere, agree, publish (or reject); never raises for a rejection."""
+        from ftkit.checkpoint.guard import GuardVerdict, merge
+        from ftkit.checkpoint.preflight import PreflightVerdict, agree
+        from ftkit.checkpoint.publish import Payload
+        from ftkit.checkpoint.restore import state_payload
+
+        cfg, coord = self.cfg, self.coord
+        self.step = step = (rollout + 1) * cfg.steps_per_rollout - 1
+        alive = coord.book.alive()
+        answers = coord.wait(
+            {c: coord.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.step_timeout
+        )
+        verdicts = [v for c in sorted(answers.values) for v, _ in answers.values[c]]
+        guards = [g for c in sorted(answers.values) for _, g in answers.values[c]]
+        for c, cause in sorted(answers.failed.items()):
+            coord.fail(c, f"during the checkpoint preflight: {cause}")
+            verdicts.append(PreflightVerdict(False, f"cell{c}", (f"cell{c}: no preflight answer ({cause})",)))
+        for c in sorted(answers.collective - set(answers.failed)):
+            verdicts.append(PreflightVerdict(False, f"cell{c}", (f"cell{c}: collective error during preflight",)))
+        agreed = agree(verdicts)
+        guard = merge(guards) if guards else GuardVerdict(step, step, False)
+        if not agreed.ok:
+            return self._note(
+                self.publisher.publish(step, Payload(files={}), guard, agreed, metric=reward, rollout=rollout)
+            )
+        state = coord.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
+        meta = {
+            "run": Path(self.dir).parent.name,
+            "cells": len(alive),
+            "layout": {"tp": cfg.tp, "pp": cfg.pp},
+            "seed": cfg.seed,
+            "model": cfg.model,
+            "config": cfg.model_dump(mode="json"),
+        }
+        payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, {"0": state["total"]})
+        return self._note(self.publisher.publish(step, payload, guard, agreed, metric=reward, rollout=rollout))
+
+    def _note(self, out: Outcome) -> Outcome:
+        self.summary.append(
+            {"step": out.step, "published": out.published, "path": str(out.path or ""), "reason": out.reason}
+        )
+        return out

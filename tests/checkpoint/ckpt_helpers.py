@@ -1,0 +1,96 @@
+"""Helpers of the checkpoint tests: a realistic payload and a publishing loop.
+
+Also runnable as a script (the crash tests' child process):
+``python ckpt_helpers.py DIR POINT N`` publishes N checkpoints, then one more with a fault
+hook that SIGKILLs the process at POINT; ``POINT=loop`` publishes forever (killed from outside).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PREFIXES = {"model.safetensors": "param/", "optimizer.safetensors": "optimizer/"}
+
+
+def payload(step: int, scale: int = 1, nonfinite: str | None = None, torch_tensors: bool = True):  # noqa: ANN201
+    """A ``Payload``: model (f32 and, with torch, bf16) and optimizer state (moments, step) in the
+    TP=1/PP=1 layout, plus RNG and counters. ``torch_tensors=False`` uses numpy only (the
+    crash tests' child starts faster without importing torch)."""
+    from ftkit.checkpoint.publish import Payload
+
+    if torch_tensors:
+        import torch
+
+        g = torch.Generator().manual_seed(step)
+        model = {
+            "decoder.layers.0.mlp.linear_fc1.weight": torch.randn(64 * scale, 32, generator=g),
+            "embedding.word_embeddings.weight": torch.randn(128, 16 * scale, generator=g).to(torch.bfloat16),
+        }
+        optim = {f"{n}.exp_avg": torch.randn(t.shape, generator=g) for n, t in model.items()}
+        optim.update({f"{n}.exp_avg_sq": torch.rand(t.shape, generator=g) for n, t in model.items()})
+        optim.update({f"{n}.step": torch.tensor(float(step + 1)) for n in model})
+    else:
+        r = np.random.default_rng(step)
+        model = {
+            "decoder.layers.0.mlp.linear_fc1.weight": r.standard_normal((64 * scale, 32), dtype=np.float32),
+            "embedding.word_embeddings.weight": r.standard_normal((128, 16 * scale)).astype(np.float16),
+        }
+        optim = {f"{n}.exp_avg": r.standard_normal(t.shape).astype(np.float32) for n, t in model.items()}
+        optim.update({f"{n}.exp_avg_sq": r.random(t.shape, dtype=np.float32) for n, t in model.items()})
+        optim.update({f"{n}.step": np.array(float(step + 1), dtype=np.float32) for n in model})
+    rng = {"torch_cpu": np.arange(16, dtype=np.uint8), "counters": np.array([step, step // 4], dtype=np.int64)}
+    if nonfinite is not None:
+        optim[nonfinite].view(-1)[3] = float("nan")
+    return Payload(
+        files={"model.safetensors": model, "optimizer.safetensors": optim, "rng.safetensors": rng},
+        meta={"cells": 2, "layout": {"tp": 1, "pp": 1}, "config_hash": "abc"},
+        fingerprint_prefixes=PREFIXES,
+    )
+
+
+def publish(publisher, step: int, metric: float | None = 0.5, at=None, guard=None, **kw):  # noqa: ANN001, ANN201
+    """Preflight one rank, agree, publish; returns the Outcome."""
+    from ftkit.checkpoint.guard import GuardVerdict
+    from ftkit.checkpoint.preflight import agree, preflight
+
+    p = kw.pop("payload", None) or payload(step)
+    publisher.at = at
+    gv = guard or GuardVerdict(max(0, step - 3), step, False)
+    verdict = agree([preflight(publisher.dir, step, p.nbytes, gv, "cell0-rank0", at=at)])
+    return publisher.publish(step, p, gv, verdict, metric=metric, rollout=step // 4)
+
+
+def _main(root: str, point: str, n: int) -> None:
+    from ftkit.checkpoint.journal import reconcile
+    from ftkit.checkpoint.publish import Publisher
+    from ftkit.checkpoint.retention import RetentionPolicy, load_records
+
+    pub = Publisher(Path(root), RetentionPolicy(keep_last=1, keep_best=1))
+    reconcile(pub.dir)  # what a resumed run does first
+    records, _ = load_records(pub.dir)
+    step = max((r.step + 4 for r in records), default=0)
+    for i in range(n):
+        publish(pub, step, metric=float(i % 3), payload=payload(step, torch_tensors=False))
+        step += 4
+    if point == "loop":
+        print("ready", flush=True)
+        while True:
+            publish(pub, step, metric=float(step % 5), payload=payload(step, scale=64, torch_tensors=False))
+            step += 4
+
+    def hook(p: str) -> None:
+        if p == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    pub.at = hook
+    publish(pub, step, metric=0.0, at=hook, payload=payload(step, torch_tensors=False))
+    sys.exit(17)  # not reached when the hook fired
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

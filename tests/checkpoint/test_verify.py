@@ -1,0 +1,368 @@
+"""``verify-checkpoint`` fails closed: one tampering test per condition (FT201-FT217), and the
+command's contract (exit 0 / 1 / 2, json, github, JUnit)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import struct
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from ckpt_helpers import payload, publish
+
+from ftkit import cli
+from ftkit.checkpoint import manifest as mf
+from ftkit.checkpoint.guard import GuardVerdict
+from ftkit.checkpoint.publish import Publisher
+from ftkit.checkpoint.retention import RetentionPolicy
+from ftkit.checkpoint.stfile import FileRecord, digest_st, write_st
+from ftkit.checkpoint.verify import verify_path
+from ftkit.events.writer import EventWriter
+
+STEPS = (3, 7, 11)
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory) -> Path:
+    """A run directory: three published checkpoints and an event log that matches them."""
+    run = tmp_path_factory.mktemp("tpl") / "run"
+    pub = Publisher(run / "checkpoints", RetentionPolicy(keep_last=3, keep_best=1))
+    with EventWriter(run / "events", run="run", role="trainer", cell=0, rank=0) as w:
+        for i, step in enumerate(STEPS):
+            out = publish(pub, step, metric=0.1 * i, guard=GuardVerdict(step - 3, step, False))
+            man = json.loads((out.path / "MANIFEST.json").read_text())
+            w.emit("state_fingerprint", rollout=step // 4, step=step, attempt=0, cell=0, rank=0,
+                   total=man["state_fingerprint"], params={}, optimizer={})  # fmt: skip
+    return run
+
+
+@pytest.fixture
+def run(template, tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(template, dst, symlinks=True)
+    return dst
+
+
+def codes(path: Path, **kw) -> set[str]:
+    return {f.code for f in verify_path(path, **kw).findings}
+
+
+def ck(run: Path, step: int = 7) -> Path:
+    return run / "checkpoints" / f"step_{step:06d}"
+
+
+def relist(d: Path, **changes) -> None:
+    """Rewrite the manifest from the files on disk, as a lying writer would (scan kept clean)."""
+    man, _ = mf.load(d / "MANIFEST.json")
+    records = {}
+    for name in man.files:
+        p = d / name
+        raw = p.read_bytes()
+        rec = digest_st(p) if name.endswith(".safetensors") else None
+        tensors = {n: t.__class__(t.dtype, t.shape, t.fingerprint, 0) for n, t in rec.tensors.items()} if rec else None
+        records[name] = FileRecord(len(raw), hashlib.sha256(raw).hexdigest(), tensors)
+    new = mf.build(step=man.step, rollout=man.rollout, created=man.created, records=records,
+                   guard=changes.get("guard", man.guard.model_dump()), metric_name=man.metric.name,
+                   metric=man.metric.value, prefixes=man.fingerprint_prefixes, rank_totals=man.rank_totals)  # fmt: skip
+    (d / "MANIFEST.json").write_bytes(mf.dumps(new))
+
+
+def flip(p: Path, offset: int) -> None:
+    data = bytearray(p.read_bytes())
+    data[offset] ^= 0x01
+    p.write_bytes(bytes(data))
+
+
+def test_clean_run_verifies_with_events(run) -> None:
+    result = verify_path(run)
+    assert result.findings == []
+    assert result.stats["events"] and result.stats["checkpoints"] == 3 and result.stats["files"] == 12
+    assert {r.status for r in result.rows} == {"ok"}
+    assert {r.code: r.checked > 0 for r in result.rules if r.code not in ("FT216", "FT217")} == {
+        r.code: True for r in result.rules if r.code not in ("FT216", "FT217")
+    }
+
+
+# --- per checkpoint ---------------------------------------------------------------------------
+
+
+def test_ft201_no_manifest(run) -> None:
+    (ck(run) / "MANIFEST.json").unlink()
+    assert codes(ck(run)) == {"FT201"}
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", '{"protocol": "ftkit.checkpoint/2"}', "[]", '{"protocol": "ftkit.checkpoint/1", "x": 1}']
+)
+def test_ft202_malformed_manifest(run, text) -> None:
+    (ck(run) / "MANIFEST.json").write_text(text)
+    assert codes(ck(run)) == {"FT202"}
+
+
+def test_ft202_manifest_disagrees_with_itself(run) -> None:
+    doc = json.loads((ck(run) / "MANIFEST.json").read_text())
+    doc["state_fingerprint"] = "0" * 32
+    (ck(run) / "MANIFEST.json").write_text(json.dumps(doc))
+    assert codes(ck(run)) == {"FT202"}
+    doc = json.loads((ck(run) / "MANIFEST.json").read_text())
+    (ck(run) / "MANIFEST.json").write_text(json.dumps({**doc, "step": 8}))  # not its directory
+    assert "FT202" in codes(ck(run))
+
+
+def test_ft203_size_and_ft207_truncated_or_trailing(run) -> None:
+    p = ck(run) / "model.safetensors"
+    data = p.read_bytes()
+    p.write_bytes(data[:-5])
+    assert codes(ck(run)) == {"FT203", "FT207"}
+    p.write_bytes(data + b"\0\0\0\0")
+    assert codes(ck(run)) == {"FT203", "FT207"}
+    (ck(run) / "meta.json").write_text("{}\n")
+    assert "FT203" in codes(ck(run))
+
+
+def test_ft204_hash_and_ft208_fingerprint(run) -> None:
+    p = ck(run) / "optimizer.safetensors"
+    flip(p, p.stat().st_size - 3)  # one bit of tensor data
+    assert codes(ck(run)) == {"FT204", "FT208"}
+
+
+def test_ft204_hash_of_meta(run) -> None:
+    p = ck(run) / "meta.json"
+    text = p.read_text()
+    p.write_text(text.replace('"abc"', '"abd"'))
+    assert codes(ck(run)) == {"FT204"}
+
+
+def test_ft205_unlisted_file_and_directory(run) -> None:
+    (ck(run) / "notes.txt").write_text("hello")
+    (ck(run) / "sub").mkdir()
+    assert codes(ck(run)) == {"FT205"}
+    assert sum(f.code == "FT205" for f in verify_path(ck(run)).findings) == 2
+
+
+def test_ft205_symlink_and_ft206_missing(run) -> None:
+    (ck(run) / "optimizer.safetensors").unlink()
+    assert codes(ck(run)) == {"FT206"}
+    os.symlink(ck(run, 3) / "optimizer.safetensors", ck(run) / "optimizer.safetensors")
+    assert codes(ck(run)) == {"FT206"}  # listed, but a link is not the regular file the manifest lists
+
+
+def test_ft207_header_offsets_and_bounds(run) -> None:
+    p = ck(run) / "model.safetensors"
+    data = p.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    first = next(k for k in header if k != "__metadata__")
+    header[first]["data_offsets"][0] += 4  # overlap / gap, same header length after padding
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (n - len(raw))
+    assert len(raw) == n
+    p.write_bytes(data[:8] + raw + data[8 + n :])
+    assert codes(ck(run)) == {"FT204", "FT207"}
+    p.write_bytes(struct.pack("<Q", 1 << 40) + data[8:])
+    assert codes(ck(run)) == {"FT204", "FT207"}
+
+
+def test_ft208_file_swapped_and_relisted(run) -> None:
+    """A consistent lie about sizes and hashes: the tensor fingerprints still catch it... unless
+    the manifest is relisted too, in which case the events catch it (FT214)."""
+    man, _ = mf.load(ck(run) / "MANIFEST.json")
+    other = payload(99).files["optimizer.safetensors"]
+    p = ck(run) / "optimizer.safetensors"
+    rec = write_st(p, other, {"protocol": "ftkit.checkpoint/1", "step": "7"})
+    doc = json.loads((ck(run) / "MANIFEST.json").read_text())
+    doc["files"]["optimizer.safetensors"].update(size=rec.size, sha256=rec.sha256)
+    (ck(run) / "MANIFEST.json").write_text(json.dumps(doc))
+    assert codes(ck(run)) == {"FT208"}
+    relist(ck(run))
+    assert codes(ck(run)) == set()
+    assert codes(ck(run), events=True) == {"FT214"}
+
+
+def test_ft209_pickle_anywhere(run) -> None:
+    (ck(run) / "extra.pt").write_bytes(pickle.dumps({"a": 1}))
+    (ck(run) / "sub").mkdir()
+    (ck(run) / "sub" / "state.json").write_bytes(pickle.dumps([1, 2], protocol=4))  # by content
+    found = verify_path(ck(run)).findings
+    assert sum(f.code == "FT209" for f in found) == 2 and {f.code for f in found} == {"FT205", "FT209"}
+
+
+def test_ft210_nonfinite_in_optimizer_state(run) -> None:
+    p = ck(run) / "optimizer.safetensors"
+    data = p.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    info = json.loads(data[8 : 8 + n])["decoder.layers.0.mlp.linear_fc1.weight.exp_avg"]
+    at = 8 + n + info["data_offsets"][0] + 4 * 5
+    p.write_bytes(data[:at] + struct.pack("<f", float("inf")) + data[at + 4 :])
+    relist(ck(run))  # the manifest lies: scan clean, fingerprints of the poisoned bytes
+    assert codes(ck(run)) == {"FT210"}
+
+
+def test_ft210_manifest_scan_not_clean(run) -> None:
+    doc = json.loads((ck(run) / "MANIFEST.json").read_text())
+    doc["scan"] = {"tensors": doc["scan"]["tensors"], "nonfinite": 2, "clean": False}
+    (ck(run) / "MANIFEST.json").write_text(json.dumps(doc))
+    assert codes(ck(run)) == {"FT210"}
+
+
+def test_ft215_tainted_guard_in_manifest(run) -> None:
+    relist(ck(run), guard={"from_step": 4, "to_step": 7, "tainted": True, "count": 1, "reasons": ["step 5: loss"]})
+    assert codes(ck(run)) == {"FT215"}
+
+
+# --- across checkpoints: retention, latest, journal, leftovers ---------------------------------
+
+
+def test_ft211_recorded_checkpoint_missing(run) -> None:
+    shutil.rmtree(ck(run, 3))
+    assert codes(run / "checkpoints") == {"FT211"}
+
+
+def test_ft211_unrecorded_or_altered(run) -> None:
+    shutil.copytree(ck(run, 11), ck(run, 15))
+    assert "FT211" in codes(run / "checkpoints")
+    shutil.rmtree(ck(run, 15))
+    doc = json.loads((ck(run, 3) / "MANIFEST.json").read_text())
+    doc["created"] += 1  # still valid, but not the MANIFEST.json retention recorded
+    (ck(run, 3) / "MANIFEST.json").write_text(json.dumps(doc))
+    assert codes(run / "checkpoints") == {"FT211"}
+
+
+@pytest.mark.parametrize("edit", ["malformed", "missing", "roles", "latest"])
+def test_ft211_retention_records(run, edit) -> None:
+    path = run / "checkpoints" / "retention.json"
+    doc = json.loads(path.read_text())
+    if edit == "malformed":
+        path.write_text('{"schema": "ftkit.checkpoint-retention/1", "records": 3}')
+    elif edit == "missing":
+        path.unlink()
+    elif edit == "roles":
+        doc["records"][0]["roles"] = ["best"]  # metric 0.0 is not the best one
+        path.write_text(json.dumps(doc))
+    else:
+        doc["latest"] = "step_000003"
+        path.write_text(json.dumps(doc))
+    assert "FT211" in codes(run / "checkpoints")
+
+
+@pytest.mark.parametrize("edit", ["older", "file", "missing", "dangling"])
+def test_ft212_latest(run, edit) -> None:
+    link = run / "checkpoints" / "latest"
+    link.unlink()
+    if edit == "older":
+        os.symlink("step_000003", link)
+    elif edit == "file":
+        link.write_text("step_000011")
+    elif edit == "dangling":
+        os.symlink("step_000099", link)
+    assert codes(run / "checkpoints") == {"FT212"}
+
+
+@pytest.mark.parametrize("text", ["pending", "garbage"])
+def test_ft213_journal(run, text) -> None:
+    path = run / "checkpoints" / "journal.json"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "state": "pending"}) if text == "pending" else "{oops")
+    assert codes(run / "checkpoints") == {"FT213"}
+
+
+def test_ft216_failed_deletion_is_a_warning(run) -> None:
+    path = run / "checkpoints" / "journal.json"
+    doc = json.loads(path.read_text())
+    (run / "checkpoints" / "step_000001").mkdir()
+    path.write_text(json.dumps({**doc, "cleanup_failures": [{"name": "step_000001", "error": "EBUSY"}]}))
+    found = verify_path(run / "checkpoints").findings
+    assert [(f.code, f.severity.value) for f in found] == [("FT216", "warning")]
+    assert cli.main(["verify-checkpoint", str(run)]) == 0
+    assert cli.main(["verify-checkpoint", str(run), "--fail-on", "warning"]) == 1
+
+
+def test_ft217_stale_staging(run) -> None:
+    (run / "checkpoints" / ".step_000015.tmp-host-1-abcd").mkdir()
+    assert codes(run / "checkpoints") == {"FT217"}
+
+
+# --- against the event log -------------------------------------------------------------------
+
+
+def _event(run: Path, type_: str, **fields) -> None:
+    with EventWriter(run / "events", run="run", role="trainer", cell=1, rank=0) as w:
+        w.emit(type_, **fields)
+
+
+def test_ft214_fingerprint_differs_from_the_log(run) -> None:
+    _event(run, "state_fingerprint", rollout=1, step=7, attempt=0, cell=1, rank=0, total="f" * 32, params={},
+           optimizer={})  # fmt: skip
+    found = verify_path(run).findings
+    assert [f.code for f in found] == ["FT214"] and "cell 1 rank 0" in found[0].message
+
+
+def test_ft214_no_evidence_in_the_log(run) -> None:
+    shutil.rmtree(run / "events")
+    with EventWriter(run / "events", run="run", role="driver") as w:
+        w.emit("run_finished", status="completed")
+    assert [f.code for f in verify_path(run).findings] == ["FT214"] * 3
+    assert codes(run, events=False) == set()
+
+
+@pytest.mark.parametrize("kind", ["grad", "metric"])
+def test_ft215_nonfinite_in_the_guard_interval_of_the_log(run, kind) -> None:
+    if kind == "grad":
+        _event(run, "grad_nonfinite", rollout=1, step=5, cell=1, rank=0, where="reduced gradient")
+    else:
+        _event(run, "metric", rollout=1, step=6, values={"loss": float("nan")})
+    found = verify_path(run).findings
+    assert [f.code for f in found] == ["FT215"] and "step_000007" in found[0].message
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def test_cli_exit_codes_and_formats(run, tmp_path, capsys) -> None:
+    assert cli.main(["verify-checkpoint", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "VERIFIED: 3 checkpoint(s), 12 file(s)" in out and "event log cross-checked" in out
+    flip(ck(run) / "meta.json", 3)
+    junit = tmp_path / "v.xml"
+    assert cli.main(["verify-checkpoint", str(run), "-f", "json", "--junit-xml", str(junit)]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema_version"] == 1 and doc["verdict"] == "fail"
+    assert [f["code"] for f in doc["findings"]] == ["FT204"]
+    assert {r["code"] for r in doc["rules"]} >= {f"FT2{i:02d}" for i in range(1, 18)}
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "17"
+    assert cli.main(["verify-checkpoint", str(run), "-f", "github"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    # the shared output path: file= only inside the workspace (the run lies in a temp dir, so the
+    # location is named in the message), the verdict line last
+    assert lines[0].startswith("::error ") and "FT204" in lines[0] and str(run) in lines[0]
+    assert lines[-1].startswith("::error title=") and "FAILED" in lines[-1]
+
+
+def test_cli_unusable_input_is_exit_2(run, tmp_path, capsys) -> None:
+    assert cli.main(["verify-checkpoint", str(tmp_path / "nope")]) == 2
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["verify-checkpoint", str(tmp_path / "empty")]) == 2
+    shutil.rmtree(run / "events")
+    assert cli.main(["verify-checkpoint", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("Error:") == 3 and "Hint:" in err and "Traceback" not in err
+    assert cli.main(["verify-checkpoint", str(run), "--no-events"]) == 0
+
+
+def test_analyzer_counts_a_closed_publication_as_recovery(tmp_path) -> None:
+    """A fault at a publish_* point is recovered when the publication ends (rejected or
+    published) and training goes on: the analyzer's recovery table says so (no FT113 row)."""
+    from ftkit.analysis.engine import analyze_paths
+
+    with EventWriter(tmp_path / "events", run="r", role="driver") as w:
+        w.emit("fault_injected", kind="enospc", point="publish_write", cell=None, rank=None, rollout=2, step=5)
+        w.emit("checkpoint_rejected", step=5, kind="latest", reason="I/O error: [Errno 28] No space left on device")
+        w.emit("fault_injected", kind="sigkill", point="before_forward", cell=0, rank=0, rollout=3, step=6)
+    rows = analyze_paths([tmp_path / "events"]).recovery
+    assert [(r["point"], r["recovered_by"]) for r in rows] == [("publish_write", "rejected"), ("before_forward", None)]
