@@ -83,9 +83,9 @@ class Cell:
     def donor_state(self) -> list[Any]:
         return [w.donor_state.remote() for w in self.workers]
 
-    def load_state(self, payloads: list[Any], donor: int, epoch: int, attempt: int) -> list[Any]:
+    def load_state(self, payloads: list[Any], donor: int, epoch: int, step: int, attempt: int) -> list[Any]:
         """Rank ``r`` loads ``payloads[r]`` (an object ref, passed unresolved)."""
-        return [w.load_state.remote([p], donor, epoch, attempt) for w, p in zip(self.workers, payloads)]
+        return [w.load_state.remote([p], donor, epoch, step, attempt) for w, p in zip(self.workers, payloads)]
 
     def export_weights(self, version: int) -> list[Any]:
         return [w.export_weights.remote(version) for w in self.workers]

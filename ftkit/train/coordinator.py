@@ -6,10 +6,12 @@
    reconfigured (``Healer.at_boundary``; before the run's last step it waits for them);
 2. phase 1: every rank of every live cell runs ``compute_reduce`` on its micro-shards
    (``microshards.assign`` over the live cells); the driver waits with ``ray.wait`` under a
-   deadline (``step_timeout``; once anything failed, at most ``collective_timeout`` more for
-   the rest) and classifies every answer: a ``Reduced``, a dead actor (``RayActorError``), a
-   ``CollectiveError`` (a symptom: the rank is alive, a peer is not), another exception (the
-   cell failed), or no answer by the deadline (hung: the cell is killed);
+   deadline (``step_timeout``; once any answer came, a value or a failure, at most
+   ``collective_timeout`` more for the rest: a value means every peer passed the same
+   collectives, a failure means the attempt is lost anyway) and classifies every answer: a
+   ``Reduced``, a dead actor (``RayActorError``), a ``CollectiveError`` (a symptom: the rank
+   is alive, a peer is not), another exception (the cell failed), or no answer by the
+   deadline (hung: the cell is killed);
 3. phase 2: when every live rank reduced and the reduction was finite, ``commit`` on every
    cell; a cell that dies now is marked failed, the others have committed the same state.
    Anything else: ``discard`` on every surviving cell (nothing stepped anywhere), failed
@@ -96,6 +98,8 @@ class StepCoordinator:
                 problem = classify(ref)
                 if problem is None:
                     got[cell][rank] = ray.get(ref)
+                    # the others passed the same collectives: what is left of their work is short
+                    deadline = min(deadline, time.monotonic() + self.cfg.collective_timeout + MARGIN_S)
                     continue
                 kind, text = problem
                 if kind == "collective":

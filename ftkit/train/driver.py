@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftkit import __version__
-from ftkit.errors import ConfigError
+from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 
 if TYPE_CHECKING:
@@ -149,13 +149,13 @@ class Driver:
     def run(self) -> RunResult:
         from ftkit.train.run_end import signals_interrupt
 
-        with signals_interrupt():
-            return self._run()
+        with signals_interrupt() as arm:
+            return self._run(arm)
 
-    def _run(self) -> RunResult:
+    def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
-        from ftkit.train.run_end import RunFailed, RunInterrupted, write_status
+        from ftkit.train.run_end import RunInterrupted, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
@@ -167,6 +167,7 @@ class Driver:
             )
         check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg)
+        arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
@@ -196,11 +197,11 @@ class Driver:
         except RunInterrupted as exc:
             status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
             raise
-        except RunFailed as exc:
+        except FtkitError as exc:  # RunFailed (exit 1), a ConfigError found while starting (exit 2)
             reason, code = exc.message, exc.exit_code
             raise
         except BaseException as exc:
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            reason, code = f"{type(exc).__name__}: {exc}".splitlines()[0], 3  # a bug in ftkit
             raise
         finally:
             self._shutdown(interrupted=status == "interrupted")

@@ -10,9 +10,9 @@ caller to apply (``nan-grad``, ``corrupt-transfer``, ``corrupt-engine``).
 
 Where each point is (docs/faults.md has the recovery of each):
 
-* ``before_forward``, ``mid_backward`` (after the first micro-shard's backward),
-  ``before_reduce``, ``during_reduce`` (between the reduction's two collectives),
-  ``after_reduce``: ``RankWorker.compute_reduce``;
+* ``before_forward``, ``mid_backward`` (a gradient hook inside the first micro-shard's
+  backward pass), ``before_reduce``, ``during_reduce`` (between the reduction's two
+  collectives), ``after_reduce``: ``RankWorker.compute_reduce``;
 * ``during_weight_sync``: ``RankWorker.export_weights`` and ``InferenceEngine.load_weights``;
 * ``during_dump_write``: a rank writing a dump;
 * ``during_heal``: a restarted rank loading its donor's state (``RankWorker.load_state``).

@@ -26,8 +26,9 @@ from typing import Any
 from ftkit.train.step_types import HealReport
 
 
-def receive(worker: Any, payload: list[Any], donor: int, epoch: int, attempt: int = 0) -> HealReport:
-    """Load the donor state in ``payload`` (``[object ref]``) into ``worker``; see the module docstring."""
+def receive(worker: Any, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
+    """Load the donor state in ``payload`` (``[object ref]``) into ``worker`` before run-global
+    step ``step`` (its heal attempt ``attempt``); see the module docstring."""
     import ray
 
     from ftkit.train.rank_state import fingerprint_state
@@ -39,7 +40,8 @@ def receive(worker: Any, payload: list[Any], donor: int, epoch: int, attempt: in
     t1 = time.perf_counter()
     seconds["fetch"] = t1 - t0
     state = decode(tensors, meta)
-    if worker.faults.at("during_heal", step=worker.counters["step"], attempt=attempt) == "corrupt-transfer":
+    rollout = step // worker.cfg.steps_per_rollout
+    if worker.faults.at("during_heal", step=step, attempt=attempt, rollout=rollout) == "corrupt-transfer":
         from ftkit.train.faults import flip_bit
 
         name = next(iter(state.params))

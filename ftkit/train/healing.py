@@ -12,9 +12,10 @@ once) is loaded by the recipient (``RankWorker.load_state``), which fingerprints
 and compares with the donor's total. Every rank equal: ``healing -> alive`` (the ranks emitted
 ``heal``); the coordinator then reconfigures with the cell in the membership. A mismatch:
 ``healing -> restarting`` with the reason, and the heal is retried from the next donor (each
-live cell is tried in turn, then the first again, at most ``HEAL_TRIES`` times). Several
-recipients at one boundary take different donors (round robin), each transfer is one Ray
-object per rank, fetched in parallel. A recipient that dies or errs is failed again (and
+live cell is tried in turn, then the first again, at most ``HEAL_TRIES`` times per boundary).
+Several recipients at one boundary take different donors (the donor index is offset by the
+cell index), one after the other; within a cell, every rank position's transfer is one Ray
+object, all fetched in parallel. A recipient that dies or errs is failed again (and
 restarted); one that is not placed and started within ``heal_timeout`` is given up
 (``stopped``) and the run goes on with fewer cells.
 
@@ -105,7 +106,7 @@ class Healer:
             book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
             payloads = coord.cells[donor].donor_state()
             answers = coord.wait(
-                {cell: coord.cells[cell].load_state(payloads, donor, book.epoch + 1, attempt)},
+                {cell: coord.cells[cell].load_state(payloads, donor, book.epoch + 1, step, attempt)},
                 self.cfg.step_timeout,
             )
             if cell not in answers.values:

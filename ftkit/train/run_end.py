@@ -8,8 +8,9 @@ Both are ``FtkitError``s: the CLI prints one ``Error:`` line and a hint, never a
 never "bug". Whatever the end, the driver writes ``<run_dir>/status.json`` last
 (``write_status``): ``{"status": "completed" | "failed" | "interrupted", "reason": str | null,
 "exit_code": int | null, "steps_committed": int, "steps_total": int, "finished": unix seconds}``
-(``exit_code`` is that of ``ftkit train`` when it is known to the driver: 1 / 130 / 143 for
-failed / interrupted, ``null`` for completed, whose exit code the analyzer's verdict decides).
+(``exit_code`` is that of ``ftkit train`` when the driver knows it: 1 for ``RunFailed``, 2
+for a configuration problem found while starting, 3 for a bug, 130 / 143 when interrupted;
+``null`` for completed, whose exit code the analyzer's verdict decides).
 The same status and reason end the event log (``run_finished``).
 """
 
@@ -21,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -73,12 +74,14 @@ def write_status(
 
 
 @contextlib.contextmanager
-def signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[Callable[[], None]]:
     """Inside the block, SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (once:
-    a second signal during the cleanup is ignored, so the cleanup finishes). The previous
-    handlers come back afterwards. Outside the main thread this does nothing."""
+    a second signal during the cleanup is ignored, so the cleanup finishes). The block gets
+    ``arm()``, which installs the handlers again: call it after anything that installs its
+    own (``ray.init`` sets a SIGTERM handler that exits). The previous handlers come back
+    afterwards. Outside the main thread this does nothing."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda: None
         return
     fired: list[int] = []
 
@@ -88,9 +91,16 @@ def signals_interrupt() -> Iterator[None]:
         fired.append(signum)
         raise RunInterrupted(signum)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in signals}
+
+    def arm() -> None:
+        for s in signals:
+            signal.signal(s, handler)
+
+    arm()
     try:
-        yield
+        yield arm
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -2,7 +2,7 @@
 
 ``RankState`` is everything a rank needs to continue training bitwise like its peers:
 
-* ``params``: ``{name: parameter}`` (megatron names, as ``rank_state.param_tensors``);
+* ``params``: ``{name: parameter}`` (megatron's ``named_parameters()`` names);
 * ``optimizer``: ``{"<param>.<key>": tensor}`` (AdamW ``exp_avg``, ``exp_avg_sq``, ``step``);
 * ``witness``: the witness table (``None`` on ranks without one);
 * ``rng``: the CPU generator's state (uint8; micro-shards reseed it, but it is state all the same);
@@ -19,8 +19,9 @@ fused buffer, a view) are sent once and come back sharing again.
 ``decode(tensors, meta) -> RankState`` rebuilds the views (no copy either: they view the
 received storages). Names are ``param/<name>``, ``optimizer/<name>``, ``witness``, ``rng``.
 
-``capture(...)`` reads a worker's live state (views, no copy); ``restore(...)`` copies a
-decoded state into a worker's model, optimizer and witness in place.
+``capture(...)`` reads a worker's live state (views, no copy): heal encodes it, and
+``rank_state.save_final`` writes the final state from it; ``restore(...)`` copies a decoded
+state into a worker's model, optimizer and witness in place.
 """
 
 from __future__ import annotations

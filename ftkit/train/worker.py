@@ -9,7 +9,7 @@ fault handling docs/faults.md)::
     w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
     w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
     w.discard(step, attempt)                           # phase 2, when anything failed
-    w.donor_state() / w.load_state(...)  # heal: the state codec, from a live donor to a restarted rank
+    w.donor_state() / w.load_state(...)    # heal: the state codec, from a live donor to a restarted rank
     w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
 
 ``compute_reduce`` is collective twice over: inside the cell (megatron TP all-reduces) and
@@ -178,11 +178,13 @@ class RankWorker:
             self._bind_grads(rows[i if keep else 0])
             self._seed(shard_seed(cfg.seed, task.rollout, task.step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
+            mid = self._mid_backward(at) if i == 0 else None
             with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
                 losses[m] = float(self._forward_backward(part, norm))
+            if mid is not None:
+                mid[1].remove()
+                poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
-            if i == 0:
-                poison = poison or faults.at("mid_backward", **at)
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
@@ -212,6 +214,21 @@ class RankWorker:
         ids = data["witness_ids"].tolist()
         self._pending = _Pending(task, reduced, ids, float(losses.sum()), tokens)
         return Reduced(self.cell, self.rank, task.step, task.attempt, reduced is not None, float(losses.sum()), tokens)
+
+    def _mid_backward(self, at: dict[str, int]) -> tuple[list[str | None], Any] | None:
+        """The ``mid_backward`` fault point as a gradient hook on the first parameter (its
+        gradient comes last in the backward pass, so the rest is already computed): the
+        kinds it returned and the hook handle. ``None`` when no fault is armed (no hook)."""
+        from ftkit.train.fault_points import NoFaults
+
+        if isinstance(self.faults, NoFaults):
+            return None
+        kinds: list[str | None] = []
+
+        def hook(grad: Any) -> None:
+            kinds.append(self.faults.at("mid_backward", **at))
+
+        return kinds, self.params[0][1].register_hook(hook)
 
     def _faulty_allreduce(self, at: dict[str, int]) -> Any:
         """The link's all-reduce, with the ``during_reduce`` point before its second call
@@ -430,18 +447,20 @@ class RankWorker:
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
         return tensors, meta, total
 
-    def load_state(self, payload: list[Any], donor: int, epoch: int, attempt: int = 0) -> HealReport:
+    def load_state(self, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
         """Heal: load a donor's ``donor_state()`` (``payload``: ``[its object ref]``, the same
         rank position of a live cell), fingerprint what this rank now holds and compare with
         the donor's total (``ftkit.train.heal.receive``). Emits ``heal`` when they are equal
-        (``HealReport.accepted``); a mismatch is returned, not raised."""
+        (``HealReport.accepted``); a mismatch is returned, not raised. ``step``: the step the
+        cell joins before; ``attempt``: the heal attempt (fault point ``during_heal``)."""
         from ftkit.train.heal import receive
 
-        return receive(self, payload, donor, epoch, attempt)
+        return receive(self, payload, donor, epoch, step, attempt)
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
         from ftkit.train.rank_state import save_final
+        from ftkit.train.state_codec import capture
 
         meta = {
             "cell": str(self.cell),
@@ -451,7 +470,8 @@ class RankWorker:
             "model": self.cfg.model,
             "seed": str(self.cfg.seed),
         }
-        return [str(save_final(run_dir, self.model, self.optimizer, self.tp_rank, self.pp_rank, meta))]
+        state = capture(self.params, self.optimizer, None, self.counters)
+        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta))]
 
     def shutdown(self) -> None:
         """Close the event log and leave the cell's world (idempotent)."""
