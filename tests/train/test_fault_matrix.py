@@ -289,6 +289,8 @@ def _matrix() -> Iterator[Any]:
                 cases[0] += heal_room()
             for case in cases:
                 name = "+".join(s.split(",")[0][5:] + "@" + s.split(",")[1][6:] for s in case[:2])
+                if point == "during_weight_sync":
+                    name += "-engine" if "engine=" in case[0] else "-rank"
                 yield pytest.param(case, id=name)
 
 
