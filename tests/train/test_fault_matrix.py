@@ -83,7 +83,8 @@ def analyze(run: Path) -> tuple[int, dict[str, Any]]:
 def explain(res: subprocess.CompletedProcess[str]) -> str:
     """Why a run failed: its stderr, and the analyzer's findings from its JSON report."""
     try:
-        findings = [f"{f['code']}: {f['message']}" for f in json.loads(res.stdout).get("findings", [])]
+        report = json.loads(res.stdout).get("analysis", {})
+        findings = [f"{f['code']}: {f['message']}" for f in report.get("findings", [])]
     except (ValueError, AttributeError):
         findings = [res.stdout[-2000:]]
     return f"exit {res.returncode}\n--- stderr (tail) ---\n{res.stderr[-3000:]}\n--- findings ---\n" + "\n".join(
