@@ -144,8 +144,21 @@ class RankWorker:
         """Compute ``task.shards`` and reduce across cells; hold the result for phase 2.
 
         ``Reduced.loss`` is the step's loss summed over all micro-shards (the same on every
-        cell). Raises ``CollectiveError`` when the cross-cell reduction fails.
+        cell). Raises ``CollectiveError`` when the cross-cell reduction fails. Any other
+        error drops this rank's cross-cell group first, so that its peers' collectives fail
+        at once instead of waiting out the collective timeout.
         """
+        from ftkit.train.crosscell import CollectiveError
+
+        try:
+            return self._compute_reduce(task, batch)
+        except CollectiveError:
+            raise
+        except BaseException:
+            self.link.abort()
+            raise
+
+    def _compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
         import torch
 
         from ftkit.train.loss import step_tokens
