@@ -81,7 +81,15 @@ def analyze(run: Path) -> tuple[int, dict[str, Any]]:
 
 
 def explain(res: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {res.returncode}\n--- stderr (tail) ---\n{res.stderr[-4000:]}"
+    """Why a run failed: its stderr, and the analyzer's findings from its JSON report."""
+    try:
+        report = json.loads(res.stdout).get("analysis", {})
+        findings = [f"{f['code']}: {f['message']}" for f in report.get("findings", [])]
+    except (ValueError, AttributeError):
+        findings = [res.stdout[-2000:]]
+    return f"exit {res.returncode}\n--- stderr (tail) ---\n{res.stderr[-3000:]}\n--- findings ---\n" + "\n".join(
+        findings[:10]
+    )
 
 
 def assert_survived(run: Path, res: subprocess.CompletedProcess[str], reference: Path, faults: int) -> None:
@@ -95,7 +103,7 @@ def assert_survived(run: Path, res: subprocess.CompletedProcess[str], reference:
     rows = report["recovery"]
     assert len(rows) == len(injected)
     for row in rows:
-        assert row["samples_lost"] == 0, row
+        assert row["samples_lost"] == 0 or (row["rollout"] is None and row["samples_lost"] is None), row
         assert row["recovered_by"] is not None or row["kind"] == "slow", row
     compare = ftkit("compare-dumps", "--exact", str(run), str(reference), "--format", "json")
     assert compare.returncode == 0, compare.stdout[-4000:] + compare.stderr[-2000:]
@@ -124,6 +132,17 @@ def specs(*texts: str) -> list[str]:
     return [a for t in texts for a in ("--inject", t)]
 
 
+def heal_room(cell: int = 0, steps: tuple[int, ...] = (2, 3, 4, 5), seconds: int = 12) -> list[str]:
+    """``slow`` faults that hold the survivor ``cell`` at the start of ``steps``: a restarted
+    cell needs tens of seconds (imports) on a loaded machine, longer than this 6-step run
+    lasts, and a test of a heal needs the heal to happen. Longer than the collective timeout
+    (10 s), so each one is recovered whatever the timing: before the heal, by the healed
+    cell's rejoining ``reconfigure``; after it, the healed cell's collective times out and the
+    attempt is discarded and retried. (The analyzer flags a ``slow`` fault that caused
+    nothing as FT113.)"""
+    return [f"kind=slow,point=before_forward,cell={cell},step={s},seconds={seconds}" for s in steps]
+
+
 # ----------------------------------------------------------------------------- representative (CI)
 def test_rank_killed_mid_reduce_nan_gradient_and_engine_killed(reference: Path, out: Path) -> None:
     res = train(
@@ -140,16 +159,24 @@ def test_rank_killed_mid_reduce_nan_gradient_and_engine_killed(reference: Path, 
 
 
 def test_hung_rank_is_detected_and_a_corrupt_heal_rejected(reference: Path, out: Path) -> None:
+    """A rank hangs (the step deadline catches it); its cell is restarted and its first heal
+    gets one bit flipped: the heal is rejected, retried, and accepted with equal fingerprints."""
     res = train(
         out,
         *QUICK,
-        *specs("kind=hang,point=before_forward,cell=1,step=1", "kind=corrupt-transfer,point=during_heal,cell=1"),
+        *specs(
+            "kind=hang,point=before_forward,cell=1,step=1",
+            "kind=corrupt-transfer,point=during_heal,cell=1",
+            *heal_room(),
+        ),
     )
-    assert_survived(out, res, reference, faults=2)
+    assert_survived(out, res, reference, faults=2 + 4)
     evs = events(out)
-    corrupt = next(e for e in evs if e["type"] == "fault_injected" and e["kind"] == "corrupt-transfer")
-    heals = [e for e in evs if e["type"] == "heal" and e["cell"] == 1 and e["time"] >= corrupt["time"]]
-    assert heals and all(h["total"] == h["donor_total"] for h in heals)  # only verified heals are accepted
+    t = next(e["time"] for e in evs if e["type"] == "fault_injected" and e["kind"] == "corrupt-transfer")
+    moves = [(e["old"], e["new"]) for e in evs if e["type"] == "cell_state" and e["cell"] == 1 and e["time"] >= t]
+    assert moves[:3] == [("healing", "restarting"), ("restarting", "healing"), ("healing", "alive")], moves
+    heals = [e for e in evs if e["type"] == "heal" and e["cell"] == 1 and e["time"] >= t]
+    assert len(heals) == 1 and heals[0]["total"] == heals[0]["donor_total"]  # only the verified heal is logged
 
 
 def test_corrupt_engine_is_reported_not_hidden(reference: Path, out: Path) -> None:
@@ -204,7 +231,8 @@ def test_two_cells_die_in_one_step_one_survives(reference: Path, out: Path) -> N
         out,
         "--min-cells",
         "1",
-        *specs("kind=exception,point=before_reduce,cell=0,step=2", "kind=exit,point=after_reduce,cell=2,step=2"),
+        # Both points come before the step's collective, so neither fault can pre-empt the other.
+        *specs("kind=exception,point=before_reduce,cell=0,step=2", "kind=exit,point=before_forward,cell=2,step=2"),
         cells=3,
     )
     assert_survived(out, res, reference, faults=2)
@@ -266,8 +294,12 @@ def _matrix() -> Iterator[Any]:
                 cases = [[f"kind={kind},point={point},engine=0,step=2"], [f"kind={kind},point={point},cell=0,step=2"]]
             else:  # during_heal
                 cases = [["kind=sigkill,point=before_forward,cell=1,step=1", f"kind={kind},point={point},cell=1"]]
+                cases[0] += heal_room()
             for case in cases:
-                yield pytest.param(case, id="+".join(s.split(",")[0][5:] + "@" + s.split(",")[1][6:] for s in case))
+                name = "+".join(s.split(",")[0][5:] + "@" + s.split(",")[1][6:] for s in case[:2])
+                if point == "during_weight_sync":
+                    name += "-engine" if "engine=" in case[0] else "-rank"
+                yield pytest.param(case, id=name)
 
 
 @full_only
@@ -288,10 +320,11 @@ def test_cell_dies_while_another_heals(reference: Path, out: Path) -> None:
             "kind=sigkill,point=during_reduce,cell=1,step=1",
             "kind=slow,point=during_heal,cell=1,seconds=8",
             "kind=sigkill,point=before_forward,cell=2,step=3",
+            *heal_room(steps=(2, 3, 4, 5)),
         ),
         cells=3,
     )
-    assert_survived(out, res, reference, faults=3)
+    assert_survived(out, res, reference, faults=3 + 4)
 
 
 @full_only
@@ -299,18 +332,22 @@ def test_recipient_dies_during_its_heal(reference: Path, out: Path) -> None:
     res = train(
         out,
         *QUICK,
-        *specs("kind=sigkill,point=before_forward,cell=1,step=1", "kind=sigkill,point=during_heal,cell=1"),
+        *specs(
+            "kind=sigkill,point=before_forward,cell=1,step=1", "kind=sigkill,point=during_heal,cell=1", *heal_room()
+        ),
         cells=3,
     )
-    assert_survived(out, res, reference, faults=2)
+    assert_survived(out, res, reference, faults=2 + 4)
 
 
 @full_only
-def test_chaos_soak(reference: Path, tmp_path: Path) -> None:
-    """At least 10 faults in one run, clean and bitwise equal (8-rollout reference of its own)."""
-    long = ("--rollouts", "8")
-    ref = tmp_path / "ref8"
+def test_chaos_soak(tmp_path: Path) -> None:
+    """At least 10 faults in one run of 3 cells over 16 rollouts (32 steps; chaos draws 18,
+    of which those striking a cell still being restarted do not fire), clean and bitwise
+    equal to a fault-free run of its own config."""
+    long = ("--rollouts", "16")
+    ref = tmp_path / "ref16"
     assert (res := train(ref, *long)).returncode == 0, explain(res)
     run = tmp_path / "soak"
-    res = train(run, *long, *QUICK, "--chaos", "mtbf=2,seed=11,max=12", cells=3)
+    res = train(run, *long, *QUICK, "--chaos", "mtbf=2,seed=11,max=25", cells=3)
     assert_survived(run, res, ref, faults=10)
