@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 
-from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt, report_path
 from ftkit.errors import InputError
 from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
@@ -221,6 +221,18 @@ def register(app: typer.Typer) -> None:
         ] = False,
         overwrite: Annotated[bool, _opt("--overwrite", field="overwrite")] = False,
         fmt: FormatOpt = Format.human,
+        merged_log: Annotated[
+            Path | None,
+            typer.Option(
+                "--merged-log",
+                metavar="FILE",
+                dir_okay=False,
+                callback=report_path,
+                help="Also write the run's event log as one time-ordered file (.gz: compressed) at the "
+                "end, for CI artefacts (`ftkit analyze FILE`); the per-process files stay the record.",
+                rich_help_panel="Output",
+            ),
+        ] = None,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
     ) -> None:
@@ -283,7 +295,7 @@ def register(app: typer.Typer) -> None:
 
         if cfg.checkpoint_every and cfg.tp * cfg.pp > 1:
             output.warn("checkpoints are published for cells of one rank only (tp = pp = 1); none this run")
-        from ftkit.commands.train_report import report, step_line
+        from ftkit.commands.train_report import report
         from ftkit.train.driver import run_training
 
         if output.human:
@@ -292,7 +304,15 @@ def register(app: typer.Typer) -> None:
                 f"{cfg.rollouts} rollout(s) x {cfg.steps_per_rollout} step(s), model {cfg.model}, "
                 f"reduce {cfg.reduce} -> {cfg.out}"
             )
-        result = run_training(cfg, on_step=(lambda r: output.info(step_line(r))) if output.human else None)
+        from ftkit.report.live import live_view
+
+        with live_view(output, cfg.rollouts * cfg.steps_per_rollout, cfg.cells) as view:
+            result = run_training(cfg, on_step=view.on_step, on_event=view.on_event)
+        if merged_log is not None:
+            from ftkit.events.merge import write_merged_log
+
+            merged = write_merged_log(result.run_dir / "events", merged_log)
+            output.info(f"merged event log: {merged_log} ({merged.lines} lines)")
         for note in result.analysis.notes:
             output.warn(note)
         from ftkit.report.emit import emit

@@ -1,6 +1,6 @@
-"""Rendering of ``ftkit train``: the live progress line and the final report.
+"""Rendering of ``ftkit train``'s final report (the live view is ``ftkit.report.live``).
 
-``step_line`` is one stderr line per optimizer step. ``report`` is the command's ``Report``
+``report`` is the command's ``Report``
 for ``ftkit.report.emit``: the run summary (steps, rewards, final state, engine
 fingerprints), then the forensics, i.e. the analyzer's result over the run's own event log,
 rendered exactly as ``ftkit analyze-events`` renders it.
@@ -13,17 +13,6 @@ from typing import Any
 from rich.console import Console
 
 from ftkit.report.emit import Report
-
-
-def step_line(r: Any) -> str:
-    """``rollout 1/3  step 2/6  loss ...  reward ...  cells 2/2  1234 tok/s`` (a ``StepReport``),
-    plus ``  N attempts`` when faults made the step retry."""
-    state = f"  [yellow]{r.attempts} attempts[/yellow]" if r.attempts > 1 else ""
-    return (
-        f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
-        f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "
-        f"{r.tokens_per_s:,.0f} tok/s{state}"
-    )
 
 
 def run_summary(result: Any) -> dict[str, Any]:

@@ -225,6 +225,9 @@ class CheckpointPublished(Envelope):
     manifest_sha256: str = Field(description="sha256 of MANIFEST.json")
     guard_from_step: int = Field(description="first step of the finiteness guard interval")
     guard_to_step: int = Field(description="last step of the finiteness guard interval")
+    bytes: int | None = Field(default=None, description="payload bytes published")
+    kept: list[str] | None = Field(default=None, description="checkpoints retention keeps after this one")
+    dropped: list[str] | None = Field(default=None, description="checkpoints retention dropped (being deleted)")
 
 
 class CheckpointRejected(Envelope):

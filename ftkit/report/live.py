@@ -53,7 +53,7 @@ class StepLike(Protocol):
     rollouts: int
     step: int
     steps: int
-    committed: bool
+    attempts: int
     loss: float
     grad_norm: float
     reward: float
@@ -61,10 +61,14 @@ class StepLike(Protocol):
     cells_alive: int
     cells: int
 
+    @property
+    def committed(self) -> bool: ...
+
 
 def step_text(r: StepLike) -> str:
-    """One plain line per step: ``rollout 1/3  step 2/6  loss ...  cells 2/2  1,234 tok/s``."""
-    state = "" if r.committed else "  DISCARDED"
+    """One plain line per step: ``rollout 1/3  step 2/6  loss ...  cells 2/2  1,234 tok/s``, plus
+    ``  N attempts`` when faults made the step retry."""
+    state = ("" if r.committed else "  DISCARDED") + (f"  {r.attempts} attempts" if r.attempts > 1 else "")
     return (
         f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
         f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "

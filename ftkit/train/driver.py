@@ -146,11 +146,17 @@ def host_store() -> Any:
 class Driver:
     """One run (see the module docstring); use ``run_training``."""
 
-    def __init__(self, cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        on_step: Callable[[StepReport], None] | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
         from ftkit.train.task import AdditionTask
 
         self.cfg = cfg
         self.on_step = on_step or (lambda report: None)
+        self.on_event = on_event or (lambda type_, fields: None)
         try:
             self.task = AdditionTask(cfg.response_len)
         except ValueError as exc:
@@ -240,6 +246,12 @@ class Driver:
             self.checkpoints.summary if self.checkpoints is not None else [],
         )
 
+    def _emit_cell_event(self, type_: str, **fields: Any) -> bool:
+        """Log a cell-state or reconfigure event, then tell ``on_event`` (the live view)."""
+        written = bool(self.events.emit(type_, **fields))
+        self.on_event(type_, fields)
+        return written
+
     def _start(self) -> None:
 
         from ftkit.train.cell_state import CellBook, CellState
@@ -250,7 +262,7 @@ class Driver:
 
         cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
         indices = list(range(cfg.cells))
-        book = CellBook(cfg.cells, self.events.emit)
+        book = CellBook(cfg.cells, self._emit_cell_event)
         for c in indices:
             book.transition(c, CellState.starting, "run start")
         cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device)
@@ -404,7 +416,13 @@ def analyze(run_dir: Path) -> Any:
     return analyze_paths([run_dir / "events"])
 
 
-def run_training(cfg: TrainConfig, on_step: Callable[[StepReport], None] | None = None) -> RunResult:
+def run_training(
+    cfg: TrainConfig,
+    on_step: Callable[[StepReport], None] | None = None,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+) -> RunResult:
     """Run ``cfg`` to the end (see the module docstring); raises ``ConfigError`` /
-    ``UsageError`` for a bad run directory, Ray address or layout."""
-    return Driver(cfg, on_step).run()
+    ``UsageError`` for a bad run directory, Ray address or layout. ``on_step`` hears every
+    step, ``on_event(type, fields)`` every cell-state change and reconfiguration the driver logs
+    (for a live view)."""
+    return Driver(cfg, on_step, on_event).run()

@@ -157,12 +157,22 @@ def test_a_real_run_reports_progress_and_verdict(tmp_path):
             "last",
             "--junit-xml",
             str(junit),
+            "--merged-log",
+            str(tmp_path / "events.jsonl.gz"),
         ],
         capture_output=True,
         text=True,
         timeout=540,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # --merged-log: one file that analyzes like the per-process files (a CI artefact)
+    merged = subprocess.run(
+        [sys.executable, "-m", "ftkit", "analyze", str(tmp_path / "events.jsonl.gz"), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert merged.returncode == 0 and json.loads(merged.stdout)["verdict"] == "pass", merged.stderr[-2000:]
     # live progress on stderr, one line per step
     assert "rollout 1/2  step 1/2" in proc.stderr and "rollout 2/2  step 2/2" in proc.stderr
     assert "cells 2/2" in proc.stderr and "tok/s" in proc.stderr
@@ -235,7 +245,7 @@ def test_report_formats(tmp_path, capsys, monkeypatch):
 
 
 def test_step_line():
-    from ftkit.commands.train_report import step_line
+    from ftkit.report.live import step_text as step_line
     from ftkit.train.driver import StepReport
 
     line = step_line(

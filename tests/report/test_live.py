@@ -29,6 +29,7 @@ class Report:
     tokens_per_s: float
     cells_alive: int
     cells: int
+    attempts: int = 1
 
 
 def _feed(view: LiveView) -> None:
@@ -41,7 +42,7 @@ def _feed(view: LiveView) -> None:
     view.on_cell_state(2, "healing", "from cell 0")
     view.on_heal("cell 2 from cell 0: 12.0 MiB in 0.8s")
     view.on_cell_state(2, "alive", "healed")
-    view.on_step(Report(1, 2, 2, 4, True, 0.375, 0.9, 0.5, 1500.0, 3, 3))
+    view.on_step(Report(1, 2, 2, 4, True, 0.375, 0.9, 0.5, 1500.0, 3, 3, attempts=2))
 
 
 def test_plain_lines_when_not_a_terminal() -> None:
