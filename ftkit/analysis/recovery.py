@@ -9,7 +9,8 @@
 - ``samples_lost``: witness deficit (allocated ids counted fewer times than expected) of the
   fault's rollout; ``None`` while the rollout is open or has no witness evidence. Must be 0;
 - ``recovered_by``: ``reconfigure``, ``heal`` or ``retry`` (a later attempt of a step committed
-  after the fault), whichever came first; for a fault at a checkpoint publication point
+  after the fault), whichever came first; ``absorbed`` for a fault that fails nothing by design
+  (``slow``, in ``ABSORBABLE``) when its step committed anyway; for a fault at a checkpoint publication point
   (``publish_*``), ``rejected`` or ``published``: the publication ended and training went on;
   ``None`` means unrecovered (FT113).
 
@@ -47,6 +48,10 @@ class FaultRow:
         d.pop("where")
         d["file"], d["line"] = self.where
         return d
+
+
+#: Fault kinds that only delay work: a run recovers from one when its step commits anyway.
+ABSORBABLE = frozenset({"slow"})
 
 
 class RecoveryTracker:
@@ -115,8 +120,12 @@ class RecoveryTracker:
         rows = [r for r in self._waiting["recover"] if r.time <= t and r.point.startswith("publish_")]
         self._recovered(rows, how)
 
-    def step_closed(self, t0: float, committed: bool, attempt: int) -> None:
-        """A step attempt that started at ``t0`` closed."""
+    def step_closed(self, t0: float, committed: bool, attempt: int, step: int | None = None) -> None:
+        """Attempt ``attempt`` of step ``step``, started at ``t0``, closed."""
+        if committed and step is not None and self._waiting["recover"]:
+            self._recovered(
+                [r for r in self._waiting["recover"] if r.kind in ABSORBABLE and r.step == step], "absorbed"
+            )
         n = bisect_right(self._times, t0)
         if not n:
             return

@@ -515,7 +515,7 @@ class Replay:
                     for i, n in zip(rec.witness[0], rec.witness[1]):
                         tally[i] = tally.get(i, 0) + n
         if rec.outcomes:
-            self.recovery.step_closed(rec.t0, rec.committed, rec.attempt)
+            self.recovery.step_closed(rec.t0, rec.committed, rec.attempt, rec.step)
         for rule in self.rules:
             rule.on_step(rec)
 
