@@ -278,8 +278,10 @@ def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int,
         return
     with mm:
         match, find, known, size = ENVELOPE.match, mm.find, table.raw_sids, len(mm)
-        pos, lineno, limit = 0, base, reader.MAX_LINE
+        pos, lineno, limit, released = 0, base, reader.MAX_LINE, 0
         while pos < size:
+            if pos - released > reader.BLOCK:
+                released = reader.release(mm, released, pos)
             lineno += 1
             m = match(mm, pos)
             if m is not None and (sid := known.get((m[1], m[3]), -1)) >= 0:

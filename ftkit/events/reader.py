@@ -27,6 +27,7 @@ could nest deep enough to crash it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import heapq
 import io
@@ -242,7 +243,7 @@ def _mapped_blocks(
 ) -> Iterator[tuple[int, bytes, bool]]:
     """read_blocks over a mapped file: blocks of about ``BLOCK`` bytes cut at newlines, one copy each."""
     with mm:
-        size, pos, lineno = len(mm), 0, 0
+        size, pos, lineno, released = len(mm), 0, 0, 0
         while pos < size:
             end = mm.rfind(b"\n", pos, min(pos + BLOCK, size))
             if end < 0:  # no newline in the window: one long line, or the unterminated last one
@@ -262,9 +263,21 @@ def _mapped_blocks(
                 block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
             counts[0] += n
             counts[1] += min(end + 1, size) - pos
+            released = release(mm, released, end)  # the block is a copy: its pages can go
             yield lineno, block, end < size
             lineno += n
             pos = end + 1
+
+
+def release(mm: mmap.mmap, done: int, upto: int) -> int:
+    """Drop the mapped pages of ``[done, upto)`` from this process (they stay in the page cache), so
+    the resident size of a mapped file stays one block, not the file; returns the new ``done``."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # madvise is an optimisation
+            mm.madvise(mmap.MADV_DONTNEED, done, upto - done)
+        return upto
+    return done
 
 
 def _drop_long(lines: list[bytes], name: str, before: int, on_issue: IssueCallback) -> list[bytes]:
