@@ -42,6 +42,7 @@ from ftkit.events import reader
 from ftkit.events.keys import ENVELOPE, SourceTable, line_key
 from ftkit.events.reader import (
     _GZIP_MAGIC,
+    BLOCK,
     SAFE_LEN,
     STDIN,
     IssueCallback,
@@ -182,7 +183,7 @@ class DemuxStream:
         sids = _read_sids(self._sids)
         for fi, path in enumerate(self.files):
             base, name = fi << LINE_BITS, self.inputs[fi]
-            for before, block, terminated in read_blocks(path, on_issue, self.counts):
+            for before, block, terminated in read_blocks(path, on_issue, self.counts, BLOCK):
                 lineno = base | before
                 for line in block.split(b"\n"):
                     lineno += 1
