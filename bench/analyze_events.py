@@ -1,6 +1,6 @@
 """Speed and memory benchmark of ``ftkit analyze-events`` (issues 2, 10 and 13).
 
-For each requested size it writes a realistic synthetic run log (``ftkit.events.synthetic``:
+For each requested size it writes a realistic synthetic run log (``ftkit.testing.synthetic``:
 cells x tp x pp rank files, faults with reconfigure and heal, fingerprints of ``--tensors``
 tensors split over the pipeline stages; ``--tensors 4`` gives many small events), merges it into
 one file with ``write_merged_log`` (what ``ftkit train --merged-log`` writes) and measures, in
@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from ftkit.events.merge import write_merged_log
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.events.schema import Event
-from ftkit.events.synthetic import SyntheticSpec, generate
 from ftkit.events.validate import CHECKS
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 def _lines(events: int, tensors: int) -> list[bytes]:

@@ -4,7 +4,9 @@ Exit codes (DESIGN.md section 6): 0 clean, 1 findings, 2 usage / config / unread
 3 internal error. ``main`` is the console-script entry point: it runs the app without Click's
 standalone handling so that every exception is mapped here, once: ``FtkitError`` and Click
 usage errors print ``Error: <what>`` plus a hint (exit 2), anything else is an internal
-error (exit 3) whose traceback is shown only with ``--debug``.
+error (exit 3) whose traceback is shown only with ``--debug``. While a command runs, its
+data goes to a private duplicate of stdout and anything else written to stdout (by Ray or
+another library, or by processes they start) goes to stderr (``guard_stdout``).
 
 Subcommands live in ``ftkit.commands``; each module exposes ``register(app)``.
 """
@@ -21,10 +23,12 @@ import typer
 try:  # typer >= 0.20 vendors click under typer._click
     from typer._click import exceptions as _cx
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as _cx
+    from click import exceptions as _cx  # type: ignore[no-redef]
 
 from ftkit import __version__
 from ftkit.errors import FtkitError
+from ftkit.report.escaping import terminal
+from ftkit.report.sink import OutputClosed, guard_stdout
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -72,9 +76,15 @@ _register_commands()
 
 
 def _error(message: str, hint: str | None = None) -> None:
-    sys.stderr.write(f"Error: {message}\n")
+    """``Error: <message>`` and ``Hint: <hint>``, one line each; text from the inputs (paths,
+    tensor names) cannot break the lines or reach the terminal as control sequences."""
+    sys.stderr.write(f"Error: {_one_line(message)}\n")
     if hint:
-        sys.stderr.write(f"Hint: {hint}\n")
+        sys.stderr.write(f"Hint: {_one_line(hint)}\n")
+
+
+def _one_line(text: str) -> str:
+    return terminal(text).replace("\n", "\\n").replace("\t", " ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
-        code = app(args=args, prog_name="ftkit", standalone_mode=False)
+        with guard_stdout():  # stdout carries the command's data only (see ftkit.report.sink)
+            code = app(args=args, prog_name="ftkit", standalone_mode=False)
         code = EXIT_OK if code is None else int(code)
     except typer.Exit as exc:
         code = exc.exit_code
@@ -107,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _error("interrupted")
         code = 130
-    except BrokenPipeError:
+    except (BrokenPipeError, OutputClosed):  # the reader of stdout went away (``| head``): not a failure
         code = EXIT_OK
     except Exception as exc:  # noqa: BLE001 - the top-level handler of the CLI contract
         if debug:

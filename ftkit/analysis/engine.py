@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftkit.analysis.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import MAX_STORED, NotPerProcess, Replay
 from ftkit.events.demux import DemuxStream
 from ftkit.events.reader import STDIN, EventStream, discover, size_of
 from ftkit.events.spill import SPILL_BYTES
+from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 
 PROGRESS_EVERY = 1 << 16
 Stream = EventStream | DemuxStream
@@ -98,6 +98,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
             rule=r.name,
             severity=r.severity,
             description=r.description,
+            fix=r.fix,
             checked=r.checked,
             findings=r.found,
         )

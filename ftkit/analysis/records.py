@@ -1,11 +1,45 @@
 """Evidence records of the replay: one ``StepRecord`` per open step attempt, one ``RolloutRecord``
-per open rollout. Rules read them in ``on_step`` / ``on_rollout``; they are dropped once closed."""
+per open rollout. Rules read them in ``on_step`` / ``on_rollout``; they are dropped once closed.
+
+``RuleHooks`` is what the replay calls on a rule (``ftkit.analysis.registry.Rule`` implements
+it); the replay depends on this protocol, not on the registry, so the import graph is
+``registry -> replay -> records`` without a cycle.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+from ftkit.findings import Severity
 
 Where = tuple[str, int]  # (file, line)
+
+
+class RuleHooks(Protocol):
+    """The replay's view of a rule (see ``ftkit.analysis.registry.Rule`` for the contract)."""
+
+    @property
+    def code(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def fix(self) -> str: ...
+    @property
+    def events(self) -> tuple[str, ...]: ...
+    @property
+    def severity(self) -> Severity: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def checked(self) -> int: ...
+    @property
+    def found(self) -> int: ...
+
+    def report(self, message: str, severity: Severity | None = None, **evidence: Any) -> None: ...
+    def on_event(self, event: dict[str, Any], fi: int, line: int) -> None: ...
+    def on_step(self, record: StepRecord) -> None: ...
+    def on_rollout(self, record: RolloutRecord) -> None: ...
+    def finish(self) -> None: ...
 
 
 class StepRecord:
@@ -34,8 +68,8 @@ class StepRecord:
         self.epoch: int | None = None
         self.outcomes: dict[int, dict[int | None, tuple[str, Where]]] = {}
         self.fingerprints: dict[int | None, dict[int, str]] = {}
-        self.fp_detail: dict[tuple[int | None, str], tuple[dict, dict, int, Where]] = {}
-        self.witness: tuple[list, list, int, Where] | None = None
+        self.fp_detail: dict[tuple[int | None, str], tuple[dict[str, str], dict[str, str], int, Where]] = {}
+        self.witness: tuple[list[int], list[int], int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
         self.witness_cells: set[int] = set()  # cells that reported witness counts
         self.alive_snapshot = alive_snapshot

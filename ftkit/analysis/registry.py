@@ -4,13 +4,17 @@ A rule states its stable ``code`` (``FT101``), ``name``, default ``severity``, a
 ``description`` and a ``fix`` (both rendered into docs/analyze-events.md and the reports).
 It observes the replay through hooks, all optional:
 
-- ``events``: event types routed to ``on_event(event, where)`` as they are replayed;
+- ``events``: event types routed to ``on_event(event, fi, line)`` as they are replayed: the
+  event (a validated dict), the index of its file and its 1-based line number. Rules keep
+  the pair cheaply and turn it into a location only when they report:
+  ``self.report(msg, where=self.replay.where(fi, line))`` (evidence ``file`` and ``line``);
 - ``on_step(record)``: a step attempt (``StepRecord``) was closed, i.e. every source has moved
   on from it, so its evidence is complete;
 - ``on_rollout(record)``: a rollout (``RolloutRecord``) was closed;
 - ``finish()``: the log ended.
 
-It calls ``self.check(n)`` for what it checked and ``self.report(...)`` for each finding.
+It calls ``self.check(n)`` for what it checked and ``self.report(message, severity=None,
+**evidence)`` for each finding; the finding carries the rule's ``fix``.
 Rules read shared state (membership, run info) from ``self.replay``; they keep only state that
 is bounded by open steps / rollouts, so memory does not grow with the log.
 """
@@ -21,8 +25,8 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ftkit.analysis.findings import Severity
 from ftkit.errors import UsageError
+from ftkit.findings import Severity
 
 if TYPE_CHECKING:
     from ftkit.analysis.records import RolloutRecord, StepRecord
@@ -45,13 +49,15 @@ class Rule:
         self.found = 0
 
     def check(self, n: int = 1) -> None:
+        """Count ``n`` things this rule checked (shown beside its findings in every report)."""
         self.checked += n
 
     def report(self, message: str, severity: Severity | None = None, **evidence: Any) -> None:
+        """Record a finding; ``where=(file, line)`` in ``evidence`` becomes ``file``/``line``."""
         self.found += 1
         self.replay.add_finding(self, message, severity or self.severity, evidence)
 
-    def on_event(self, event: dict[str, Any], where: tuple[str, int]) -> None:  # pragma: no cover
+    def on_event(self, event: dict[str, Any], fi: int, line: int) -> None:  # pragma: no cover
         raise NotImplementedError(f"{self.code} subscribes to {self.events} but has no on_event")
 
     def on_step(self, record: StepRecord) -> None:

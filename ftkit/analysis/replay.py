@@ -26,12 +26,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftkit.analysis.closure import Closure
-from ftkit.analysis.findings import Finding, Severity
-from ftkit.analysis.records import RolloutRecord, StepRecord, Where
+from ftkit.analysis.records import RolloutRecord, RuleHooks, StepRecord, Where
 from ftkit.analysis.recovery import RecoveryTracker
-from ftkit.analysis.registry import Rule
 from ftkit.events.schema import Source
 from ftkit.events.validate import CHECKS, explain, known
+from ftkit.findings import Finding, Severity
 
 LAG = 2  # a step closes when every reporting file is this many steps ahead
 MAX_STORED = 500  # findings kept per rule (all are counted)
@@ -49,14 +48,13 @@ class NotPerProcess(Exception):
 
 
 class Replay:
-    def __init__(self, rule_classes: Iterable[type[Rule]]) -> None:
+    def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]]) -> None:
         self.locate: Callable[[int, int], Where] = lambda fi, line: (str(fi), line)
         self.per_process = False
         self.rules = [cls(self) for cls in rule_classes]
         self.by_code = {r.code: r for r in self.rules}
         self.findings: list[Finding] = []
         self.stored: Counter[str] = Counter()
-        self.notes: list[str] = []
         self.unknown_types: Counter[str] = Counter()
         self.by_type: Counter[str] = Counter()
         self.events = 0
@@ -107,7 +105,9 @@ class Replay:
             "metric": self._metric,
             "log_closed": self._log_closed,
         }
-        self.handlers: dict[str, list[Any]] = {t: [core[t]] if t in core else [] for t in _all_types()}
+        self.handlers: dict[str, list[Callable[[dict[str, Any], int, int], None]]] = {
+            t: [core[t]] if t in core else [] for t in _all_types()
+        }
         for rule in self.rules:
             for t in rule.events:
                 self.handlers[t].append(rule.on_event)
@@ -128,7 +128,7 @@ class Replay:
     def where(self, fi: int, line: int) -> Where:
         return self.locate(fi, line)
 
-    def add_finding(self, rule: Rule, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
+    def add_finding(self, rule: RuleHooks, message: str, severity: Severity, evidence: dict[str, Any]) -> None:
         if self.stored[rule.code] >= MAX_STORED:
             return
         self.stored[rule.code] += 1
@@ -152,11 +152,6 @@ class Replay:
         if rule is not None:
             rule.report(message, severity, **evidence)
 
-    def check(self, code: str, n: int = 1) -> None:
-        rule = self.by_code.get(code)
-        if rule is not None:
-            rule.checked += n
-
     def issue(self, file: str, line: int, kind: str, message: str) -> None:
         """A line the reader could not decode (FT111)."""
         sev = Severity.warning if kind in ("truncated", "duplicate") else Severity.error
@@ -168,7 +163,7 @@ class Replay:
             self._file_ended(fi, line)
             return
         self.events += 1
-        t = event.get("type")
+        t: Any = event.get("type")  # any JSON value until its check passes
         check = CHECKS.get(t) if type(t) is str else None  # is_valid, inlined: this runs once per line
         if check is None or not check(event):
             if type(t) is not str:
@@ -364,7 +359,9 @@ class Replay:
     @property
     def ranks_per_cell(self) -> int:
         if self.run_started is not None:
-            return max(1, self.run_started["tp"] * self.run_started["pp"])
+            tp: int = self.run_started["tp"]
+            pp: int = self.run_started["pp"]
+            return max(1, tp * pp)
         return self.max_rank + 1
 
     def cell_lost(self, cell: int, step: int) -> bool:

@@ -13,8 +13,8 @@ from typing import Annotated
 
 import typer
 
-from ftkit.analysis.findings import FailOn
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
 
 HELP = """Replay a run's event log and apply the forensic rules (FT101-FT113).
@@ -45,11 +45,25 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
+        html: Annotated[
+            Path | None,
+            typer.Option(
+                "--html",
+                metavar="FILE",
+                dir_okay=False,
+                help="Also write a self-contained HTML report: timeline of cells, faults and heals, "
+                "metrics by step, recovery, rules and findings.",
+            ),
+        ] = None,
     ) -> None:
         from ftkit.analysis.engine import analyze_paths
         from ftkit.analysis.registry import select_rules
 
         select_rules(rule, skip_rule)  # unknown codes: exit 2 before reading anything
+        if html is not None:
+            from ftkit.report.timeline_html import check_target
+
+            check_target(html)  # exit 2 before reading anything
         out = Output(fmt)
         with out.progress("Analyzing events", total=None) as task:
             result = analyze_paths(
@@ -60,32 +74,17 @@ def register(app: typer.Typer) -> None:
             )
         for note in result.notes:
             out.warn(note)
-        outcome = result.verdict(fail_on)
-        _render(out, result, outcome)
-        if junit_xml is not None:
-            from ftkit.report.analysis_formats import SUITE
-            from ftkit.report.junit import write_junit
+        from ftkit.report.analysis_formats import report
+        from ftkit.report.emit import emit
 
-            write_junit(junit_xml, SUITE, result.rules, result.findings)
-        raise typer.Exit(1 if outcome == "fail" else 0)
+        outcome = result.verdict(fail_on)
+        if html is not None:
+            from ftkit.report.timeline_html import write_report
+
+            write_report(html, paths, result, outcome)
+            out.info(f"HTML report: {html}")
+        raise typer.Exit(emit(out, report(result, outcome), junit_xml=junit_xml))
 
     analyze_events.__doc__ = HELP
     app.command("analyze-events")(analyze_events)
     app.command("analyze", help="Alias of analyze-events.", hidden=False)(analyze_events)
-
-
-def _render(out: Output, result, outcome: str) -> None:  # type: ignore[no-untyped-def]
-    if out.format is Format.json:
-        from ftkit.report.analysis_formats import json_document
-
-        out.json(json_document(result, outcome))
-    elif out.format is Format.github:
-        from ftkit.report.analysis_formats import github_text, step_summary
-        from ftkit.report.github import append_step_summary
-
-        out.data(github_text(result, outcome))
-        append_step_summary(step_summary(result, outcome))
-    else:
-        from ftkit.report.analysis_human import render_human
-
-        render_human(out.out, result, outcome)

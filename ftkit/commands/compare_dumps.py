@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ftkit.analysis.findings import FailOn, verdict
-from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
+from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt, report_path
 from ftkit.errors import UsageError
+from ftkit.findings import FailOn, verdict
 from ftkit.report.sink import Format, Output
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ftkit.dumps.compare import CompareOptions, CompareResult
+    from ftkit.dumps.compare import CompareOptions
 
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-5, 1e-8
 
@@ -79,9 +79,18 @@ def register(app: typer.Typer) -> None:
                 "--html",
                 metavar="FILE",
                 dir_okay=False,
-                help="Also write a self-contained HTML report with a per-layer divergence plot.",
+                callback=report_path,
+                help="Also write a self-contained HTML report: divergence heatmap (layers x rollout/step/micro-shard), "
+                "run.json differences, worst tensors, findings (its directory must exist).",
             ),
         ] = None,
+        follow_symlinks: Annotated[
+            bool,
+            typer.Option(
+                "--follow-symlinks",
+                help="Read symlinked files whose target lies outside the tree given (refused by default).",
+            ),
+        ] = False,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
@@ -92,30 +101,35 @@ def register(app: typer.Typer) -> None:
         reassembled, so a TP=2 run compares with a TP=1 run; other safetensors files pair by
         relative path and tensor name. Missing rollouts, files or tensors are findings.
         Default mode: tolerance (rtol 1e-5, atol 1e-8); --exact for bitwise; --rules FILE.
+        Two runs whose run.json differ in what shapes the data are reported as a config diff
+        first (CD012). Special files are skipped with a warning; symlinks that leave a tree are
+        refused unless --follow-symlinks.
         """
         from ftkit.dumps.compare import compare_paths
 
         options = _options(exact, rtol, atol, rules)
+        if html is not None:
+            from ftkit.report.html_page import check_target
+
+            check_target(html)  # exit 2 before the comparison
         out = Output(fmt)
         with out.progress("Comparing", total=None) as task:
             result = compare_paths(
-                a, b, options, progress=task.advance, on_start=lambda total: task.update(total=total)
+                a,
+                b,
+                options,
+                progress=task.advance,
+                on_start=lambda total: task.update(total=total),
+                follow_symlinks=follow_symlinks,
             )
-        outcome = verdict(result.findings, fail_on)
-        _render(out, result, outcome, top)
-        if junit_xml is not None:
-            from ftkit.report.compare_formats import SUITE, junit_cases
-            from ftkit.report.junit import write_junit_cases
+        for path in result.skipped:
+            out.warn(f"{path} is not a regular file (FIFO, socket or device); skipped")
+        from ftkit.report.compare_formats import report
+        from ftkit.report.emit import emit
 
-            write_junit_cases(junit_xml, SUITE, junit_cases(result))
-        if html is not None:
-            from ftkit.report.html import render_html
-            from ftkit.tensors.st import write_bytes_atomic
-
-            write_bytes_atomic(html, render_html(result, outcome, max(top, 50)).encode("utf-8"))
-            if out.human:
-                out.info(f"[dim]HTML report: {html}[/dim]")
-        raise typer.Exit(1 if outcome == "fail" else 0)
+        raise typer.Exit(
+            emit(out, report(result, verdict(result.findings, fail_on), top), junit_xml=junit_xml, html=html)
+        )
 
 
 def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | None) -> CompareOptions:
@@ -144,20 +158,3 @@ def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | 
         rtol=DEFAULT_RTOL if rtol is None else rtol,
         atol=DEFAULT_ATOL if atol is None else atol,
     )
-
-
-def _render(out: Output, result: CompareResult, outcome: str, top: int) -> None:
-    if out.format is Format.json:
-        from ftkit.report.compare_formats import json_document
-
-        out.json(json_document(result, outcome, top))
-    elif out.format is Format.github:
-        from ftkit.report.compare_formats import github_text, step_summary
-        from ftkit.report.github import append_step_summary
-
-        out.data(github_text(result, outcome))
-        append_step_summary(step_summary(result, outcome, top))
-    else:
-        from ftkit.report.compare_human import render_human
-
-        render_human(out.out, result, outcome, top)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -55,6 +55,13 @@ def register(app: typer.Typer) -> None:
                 help="Read the data for statistics and verify fingerprints (--no-stats lists headers only).",
             ),
         ] = True,
+        follow_symlinks: Annotated[
+            bool,
+            typer.Option(
+                "--follow-symlinks",
+                help="Read symlinked files whose target lies outside the tree given (refused by default).",
+            ),
+        ] = False,
         fmt: Annotated[
             DumpFormat,
             typer.Option(
@@ -77,7 +84,16 @@ def register(app: typer.Typer) -> None:
                     "quote the pattern for the shell, e.g. --filter 'layers\\.0\\.'",
                 ) from None
         out = Output(Format(fmt.value))
-        inv = inspect_path(path, filter_, stats)
+        with out.progress("Reading dump", total=None) as task:
+            inv = inspect_path(
+                path,
+                filter_,
+                stats,
+                follow_symlinks,
+                progress=lambda done, total: task.update(completed=done, total=total),
+            )
+        for skipped in inv.skipped:
+            out.warn(f"{skipped} is not a regular file (FIFO, socket or device); skipped")
         for rel in inv.orphans:
             out.warn(f"{rel} has no index (an interrupted write?); not listed")
         if out.format is Format.json:
@@ -143,7 +159,7 @@ def _human(out: Output, inv: Inventory, pattern: str | None) -> None:
     c.print(table)
 
 
-def _sharding(s: dict | None) -> str:
+def _sharding(s: dict[str, Any] | None) -> str:
     if not s or s["kind"] == "replicated" or s["tp_size"] == 1:
         return "-"
     return f"split d{s['dim']} {s['tp_rank']}/{s['tp_size']}" + (f" x{s['stride']}" if s["stride"] != 1 else "")

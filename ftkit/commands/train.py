@@ -5,25 +5,29 @@ Values come from ``TrainConfig`` defaults, then ``--config FILE`` (JSON, or TOML
 the resulting config as JSON and exits. Live progress (one line per optimizer step) goes to
 stderr; the final report (run summary, analyzer verdict and findings) is the command's data
 on stdout in ``--format human|json|github``. Exit 0 when the analyzer finds nothing at or
-above ``--fail-on``, 1 when it does, 2 for a bad config, run directory or layout.
+above ``--fail-on``, 1 when it does or when the run could not go on (``RunFailed``: too few
+live cells, retries exhausted), 2 for a bad config, run directory or layout, 130 / 143 when
+SIGINT / SIGTERM stopped it (``RunInterrupted``; docs/faults.md).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 
-from ftkit.analysis.findings import FailOn
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
 from ftkit.errors import InputError
+from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
 
 PANEL = "Training"
 PANEL_DUMPS = "Dumps"
+PANEL_FAULTS = "Fault tolerance"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
@@ -37,11 +41,18 @@ def _choices(name: str, field: str) -> type[Enum]:
     return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
 
 
-ModelName = _choices("ModelName", "model")
-Reduce = _choices("Reduce", "reduce")
-Device = _choices("Device", "device")
-DumpCells = _choices("DumpCells", "dump_cells")
-Reward = _choices("Reward", "reward")
+if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
+    ModelName: TypeAlias = Enum
+    Reduce: TypeAlias = Enum
+    Device: TypeAlias = Enum
+    DumpCells: TypeAlias = Enum
+    Reward: TypeAlias = Enum
+else:
+    ModelName = _choices("ModelName", "model")
+    Reduce = _choices("Reduce", "reduce")
+    Device = _choices("Device", "device")
+    DumpCells = _choices("DumpCells", "dump_cells")
+    Reward = _choices("Reward", "reward")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
@@ -53,15 +64,30 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
         info = TrainConfig.model_fields[field]
         default = info.default
         shown = ",".join(default) if isinstance(default, tuple) else default
-        help = help or info.description
-        if shown is not None and not isinstance(default, bool):
+        help = help or info.description or ""
+        if shown not in (None, "") and not isinstance(default, bool):
             help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config_file(path: Path) -> dict[str, Any]:
-    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise."""
+    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise.
+
+    Only a regular file of at most ``MAX_CONFIG_BYTES`` is read (a FIFO or device never
+    blocks the command); nesting too deep for the decoder is an error like any other."""
     try:
+        if not path.is_file():
+            what = "does not exist" if not path.exists() else "is not a regular file"
+            raise InputError(
+                f"cannot read config file {path}: it {what}", hint="pass an existing JSON or TOML file to --config"
+            )
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InputError(
+                f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", hint="a config holds a few values"
+            )
         raw = path.read_bytes()
     except OSError as exc:
         raise InputError(
@@ -70,15 +96,18 @@ def read_config_file(path: Path) -> dict[str, Any]:
         ) from None
     try:
         if path.suffix.lower() == ".toml":
-            import tomllib
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover - Python 3.10 reads TOML with the tomllib backport
+                import tomli as tomllib
 
             values = tomllib.loads(raw.decode("utf-8"))
         else:
             values = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
         raise InputError(
-            f"config file {path} is not valid {kind}: {str(exc).splitlines()[0]}",
+            f"config file {path} is not valid {kind}: {(str(exc).splitlines() or [type(exc).__name__])[0]}",
             hint="--print-config writes a valid JSON config to start from",
         ) from None
     if not isinstance(values, dict):
@@ -137,6 +166,38 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         dump_cells: Annotated[DumpCells | None, _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
+        collective_timeout: Annotated[
+            float | None,
+            _opt("--collective-timeout", field="collective_timeout", metavar="SECONDS", panel=PANEL_FAULTS),
+        ] = None,
+        step_timeout: Annotated[
+            float | None, _opt("--step-timeout", field="step_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
+        min_cells: Annotated[int | None, _opt("--min-cells", field="min_cells", panel=PANEL_FAULTS)] = None,
+        max_retries: Annotated[int | None, _opt("--max-retries", field="max_retries", panel=PANEL_FAULTS)] = None,
+        heal: Annotated[
+            bool | None,
+            _opt(
+                "--heal/--no-heal",
+                field="heal",
+                panel=PANEL_FAULTS,
+                help="Restart failed cells and heal them from a live peer [default: heal].",
+            ),
+        ] = None,
+        heal_timeout: Annotated[
+            float | None, _opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
+        inject: Annotated[
+            list[str] | None,
+            _opt(
+                "--inject",
+                field="inject",
+                metavar="SPEC",
+                panel=PANEL_FAULTS,
+                help="Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.",
+            ),
+        ] = None,
+        chaos: Annotated[str | None, _opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
         config: Annotated[
             Path | None,
             _opt(
@@ -158,8 +219,12 @@ def register(app: typer.Typer) -> None:
 
         Runs an RL loop (engines generate, rewards, group-normalised advantages, K optimizer
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
-        directory: run.json, events/, rollouts/, dumps/, final/. Then replays its own event
-        log through the analyzer and prints the verdict.
+        directory: run.json, events/, rollouts/, dumps/, final/, status.json. Then replays its
+        own event log through the analyzer and prints the verdict. Faults (a dead, hung or
+        erring rank, a failed collective, a dead engine) are detected, the step is discarded
+        everywhere and retried over the survivors, and failed cells are restarted and healed:
+        the result is bitwise that of the fault-free run. Exit 1 also when the run cannot go
+        on (--min-cells, --max-retries); 130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config
 
@@ -185,6 +250,14 @@ def register(app: typer.Typer) -> None:
             "dump_rollouts": dump_rollouts,
             "dump_what": None if dump_what is None else parse_dump_what(dump_what),
             "dump_cells": dump_cells,
+            "collective_timeout": collective_timeout,
+            "step_timeout": step_timeout,
+            "min_cells": min_cells,
+            "max_retries": max_retries,
+            "heal": heal,
+            "heal_timeout": heal_timeout,
+            "inject": None if inject is None else tuple(inject),
+            "chaos": chaos,
         }
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:
@@ -195,7 +268,7 @@ def register(app: typer.Typer) -> None:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
 
-        from ftkit.commands.train_report import render, step_line
+        from ftkit.commands.train_report import report, step_line
         from ftkit.train.driver import run_training
 
         if output.human:
@@ -205,10 +278,8 @@ def register(app: typer.Typer) -> None:
                 f"reduce {cfg.reduce} -> {cfg.out}"
             )
         result = run_training(cfg, on_step=(lambda r: output.info(step_line(r))) if output.human else None)
-        outcome = result.analysis.verdict(fail_on)
-        render(output, result, outcome)
-        if junit_xml is not None:
-            from ftkit.report.junit import write_junit
+        for note in result.analysis.notes:
+            output.warn(note)
+        from ftkit.report.emit import emit
 
-            write_junit(junit_xml, "ftkit.train", result.analysis.rules, result.analysis.findings)
-        raise typer.Exit(1 if outcome == "fail" else 0)
+        raise typer.Exit(emit(output, report(result, result.analysis.verdict(fail_on)), junit_xml=junit_xml))

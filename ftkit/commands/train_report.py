@@ -1,7 +1,7 @@
 """Rendering of ``ftkit train``: the live progress line and the final report.
 
-``step_line`` is one stderr line per optimizer step. ``render`` writes the command's data
-(stdout) in the chosen format: the run summary (steps, rewards, final state, engine
+``step_line`` is one stderr line per optimizer step. ``report`` is the command's ``Report``
+for ``ftkit.report.emit``: the run summary (steps, rewards, final state, engine
 fingerprints), then the forensics, i.e. the analyzer's result over the run's own event log,
 rendered exactly as ``ftkit analyze-events`` renders it.
 """
@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftkit.report.sink import Format, Output
+from rich.console import Console
+
+from ftkit.report.emit import Report
 
 
 def step_line(r: Any) -> str:
-    """``rollout 1/3  step 2/6  loss ...  reward ...  cells 2/2  1234 tok/s`` (a ``StepReport``)."""
-    state = "" if r.committed else "  [red]DISCARDED[/red]"
+    """``rollout 1/3  step 2/6  loss ...  reward ...  cells 2/2  1234 tok/s`` (a ``StepReport``),
+    plus ``  N attempts`` when faults made the step retry."""
+    state = f"  [yellow]{r.attempts} attempts[/yellow]" if r.attempts > 1 else ""
     return (
         f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
         f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "
@@ -37,38 +40,31 @@ def run_summary(result: Any) -> dict[str, Any]:
     }
 
 
-def render(output: Output, result: Any, outcome: str) -> None:
-    """Write the final report of a run to stdout in ``output.format``; ``outcome`` is the
-    analyzer's verdict (``pass`` / ``fail``) for the command's ``--fail-on``."""
-    analysis = result.analysis
-    for note in analysis.notes:
-        output.warn(note)
-    if output.format is Format.json:
-        from ftkit.report.analysis_formats import json_document
+def report(result: Any, outcome: str) -> Report:
+    """The ``Report`` of a run: the run summary, then the analyzer's result over its own log
+    (``ftkit.report.analysis_formats.report``) with the run added to every rendering."""
+    from dataclasses import replace
 
-        output.json(
-            {
-                "command": "train",
-                "verdict": outcome,
-                "run": run_summary(result),
-                "analysis": json_document(analysis, outcome),
-            }
-        )
-    elif output.format is Format.github:
-        from ftkit.report.analysis_formats import github_text, step_summary
-        from ftkit.report.github import append_step_summary
+    from rich.markup import escape
 
-        output.data(github_text(analysis, outcome))
-        append_step_summary(
-            f"## ftkit train {result.run}\n\n{_summary_text(result)}\n\n" + step_summary(analysis, outcome)
-        )
-    else:
-        from rich.markup import escape
+    from ftkit.report.analysis_formats import report as analysis_report
+    from ftkit.report.escaping import md_text
 
-        from ftkit.report.analysis_human import render_human
+    analysis = analysis_report(result.analysis, outcome)
 
-        output.out.print(f"[bold]Trained[/bold] {escape(_summary_text(result))}")
-        render_human(output.out, analysis, outcome)
+    def human(console: Console) -> None:
+        console.print(f"[bold]Trained[/bold] {escape(_summary_text(result))}")
+        analysis.human(console)
+
+    return replace(
+        analysis,
+        command="train",
+        document=lambda: {"command": "train", "run": run_summary(result), "analysis": analysis.document()},
+        human=human,
+        step_summary=lambda: (
+            f"## ftkit train {md_text(result.run)}\n\n{md_text(_summary_text(result))}\n\n" + analysis.step_summary()
+        ),
+    )
 
 
 def _summary_text(result: Any) -> str:

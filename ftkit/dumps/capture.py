@@ -16,7 +16,8 @@ the block: leaving it removes every hook, the gradient hooks included. The root 
 is empty (``output``). A module called a second time in one block gets ``#1`` appended to its
 path (``decoder.layers.0#1.output``). Records keep capture order; tensors are detached copies
 on CPU with the TP sharding from ``ftkit.tensors.sharding``. Megatron outputs are recorded in
-their own layout (often [sequence, batch, hidden]).
+their own layout (often [sequence, batch, hidden]). A GPT model called with ``labels`` returns
+the per-token loss, identical on every TP rank: its ``output``/``output_grad`` are replicated.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class ModuleCapture:
         self.records.append(Capture(name, tensor.detach().to("cpu", copy=True), sharding))
 
     def _hook(self, path: str, module: Any) -> Callable[..., None]:
-        def hook(mod: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        def hook(mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
             n = self._calls.get(path, 0)
             self._calls[path] = n + 1
             base = path if n == 0 else f"{path}#{n}"
@@ -104,12 +105,14 @@ class ModuleCapture:
                 for key, value in items:
                     if _is_tensor(value):
                         self._record(f"{stem}input.{key}", value, Sharding.replicated(self.tp_rank, self.tp_size))
+            loss = _labels_given(args, kwargs)
             for index, suffix, t in _flatten_output(output):
-                sharding = output_sharding(module, index, t, self.tp_rank, self.tp_size, path)
+                sharding = output_sharding(module, index, t, self.tp_rank, self.tp_size, path, loss)
                 if self.activations:
                     self._record(f"{stem}output{suffix}", t, sharding)
                 if self.grads and t.requires_grad:
-                    self._handles.append(t.register_hook(self._grad_hook(f"{stem}output_grad{suffix}", sharding)))
+                    handle = t.register_hook(self._grad_hook(f"{stem}output_grad{suffix}", sharding))  # type: ignore[no-untyped-call]  # torch leaves register_hook unannotated
+                    self._handles.append(handle)
 
         return hook
 
@@ -132,6 +135,13 @@ def _is_tensor(value: Any) -> bool:
     import torch
 
     return isinstance(value, torch.Tensor)
+
+
+def _labels_given(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a GPT-style ``forward(input_ids, position_ids, attention_mask, decoder_input,
+    labels, ...)`` got labels: megatron then returns the per-token loss, not logits."""
+    labels = kwargs.get("labels", args[4] if len(args) > 4 else None)
+    return labels is not None
 
 
 def _flatten_output(output: Any) -> list[tuple[int, str, torch.Tensor]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ftkit.analysis.findings import Finding, RuleSummary, Severity
+from ftkit.findings import Finding, RuleSummary, Severity
 
 E, W = Severity.error, Severity.warning
 CODES: dict[str, tuple[str, Severity, str]] = {
@@ -32,6 +32,11 @@ CODES: dict[str, tuple[str, Severity, str]] = {
     "CD009": ("no-rule", E, "no --rules entry matches the tensor (fail closed)"),
     "CD010": ("non-finite", W, "the tensor holds NaN or Inf values (the same on both sides)"),
     "CD011": ("orphan-data-file", W, "a safetensors file in a dump tree has no index (an interrupted write)"),
+    "CD012": (
+        "config-mismatch",
+        E,
+        "the two runs' run.json differ in what shapes the data (micro-shards, batch, model, seed, ...)",
+    ),
 }
 
 

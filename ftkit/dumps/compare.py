@@ -21,19 +21,21 @@ failing item in capture order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftkit.analysis.findings import Finding, RuleSummary
+import numpy as np
+
 from ftkit.dumps.codes import finding, summaries
-from ftkit.dumps.loader import TensorLoader
-from ftkit.dumps.metrics import Metrics, bits_view, diff_metrics, equal_metrics, nonfinite_counts
+from ftkit.dumps.loader import TensorLoader, check_fingerprint
+from ftkit.dumps.metrics import Metrics, diff_metrics, nonfinite_counts
 from ftkit.dumps.pairing import Item, pair
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
-from ftkit.dumps.sources import check_compatible, open_source, require_exists
+from ftkit.dumps.sources import check_compatible, config_diff, open_source, require_exists
+from ftkit.findings import Finding, RuleSummary
+from ftkit.tensors.fingerprint import fingerprint_hasher
 
 FAILING = ("differ", "shape", "dtype", "missing_in_a", "missing_in_b", "invalid", "uncovered")
 
@@ -100,6 +102,8 @@ class CompareResult:
     findings: list[Finding] = field(default_factory=list)
     rules: list[RuleSummary] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # special files in the trees, not read
+    config_diff: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # data-shaping run.json fields
 
     @property
     def first_divergence(self) -> PairResult | None:
@@ -112,19 +116,32 @@ def compare_paths(
     options: CompareOptions,
     progress: Callable[[int], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    follow_symlinks: bool = False,
 ) -> CompareResult:
     """Compare two run directories, dump directories, directories of safetensors or files.
 
     ``on_start(total_bytes)`` is called once the work is known; ``progress(nbytes)`` after
-    each item. Raises ``InputError``/``UsageError`` for unreadable or incompatible input.
+    each item. Raises ``InputError``/``UsageError`` for unreadable or incompatible input
+    (symlinks leaving a tree too, unless ``follow_symlinks``). Two runs whose ``run.json``
+    differ in a field that shapes the data get a CD012 finding first.
     """
     require_exists(a), require_exists(b)  # both before either is scanned (a scan can be long)
-    sa, sb = open_source(a), open_source(b)
+    sa, sb = open_source(a, follow_symlinks), open_source(b, follow_symlinks)
     check_compatible(sa, sb)
     pairing = pair(sa, sb)
-    result = CompareResult(Path(a), Path(b), sa.kind, options)
+    result = CompareResult(Path(a), Path(b), sa.kind, options, skipped=sa.skipped + sb.skipped)
     if on_start:
         on_start(sum(i.nbytes for i in pairing.items))
+    result.config_diff = config_diff(sa.config, sb.config)
+    if result.config_diff:
+        shown = "; ".join(f"{k}: {va!r} in A, {vb!r} in B" for k, va, vb in _diff_rows(result.config_diff))
+        result.findings.append(
+            finding(
+                "CD012",
+                f"the runs differ in what shapes their data ({shown}); tensor findings below follow from it",
+                fields={k: {"a": va, "b": vb} for k, va, vb in _diff_rows(result.config_diff)},
+            )
+        )
     for label, lacking in pairing.missing_rollouts:
         result.findings.append(
             finding("CD006", f"rollout {label} is missing in {lacking}", rollout=label, missing_in=lacking)
@@ -143,13 +160,13 @@ def compare_paths(
             )
     loader = TensorLoader()
     try:
-        with ThreadPoolExecutor(2) as pool:
-            for item in pairing.items:
-                pr, found = _compare_item(item, options, loader, pool)
-                result.pairs.append(pr)
-                result.findings.extend(found)
-                if progress:
-                    progress(item.nbytes)
+        for item in pairing.items:
+            pr, found = _compare_item(item, options, loader)
+            loader.release([p.ref for p in item.a + item.b])  # resident memory: one item at a time
+            result.pairs.append(pr)
+            result.findings.extend(found)
+            if progress:
+                progress(item.nbytes)
     finally:
         loader.close()
     result.findings.extend(_missing_findings(result.pairs))
@@ -170,13 +187,14 @@ def compare_paths(
             "CD009": len(result.pairs) if options.mode == "rules" else 0,
             "CD010": compared,
             "CD011": len(sa.orphans) + len(sb.orphans),
+            "CD012": int(sa.config is not None and sb.config is not None),
         },
         result.findings,
     )
     return result
 
 
-def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: Any) -> tuple[PairResult, list[Finding]]:
+def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader) -> tuple[PairResult, list[Finding]]:
     pr = PairResult(
         item.id,
         item.group,
@@ -189,7 +207,8 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
         pr.status = "missing_in_a" if not item.a else "missing_in_b"
         pr.message = f"missing in {'A' if not item.a else 'B'}"
         return pr, []
-    tensors, fps = load_pieces(item.a + item.b, loader, pool)
+    fused = _fused_pass(item, opt, loader)
+    tensors, fps = fused[:2] if fused else load_pieces(item.a + item.b, loader)
     n = len(item.a)
     va, fa = resolve_side(item.id, "A", item.a, tensors[:n], fps[:n])
     vb, fb = resolve_side(item.id, "B", item.b, tensors[n:], fps[n:])
@@ -203,7 +222,7 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
         return pr, found + [
             finding("CD002", f"{item.id}: {pr.message}", tensor=item.id, shape_a=list(va.shape), shape_b=list(vb.shape))
         ]
-    pr.metrics = _metrics(va, vb, opt)
+    pr.metrics = fused[2] if fused else _metrics(va, vb, opt)
     if va.dtype != vb.dtype:
         pr.status, pr.message = "dtype", f"dtype {va.dtype} in A, {vb.dtype} in B"
         return pr, found + [
@@ -231,6 +250,37 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader, pool: A
     return pr, found
 
 
+def _diff_rows(diff: dict[str, tuple[Any, Any]]) -> list[tuple[str, Any, Any]]:
+    return [(k, va, vb) for k, (va, vb) in diff.items()]
+
+
+def _fused_pass(
+    item: Item, opt: CompareOptions, loader: TensorLoader
+) -> tuple[list[np.ndarray], list[str], Metrics] | None:
+    """For one stored tensor per side whose index fingerprints differ (and shapes agree):
+    measure and fingerprint in one pass over the data, then verify the fingerprints against
+    the index (``InputError`` on a mismatch). ``None`` when the item needs the general path."""
+    if len(item.a) != 1 or len(item.b) != 1:
+        return None
+    pa, pb = item.a[0], item.b[0]
+    if (
+        pa.sharding.is_split
+        or pb.sharding.is_split
+        or pa.ref.fingerprint is None
+        or pb.ref.fingerprint is None
+        or pa.ref.fingerprint == pb.ref.fingerprint
+        or pa.ref.info.shape != pb.ref.info.shape
+    ):
+        return None
+    arrays = [loader.load(pa.ref), loader.load(pb.ref)]
+    hashers = [fingerprint_hasher(p.ref.info.dtype, p.ref.info.shape) for p in (pa, pb)]
+    metrics = diff_metrics(arrays[0], arrays[1], opt.rtol, opt.atol, hashers)
+    fps = [h.hexdigest() for h in hashers]
+    for p, fp in zip((pa, pb), fps):
+        check_fingerprint(p.ref, fp)
+    return arrays, fps, metrics
+
+
 def _metrics(va: SideValue, vb: SideValue, opt: CompareOptions) -> Metrics:
     if va.signature == vb.signature:  # bitwise equal: only the non-finite counts are left
         nan = inf = 0
@@ -238,16 +288,7 @@ def _metrics(va: SideValue, vb: SideValue, opt: CompareOptions) -> Metrics:
             n, i = known if known is not None else nonfinite_counts(t)  # index counts: data verified
             nan, inf = nan + n, inf + i
         return Metrics(va.numel, True, nan_a=nan, nan_b=nan, inf_a=inf, inf_b=inf)
-    ta, tb = va.full(), vb.full()
-    if ta.dtype == tb.dtype and _bitwise_equal(ta, tb):  # same bits, different TP layout
-        return equal_metrics(ta)
-    return diff_metrics(ta, tb, opt.rtol, opt.atol)
-
-
-def _bitwise_equal(a: Any, b: Any) -> bool:
-    import torch
-
-    return torch.equal(bits_view(a.contiguous().reshape(-1)), bits_view(b.contiguous().reshape(-1)))
+    return diff_metrics(va.full(), vb.full(), opt.rtol, opt.atol)  # (same bits in another TP layout: equal)
 
 
 def _decide(pr: PairResult, opt: CompareOptions) -> list[Finding]:

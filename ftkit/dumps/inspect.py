@@ -10,21 +10,18 @@ tensor ids; writers and files without a matching tensor are left out.
 
 from __future__ import annotations
 
-import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ftkit.dumps.loader import TensorLoader, fingerprint_verified
+from ftkit.dumps.loader import TensorLoader, fingerprint_all
 from ftkit.dumps.pairing import dump_id, entry_order, file_id
 from ftkit.dumps.sources import Source, TensorRef, open_source
+from ftkit.dumps.stats import tensor_stats
 from ftkit.errors import InputError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-CHUNK = 1 << 20
+from ftkit.tensors.parallel import workers
 
 
 @dataclass
@@ -35,6 +32,7 @@ class Inventory:
     files: list[dict[str, Any]] = field(default_factory=list)  # plain safetensors files
     tensors: list[dict[str, Any]] = field(default_factory=list)
     orphans: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # special files not read
 
     @property
     def prefixes(self) -> list[str]:
@@ -49,29 +47,57 @@ class Inventory:
             "files": self.files,
             "tensors": self.tensors,
             "orphans": self.orphans,
+            "skipped": self.skipped,
         }
 
 
-def inspect_path(path: str | Path, pattern: str | None = None, stats: bool = True) -> Inventory:
-    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file."""
-    src = open_source(path)
+def inspect_path(
+    path: str | Path,
+    pattern: str | None = None,
+    stats: bool = True,
+    follow_symlinks: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> Inventory:
+    """Everything ``path`` holds; ``InputError`` when it holds no dump and no safetensors file
+    (or a symlink leaves the tree, unless ``follow_symlinks``). ``progress(done, total)`` is
+    called as the tensors' data is read (for a progress bar)."""
+    src = open_source(path, follow_symlinks)
     if src.empty and not src.orphans:
         raise InputError(
             f"nothing to inspect: no dumps or safetensors files in {path}",
             "pass a run directory, a dump directory or .safetensors files",
         )
     regex = re.compile(pattern) if pattern else None
-    inv = Inventory(Path(path), src.kind, orphans=list(src.orphans))
-    loader = TensorLoader()
-    try:
-        _collect(src, inv, regex, stats, loader)
-    finally:
-        loader.close()
+    inv = Inventory(Path(path), src.kind, orphans=list(src.orphans), skipped=list(src.skipped))
+    refs = _collect(src, inv, regex)
+    if stats:
+        _read_data(inv.tensors, refs, progress or (lambda done, total: None))
     return inv
 
 
-def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: bool, loader: TensorLoader) -> None:
-    writers: dict[tuple, dict[str, Any]] = {}
+def _read_data(rows: list[dict[str, Any]], refs: list[TensorRef], progress: Callable[[int, int], None]) -> None:
+    """Verified fingerprints and statistics of every row, in batches of one tensor per thread:
+    the batch is hashed in parallel (tensor by tensor), then each tensor's statistics are
+    computed (stripe by stripe, in parallel) and its pages unmapped, so resident memory stays
+    near one batch of tensors."""
+    loader = TensorLoader()
+    step = workers()
+    try:
+        for i in range(0, len(refs), step):
+            batch = refs[i : i + step]
+            for row, ref, fp in zip(rows[i : i + step], batch, fingerprint_all(batch, loader)):
+                row["fingerprint"] = fp
+                row["stats"] = tensor_stats(loader.load(ref))
+                loader.release([ref])
+            progress(min(i + step, len(refs)), len(refs))
+    finally:
+        loader.close()
+
+
+def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None) -> list[TensorRef]:
+    """Fill ``inv`` with the writers, files and tensor rows that match; the rows' refs."""
+    refs: list[TensorRef] = []
+    writers: dict[tuple[Any, ...], dict[str, Any]] = {}
     for e in sorted(src.entries, key=entry_order):
         item_id, _ = dump_id(e)
         wkey = (e.prefix, e.phase, e.rollout, e.writer)
@@ -90,7 +116,8 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
         writers[wkey]["tensors"] += 1
         if regex is None or regex.search(item_id):
             writers[wkey]["listed"] += 1
-            inv.tensors.append(_row(item_id, e.name, e.kind, e.writer, e.sharding.to_dict(), e.ref, stats, loader))
+            inv.tensors.append(_row(item_id, e.name, e.kind, e.writer, e.sharding.to_dict(), e.ref))
+            refs.append(e.ref)
     inv.writers = [w for w in writers.values() if w["listed"]]
     for rel, header in sorted(src.files.items()):
         listed = 0
@@ -99,9 +126,8 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
             if regex is None or regex.search(item_id):
                 listed += 1
                 ref = TensorRef(header.path, info)
-                inv.tensors.append(
-                    _row(item_id, info.name, "tensor", rel or header.path.name, None, ref, stats, loader)
-                )
+                inv.tensors.append(_row(item_id, info.name, "tensor", rel or header.path.name, None, ref))
+                refs.append(ref)
         if listed:
             inv.files.append(
                 {
@@ -112,6 +138,7 @@ def _collect(src: Source, inv: Inventory, regex: re.Pattern[str] | None, stats: 
                     "metadata": header.metadata,
                 }
             )
+    return refs
 
 
 def _row(
@@ -121,10 +148,8 @@ def _row(
     origin: str,
     sharding: dict[str, Any] | None,
     ref: TensorRef,
-    stats: bool,
-    loader: TensorLoader,
 ) -> dict[str, Any]:
-    row: dict[str, Any] = {
+    return {
         "id": item_id,
         "name": name,
         "kind": kind,
@@ -133,45 +158,4 @@ def _row(
         "shape": list(ref.info.shape),
         "sharding": sharding,
         "fingerprint": ref.fingerprint,
-    }
-    if stats:
-        t = loader.load(ref)
-        row["fingerprint"] = fingerprint_verified(ref)
-        row["stats"] = tensor_stats(t)
-    return row
-
-
-def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
-    """min, max, mean, std (population) over finite elements, plus NaN/Inf counts and numel."""
-    import torch
-
-    flat = (torch.view_as_real(t) if t.is_complex() else t).reshape(-1)
-    n = s = ss = 0.0
-    lo, hi = math.inf, -math.inf
-    nan = inf = 0
-    for i in range(0, flat.numel(), CHUNK):
-        c = flat[i : i + CHUNK].to(torch.float64)
-        if c.is_floating_point():
-            bad_nan, bad_inf = torch.isnan(c), torch.isinf(c)
-            nan += int(bad_nan.sum())
-            inf += int(bad_inf.sum())
-            c = c[~(bad_nan | bad_inf)]
-        if c.numel():
-            n += c.numel()
-            lo, hi = min(lo, float(c.min())), max(hi, float(c.max()))
-            s += float(c.sum())
-    mean = s / n if n else None
-    if n:
-        for i in range(0, flat.numel(), CHUNK):
-            c = flat[i : i + CHUNK].to(torch.float64)
-            c = c[torch.isfinite(c)]
-            ss += float(((c - mean) ** 2).sum())
-    return {
-        "numel": t.numel(),
-        "min": lo if n else None,
-        "max": hi if n else None,
-        "mean": mean,
-        "std": math.sqrt(ss / n) if n else None,
-        "nan": nan,
-        "inf": inf,
     }

@@ -1,92 +1,87 @@
-"""Lazy tensor loading through safetensors' ``safe_open`` (memory-mapped, no full-file read).
+"""Lazy tensor loading as numpy arrays over read-only file mappings (no torch, no full reads).
 
-``TensorLoader.load(ref)`` returns a CPU tensor backed by the file mapping; pages are read
-when the tensor is touched, so memory follows what is being compared, not the dump size.
-A few files stay open (least recently used first out). Headers were validated by
-``ftkit.tensors.st.read_header`` before any ``TensorRef`` exists; any error safetensors still
-raises becomes an ``InputError`` (exit 2).
+``TensorLoader.load(ref)`` returns a read-only numpy array backed by a mapping of the file
+(``ftkit.tensors.arrays.MappedFile``); pages are read when the array is touched, so memory
+follows what is being compared, not the dump size. A few files stay mapped (least recently
+used first out; arrays handed out keep their mapping alive until released). Headers were
+validated by ``ftkit.tensors.st.read_header`` before any ``TensorRef`` exists.
 
-``fingerprint_verified(ref)`` fingerprints a stored tensor straight from its byte range in the
-file (a read-only mapping that is closed right after, so hashed pages do not stay mapped) and
+``fingerprint_verified(ref, loader)`` fingerprints a stored tensor straight from its bytes and
 checks it against the index fingerprint of a dump tensor. Safetensors data is contiguous
-little-endian row-major bytes, exactly the bytes
-``ftkit.tensors.fingerprint`` hashes, so the result equals ``fingerprint(tensor)``.
+little-endian row-major bytes, exactly the bytes ``ftkit.tensors.fingerprint`` hashes, so the
+result equals ``fingerprint(tensor)`` of the tensor that was written.
 """
 
 from __future__ import annotations
 
-import mmap
+import threading
 from collections import OrderedDict
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ftkit.dumps.sources import TensorRef
 from ftkit.errors import InputError
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
+from ftkit.tensors.arrays import MappedFile
 
 
 class TensorLoader:
-    def __init__(self, max_open: int = 4) -> None:
-        self._open: OrderedDict[Path, Any] = OrderedDict()
+    """Maps files on demand and hands out arrays; safe to call from several threads."""
+
+    def __init__(self, max_open: int = 8) -> None:
+        self._open: OrderedDict[Path, MappedFile] = OrderedDict()
         self._max_open = max_open
+        self._lock = threading.Lock()
 
-    def load(self, ref: TensorRef) -> torch.Tensor:
-        handle = self._handle(ref.file)
-        try:
-            t = handle.get_tensor(ref.info.name)
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error type
-            raise InputError(
-                f"cannot read tensor {ref.info.name!r} from {ref.file}: {exc}",
-                "the file is corrupt or changed while reading; re-create it",
-            ) from exc
-        if tuple(t.shape) != ref.info.shape:
-            raise InputError(
-                f"tensor {ref.info.name!r} in {ref.file} changed while reading",
-                "do not modify dumps while comparing them",
-            )
-        return t
+    def load(self, ref: TensorRef) -> np.ndarray:
+        """The stored tensor of ``ref`` as a read-only array (``InputError`` if unreadable)."""
+        return self._file(ref.file).array(ref.info)
 
-    def _handle(self, path: Path) -> Any:
-        from safetensors import safe_open
+    def release(self, refs: list[TensorRef]) -> None:
+        """Unmap the pages of ``refs`` (done with them; see ``MappedFile.release``)."""
+        with self._lock:
+            for ref in refs:
+                mf = self._open.get(ref.file)
+                if mf is not None:
+                    mf.release(ref.info)
 
-        if path in self._open:
-            self._open.move_to_end(path)
-            return self._open[path]
-        try:
-            handle = safe_open(str(path), framework="pt", device="cpu")
-        except Exception as exc:  # noqa: BLE001
-            raise InputError(
-                f"cannot open {path} as safetensors: {exc}", "the file is corrupt or truncated; re-create it"
-            ) from exc
-        self._open[path] = handle
-        while len(self._open) > self._max_open:
-            self._open.popitem(last=False)
-        return handle
+    def _file(self, path: Path) -> MappedFile:
+        with self._lock:
+            if path in self._open:
+                self._open.move_to_end(path)
+                return self._open[path]
+            mf = MappedFile(path)
+            self._open[path] = mf
+            while len(self._open) > self._max_open:
+                self._open.popitem(last=False)[1].close()
+            return mf
 
     def close(self) -> None:
-        self._open.clear()
+        with self._lock:
+            for mf in self._open.values():
+                mf.close()
+            self._open.clear()
 
 
-def fingerprint_verified(ref: TensorRef) -> str:
-    """The stored tensor's fingerprint, hashed from a private read-only mapping of its byte
-    range (unmapped right after); ``InputError`` if ``ref`` carries an index fingerprint that
-    differs."""
-    from ftkit.tensors.fingerprint import fingerprint_buffers
+def fingerprint_verified(ref: TensorRef, loader: TensorLoader) -> str:
+    """The stored tensor's fingerprint from its bytes; ``InputError`` if ``ref`` carries an
+    index fingerprint that differs."""
+    from ftkit.tensors.fingerprint import fingerprint_array
 
-    info = ref.info
-    try:
-        with open(ref.file, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            if len(mm) < info.end:
-                raise InputError(
-                    f"{ref.file} shrank to {len(mm)} bytes while reading tensor {info.name!r}",
-                    "do not modify dumps while comparing them",
-                )
-            with memoryview(mm) as view, view[info.start : info.end] as data:
-                fp = fingerprint_buffers(info.dtype, info.shape, [data])
-    except OSError as exc:
-        raise InputError(f"cannot read {ref.file}: {exc.strerror or exc}", "check the path and permissions") from exc
+    return check_fingerprint(ref, fingerprint_array(loader.load(ref)))
+
+
+def fingerprint_all(refs: list[TensorRef], loader: TensorLoader) -> list[str]:
+    """``fingerprint_verified`` of every ref, hashed on the shared thread pool (one tensor per
+    task; the hasher releases the GIL, so a file of several tensors hashes on every core)."""
+    from ftkit.tensors.parallel import map_ordered
+
+    return map_ordered(partial(fingerprint_verified, loader=loader), refs)
+
+
+def check_fingerprint(ref: TensorRef, fp: str) -> str:
+    """``fp`` (computed from the stored bytes); ``InputError`` if the index recorded another."""
     if ref.fingerprint is not None and fp != ref.fingerprint:
         raise InputError(
             f"tensor {ref.info.name!r} in {ref.file} does not match the fingerprint in its index",

@@ -34,7 +34,7 @@ class Piece:
 @dataclass
 class Item:
     id: str  # "actor/fwd_bwd/rollout_000003/step000004/ms003:decoder.layers.0.output"
-    order: tuple
+    order: tuple[int | str, ...]  # sort key: dump tensors in capture order, then plain files
     group: str  # the writer group or file the item belongs to (missing tensors aggregate by it)
     name: str
     kind: str
@@ -58,7 +58,7 @@ def rollout_label(prefix: str, phase: str, rollout: int) -> str:
 
 
 def pair(a: Source, b: Source) -> Pairing:
-    items: dict[tuple, Item] = {}
+    items: dict[tuple[object, ...], Item] = {}
     common = a.rollouts & b.rollouts
     for side, src in (("a", a), ("b", b)):
         for e in src.entries:
@@ -94,7 +94,7 @@ def file_id(rel: str, name: str) -> str:
     return f"{rel}:{name}" if rel else name
 
 
-def entry_order(e: DumpEntry) -> tuple:
+def entry_order(e: DumpEntry) -> tuple[int | str, ...]:
     """Sort key of a dump tensor in capture order (see the module docstring)."""
     ms = -1 if e.micro_shard is None else e.micro_shard
     return (0, e.rollout, e.step, _STAGE.get(e.kind, 1), ms, e.order, e.prefix, e.phase, e.name)

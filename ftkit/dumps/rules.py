@@ -23,13 +23,22 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import tomllib
+from typing import Any, cast
 
 from ftkit.errors import ConfigError, InputError
+from ftkit.tensors.untrusted import open_regular, short_repr
+
+MAX_FILE = 1 << 20  # bytes of a rules file
+MAX_TEXT = 10_000  # characters of one regex or require expression
+MAX_DEPTH = 50  # nesting levels of a require expression
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads TOML with the tomllib backport
+    import tomli as tomllib
 
 RULE_VARIABLES = (
     "numel",
@@ -79,13 +88,22 @@ class RuleSet:
 
 
 def load_rules(path: str | Path) -> RuleSet:
+    """Parse and check a rules file; ``ConfigError`` (exit 2) for anything malformed, however
+    large or deeply nested (bounded: ``MAX_FILE`` bytes, ``MAX_TEXT`` characters per regex or
+    expression, ``MAX_DEPTH`` levels of expression nesting)."""
     p = Path(path)
     try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+        with open_regular(p) as fh:
+            raw = fh.read(MAX_FILE + 1)
     except OSError as exc:
         raise InputError(f"cannot read rules file {p}: {exc.strerror or exc}", "check the --rules path") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"rules file {p} is not valid TOML: {exc}", "see docs/dumps.md for the format") from exc
+    if len(raw) > MAX_FILE:
+        raise ConfigError(f"rules file {p} is larger than {MAX_FILE >> 10} KiB", "a rules file holds a few rules")
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
+        what = "nested too deeply" if isinstance(exc, (RecursionError, MemoryError)) else str(exc)
+        raise ConfigError(f"rules file {p} is not valid TOML: {what}", "see docs/dumps.md for the format") from None
     raw = doc.get("rule")
     extra = set(doc) - {"rule"}
     if not isinstance(raw, list) or not raw or extra:
@@ -104,28 +122,36 @@ def _rule(p: Path, i: int, r: Any) -> Rule:
             f"{where}: needs 'match' and 'require' (and optionally 'name'), nothing else",
             "see docs/dumps.md for the format",
         )
+    match, require = r["match"], r["require"]
+    if not isinstance(match, str) or not isinstance(require, str) or max(len(match), len(require)) > MAX_TEXT:
+        raise ConfigError(
+            f"{where}: 'match' and 'require' must be strings of at most {MAX_TEXT} characters",
+            "see docs/dumps.md for the format",
+        )
     try:
-        pattern = re.compile(str(r["match"]))
-    except re.error as exc:
-        raise ConfigError(f"{where}: invalid regex {r['match']!r}: {exc}", "fix the 'match' pattern") from exc
-    require = str(r["require"])
+        pattern = re.compile(match)
+    except (re.error, OverflowError, RecursionError, MemoryError, ValueError) as exc:
+        raise ConfigError(f"{where}: invalid regex {short_repr(match)}: {exc}", "fix the 'match' pattern") from None
     try:
         tree = ast.parse(require, mode="eval")
-    except SyntaxError as exc:
-        raise ConfigError(f"{where}: cannot parse require {require!r}: {exc.msg}", "see docs/dumps.md") from exc
-    _check(tree.body, where)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError) as exc:
+        why = getattr(exc, "msg", None) or type(exc).__name__
+        raise ConfigError(f"{where}: cannot parse require {short_repr(require)}: {why}", "see docs/dumps.md") from None
+    _check(tree.body, where, 0)
     return Rule(str(r.get("name") or f"rule {i}"), pattern, require, tree)
 
 
-def _check(node: ast.AST, where: str) -> None:
+def _check(node: ast.AST, where: str, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{where}: require is nested more than {MAX_DEPTH} levels deep", "simplify the expression")
     if isinstance(node, ast.BoolOp):
         for v in node.values:
-            _check(v, where)
+            _check(v, where, depth + 1)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-        _check(node.operand, where)
+        _check(node.operand, where, depth + 1)
     elif isinstance(node, ast.Compare) and all(type(op) in _CMP for op in node.ops):
         for v in [node.left, *node.comparators]:
-            _check(v, where)
+            _check(v, where, depth + 1)
     elif isinstance(node, ast.Name):
         if node.id not in RULE_VARIABLES and node.id not in _CONST:
             raise ConfigError(
@@ -135,7 +161,7 @@ def _check(node: ast.AST, where: str) -> None:
         pass
     else:
         raise ConfigError(
-            f"{where}: unsupported expression {ast.unparse(node)!r}",
+            f"{where}: unsupported expression {short_repr(ast.unparse(node))}",
             "use metric names, numbers, comparisons, and/or/not",
         )
 
@@ -157,4 +183,4 @@ def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
         return True
     if isinstance(node, ast.Name):
         return _CONST[node.id] if node.id in _CONST else env[node.id]
-    return node.value  # ast.Constant, checked at load time
+    return cast(ast.Constant, node).value  # checked at load time

@@ -1,8 +1,8 @@
 """One side of one comparison item: load its pieces, verify them, resolve copies and shards.
 
 ``load_pieces`` loads the pieces of both sides of an item (lazily, through ``TensorLoader``)
-and fingerprints them all at once in a small thread pool (xxh3 releases the GIL, so the two
-sides hash in parallel), verifying dump pieces against their index fingerprints.
+and fingerprints them all at once on the shared thread pool (``ftkit.tensors.xxh3`` releases
+the GIL, so the two sides hash in parallel), verifying dump pieces against their index fingerprints.
 ``resolve_side`` then resolves one side:
 
 - copies of the same data (replicated pieces from several TP ranks or cells, or the same TP
@@ -19,46 +19,44 @@ shards into the full tensor.
 from __future__ import annotations
 
 import math
-from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
-from ftkit.analysis.findings import Finding
+import numpy as np
+
 from ftkit.dumps.codes import finding
-from ftkit.dumps.loader import TensorLoader, fingerprint_verified
+from ftkit.dumps.loader import TensorLoader, fingerprint_all
 from ftkit.dumps.pairing import Piece
+from ftkit.findings import Finding
 from ftkit.tensors.sharding import Sharding, assemble
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
 
 @dataclass
 class SideValue:
     dtype: str
     shape: tuple[int, ...]
-    chosen: list[tuple[Sharding, torch.Tensor]]  # one piece per TP rank (or one replicated piece)
-    signature: tuple
+    chosen: list[tuple[Sharding, np.ndarray]]  # one piece per TP rank (or one replicated piece)
+    signature: tuple[Any, ...]
     origins: list[str]
     counts: list[tuple[int, int] | None]  # (NaN, Inf) per chosen piece, from verified indexes
 
-    def full(self) -> torch.Tensor:
-        return assemble(self.chosen)
+    def full(self) -> np.ndarray:
+        return np.asarray(assemble(self.chosen))
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
 
-def load_pieces(pieces: list[Piece], loader: TensorLoader, pool: Executor) -> tuple[list, list[str]]:
-    """``(tensors, fingerprints)`` of ``pieces``, hashed in ``pool``; ``InputError`` if a dump
+def load_pieces(pieces: list[Piece], loader: TensorLoader) -> tuple[list[np.ndarray], list[str]]:
+    """``(arrays, fingerprints)`` of ``pieces``, hashed in parallel; ``InputError`` if a dump
     piece does not match its index fingerprint."""
-    tensors = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
-    return tensors, list(pool.map(fingerprint_verified, [p.ref for p in pieces]))
+    arrays = [loader.load(p.ref) for p in pieces]  # lazy: nothing is read yet
+    return arrays, fingerprint_all([p.ref for p in pieces], loader)
 
 
 def resolve_side(
-    item_id: str, side: str, pieces: list[Piece], tensors: list, fps: list[str]
+    item_id: str, side: str, pieces: list[Piece], tensors: list[np.ndarray], fps: list[str]
 ) -> tuple[SideValue | None, list[Finding]]:
     """The value of one side of ``item_id`` (``side`` is "A" or "B") from its loaded pieces,
     and any CD007/CD008 findings."""
@@ -81,7 +79,7 @@ def resolve_side(
     chosen_idx = []
     for rank, members in sorted(groups.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
         members.sort(key=lambda i: pieces[i].origin)
-        distinct = {}
+        distinct: dict[str, list[str]] = {}
         for i in members:
             distinct.setdefault(fps[i], []).append(pieces[i].origin)
         if len(distinct) > 1:
@@ -116,7 +114,9 @@ def resolve_side(
             shape = _full_shape(chosen)
         except ValueError as exc:
             return None, findings + [finding("CD008", f"{item_id}: side {side}: {exc}", tensor=item_id, side=side)]
-        sig = tuple(((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx))
+        sig: tuple[object, ...] = tuple(
+            ((s.dim, s.tp_size, s.stride, s.tp_rank), fps[i]) for (s, _), i in zip(chosen, chosen_idx)
+        )
     else:
         shape = tuple(chosen[0][1].shape)
         sig = (("replicated",), fps[chosen_idx[0]])
@@ -125,11 +125,12 @@ def resolve_side(
     return SideValue(dtype, shape, chosen, (dtype, shape, sig), origins, counts), findings
 
 
-def _full_shape(chosen: list[tuple[Sharding, torch.Tensor]]) -> tuple[int, ...]:
+def _full_shape(chosen: list[tuple[Sharding, np.ndarray]]) -> tuple[int, ...]:
     s0, t0 = chosen[0]
     dim = s0.dim
-    if any(dim >= t.dim() for _, t in chosen):
-        raise ValueError(f"split dim {dim} out of range for a {t0.dim()}-d shard")
+    assert dim is not None  # split pieces only
+    if any(dim >= t.ndim for _, t in chosen):
+        raise ValueError(f"split dim {dim} out of range for a {t0.ndim}-d shard")
     rest = {tuple(d for j, d in enumerate(t.shape) if j != dim) for _, t in chosen}
     if len(rest) > 1:
         raise ValueError("TP shards differ in their non-split dimensions")

@@ -18,18 +18,21 @@ file raises ``InputError`` (exit 2).
 
 from __future__ import annotations
 
-import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ftkit.dumps.layout import DATA_SUFFIX, INDEX_SCHEMA, INDEX_SUFFIX, INDEX_VERSION, kind_of
+from ftkit.dumps.layout import DATA_SUFFIX, INDEX_SCHEMA, INDEX_SUFFIX, INDEX_VERSION, KINDS, kind_of
+from ftkit.dumps.tree import TreeWalker
 from ftkit.errors import InputError, UsageError
 from ftkit.tensors.sharding import Sharding
 from ftkit.tensors.st import Header, TensorInfo, read_header
+from ftkit.tensors.untrusted import is_text, load_json, open_regular, short_repr
 
 RUN_MARKERS = ("run.json", "events", "dumps")
+_MAX_INDEX = 256 << 20  # an index (or run.json) larger than this is not one ftkit wrote
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class DumpEntry:
     ref: TensorRef
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, str, int, int, int | None, str]:
         return (self.prefix, self.phase, self.rollout, self.step, self.micro_shard, self.name)
 
 
@@ -72,6 +75,8 @@ class Source:
     rollouts: set[tuple[str, str, int]] = field(default_factory=set)
     files: dict[str, Header] = field(default_factory=dict)  # relative path -> header
     orphans: list[str] = field(default_factory=list)  # data files in a dump tree without an index
+    skipped: list[str] = field(default_factory=list)  # special files (FIFOs, sockets, devices) not read
+    config: dict[str, Any] | None = None  # run.json's "config" (run directories)
 
     @property
     def empty(self) -> bool:
@@ -89,88 +94,113 @@ def require_exists(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def open_source(path: str | os.PathLike[str]) -> Source:
+def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> Source:
+    """Classify ``path`` and read every header and index in it (see the module docstring).
+
+    Special files (FIFOs, sockets, devices) inside a tree are skipped and listed in
+    ``skipped``; as the path itself they are an ``InputError``. A symlink whose target lies
+    outside the tree given is an ``InputError`` unless ``follow_symlinks``.
+    """
     p = require_exists(path)
-    if p.is_file():
+    if not p.is_dir():
+        if not stat.S_ISREG(p.stat().st_mode):
+            raise InputError(f"{p} is not a regular file or a directory", "pass a run directory, dumps or files")
         if not p.name.endswith(DATA_SUFFIX):
             raise InputError(
                 f"{p} is not a directory or a .safetensors file",
                 "pass a run directory, a dump directory or safetensors files",
             )
         return Source(p, "file", files={"": read_header(p)})  # two single files pair whatever their names
-    if any((p / m).exists() for m in RUN_MARKERS):
-        src = Source(p, "run")
+    walker = TreeWalker(p, follow_symlinks)
+    if any(os.path.lexists(p / m) for m in RUN_MARKERS):
+        src = Source(p, "run", config=_run_config(p / "run.json", walker))
         dumps = p / "dumps"
         if dumps.is_dir():
-            _read_dump_tree(dumps, src)
-        for rel in _walk(p, DATA_SUFFIX, skip=dumps):
+            _read_dump_tree(dumps, src, walker)
+        for rel in walker.files(p, DATA_SUFFIX, skip=dumps):
             src.files[rel] = read_header(p / rel)
-        return src
-    indexes = _walk(p, INDEX_SUFFIX)
-    if indexes:
-        src = Source(p, "dumps")
-        _read_dump_tree(p, src)
-        return src
-    src = Source(p, "files")
-    for rel in _walk(p, DATA_SUFFIX):
-        src.files[rel] = read_header(p / rel)
+    else:
+        indexes = walker.files(p, INDEX_SUFFIX)
+        src = Source(p, "dumps" if indexes else "files")
+        if indexes:
+            _read_dump_tree(p, src, walker)
+        else:
+            for rel in walker.files(p, DATA_SUFFIX):
+                src.files[rel] = read_header(p / rel)
+    src.skipped = sorted(set(walker.skipped))
     return src
 
 
-def _walk(root: Path, suffix: str, skip: Path | None = None) -> list[str]:
-    """Relative paths (posix) of non-hidden files ending in ``suffix``, sorted."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        d = Path(dirpath)
-        dirnames[:] = sorted(n for n in dirnames if not n.startswith(".") and (skip is None or d / n != skip))
-        found.extend(
-            (d / n).relative_to(root).as_posix() for n in filenames if n.endswith(suffix) and not n.startswith(".")
-        )
-    return sorted(found)
+def _run_config(path: Path, walker: TreeWalker) -> dict[str, Any] | None:
+    """``config`` of a run directory's ``run.json`` (``None`` when absent or without one)."""
+    if not os.path.lexists(path) or not walker.check(path):
+        return None
+    try:
+        with open_regular(path) as fh:
+            doc = load_json(fh.read(_MAX_INDEX))
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}", "check the path and permissions") from exc
+    except ValueError as exc:
+        raise InputError(f"malformed {path}: {exc}", "the run directory is corrupt; re-create it") from exc
+    config = doc.get("config") if isinstance(doc, dict) else None
+    return config if isinstance(config, dict) else None
 
 
-def _read_dump_tree(root: Path, src: Source) -> None:
+def _read_dump_tree(root: Path, src: Source, walker: TreeWalker) -> None:
     indexed: set[str] = set()
-    for rel in _walk(root, INDEX_SUFFIX):
-        data_rel = _read_index(root / rel, src)
+    for rel in walker.files(root, INDEX_SUFFIX):
+        data_rel = _read_index(root / rel, src, walker)
         indexed.add((Path(rel).parent / data_rel).as_posix())
-    src.orphans.extend(rel for rel in _walk(root, DATA_SUFFIX) if rel not in indexed)
+    src.orphans.extend(rel for rel in walker.files(root, DATA_SUFFIX) if rel not in indexed)
 
 
-def _read_index(path: Path, src: Source) -> str:
+def _read_index(path: Path, src: Source, walker: TreeWalker) -> str:
     """Parse one writer index, validate it against its data file, add its entries to ``src``;
     returns the data file's name."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        with open_regular(path) as fh:
+            raw = fh.read(_MAX_INDEX + 1)
+        if len(raw) > _MAX_INDEX:
+            raise _bad(path, f"larger than {_MAX_INDEX >> 20} MiB")
+        doc = load_json(raw)
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}", "check the path and permissions") from exc
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:
         raise _bad(path, f"not valid JSON ({exc})") from exc
     if not isinstance(doc, dict) or doc.get("schema") != INDEX_SCHEMA:
         raise _bad(path, f"not an ftkit dump index (schema must be {INDEX_SCHEMA!r})")
-    if doc.get("schema_version") != INDEX_VERSION:
+    version = doc.get("schema_version")
+    if type(version) is not int or version != INDEX_VERSION:
         raise InputError(
-            f"dump index {path} has schema_version {doc.get('schema_version')!r}; "
-            f"this ftkit reads version {INDEX_VERSION}",
+            f"dump index {path} has schema_version {short_repr(version)}; this ftkit reads version {INDEX_VERSION}",
             "use the ftkit version that wrote the dump",
         )
     try:
-        prefix, phase, writer = str(doc["prefix"]), str(doc["phase"]), str(doc["writer"])
-        rollout, file_name, cell = int(doc["rollout"]), doc["file"], doc.get("cell")
+        prefix, phase, writer = (_str(doc, k) for k in ("prefix", "phase", "writer"))
+        rollout, file_name, cell = _int(doc, "rollout"), _str(doc, "file"), doc.get("cell")
         tensors = doc["tensors"]
-        if not isinstance(file_name, str) or "/" in file_name or not isinstance(tensors, list):
+        if "/" in file_name or file_name in ("", ".", "..") or not isinstance(tensors, list):
             raise ValueError("'file' must be a file name and 'tensors' a list")
+        if cell is not None and type(cell) is not int:
+            raise ValueError(f"'cell' must be an integer or null, not {short_repr(cell)}")
     except (KeyError, TypeError, ValueError) as exc:
         raise _bad(path, f"missing or invalid field: {exc}") from exc
     data = path.parent / file_name
-    if not data.is_file():
-        raise _bad(path, f"its data file {file_name} is missing")
+    if not os.path.lexists(data) or not walker.check(data):
+        raise _bad(path, f"its data file {file_name} is missing or not a regular file")
     header = read_header(data)
-    if doc.get("file_bytes") not in (None, header.size):
-        raise _bad(path, f"records {doc.get('file_bytes')} bytes but {file_name} has {header.size}")
+    file_bytes = doc.get("file_bytes")
+    if file_bytes is not None and (type(file_bytes) is not int or file_bytes != header.size):
+        raise _bad(path, f"records {short_repr(file_bytes)} bytes but {file_name} has {header.size}")
     src.rollouts.add((prefix, phase, rollout))
+    seen: set[tuple[Any, ...]] = set()
     for i, t in enumerate(tensors):
-        src.entries.append(_entry(path, i, t, header, prefix, phase, rollout, writer, cell))
+        e = _entry(path, i, t, header, prefix, phase, rollout, writer, cell)
+        for what, key in (("key", e.ref.info.name), ("tensor", e.key)):
+            if (what, key) in seen:
+                raise _bad(path, f"tensor entry {i} repeats {what} {short_repr(key)} (each tensor once per index)")
+            seen.add((what, key))
+        src.entries.append(e)
     return file_name
 
 
@@ -178,24 +208,36 @@ def _entry(
     path: Path, i: int, t: Any, header: Header, prefix: str, phase: str, rollout: int, writer: str, cell: Any
 ) -> DumpEntry:
     try:
-        name, key = str(t["name"]), str(t["key"])
-        ms = t.get("micro_shard")
-        sharding = Sharding.from_dict(t.get("sharding") or {})
-        step, ms = int(t["step"]), None if ms is None else int(ms)
-        dtype, shape, fp, order = (
-            t["dtype"],
-            tuple(int(d) for d in t["shape"]),
-            t.get("fingerprint"),
-            int(t.get("order", i)),
-        )
-        nonfinite = (int(t["nan"]), int(t["inf"])) if "nan" in t and "inf" in t and fp else None
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if not isinstance(t, dict):
+            raise TypeError("not an object")
+        name, key = _str(t, "name"), _str(t, "key")
+        ms = None if t.get("micro_shard") is None else _int(t, "micro_shard")
+        step, order = _int(t, "step"), _int(t, "order") if "order" in t else i
+        raw_sharding = t.get("sharding") or {}
+        if not isinstance(raw_sharding, dict):
+            raise TypeError("'sharding' must be an object")
+        sharding = Sharding.from_dict(raw_sharding)
+        dtype, shape = _str(t, "dtype"), t["shape"]
+        if not isinstance(shape, list) or not all(type(d) is int for d in shape):
+            raise ValueError(f"'shape' must be a list of integers, not {short_repr(shape)}")
+        fp = t.get("fingerprint")
+        if fp is not None and not (isinstance(fp, str) and is_text(fp)):
+            raise TypeError(f"'fingerprint' must be a string, not {short_repr(fp)}")
+        kind = t.get("kind") or kind_of(name)
+        if kind not in (*KINDS, "tensor"):
+            raise ValueError(f"'kind' must be one of {', '.join((*KINDS, 'tensor'))}, not {short_repr(kind)}")
+        nonfinite = (_int(t, "nan"), _int(t, "inf")) if "nan" in t and "inf" in t and fp else None
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise _bad(path, f"tensor entry {i}: missing or invalid field ({exc})") from exc
     info = header.tensors.get(key)
     if info is None:
-        raise _bad(path, f"tensor {name!r} (key {key!r}) is not in {header.path.name}")
-    if (info.dtype, info.shape) != (dtype, shape):
-        raise _bad(path, f"tensor {name!r}: index says {dtype}{list(shape)}, file has {info.dtype}{list(info.shape)}")
+        raise _bad(path, f"tensor {short_repr(name)} (key {short_repr(key)}) is not in {header.path.name}")
+    if (info.dtype, info.shape) != (dtype, tuple(shape)):
+        raise _bad(
+            path,
+            f"tensor {short_repr(name)}: index says {short_repr(dtype)}{short_repr(shape)}, "
+            f"file has {info.dtype}{list(info.shape)}",
+        )
     return DumpEntry(
         prefix,
         phase,
@@ -203,7 +245,7 @@ def _entry(
         step,
         ms,
         name,
-        t.get("kind") or kind_of(name),
+        kind,
         order,
         writer,
         cell,
@@ -212,8 +254,47 @@ def _entry(
     )
 
 
+def _str(doc: dict[str, Any], key: str) -> str:
+    v = doc[key]
+    if not isinstance(v, str) or not is_text(v):
+        raise TypeError(f"{key!r} must be a string of valid Unicode text, not {short_repr(v)}")
+    return v
+
+
+def _int(doc: dict[str, Any], key: str) -> int:
+    """A non-negative JSON integer (not a float such as 1e999, not a bool, not huge)."""
+    v = doc[key]
+    if type(v) is not int or not 0 <= v < 1 << 62:
+        raise ValueError(f"{key!r} must be a non-negative integer, not {short_repr(v)}")
+    return v
+
+
 def _bad(path: Path, what: str) -> InputError:
     return InputError(f"malformed dump index {path}: {what}", "the dump is corrupt; re-create it (re-run the dump)")
+
+
+# run.json "config" fields that decide which tensors a run holds and their shapes (and the
+# data itself): runs that differ here cannot compare tensor for tensor. Cells, TP, PP, the
+# reduction and the dump settings are not among them (I3: results do not depend on them).
+DATA_SHAPING = (
+    "model",
+    "samples_per_rollout",
+    "steps_per_rollout",
+    "micro_shards",
+    "group_size",
+    "response_len",
+    "rollouts",
+    "seed",
+    "reward",
+)
+
+
+def config_diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:
+    """``{field: (value in A, value in B)}`` for the ``DATA_SHAPING`` fields that differ
+    (both configs known; a field missing on one side differs)."""
+    if a is None or b is None:
+        return {}
+    return {k: (a.get(k), b.get(k)) for k in DATA_SHAPING if a.get(k) != b.get(k)}
 
 
 def check_compatible(a: Source, b: Source) -> None:

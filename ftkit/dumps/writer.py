@@ -99,6 +99,7 @@ class DumpWriter:
     ) -> None:
         """Record ``tensor`` under ``name`` for (step, micro_shard); see the module contract."""
         from ftkit.dumps.metrics import nonfinite_counts
+        from ftkit.tensors.arrays import from_torch
         from ftkit.tensors.fingerprint import dtype_name, fingerprint
         from ftkit.tensors.st import TORCH_TO_ST
 
@@ -111,10 +112,10 @@ class DumpWriter:
         t = t.to("cpu", copy=True) if copy else t.to("cpu")
         t = t.contiguous()
         sharding = sharding or Sharding.replicated()
-        if sharding.kind == "split" and sharding.dim >= max(t.dim(), 1):
+        if sharding.kind == "split" and sharding.dim is not None and sharding.dim >= max(t.dim(), 1):
             raise ValueError(f"{name!r}: split dim {sharding.dim} out of range for shape {tuple(t.shape)}")
         self._tensors[key] = t
-        nan, inf = nonfinite_counts(t)
+        nan, inf = nonfinite_counts(from_torch(t))
         self._entries.append(
             {
                 "order": len(self._entries),

@@ -30,6 +30,7 @@ Items are located by ``loc = input_index << 40 | line_number``; ``locate`` turns
 from __future__ import annotations
 
 import array
+import builtins
 import math
 import mmap
 import os
@@ -236,7 +237,7 @@ class DemuxStream:
                 last_t = t
             yield last_t, si, event, loc
 
-    def _decode(self, line: bytes, name: str, lineno: int, terminated: bool) -> dict[str, Any] | None:
+    def _decode(self, line: builtins.bytes, name: str, lineno: int, terminated: bool) -> dict[str, Any] | None:
         try:
             event = decode(line)
         except ValueError as exc:

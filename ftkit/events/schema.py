@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 SCHEMA = 2
 SCHEMAS = (1, 2)  # versions this reader understands
 Role = Literal["driver", "trainer", "engine", "tool"]
-CellStatus = Literal["pending", "starting", "alive", "errored", "stopped"]
+CellStatus = Literal["pending", "starting", "alive", "errored", "stopped", "failed", "restarting", "healing"]
 Hex = Annotated[str, Field(description="lowercase hex digest")]
 
 
@@ -177,12 +177,14 @@ class FaultInjected(Envelope):
     """A fault was injected on purpose (fault schedule)."""
 
     type: Literal["fault_injected"]
-    kind: str = Field(description="what was injected (kill, exception, nonfinite, ...)")
-    point: str = Field(description="where in the step it struck")
+    kind: str = Field(description="what was injected (sigkill, exit, exception, hang, nan-grad, slow, ...)")
+    point: str = Field(description="where in the step it struck (before_forward, during_reduce, ...)")
     cell: int | None = Field(description="target cell")
     rank: int | None = Field(description="target rank")
     rollout: int | None = Field(description="rollout index")
     step: int | None = Field(description="run-global optimizer step")
+    attempt: int | None = Field(default=None, description="attempt of the step, heal or weight sync it struck")
+    engine: int | None = Field(default=None, description="target engine (engine faults)")
 
 
 class Heal(Envelope):
@@ -280,10 +282,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     EventsDropped,
     LogClosed,
 )
-EVENT_TYPES: dict[str, type[Envelope]] = {
-    m.model_fields["type"].annotation.__args__[0]: m
-    for m in EVENT_MODELS  # type: ignore[union-attr]
-}
+EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 
@@ -291,7 +290,8 @@ _ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
 def parse_event(obj: Any) -> Envelope:
     """Validate one decoded line strictly (no coercion); raises ``pydantic.ValidationError``
     (unknown types included)."""
-    return _ADAPTER.validate_python(obj, strict=True)
+    event: Envelope = _ADAPTER.validate_python(obj, strict=True)
+    return event
 
 
 def _type_name(ann: Any) -> str:

@@ -20,8 +20,11 @@ Contract:
   also writes an ``events_dropped`` line when anything was dropped, then ``log_closed`` (schema 2),
   always the last line of a writer that closed normally.
 - ``emit`` validates nothing (it is called per step on the hot path); the analyzer validates.
+  Except under ``FTKIT_STRICT_EVENTS=1`` (set for the whole test session): then every line is
+  checked against the schema (``parse_event``, no unknown fields) and a wrong event type, field
+  name or field type raises ``EventSchemaError`` at the ``emit`` call; read when the writer is made.
 - ``clock``, ``pid`` and ``host`` default to the real ones; tools that replay or synthesise
-  logs (``ftkit.events.synthetic``) pass their own. Engines pass their engine index as ``rank``.
+  logs (``ftkit.testing.synthetic``) pass their own. Engines pass their engine index as ``rank``.
 """
 
 from __future__ import annotations
@@ -52,6 +55,27 @@ def file_stem(role: str, cell: int | None, rank: int | None) -> str:
     if rank is not None:
         stem += f"-r{rank}"
     return stem
+
+
+class EventSchemaError(ValueError):
+    """An emitted event does not match the schema (raised only under ``FTKIT_STRICT_EVENTS=1``)."""
+
+
+def _check_line(data: bytes) -> None:
+    """Raise ``EventSchemaError`` unless ``data`` (one serialised line) is a valid event of a
+    known type whose fields are all declared by its schema model."""
+    from pydantic import ValidationError
+
+    from ftkit.events.schema import parse_event
+
+    obj = json.loads(data)
+    try:
+        event = parse_event(obj)
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
+        raise EventSchemaError(f"{obj.get('type')!r} event does not match the schema: {wrong}") from None
+    if event.model_extra:
+        raise EventSchemaError(f"{event.type!r} event has field(s) not in the schema: {sorted(event.model_extra)}")
 
 
 def _json_default(obj: Any) -> Any:
@@ -89,10 +113,11 @@ class EventWriter:
         self._clock = clock
         self._lock = threading.Lock()
         self._pending_lock = threading.Lock()
-        self._pending: concurrent.futures.Future | None = None  # a background fsync (sync(wait=False))
+        self._pending: concurrent.futures.Future[None] | None = None  # a background fsync (sync(wait=False))
         self._helper: concurrent.futures.ThreadPoolExecutor | None = None
         self._seq = 0
         self._fd: int | None = None
+        self._strict = os.environ.get("FTKIT_STRICT_EVENTS") == "1"
         self.dir.mkdir(parents=True, exist_ok=True)
         stem = file_stem(role, cell, rank)
         if incarnation is None:
@@ -151,6 +176,8 @@ class EventWriter:
                     **fields,
                 }
                 data = (json.dumps(event, default=_json_default, separators=(",", ":")) + "\n").encode()
+                if self._strict:
+                    _check_line(data)
                 if self._fd is None:
                     raise OSError("event writer is closed")
                 view = memoryview(data)
@@ -158,6 +185,8 @@ class EventWriter:
                     view = view[os.write(self._fd, view) :]
                 return True
             except Exception as exc:  # noqa: BLE001 - the writer never raises into training
+                if isinstance(exc, EventSchemaError):
+                    raise  # strict mode (tests): the call site is wrong
                 self._drop(exc)
                 return False
 

@@ -1,12 +1,14 @@
-"""Machine renderings of an ``AnalysisResult``: the JSON document, GitHub annotations and the
-Markdown step summary. Plain text only, never through Rich."""
+"""The ``Report`` of an ``AnalysisResult`` (analyze-events, and the forensics part of train):
+the JSON document, the verdict line and the Markdown step summary. Plain text, never Rich."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ftkit.analysis.engine import AnalysisResult
-from ftkit.report.github import annotations, markdown_table
+from ftkit.report.emit import Report
+from ftkit.report.escaping import md_text
+from ftkit.report.github import markdown_table
 
 SUITE = "ftkit.analyze-events"
 RECOVERY_COLUMNS = (
@@ -36,6 +38,7 @@ def json_document(result: AnalysisResult, outcome: str) -> dict[str, Any]:
 
 
 def _cell(value: Any) -> str:
+    """A recovery-table cell: ``-`` for None, 3 decimals for floats."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -44,6 +47,7 @@ def _cell(value: Any) -> str:
 
 
 def verdict_line(result: AnalysisResult, outcome: str) -> str:
+    """``PASS: 0 finding(s) (...) in N events from M file(s)``."""
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("error", "warning", "info")}
     total = sum(r.findings for r in result.rules)
     return (
@@ -52,19 +56,28 @@ def verdict_line(result: AnalysisResult, outcome: str) -> str:
     )
 
 
-def github_text(result: AnalysisResult, outcome: str) -> str:
-    """One workflow command per finding, then a ``::notice`` verdict line."""
-    lines = [annotations(result.findings)] if result.findings else []
-    level = "error" if outcome == "fail" else "notice"
-    lines.append(f"::{level} title=ftkit analyze-events::{verdict_line(result, outcome)}")
-    return "\n".join(lines)
+def report(result: AnalysisResult, outcome: str) -> Report:
+    """The ``Report`` of ``ftkit analyze-events`` for ``emit``."""
+    from ftkit.report.analysis_human import render_human
+
+    return Report(
+        command="analyze-events",
+        verdict=outcome,
+        findings=result.findings,
+        rules=result.rules,
+        summary=verdict_line(result, outcome),
+        document=lambda: json_document(result, outcome),
+        human=lambda console: render_human(console, result, outcome),
+        step_summary=lambda: step_summary(result, outcome),
+    )
 
 
 def step_summary(result: AnalysisResult, outcome: str) -> str:
+    """Markdown for ``$GITHUB_STEP_SUMMARY``: verdict, rules, findings (50), recovery table."""
     parts = [
         f"## ftkit analyze-events: {outcome.upper()}",
         "",
-        verdict_line(result, outcome),
+        md_text(verdict_line(result, outcome)),
         "",
         markdown_table(
             ["code", "rule", "severity", "checked", "findings"],
@@ -77,7 +90,8 @@ def step_summary(result: AnalysisResult, outcome: str) -> str:
             "### Findings",
             "",
             markdown_table(
-                ["code", "severity", "message"], [(f.code, f.severity.value, f.message) for f in result.findings[:50]]
+                ["code", "severity", "message", "where", "how to fix"],
+                [(f.code, f.severity.value, f.message, f.where() or "-", f.fix) for f in result.findings[:50]],
             ),
         ]
     if result.recovery:

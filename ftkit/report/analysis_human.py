@@ -15,6 +15,7 @@ MAX_FINDINGS = 100
 
 
 def render_human(console: Console, result: AnalysisResult, outcome: str) -> None:
+    """Print the whole human report of ``result`` on ``console`` (stdout's console)."""
     s = result.stats
     runs = ", ".join(s["runs"]) or "?"
     layout = (
@@ -47,10 +48,9 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         for col in ("severity", "code", "message", "where"):
             table.add_column(col, overflow="fold")
         for f in result.findings[:MAX_FINDINGS]:
-            ev = f.evidence
-            where = f"{ev['file']}:{ev['line']}" if ev.get("file") else ""
             sev = f.severity.value
-            table.add_row(f"[{_STYLE[sev]}]{sev}[/{_STYLE[sev]}]", f.code, escape(f.message), escape(where))
+            message = escape(f.message) + (f"\n[dim]fix: {escape(f.fix)}[/dim]" if f.fix else "")
+            table.add_row(f"[{_STYLE[sev]}]{sev}[/{_STYLE[sev]}]", f.code, message, escape(f.where() or ""))
         console.print(table)
         if len(result.findings) > MAX_FINDINGS:
             console.print(f"... {len(result.findings) - MAX_FINDINGS} more (use --format json for all)")

@@ -1,4 +1,5 @@
-"""Machine formats of ``ftkit compare-dumps``: the JSON document, GitHub output, JUnit cases.
+"""The ``Report`` of ``ftkit compare-dumps``: the JSON document, the verdict line, the step
+summary, the JUnit cases (and, through ``report``, the human and HTML renderings).
 
 JSON (``schema_version`` added by ``Output.json``)::
 
@@ -16,18 +17,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftkit.analysis.findings import Finding, sort_findings
 from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.report.github import annotations, markdown_table
+from ftkit.dumps.metrics import Metrics
+from ftkit.findings import Finding, sort_findings
+from ftkit.report.emit import Report
+from ftkit.report.escaping import md_text
+from ftkit.report.github import markdown_table
+from ftkit.report.junit import Case, Failure, finding_failure
 
 SUITE = "ftkit.compare-dumps"
 
 
 def worst(result: CompareResult, n: int) -> list[PairResult]:
-    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel."""
+    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel.
+    Each has metrics (read them with ``compared``)."""
     ranked = [p for p in result.pairs if p.metrics is not None and not p.metrics.bitwise_equal]
-    ranked.sort(key=lambda p: (not p.failed, -p.metrics.dissimilarity, -p.metrics.max_rel, -p.metrics.max_abs))
+    ranked.sort(key=lambda p: (not p.failed, -metrics(p).dissimilarity, -metrics(p).max_rel, -metrics(p).max_abs))
     return ranked[:n]
+
+
+def metrics(p: PairResult) -> Metrics:
+    """The metrics of a compared pair (every pair ``worst`` returns has them)."""
+    if p.metrics is None:
+        raise ValueError(f"{p.id} was not compared")
+    return p.metrics
 
 
 def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, Any]:
@@ -40,6 +53,7 @@ def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, An
         "mode": result.options.describe(),
         "verdict": verdict,
         "stats": result.stats,
+        "config_diff": {k: {"a": va, "b": vb} for k, (va, vb) in result.config_diff.items()},
         "first_divergence": first.to_dict() if first else None,
         "worst": [p.to_dict() for p in worst(result, top)],
         "findings": [f.model_dump(mode="json") for f in sort_findings(result.findings)],
@@ -48,31 +62,49 @@ def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, An
     }
 
 
-def github_text(result: CompareResult, verdict: str) -> str:
-    """Workflow annotations, one per finding, then a one-line summary as a notice."""
+def summary_line(result: CompareResult, verdict: str) -> str:
+    """``pass: N tensors, E equal, C within tolerance, D differ; first divergence ID``."""
     s = result.stats
     first = result.first_divergence
-    summary = (
-        f"::notice title=ftkit compare-dumps::{verdict}: {s['tensors']} tensors, {s['equal']} equal, "
-        f"{s['close']} within tolerance, {s['differ']} differ" + (f"; first divergence {first.id}" if first else "")
+    return (
+        f"{verdict}: {s['tensors']} tensors, {s['equal']} equal, {s['close']} within tolerance, "
+        f"{s['differ']} differ" + (f"; first divergence {first.id}" if first else "")
     )
-    body = annotations(sort_findings(result.findings))
-    return f"{body}\n{summary}" if body else summary
+
+
+def report(result: CompareResult, verdict: str, top: int) -> Report:
+    """The ``Report`` of ``ftkit compare-dumps`` for ``emit``."""
+    from ftkit.report.compare_human import render_human
+    from ftkit.report.html import render_html
+
+    return Report(
+        command="compare-dumps",
+        verdict=verdict,
+        findings=sort_findings(result.findings),
+        rules=result.rules,
+        summary=summary_line(result, verdict),
+        document=lambda: json_document(result, verdict, top),
+        human=lambda console: render_human(console, result, verdict, top),
+        step_summary=lambda: step_summary(result, verdict, top),
+        junit_cases=lambda: junit_cases(result),
+        html=lambda: render_html(result, verdict, max(top, 50)),
+    )
 
 
 def step_summary(result: CompareResult, verdict: str, top: int) -> str:
+    """Markdown for ``$GITHUB_STEP_SUMMARY``: counts, first divergence, the worst tensors."""
     s = result.stats
     rows = [(k, v) for k, v in s.items()]
     md = [
         f"### ftkit compare-dumps: {verdict}",
         "",
-        f"`{result.a}` vs `{result.b}` ({result.options.describe()})",
+        md_text(f"{result.a} vs {result.b} ({result.options.describe()})"),
         "",
         markdown_table(["", "count"], rows),
     ]
     first = result.first_divergence
     if first:
-        md += ["", f"**First divergence:** `{first.id}`: {first.message}"]
+        md += ["", f"**First divergence:** {md_text(first.id)}: {md_text(first.message)}"]
     bad = worst(result, top)
     if bad:
         md += [
@@ -81,11 +113,11 @@ def step_summary(result: CompareResult, verdict: str, top: int) -> str:
                 ["tensor", "status", "max_abs", "max_rel", "dissimilarity"],
                 [
                     (
-                        f"`{p.id}`",
+                        p.id,
                         p.status,
-                        f"{p.metrics.max_abs:.3g}",
-                        f"{p.metrics.max_rel:.3g}",
-                        f"{p.metrics.dissimilarity:.3g}",
+                        f"{metrics(p).max_abs:.3g}",
+                        f"{metrics(p).max_rel:.3g}",
+                        f"{metrics(p).dissimilarity:.3g}",
                     )
                     for p in bad
                 ],
@@ -94,7 +126,8 @@ def step_summary(result: CompareResult, verdict: str, top: int) -> str:
     return "\n".join(md)
 
 
-def junit_cases(result: CompareResult) -> list[tuple[str, str, list[tuple[str, str]]]]:
+def junit_cases(result: CompareResult) -> list[Case]:
+    """One case per compared tensor (failing with its error findings), one per loose finding."""
     by_tensor: dict[str, list[Finding]] = {}
     loose: list[Finding] = []
     for f in result.findings:
@@ -105,25 +138,12 @@ def junit_cases(result: CompareResult) -> list[tuple[str, str, list[tuple[str, s
             loose.append(f)
     cases = []
     for p in result.pairs:
-        failures = [
-            (f"{f.code} {f.rule}: {f.message}", _text(f))
-            for f in by_tensor.get(p.id, [])
-            if f.severity.value == "error"
-        ]
+        failures = [finding_failure(f) for f in by_tensor.get(p.id, []) if f.severity.value == "error"]
         if p.status in ("missing_in_a", "missing_in_b"):
-            failures.append((f"CD004 tensor-missing: {p.id} {p.message}", ""))
-        cases.append((f"{SUITE}.{p.group}", p.id, failures))
+            failures.append(Failure(f"CD004 tensor-missing: {p.id} {p.message}"))
+        cases.append(Case(f"{SUITE}.{p.group}", p.id, failures))
     for f in loose:
         what = f.evidence.get("rollout") or f.evidence.get("path") or f.code
-        cases.append(
-            (
-                f"{SUITE}.{f.rule}",
-                str(what),
-                [(f"{f.code} {f.rule}: {f.message}", _text(f))] if f.severity.value == "error" else [],
-            )
-        )
+        failures = [finding_failure(f)] if f.severity.value == "error" else []
+        cases.append(Case(f"{SUITE}.{f.rule}", str(what), failures))
     return cases
-
-
-def _text(f: Finding) -> str:
-    return "\n".join(f"{k}: {v}" for k, v in f.evidence.items())

@@ -6,9 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ftkit.analysis.findings import sort_findings
 from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.report.compare_formats import worst
+from ftkit.findings import sort_findings
+from ftkit.report.compare_formats import metrics, worst
 
 MAX_FINDINGS = 40
 _STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -20,6 +20,10 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
         f"[bold]compare-dumps[/bold] {escape(str(result.a))} [dim]vs[/dim] {escape(str(result.b))}"
         f"  [dim]({result.kind}, {escape(result.options.describe())})[/dim]"
     )
+    if result.config_diff:  # said first: the tensor findings below follow from it
+        console.print("[bold red]The runs differ in what shapes their data (CD012):[/bold red]")
+        for k, (va, vb) in result.config_diff.items():
+            console.print(f"  {escape(k)}: {escape(repr(va))} in A, {escape(repr(vb))} in B")
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="dim")
     summary.add_column(justify="right")
@@ -53,22 +57,15 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
     if bad:
         console.print()
         table = Table(title=f"Worst {len(bad)} (by dissimilarity)", title_justify="left")
-        for col, just in (
-            ("tensor", "left"),
-            ("status", "left"),
-            ("max_abs", "right"),
-            ("max_rel", "right"),
-            ("dissimilarity", "right"),
-            ("location (A / B)", "left"),
-        ):
-            table.add_column(col, justify=just, overflow="fold")
+        for col in ("tensor", "status", "max_abs", "max_rel", "dissimilarity", "location (A / B)"):
+            table.add_column(col, justify="right" if col.startswith(("max", "diss")) else "left", overflow="fold")
         for p in bad:
             table.add_row(
                 escape(p.id),
                 _status(p),
-                f"{p.metrics.max_abs:.3g}",
-                f"{p.metrics.max_rel:.3g}",
-                f"{p.metrics.dissimilarity:.3g}",
+                f"{metrics(p).max_abs:.3g}",
+                f"{metrics(p).max_rel:.3g}",
+                f"{metrics(p).dissimilarity:.3g}",
                 escape(_location(p)),
             )
         console.print(table)
@@ -104,8 +101,9 @@ def _location(p: PairResult) -> str:
 
 
 def _size(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"  # pragma: no cover
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"  # pragma: no cover

@@ -1,6 +1,10 @@
 """JUnit XML: one test case per rule (or per checked item), failing with its findings.
 
 CI systems display these natively. The suite name is the command (``ftkit.analyze-events``).
+The document is well-formed for any input: every name, message and evidence value passes
+through ``xml_text`` (characters XML 1.0 cannot hold become visible escapes) and the XML
+writer escapes markup. It follows the common JUnit schema (``testsuites > testsuite >
+testcase > failure``, with ``tests``/``failures``/``errors``/``skipped`` counts).
 """
 
 from __future__ import annotations
@@ -8,65 +12,64 @@ from __future__ import annotations
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ftkit.analysis.findings import Finding, RuleSummary
+from ftkit.findings import Finding, RuleSummary
+from ftkit.report.escaping import xml_text
 
 
-def write_junit(
-    path: str | os.PathLike[str], suite: str, rules: Iterable[RuleSummary], findings: Iterable[Finding]
-) -> None:
-    """Write ``path`` atomically: one ``testcase`` per rule, a ``failure`` per finding."""
-    rules = list(rules)
+@dataclass
+class Failure:
+    message: str
+    type: str = "error"
+    text: str = ""
+
+
+@dataclass
+class Case:
+    classname: str
+    name: str
+    failures: list[Failure] = field(default_factory=list)
+
+
+def finding_failure(f: Finding) -> Failure:
+    """A finding as a JUnit failure: message, severity as type, evidence and fix as the body."""
+    body = [f"{k}: {v}" for k, v in f.evidence.items()]
+    if f.fix:
+        body.append(f"how to fix: {f.fix}")
+    return Failure(f"{f.code} {f.rule}: {f.message}", f.severity.value, "\n".join(body))
+
+
+def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Finding]) -> list[Case]:
+    """One case per rule, failing with each of its findings; findings of codes without a rule
+    summary get a case of their own, so nothing is dropped."""
     by_code: dict[str, list[Finding]] = {}
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
-    failed = sum(1 for r in rules if by_code.get(r.code))
-    root = ET.Element("testsuites")
-    ts = ET.SubElement(
-        root, "testsuite", name=suite, tests=str(len(rules)), failures=str(failed), errors="0", skipped="0"
-    )
-    for r in rules:
-        tc = ET.SubElement(ts, "testcase", classname=suite, name=f"{r.code} {r.rule}")
-        for f in by_code.get(r.code, []):
-            fail = ET.SubElement(tc, "failure", message=f.message, type=f.severity.value)
-            fail.text = "\n".join(f"{k}: {v}" for k, v in f.evidence.items())
-    known = {r.code for r in rules}
-    for code, fs in by_code.items():  # findings of codes without a rule summary still show
-        if code not in known:
-            tc = ET.SubElement(ts, "testcase", classname=suite, name=f"{code} {fs[0].rule}")
-            for f in fs:
-                ET.SubElement(tc, "failure", message=f.message, type=f.severity.value)
-    _write(root, path)
+    cases = [Case(suite, f"{r.code} {r.rule}", [finding_failure(f) for f in by_code.pop(r.code, [])]) for r in rules]
+    cases += [Case(suite, f"{code} {fs[0].rule}", [finding_failure(f) for f in fs]) for code, fs in by_code.items()]
+    return cases
 
 
-def write_junit_cases(
-    path: str | os.PathLike[str], suite: str, cases: Iterable[tuple[str, str, list[tuple[str, str]]]]
-) -> None:
-    """Write ``path`` atomically with one ``testcase`` per checked item.
-
-    ``cases`` are ``(classname, name, failures)``; each failure is ``(message, text)`` and
-    fails the case. Used where a command checks many items (compare-dumps: one case per tensor).
-    """
+def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case]) -> None:
+    """Write ``path`` atomically (a temporary file beside it, then a rename)."""
     cases = list(cases)
     root = ET.Element("testsuites")
     ts = ET.SubElement(
         root,
         "testsuite",
-        name=suite,
+        name=xml_text(suite),
         tests=str(len(cases)),
-        failures=str(sum(1 for c in cases if c[2])),
+        failures=str(sum(1 for c in cases if c.failures)),
         errors="0",
         skipped="0",
     )
-    for classname, name, failures in cases:
-        tc = ET.SubElement(ts, "testcase", classname=classname, name=name)
-        for message, text in failures:
-            ET.SubElement(tc, "failure", message=message, type="error").text = text
-    _write(root, path)
-
-
-def _write(root: ET.Element, path: str | os.PathLike[str]) -> None:
+    for case in cases:
+        tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name))
+        for fail in case.failures:
+            el = ET.SubElement(tc, "failure", message=xml_text(fail.message), type=xml_text(fail.type))
+            el.text = xml_text(fail.text) if fail.text else None
     tree = ET.ElementTree(root)
     ET.indent(tree)
     target = Path(path)

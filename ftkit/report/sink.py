@@ -1,21 +1,40 @@
 """The one output sink of every command: stdout carries data only, stderr everything else.
 
 ``Output`` is created by a command from its ``--format`` option. ``data``/``json`` write the
-result to stdout; ``info``/``warn``/``hint`` go to stderr; ``progress`` shows a Rich progress
-bar on stderr in human mode only (and only when stderr is a terminal, unless forced).
+result to the data stream; ``info``/``warn`` go to stderr; ``progress`` shows a Rich progress
+bar on stderr in human mode only, when stderr is a terminal or ``FTKIT_PROGRESS=1``.
+
+Guarantees:
+
+- **Data only on stdout.** ``ftkit.cli.main`` runs every command inside ``guard_stdout()``:
+  the first ``Output`` a command creates moves the process's file descriptor 1 (and
+  ``sys.stdout``) to stderr and keeps a private duplicate of the original stdout for data.
+  Whatever a library prints afterwards (Ray's log monitor, the raylet and worker processes
+  it starts, which inherit fd 1) lands on stderr. Help and usage text, printed before a
+  command runs, are unaffected. ``guard_stdout`` restores everything when the command ends.
+- **Strict JSON.** ``json`` writes RFC 8259 JSON: non-finite floats become the strings
+  ``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (``ftkit.report.escaping.strict_json``).
+- **No raw control sequences.** Strings printed through the Rich consoles pass through
+  ``escaping.terminal`` (ESC, CSI, BEL ... become visible ``\\xNN`` text).
+- **No hard wrapping into files or pipes.** When the data stream is not a terminal, human
+  output is rendered at an unbounded width (lines and tables are as long as their content).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import sys
 from collections.abc import Iterator
 from enum import Enum
-from typing import Any
+from typing import IO, Any, cast
 
 from rich.console import Console
+from rich.text import Text
+
+from ftkit.report.escaping import strict_json, terminal
 
 
 class Format(str, Enum):
@@ -25,14 +44,109 @@ class Format(str, Enum):
 
 
 SCHEMA_VERSION = 1
+PIPE_WIDTH = 1_000_000  # "unbounded": Rich needs a number
+
+
+class _Guard:
+    """State of ``guard_stdout``: armed by the CLI, engaged by the first ``Output``."""
+
+    armed = False
+    data: Any = None  # IO[str] or _DataStream
+    saved_fd: int | None = None
+    stdout: Any = None
+
+
+def data_stream() -> IO[str]:
+    """Where command data goes: the private duplicate of stdout when guarded, else ``sys.stdout``."""
+    if not _Guard.armed:
+        return sys.stdout
+    if _Guard.data is None:
+        _engage()
+    return cast(IO[str], _Guard.data)
+
+
+def _engage() -> None:
+    original = sys.stdout
+    original.flush()
+    _Guard.stdout = original
+    try:
+        out_fd, err_fd = original.fileno(), sys.stderr.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # not a real file (e.g. a test runner)
+        _Guard.data = original
+    else:
+        _Guard.saved_fd = os.dup(out_fd)
+        os.dup2(err_fd, out_fd)
+        encoding = getattr(original, "encoding", None) or "utf-8"
+        stream = open(_Guard.saved_fd, "w", encoding=encoding, errors="replace", closefd=False)  # noqa: SIM115
+        _Guard.data = _DataStream(stream)
+    sys.stdout = sys.stderr
+
+
+class OutputClosed(Exception):
+    """The reader of stdout went away (``ftkit ... | head``); ``ftkit.cli.main`` ends quietly.
+
+    Not an ``OSError``, so no library (Click maps EPIPE to exit 1) mistakes it for a failure."""
+
+
+class _DataStream:
+    """The private stdout of a guarded command: a text stream whose writes raise
+    ``OutputClosed`` instead of ``BrokenPipeError``."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise OutputClosed() from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def guard_stdout() -> Iterator[None]:
+    """Arm the stdout guard for one command run (used by ``ftkit.cli.main``); see the module doc."""
+    _Guard.armed = True
+    try:
+        yield
+    finally:
+        _Guard.armed = False
+        data, _Guard.data = _Guard.data, None
+        if data is not None:
+            with contextlib.suppress(OSError, OutputClosed):  # a closed pipe must not stop the restore
+                data.flush()
+            sys.stdout = _Guard.stdout
+            if _Guard.saved_fd is not None:
+                with contextlib.suppress(OSError, OutputClosed):
+                    sys.stdout.flush()
+                    data.close()
+                os.dup2(_Guard.saved_fd, sys.stdout.fileno())
+                os.close(_Guard.saved_fd)
+                _Guard.saved_fd = None
+
+
+class _SafeConsole(Console):
+    """A Rich console that makes control characters in printed strings visible."""
+
+    def render_str(self, text: str, **kwargs: Any) -> Text:
+        return super().render_str(terminal(text), **kwargs)
 
 
 class Output:
     def __init__(self, fmt: Format = Format.human) -> None:
         self.format = fmt
-        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
-        # Human data goes through Rich to stdout; width from the terminal, wide when piped.
-        self.out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 140)
+        self.stream = data_stream()
+        self.err = _SafeConsole(stderr=True, highlight=False, soft_wrap=True)
+        tty = _isatty(self.stream)
+        self.out = _SafeConsole(file=self.stream, highlight=False, soft_wrap=not tty, width=None if tty else PIPE_WIDTH)
 
     @property
     def human(self) -> bool:
@@ -40,36 +154,45 @@ class Output:
 
     def data(self, text: str) -> None:
         """Write plain data to stdout (never through Rich)."""
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
+        self.stream.write(text if text.endswith("\n") else text + "\n")
+        self.stream.flush()
 
     def json(self, payload: dict[str, Any]) -> None:
-        """Write a JSON document to stdout; ``schema_version`` is added when absent."""
-        doc = {"schema_version": SCHEMA_VERSION, **payload}
-        self.data(json.dumps(doc, indent=2, default=_json_default, allow_nan=True))
+        """Write a strict JSON document to stdout; ``schema_version`` is added when absent."""
+        doc = strict_json({"schema_version": SCHEMA_VERSION, **payload})
+        self.data(json.dumps(doc, indent=2, allow_nan=False))
 
     def info(self, message: str) -> None:
-        self.err.print(message, markup=True)
+        """A Rich-markup line on stderr (printed as plain text if the markup does not parse,
+        e.g. when an interpolated path holds ``[/x]``)."""
+        from rich.errors import MarkupError
+
+        try:
+            self.err.print(message, markup=True)
+        except MarkupError:
+            self.err.print(message, markup=False)
 
     def warn(self, message: str) -> None:
-        self.err.print(f"[yellow]Warning:[/yellow] {message}", markup=True)
+        """``Warning: message`` on stderr (``message`` is plain text, not markup)."""
+        self.err.print(Text.assemble(("Warning:", "yellow"), " ", terminal(message)))
 
     @contextlib.contextmanager
     def progress(self, description: str, total: float | None) -> Iterator[ProgressTask]:
         """A progress bar on stderr (human mode, interactive stderr or FTKIT_PROGRESS=1)."""
-        show = self.human and (self.err.is_terminal or os.environ.get("FTKIT_PROGRESS") == "1")
-        if not show:
+        forced = os.environ.get("FTKIT_PROGRESS") == "1"
+        if not (self.human and (self.err.is_terminal or forced)):
             yield ProgressTask(None, None)
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+        console = self.err if self.err.is_terminal else _SafeConsole(stderr=True, force_terminal=True)
         with Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.percentage:>3.0f}%"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
-            console=self.err,
+            console=console,
             transient=True,
         ) as bar:
             yield ProgressTask(bar, bar.add_task(description, total=total))
@@ -90,13 +213,8 @@ class ProgressTask:
             self._bar.update(self._task, **kwargs)
 
 
-def _json_default(obj: Any) -> Any:
-    if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
-    if isinstance(obj, Enum):
-        return obj.value
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    if hasattr(obj, "__fspath__"):
-        return os.fspath(obj)
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

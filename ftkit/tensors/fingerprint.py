@@ -13,7 +13,8 @@ the tensor's bytes in logical row-major order. Consequences (the contract):
   compute it from raw safetensors bytes without torch (``fingerprint_buffers``).
 
 ``combine`` folds ``{name: fingerprint}`` into one state fingerprint that does not depend on
-the dict's insertion order; ``fingerprint_tensors`` does both at once.
+the dict's insertion order; ``fingerprint_tensors`` does both at once. ``fingerprint_array``
+hashes a numpy array (the forensic commands read dumps without torch).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import torch
+
+    from ftkit.tensors.xxh3 import Hasher
 
 CHUNK_BYTES = 64 << 20  # host staging size for non-contiguous pieces and device copies
 _FORMAT = b"ftkit-fp1"
@@ -42,15 +46,36 @@ def _header(dtype: str, shape: Sequence[int]) -> bytes:
     return b"\0".join([_FORMAT, dtype.encode(), ",".join(str(int(d)) for d in shape).encode(), b""])
 
 
+def fingerprint_hasher(dtype: str, shape: Sequence[int]) -> Hasher:
+    """A streaming hasher that has consumed the header of (dtype name, shape): feed it the
+    tensor's logical bytes in order and ``hexdigest()`` is the fingerprint. It releases the
+    GIL while hashing (``ftkit.tensors.xxh3``), so threads hash in parallel."""
+    from ftkit.tensors import xxh3
+
+    return xxh3.new(_header(dtype, shape))
+
+
 def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[object]) -> str:
     """Fingerprint from a dtype name, a shape and the logical bytes given as buffers in order.
 
     ``buffers`` are objects supporting the buffer protocol (bytes, memoryview, numpy arrays);
     their concatenation must be the tensor's row-major little-endian bytes.
     """
-    h = xxhash.xxh3_128(_header(dtype, shape))
+    h = fingerprint_hasher(dtype, shape)
     for buf in buffers:
         h.update(buf)
+    return h.hexdigest()
+
+
+def fingerprint_array(a: np.ndarray) -> str:
+    """The fingerprint of a numpy array (no torch): equals ``fingerprint`` of the torch tensor
+    with the same dtype, shape and values. bfloat16 and float8 arrays are ``ml_dtypes``
+    arrays; numpy's dtype names are the torch names used in the digest."""
+    import numpy as np
+
+    h = fingerprint_hasher(a.dtype.name, a.shape)
+    if a.size:  # (ascontiguousarray would turn a 0-d array into a 1-d one: keep the shape above)
+        h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
@@ -76,13 +101,13 @@ def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> str:
         # contiguous CPU tensor straight from its numpy view, the header cached
         h = xxhash.xxh3_128(_cached_header(t.dtype, tuple(t.shape)))
         if t.numel():
-            h.update(t.numpy())
+            h.update(t.numpy())  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only on 3.12+
         return h.hexdigest()
     return fingerprint_buffers(dtype_name(t.dtype), tuple(t.shape), logical_bytes(t, chunk_bytes))
 
 
 @functools.lru_cache(maxsize=1)
-def _numpy_dtypes(torch: Any) -> frozenset:
+def _numpy_dtypes(torch: Any) -> frozenset[Any]:
     """Dtypes whose numpy view holds exactly the tensor's bytes (no bfloat16, float8, complex)."""
     return frozenset(
         [
@@ -214,14 +239,14 @@ def _device_chunks(t: torch.Tensor, chunk_bytes: int) -> Iterator[object]:
     size = min(chunk_bytes, t.numel() * t.element_size())
     size = max(size, t.element_size())
     staging = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
-    pending: tuple[object, object] | None = None
+    pending: tuple[torch.Tensor, torch.cuda.Event | None] | None = None
     for k, piece in enumerate(_pieces(t, chunk_bytes)):
         src = _flat_bytes(piece.contiguous())
         buf = staging[k % 2][: src.numel()]
         buf.copy_(src, non_blocking=pin)
-        event = None
+        event: torch.cuda.Event | None = None
         if pin:
-            event = torch.cuda.Event()
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event() unannotated
             event.record()
         if pending is not None:
             yield _ready(*pending)
@@ -230,7 +255,7 @@ def _device_chunks(t: torch.Tensor, chunk_bytes: int) -> Iterator[object]:
         yield _ready(*pending)
 
 
-def _ready(buf: torch.Tensor, event: object) -> object:
+def _ready(buf: torch.Tensor, event: torch.cuda.Event | None) -> object:
     if event is not None:
         event.synchronize()
     return buf.numpy()

@@ -54,14 +54,16 @@ class Sharding:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Sharding:
-        """Parse the index form; raises ``ValueError``/``TypeError`` when malformed."""
-        return cls(
-            kind=d.get("kind", "replicated"),
-            dim=d.get("dim"),
-            tp_rank=int(d.get("tp_rank", 0)),
-            tp_size=int(d.get("tp_size", 1)),
-            stride=int(d.get("stride", 1)),
-        )
+        """Parse the index form strictly (integers must be JSON integers); raises
+        ``ValueError``/``TypeError`` when malformed."""
+        kind, dim = d.get("kind", "replicated"), d.get("dim")
+        ints = {k: d.get(k, default) for k, default in (("tp_rank", 0), ("tp_size", 1), ("stride", 1))}
+        if not isinstance(kind, str):
+            raise TypeError(f"sharding kind must be a string, not {type(kind).__name__}")
+        for k, v in [*ints.items(), ("dim", 0 if dim is None else dim)]:
+            if type(v) is not int or not -1 <= v < 1 << 20:
+                raise ValueError(f"sharding {k} must be a small integer, not {repr(v)[:40]}")
+        return cls(kind=kind, dim=dim, **ints)  # type: ignore[arg-type]
 
 
 def tp_coords() -> tuple[int, int]:
@@ -86,7 +88,13 @@ def param_sharding(param: torch.Tensor, tp_rank: int, tp_size: int) -> Sharding:
 
 
 def output_sharding(
-    module: Any, index: int, tensor: torch.Tensor, tp_rank: int, tp_size: int, path: str = ""
+    module: Any,
+    index: int,
+    tensor: torch.Tensor,
+    tp_rank: int,
+    tp_size: int,
+    path: str = "",
+    per_token_loss: bool = False,
 ) -> Sharding:
     """Sharding of output ``index`` of ``module`` at module path ``path`` (tuple outputs count
     from 0).
@@ -94,7 +102,9 @@ def output_sharding(
     Known megatron cases: column-parallel linears without ``gather_output`` (local or
     Transformer Engine ``parallel_mode == "column"``) split their output on the last dim with
     the weight's stride, and a returned bias on dim 0; a GPT model with ``parallel_output``
-    splits its logits on the last dim (vocab); core attention (``core_attention``,
+    splits its logits on the last dim (vocab), unless it was called with labels
+    (``per_token_loss``): it then returns the per-token loss of the vocab-parallel cross
+    entropy, which every TP rank holds whole (replicated); core attention (``core_attention``,
     ``*DotProductAttention``) splits its output on the last dim and ``q_layernorm`` /
     ``k_layernorm`` theirs on the heads dim (-2); row-parallel linears and the vocab embedding
     are replicated, or split on dim 0 (sequence) under sequence parallelism. Anything else is
@@ -108,7 +118,7 @@ def output_sharding(
         weight = getattr(module, "weight", None)
         stride = int(getattr(weight, "partition_stride", 1) or 1)
         return Sharding.split(last if index == 0 else 0, tp_rank, tp_size, stride)
-    if mode == "logits" and index == 0:
+    if mode == "logits" and index == 0 and not per_token_loss:
         weight = getattr(getattr(module, "output_layer", None), "weight", None)
         return Sharding.split(last, tp_rank, tp_size, int(getattr(weight, "partition_stride", 1) or 1))
     if mode in ("row", "embedding") and index == 0 and _sequence_parallel(module):
@@ -121,7 +131,7 @@ def output_sharding(
 
 
 def _parallel_mode(module: Any, attr_name: str) -> str | None:
-    te_mode = getattr(module, "parallel_mode", None)
+    te_mode: str | None = getattr(module, "parallel_mode", None)
     if te_mode in ("column", "row"):
         return te_mode
     names = {cls.__name__ for cls in type(module).__mro__}
@@ -148,15 +158,14 @@ def _sequence_parallel(module: Any) -> bool:
     return bool(getattr(module, "sequence_parallel", False) or getattr(module, "reduce_scatter_embeddings", False))
 
 
-def assemble(pieces: Sequence[tuple[Sharding, torch.Tensor]]) -> torch.Tensor:
+def assemble(pieces: Sequence[tuple[Sharding, Any]]) -> Any:
     """The full tensor from the shards of all TP ranks (one piece per rank).
 
+    Pieces are numpy arrays or torch tensors (all of one kind; the result is of that kind).
     Replicated pieces: the first is returned (callers compare copies beforehand). Split
     pieces must agree on ``dim``, ``tp_size`` and ``stride`` and cover every rank exactly
     once; raises ``ValueError`` otherwise.
     """
-    import torch
-
     if not pieces:
         raise ValueError("no shards to assemble")
     first = pieces[0][0]
@@ -171,12 +180,26 @@ def assemble(pieces: Sequence[tuple[Sharding, torch.Tensor]]) -> torch.Tensor:
         missing = sorted(set(range(first.tp_size)) - set(by_rank))
         raise ValueError(f"TP shards incomplete: have ranks {sorted(by_rank)}, missing {missing}")
     dim, stride = first.dim, first.stride
+    assert dim is not None  # a split sharding always has one
     shards = [by_rank[r] for r in range(first.tp_size)]
-    if any(dim >= t.dim() for t in shards):
-        raise ValueError(f"split dim {dim} out of range for a {shards[0].dim()}-d shard")
-    if stride == 1:
-        return torch.cat(shards, dim=dim)
+    if any(dim >= len(t.shape) for t in shards):
+        raise ValueError(f"split dim {dim} out of range for a {len(shards[0].shape)}-d shard")
     if any(t.shape[dim] % stride for t in shards):
         raise ValueError(f"shard length along dim {dim} is not a multiple of stride {stride}")
-    blocks = [t.chunk(stride, dim=dim) for t in shards]
-    return torch.cat([blocks[r][j] for j in range(stride) for r in range(first.tp_size)], dim=dim)
+    blocks = []
+    for j in range(stride):
+        for r in range(first.tp_size):
+            n = shards[r].shape[dim] // stride
+            blocks.append(shards[r][(slice(None),) * dim + (slice(j * n, (j + 1) * n),)])
+    return _concatenate(blocks if stride > 1 else shards, dim)
+
+
+def _concatenate(parts: list[Any], dim: int) -> Any:
+    """``numpy.concatenate`` for arrays, ``torch.cat`` for torch tensors."""
+    import numpy as np
+
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=dim)
+    import torch
+
+    return torch.cat(parts, dim=dim)

@@ -16,7 +16,6 @@ dtype x shape, file size) and raises ``ftkit.errors.InputError`` with one clear 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import secrets
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ftkit.errors import InputError
 from ftkit.fsutil import fsync_dir
+from ftkit.tensors.untrusted import is_text, load_json, open_regular, short_repr
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -57,6 +57,7 @@ ST_DTYPES: dict[str, tuple[str, int]] = {
 }
 TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
 _MAX_HEADER = 100 << 20
+_MAX_DIMS = 64
 _TMP_MARK = ".tmp-"
 
 
@@ -205,11 +206,14 @@ class Header:
 
 
 def read_header(path: str | os.PathLike[str]) -> Header:
-    """Read and validate the header of a safetensors file; ``InputError`` if it is malformed."""
+    """Read and validate the header of a safetensors file; ``InputError`` if it is malformed.
+
+    Never blocks on a FIFO or device (``open_regular``), never recurses on nested JSON.
+    """
     p = Path(path)
     try:
-        size = p.stat().st_size
-        with open(p, "rb") as fh:
+        with open_regular(p) as fh:
+            size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
             if len(prefix) < 8:
                 raise _bad(p, f"truncated: {size} bytes, not even the 8-byte header length")
@@ -220,14 +224,17 @@ def read_header(path: str | os.PathLike[str]) -> Header:
     except OSError as exc:
         raise InputError(f"cannot read {p}: {exc.strerror or exc}", "check the path and permissions") from exc
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = load_json(raw)
+    except ValueError as exc:
         raise _bad(p, f"header is not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise _bad(p, "header is not a JSON object")
     meta = doc.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise _bad(p, "__metadata__ must map strings to strings")
+    for text in (*doc, *meta, *meta.values()):
+        if not is_text(text):
+            raise _bad(p, f"{short_repr(text)} is not valid Unicode text (a lone surrogate)")
     data_start = 8 + n
     infos = [_entry(p, name, spec, data_start) for name, spec in doc.items()]
     infos.sort(key=lambda i: (i.start, i.end))
@@ -250,27 +257,32 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
     if not isinstance(spec, dict):
         raise _bad(p, f"tensor {name!r}: entry is not an object")
     code = spec.get("dtype")
-    if code not in ST_DTYPES:
-        raise _bad(p, f"tensor {name!r}: unsupported dtype {code!r}")
+    if not isinstance(code, str) or code not in ST_DTYPES:
+        raise _bad(p, f"tensor {name!r}: unsupported dtype {short_repr(code)}")
     shape, offsets = spec.get("shape"), spec.get("data_offsets")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise _bad(p, f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+        raise _bad(p, f"tensor {name!r}: shape {short_repr(shape)} is not a list of non-negative integers")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1]
     ):
-        raise _bad(p, f"tensor {name!r}: data_offsets {offsets!r} are not [begin, end]")
+        raise _bad(p, f"tensor {name!r}: data_offsets {short_repr(offsets)} are not [begin, end]")
     dtype, itemsize = ST_DTYPES[code]
+    if len(shape) > _MAX_DIMS:
+        raise _bad(p, f"tensor {name!r}: {len(shape)} dimensions (at most {_MAX_DIMS})")
     numel = 1
     for d in shape:
         numel *= d
+        if numel > offsets[1]:  # bigger than the file can hold: stop before the product grows huge
+            break
     if offsets[1] - offsets[0] != numel * itemsize:
+        needs = "more" if numel > offsets[1] else str(numel * itemsize)
         raise _bad(
             p,
-            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes but "
-            f"{code}{shape} needs {numel * itemsize}",
+            f"tensor {name!r}: data_offsets span {offsets[1] - offsets[0]} bytes, "
+            f"{code}{short_repr(shape)} needs {needs}",
         )
     return TensorInfo(name, code, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 

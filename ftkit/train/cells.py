@@ -9,8 +9,9 @@ a rank is ``threads_per_rank``), plus one GPU each on CUDA.
 
 ``check_resources`` refuses a layout the cluster cannot hold (``ConfigError``, exit 2)
 before anything is started; ``start_cells`` creates the placement groups and actors and
-waits until every group is placed; ``Cell.call`` runs a method on every rank of a cell and
-returns the object refs in rank order.
+waits until every group is placed (``spawn_cell`` starts one without waiting: a restart);
+``Cell``'s typed methods run the rank method of the same name on every rank of a cell and
+return the object refs in rank order.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftkit.errors import ConfigError
+from ftkit.train.step_types import StepTask
 
 #: Logical Ray CPUs per rank actor and per engine actor.
 CPU_PER_ACTOR = 0.5
@@ -51,16 +53,48 @@ def check_resources(cells: int, ranks_per_cell: int, engines: int, device: str) 
 
 @dataclass
 class Cell:
-    """The Ray side of one cell: its placement group and its rank actors (rank order)."""
+    """The Ray side of one cell: its placement group and its rank actors (rank order).
+
+    Each method starts the ``RankWorker`` method of the same name on every rank and returns
+    the object refs in rank order (the driver waits on them with deadlines).
+    """
 
     index: int
     incarnation: int
     placement_group: Any
     workers: list[Any]
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Start ``method(*args, **kwargs)`` on every rank; the object refs in rank order."""
-        return [getattr(w, method).remote(*args, **kwargs) for w in self.workers]
+    def init(self, host: str, port: int) -> list[Any]:
+        """``init_cell``: each ref resolves to the rank's pid."""
+        return [w.init_cell.remote(host, port) for w in self.workers]
+
+    def configure(self, epoch: int, alive: list[int]) -> list[Any]:
+        return [w.configure.remote(epoch, alive) for w in self.workers]
+
+    def compute_reduce(self, task: StepTask, batch: Any) -> list[Any]:
+        return [w.compute_reduce.remote(task, batch) for w in self.workers]
+
+    def commit(self, step: int, attempt: int, write_dumps: bool) -> list[Any]:
+        return [w.commit.remote(step, attempt, write_dumps) for w in self.workers]
+
+    def discard(self, step: int, attempt: int) -> list[Any]:
+        return [w.discard.remote(step, attempt) for w in self.workers]
+
+    def donor_state(self) -> list[Any]:
+        return [w.donor_state.remote() for w in self.workers]
+
+    def load_state(self, payloads: list[Any], donor: int, epoch: int, step: int, attempt: int) -> list[Any]:
+        """Rank ``r`` loads ``payloads[r]`` (an object ref, passed unresolved)."""
+        return [w.load_state.remote([p], donor, epoch, step, attempt) for w, p in zip(self.workers, payloads)]
+
+    def export_weights(self, version: int) -> list[Any]:
+        return [w.export_weights.remote(version) for w in self.workers]
+
+    def save_final(self, run_dir: str) -> list[Any]:
+        return [w.save_final.remote(run_dir) for w in self.workers]
+
+    def shutdown(self) -> list[Any]:
+        return [w.shutdown.remote() for w in self.workers]
 
     def kill(self) -> None:
         """Kill the rank actors and release the placement group (idempotent)."""
@@ -77,6 +111,33 @@ class Cell:
             self.placement_group = None
 
 
+def spawn_cell(
+    cfg: dict[str, Any], run_dir: str, index: int, ranks_per_cell: int, device: str, incarnation: int
+) -> Cell:
+    """Create one cell's placement group and rank actors without waiting for either (a
+    restarted cell: the actors start once the group is placed; ``init`` refs tell when)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from ftkit.train.worker import RankWorker
+
+    bundle = actor_resources(device)
+    remote_worker = ray.remote(max_restarts=0)(RankWorker)
+    cell = Cell(index, incarnation, placement_group([dict(bundle) for _ in range(ranks_per_cell)], strategy="PACK"), [])
+    cell.workers = [
+        remote_worker.options(
+            num_cpus=bundle["CPU"],
+            num_gpus=bundle.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=cell.placement_group, placement_group_bundle_index=rank
+            ),
+        ).remote(cfg, run_dir, index, rank, incarnation)
+        for rank in range(ranks_per_cell)
+    ]
+    return cell
+
+
 def start_cells(
     cfg: dict[str, Any], run_dir: str, indices: list[int], ranks_per_cell: int, device: str, incarnation: int = 0
 ) -> list[Cell]:
@@ -86,37 +147,19 @@ def start_cells(
     and actor created here is released and ``ConfigError`` is raised.
     """
     import ray
-    from ray.util.placement_group import placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    from ftkit.train.worker import RankWorker
-
-    bundle = actor_resources(device)
-    remote_worker = ray.remote(RankWorker)
     cells: list[Cell] = []
     try:
-        groups = {c: placement_group([dict(bundle) for _ in range(ranks_per_cell)], strategy="PACK") for c in indices}
-        for c, pg in groups.items():
-            cells.append(Cell(c, incarnation, pg, []))
+        for c in indices:
+            cells.append(spawn_cell(cfg, run_dir, c, ranks_per_cell, device, incarnation))
         try:
-            ray.get([pg.ready() for pg in groups.values()], timeout=PLACEMENT_TIMEOUT_S)
+            ray.get([cell.placement_group.ready() for cell in cells], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise ConfigError(
                 f"Ray could not place {len(indices)} cell(s) of {ranks_per_cell} rank(s) within "
                 f"{PLACEMENT_TIMEOUT_S:g}s",
                 hint="check `ray status` for free resources",
             ) from None
-        for cell in cells:
-            cell.workers = [
-                remote_worker.options(
-                    num_cpus=bundle["CPU"],
-                    num_gpus=bundle.get("GPU", 0),
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=cell.placement_group, placement_group_bundle_index=rank
-                    ),
-                ).remote(cfg, run_dir, cell.index, rank, incarnation)
-                for rank in range(ranks_per_cell)
-            ]
     except BaseException:
         for cell in cells:
             cell.kill()

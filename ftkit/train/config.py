@@ -13,14 +13,25 @@ cell computes, so there must be at least as many micro-shards as cells.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Literal
+import math
+import types
+import typing
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ftkit.errors import ConfigError
 
-DUMP_WHAT = ("activations", "grads", "weights")
+if TYPE_CHECKING:
+    from ftkit.train.faults import FaultSpec
+
+DumpPart = Literal["activations", "grads", "weights"]
+DUMP_WHAT: tuple[DumpPart, ...] = ("activations", "grads", "weights")
+#: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
+#: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
+#: faults are detected by ``collective_timeout`` and ``step_timeout``.
+STARTUP_TIMEOUT_S = 300.0
 
 
 class TrainConfig(BaseModel):
@@ -60,13 +71,52 @@ class TrainConfig(BaseModel):
         "first,last",
         description="Rollouts to dump: 'none', 'all', or a comma list of 'first', 'last' and rollout indices.",
     )
-    dump_what: tuple[Literal["activations", "grads", "weights"], ...] = Field(DUMP_WHAT, description="What dumps hold.")
+    dump_what: tuple[DumpPart, ...] = Field(DUMP_WHAT, description="What dumps hold.")
     dump_cells: Literal["first", "all"] = Field(
         "first", description="Replicated state dumped by the first live cell, or by all cells."
+    )
+    collective_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a cross-cell collective waits for a peer before the step is discarded "
+        "(a dead or hung cell).",
+    )
+    step_timeout: float = Field(
+        60.0, gt=0, description="Seconds a step attempt may take before its unfinished cells are declared hung."
+    )
+    min_cells: int = Field(1, ge=1, description="Fewest live cells to go on with; below it the run fails (exit 1).")
+    max_retries: int = Field(5, ge=0, description="Retries of one step after failed attempts; then the run fails.")
+    heal: bool = Field(True, description="Restart failed cells and heal them from a live peer.")
+    heal_timeout: float = Field(
+        120.0, gt=0, description="Seconds a restarted cell may take to be placed and start before it is given up."
+    )
+    inject: tuple[str, ...] = Field(
+        (),
+        description="Faults to inject, one spec each: kind=...,point=...,cell=...,step=... (docs/fault-injection.md).",
+    )
+    chaos: str | None = Field(
+        None, description="Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md)."
     )
     bookkeeping: bool = Field(
         True, description="False turns off fingerprints, witness and exact reduction (overhead bench)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _strict_types(cls, values: Any) -> Any:
+        """Values are typed strictly, whether from options or a config file: an integer field
+        takes an integer (not ``true``, not ``"2"``, not ``2.0``), a float field a finite number
+        (not ``inf``, not NaN), a flag a boolean, a text field a string, a list field a list of
+        strings. The message names the field."""
+        if not isinstance(values, dict):
+            return values
+        for name, value in values.items():
+            field = cls.model_fields.get(name)
+            if field is not None:
+                problem = _type_problem(field.annotation, value)
+                if problem:
+                    raise ValueError(f"{name}: {problem}")
+        return values
 
     @field_validator("dump_rollouts")
     @classmethod
@@ -87,6 +137,8 @@ class TrainConfig(BaseModel):
             raise ValueError(
                 f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards ({K} * {M} = {K * M})"
             )
+        if self.min_cells > self.cells:
+            raise ValueError(f"min_cells ({self.min_cells}) must be at most cells ({self.cells})")
         if self.cells > M:
             raise ValueError(f"micro_shards ({M}) must be at least cells ({self.cells})")
         if B % self.group_size:
@@ -108,6 +160,9 @@ class TrainConfig(BaseModel):
                 f"response_len ({self.response_len}) must be below half the {self.model} model's "
                 f"sequence length ({preset.max_seq_len})"
             )
+        from ftkit.train.faults import parse_specs
+
+        parse_specs(self.inject, self.chaos, self)  # a bad spec is a one-line ValueError
         if not self.bookkeeping and self.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
@@ -123,6 +178,12 @@ class TrainConfig(BaseModel):
     def shard_samples(self) -> int:
         """Samples per micro-shard (B / (K * M))."""
         return self.step_samples // self.micro_shards
+
+    def fault_specs(self) -> list[FaultSpec]:
+        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults)."""
+        from ftkit.train.faults import parse_specs
+
+        return parse_specs(self.inject, self.chaos, self)
 
     def resolved_device(self) -> str:
         """``cpu`` or ``cuda``; ``auto`` picks cuda when torch sees a GPU (imports torch)."""
@@ -143,6 +204,45 @@ class TrainConfig(BaseModel):
             part = part.strip()
             wanted.add(0 if part == "first" else self.rollouts - 1 if part == "last" else int(part))
         return rollout in wanted
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{text[:40]}... ({type(value).__name__})" if len(text) > 40 else f"{text} ({type(value).__name__})"
+
+
+def _type_problem(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` does not strictly have type ``annotation`` (None when it does, or when the
+    annotation is not one this check knows: pydantic then decides)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        problems = [_type_problem(a, value) for a in args]
+        return None if any(p is None for p in problems) else next(p for p in problems if p)
+    if annotation is type(None):
+        return None if value is None else "expected nothing (null)"
+    if annotation is bool:
+        return None if isinstance(value, bool) else f"expected true or false, got {_describe(value)}"
+    if annotation is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else f"expected an integer, got {_describe(value)}"
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"expected a number, got {_describe(value)}"
+        return None if math.isfinite(value) else f"expected a finite number, got {value}"
+    if annotation is str or origin is Literal:
+        return None if isinstance(value, str) else f"expected a string, got {_describe(value)}"
+    if annotation is Path:
+        return None if isinstance(value, (str, PurePath)) else f"expected a path (a string), got {_describe(value)}"
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return f"expected a list, got {_describe(value)}"
+        inner = args[0] if args else Any
+        for item in value:
+            problem = _type_problem(inner, item)
+            if problem:
+                return f"in the list: {problem}"
+        return None
+    return None
 
 
 def load_config(values: dict[str, Any]) -> TrainConfig:

@@ -6,28 +6,33 @@
 1. checks that fail fast, before anything is written: the device, the run directory
    (``cfg.out``; an existing one only with ``overwrite``, and only if it is an ftkit run
    directory or empty), Ray (an existing connection is reused; else ``cfg.ray_address`` is
-   joined, or a local instance with ``LOCAL_RAY_CPUS`` logical CPUs is started, and shut
+   joined, or a new local instance with ``LOCAL_RAY_CPUS`` logical CPUs is started with
+   ``address="local"``, so a running cluster elsewhere is never joined by accident, and shut
    down at the end) and whether its resources hold the cells and engines;
 2. the run directory, ``run.json`` (config, ftkit version, layout, seed), the driver's
-   ``EventWriter`` and ``run_started``; from here on ``run_finished`` always ends the log;
+   ``EventWriter`` and ``run_started``; from here on ``run_finished`` always ends the log and
+   ``status.json`` (``ftkit.train.run_end``) records how the run ended;
 3. a ``TCPStore`` hosted here, on this node's Ray IP and a free port, through which every
    rank builds its cell world and the cross-cell groups;
-4. the cells (``ftkit.train.cells``), ``init_cell`` and ``join_cross_cell`` (epoch 0), and the
-   engines, which load the initial weights (version 0);
+4. the cells (``ftkit.train.cells``, state machine ``ftkit.train.cell_state``), ``init_cell``
+   and the first ``reconfigure`` (epoch 0), and the engines (``ftkit.train.engine_pool``),
+   which load the initial weights (version 0);
 5. per rollout ``r``: prompts -> engines generate -> rewards -> advantages ->
    ``witness_allocated`` -> ``rollouts/rollout_r.safetensors`` -> ``steps_per_rollout``
-   optimizer steps (micro-shards assigned by ``microshards.assign`` over the alive cells,
-   ``train_step`` on every rank of every cell in parallel) with a ``metric`` per step and
-   per rollout -> weights version ``r+1`` exported by the first live cell, fingerprinted
-   (``weights_sent``) and loaded by every engine (``engine_weights``);
+   optimizer steps, each run to a commit by the step coordinator
+   (``ftkit.train.coordinator``: two-phase commit, failure detection, discard, reconfigure,
+   retry; failed cells restarted and healed by ``ftkit.train.healing``) with a ``metric`` per
+   step and per rollout -> weights version ``r+1`` exported by the first live cell,
+   fingerprinted (``weights_sent``) and loaded by every engine (``engine_weights``);
 6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
 7. ``analyze_paths`` over ``events/``.
 
+SIGINT / SIGTERM raise ``RunInterrupted`` (exit 130 / 143); a run that cannot go on raises
+``RunFailed`` (exit 1); in both cases the log ends with ``run_finished`` (``interrupted`` /
+``failed`` and the reason), every actor is killed and the local Ray is shut down.
+
 Weights version ``v`` is the state after ``v`` rollouts; it is sent with ``rollout = v``,
 the rollout it generates (version ``rollouts`` is the final state, generating nothing).
-A step that does not commit on every cell is not retried here (fault handling is not part of
-this driver): it is reported and the run goes on, so the analyzer finds the samples that
-were never trained.
 """
 
 from __future__ import annotations
@@ -35,30 +40,33 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit import __version__
-from ftkit.errors import ConfigError
-from ftkit.train.config import TrainConfig
+from ftkit.errors import ConfigError, FtkitError
+from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
+
+if TYPE_CHECKING:
+    from ftkit.train.coordinator import StepOutcome
 
 #: Logical CPUs of the local Ray instance (more than the cores: actors ask for fractions).
 LOCAL_RAY_CPUS = 8
-STORE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
 @dataclass
 class StepReport:
-    """What the driver knows after one optimizer step (for live progress)."""
+    """What the driver knows after one committed optimizer step (for live progress)."""
 
     rollout: int
     rollouts: int
     step: int
     steps: int
-    committed: bool
+    attempts: int  # attempts the step took to commit (1 without faults)
     loss: float
     grad_norm: float
     reward: float
@@ -66,6 +74,11 @@ class StepReport:
     seconds: float
     cells_alive: int
     cells: int
+
+    @property
+    def committed(self) -> bool:
+        """Always true: a step that cannot commit ends the run (``RunFailed``) instead."""
+        return True
 
 
 @dataclass
@@ -89,20 +102,34 @@ def connect_ray(cfg: TrainConfig) -> bool:
 
     if ray.is_initialized():
         return False
-    quiet = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
+    if cfg.ray_address:  # a dead address is exit 2 within seconds, not a minute of retries
+        from ftkit.train.ray_probe import probe_ray_address
+
+        probe_ray_address(cfg.ray_address, timeout_s=5.0)
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
     try:
         if cfg.ray_address:
             ray.init(address=cfg.ray_address, **quiet)
         else:
-            ray.init(num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+            ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.ray_address or "a local Ray instance"
         raise ConfigError(
-            f"cannot connect to {where}: {exc}".splitlines()[0],
+            plain_line(f"cannot connect to {where}: {exc}"),
             hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
             "with token authentication also needs RAY_AUTH_MODE=token here",
         ) from None
     return True
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def plain_line(text: str) -> str:
+    """The first line of ``text`` without terminal colour codes (Ray colours its exception
+    texts; the event log and status.json hold plain text)."""
+    lines = _ANSI.sub("", text).splitlines()
+    return lines[0] if lines else ""
 
 
 def host_store() -> Any:
@@ -111,7 +138,8 @@ def host_store() -> Any:
     import torch.distributed as dist
 
     host = ray.util.get_node_ip_address()
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+    timeout = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
 class Driver:
@@ -126,17 +154,23 @@ class Driver:
             self.task = AdditionTask(cfg.response_len)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
-        self.cells: list[Any] = []
-        self.cell_status: dict[int, str] = {}
-        self.engines: list[Any] = []
+        self.coord: Any = None
+        self.engines: Any = None
         self.engine_totals: list[list[str]] = []
         self.rewards: list[float] = []
         self.steps_committed = 0
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
+        from ftkit.train.run_end import signals_interrupt
+
+        with signals_interrupt() as arm:
+            return self._run(arm)
+
+    def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
+        from ftkit.train.run_end import RunInterrupted, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
@@ -148,6 +182,7 @@ class Driver:
             )
         check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg)
+        arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
@@ -166,7 +201,7 @@ class Driver:
             num_engines=cfg.engines,
             ftkit_version=__version__,
         )
-        status, reason = "failed", None
+        status, reason, code = "failed", None, None
         try:
             self.store = host_store()
             self._start()
@@ -174,16 +209,21 @@ class Driver:
                 self._rollout(rollout)
             final = self._save_final()
             status = "completed"
-        except KeyboardInterrupt:
-            status, reason = "interrupted", "keyboard interrupt"
+        except RunInterrupted as exc:
+            status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
+            raise
+        except FtkitError as exc:  # RunFailed (exit 1), a ConfigError found while starting (exit 2)
+            reason, code = plain_line(exc.message), exc.exit_code
             raise
         except BaseException as exc:
-            reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
         finally:
-            self._shutdown()
+            self._shutdown(interrupted=status == "interrupted")
             self.events.emit("run_finished", status=status, reason=reason)
             self.events.close()
+            total = cfg.rollouts * cfg.steps_per_rollout
+            write_status(self.run_dir, status, reason, code, self.steps_committed, total)
             _disconnect(own_ray)
         return RunResult(
             self.run_dir,
@@ -198,37 +238,38 @@ class Driver:
         )
 
     def _start(self) -> None:
-        import ray
 
-        from ftkit.train.cells import actor_resources, start_cells
-        from ftkit.train.engines import InferenceEngine
+        from ftkit.train.cell_state import CellBook, CellState
+        from ftkit.train.cells import start_cells
+        from ftkit.train.coordinator import StepCoordinator
+        from ftkit.train.engine_pool import EnginePool
+        from ftkit.train.healing import Healer
 
         cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
         indices = list(range(cfg.cells))
+        book = CellBook(cfg.cells, self.events.emit)
         for c in indices:
-            self.cell_status[c] = "pending"
-            self._cell_state(c, "starting", "run start")
-        self.cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device)
-        res = actor_resources(self.device)
-        engine_cls = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0))(InferenceEngine)
-        self.engines = [engine_cls.remote(cfg_dict, str(self.run_dir), e) for e in range(cfg.engines)]
-        host, port = self.store.host, self.store.port
-        ray.get([ref for cell in self.cells for ref in cell.call("init_cell", host, port)])
-        self.epoch, self.alive = 0, indices
-        ray.get(
-            [ref for cell in self.cells for ref in cell.call("join_cross_cell", self.epoch, self.alive, host, port)]
-        )
+            book.transition(c, CellState.starting, "run start")
+        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device)
+        self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
+        store = (self.store.host, self.store.port)
+        if cfg.heal:
+            self.coord.healer = Healer(self.coord, cfg_dict, str(self.run_dir), self.device, store)
+        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device)
+        answers = self.coord.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
         for c in indices:
-            self._cell_state(c, "alive", "joined epoch 0")
-        self.events.emit("reconfigure", epoch=self.epoch, alive_before=[], alive_after=self.alive, reason="run start")
-        ray.get([e.ready.remote() for e in self.engines])
+            if c in answers.values:
+                book.transition(c, CellState.alive, "started")
+        for c, cause in answers.failed.items():
+            self.coord.fail(c, f"at start: {cause}")
+        self.coord.reconfigure("run start")
+        self.engines.ready()
         self._push_weights(version=0)
 
     def _rollout(self, rollout: int) -> None:
         import ray
 
         from ftkit.train import rollouts
-        from ftkit.train.microshards import assign
         from ftkit.train.rewards import get_reward
 
         cfg = self.cfg
@@ -252,121 +293,86 @@ class Driver:
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dump_what)
         for k in range(cfg.steps_per_rollout):
             step = rollout * cfg.steps_per_rollout + k
-            shards = assign(cfg.micro_shards, self.alive)
-            t0 = time.perf_counter()
-            refs = {
-                cell.index: cell.call(
-                    "train_step",
-                    rollout,
-                    step,
-                    0,
-                    self.epoch,
-                    batch_ref,
-                    shards[cell.index],
-                    dump,
-                    dump and (cfg.dump_cells == "all" or cell.index == self.alive[0]),
-                )
-                for cell in self.cells
-            }
-            results = {c: ray.get(r) for c, r in refs.items()}
-            seconds = time.perf_counter() - t0
-            self._step_done(rollout, step, results, seconds, reward)
+            self._step_done(self.coord.run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
 
     def _generate(self, rollout: int) -> dict[str, Any]:
-        import ray
-        import torch
-
-        from ftkit.train.engines import split
-
         cfg = self.cfg
         prompts = self.task.prompts(cfg.seed, rollout, cfg.samples_per_rollout // cfg.group_size)
         prompts = prompts.repeat_interleave(cfg.group_size, dim=0)
-        ranges = split(cfg.samples_per_rollout, len(self.engines))
-        refs = [eng.generate.remote(prompts[a:b], rollout, a) for eng, (a, b) in zip(self.engines, ranges) if b > a]
-        return {"prompts": prompts, "responses": torch.cat(ray.get(refs), dim=0)}
+        return {"prompts": prompts, "responses": self.engines.generate(prompts, rollout)}
 
-    def _step_done(
-        self, rollout: int, step: int, results: dict[int, list[dict]], seconds: float, reward: float
-    ) -> None:
-        """Metrics of a step from every rank's result; the step counts as committed only if
-        every rank of every cell committed it."""
+    def _step_done(self, out: StepOutcome, reward: float) -> None:
+        """Metrics and progress of a committed step."""
         cfg = self.cfg
-        committed = all(r["committed"] for rs in results.values() for r in rs)
-        self.steps_committed += committed
-        # Every rank reports the whole step's loss (summed over all micro-shards across
-        # cells), grad norm and learned tokens; the first live cell's rank 0 speaks for all.
-        first = results[self.alive[0]][0]
-        loss, grad_norm, tokens = first["loss"], first["grad_norm"], first["tokens"]
-        tps = tokens / seconds if seconds > 0 else 0.0
+        self.steps_committed += 1
+        tps = out.tokens / out.seconds if out.seconds > 0 else 0.0
         self.events.emit(
             "metric",
-            rollout=rollout,
-            step=step,
-            values={"loss": loss, "grad_norm": grad_norm, "tokens_per_s": tps, "step_seconds": seconds},
+            rollout=out.rollout,
+            step=out.step,
+            values={
+                "loss": out.loss,
+                "grad_norm": out.grad_norm,
+                "tokens_per_s": tps,
+                "step_seconds": out.seconds,
+                "attempts": float(out.attempts),
+            },
         )
         self.events.sync()
         self.on_step(
             StepReport(
-                rollout,
+                out.rollout,
                 cfg.rollouts,
-                step,
+                out.step,
                 cfg.rollouts * cfg.steps_per_rollout,
-                committed,
-                loss,
-                grad_norm,
+                out.attempts,
+                out.loss,
+                out.grad_norm,
                 reward,
                 tps,
-                seconds,
-                len(self.alive),
+                out.seconds,
+                out.cells_alive,
                 cfg.cells,
             )
         )
 
     def _push_weights(self, version: int) -> None:
         """Export the first live cell's weights, fingerprint them, load them on every engine."""
-        import ray
-
         from ftkit.tensors.fingerprint import fingerprint_tensors
 
-        first = self._cell(self.alive[0])
-        state = ray.get(first.call("export_weights"))[0]
+        state = self.coord.on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
         total, params = fingerprint_tensors(state)
         self.events.emit("weights_sent", rollout=version, version=version, total=total, params=params)
-        ref = ray.put(state)
-        self.engine_totals.append(ray.get([e.load_weights.remote(ref, version, version) for e in self.engines]))
+        self.engine_totals.append(self.engines.load(state, version))
 
     def _save_final(self) -> list[str]:
-        import ray
-
-        first = self._cell(self.alive[0])
-        return sorted(p for paths in ray.get(first.call("save_final", str(self.run_dir))) for p in paths)
+        paths = self.coord.on_first_cell("the final save", lambda cell: cell.save_final(str(self.run_dir)))
+        return sorted(p for rank_paths in paths for p in rank_paths)
 
     # --- helpers ------------------------------------------------------------------------
-    def _cell(self, index: int) -> Any:
-        return next(c for c in self.cells if c.index == index)
-
-    def _cell_state(self, cell: int, new: str, reason: str) -> None:
-        old, self.cell_status[cell] = self.cell_status[cell], new
-        self.events.emit("cell_state", cell=cell, old=old, new=new, reason=reason)
-
-    def _shutdown(self) -> None:
-        """Flush every actor's event log, then kill the actors and release the groups."""
+    def _shutdown(self, interrupted: bool) -> None:
+        """Flush every actor's event log (briefly when interrupted), then kill the actors."""
         import ray
 
-        refs = [ref for cell in self.cells for ref in cell.call("shutdown")]
-        refs += [e.shutdown.remote() for e in self.engines]
-        with contextlib.suppress(Exception):  # an actor or group already gone is fine
-            ray.get(refs, timeout=60)
-        for cell in self.cells:
-            cell.kill()
-        for c, state in self.cell_status.items():
-            if state in ("alive", "starting"):
-                self._cell_state(c, "stopped", "run end")
-        for e in self.engines:
+        from ftkit.train.cell_state import CellState
+
+        flush_s = 5.0 if interrupted else 60.0
+        coord = self.coord
+        if coord is not None:
+            if coord.healer is not None:
+                coord.healer.give_up()
+            live = [cell for c, cell in coord.cells.items() if coord.book.state[c] == CellState.alive]
             with contextlib.suppress(Exception):  # an actor or group already gone is fine
-                ray.kill(e, no_restart=True)
-        self.cells, self.engines = [], []
+                ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
+            for cell in coord.cells.values():
+                cell.kill()
+            reason = "interrupted" if interrupted else "run end"
+            left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
+            for c in coord.book.in_state(*left):
+                coord.book.transition(c, CellState.stopped, reason)
+        if self.engines is not None:
+            self.engines.shutdown(flush_s)
 
 
 def _cuda_available() -> bool:

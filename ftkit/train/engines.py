@@ -6,10 +6,12 @@ engine). Each holds a TP=1 megatron-core ``GPTModel`` (``build_gpt`` after
 
 Contract:
 
-* ``load_weights(state, version, rollout)`` copies every parameter of the model from ``state`` (the
+* ``load_weights(state, version, rollout, attempt=0)`` copies every parameter of the model from ``state`` (the
   names of the TP=1 model's ``named_parameters``, exactly: a missing or extra name raises),
   then fingerprints what the model *holds* afterwards and emits ``engine_weights``; it returns
-  the fingerprint total, which must equal the driver's ``weights_sent`` fingerprint.
+  the fingerprint total, which must equal the driver's ``weights_sent`` fingerprint. The
+  ``during_weight_sync`` fault point is between the copy and the fingerprint
+  (``corrupt-engine`` flips one bit of the loaded weights: FT102 reports it).
 * ``generate(prompts, rollout, first_index)`` samples ``response_len`` tokens per prompt.
   Sample ``i`` (its global index in the rollout, ``first_index + row``) draws from the stream
   ``("sample", seed, rollout, i)`` and the model runs on fixed chunks of ``GEN_CHUNK``
@@ -69,14 +71,19 @@ class InferenceEngine:
             cell=None,
             rank=engine,
         )  # file engine-r<engine>-i<n>.jsonl
+        from ftkit.train.fault_points import injector_for
+
+        self.faults = injector_for(self.cfg, self.events, "engine", engine=engine)
 
     def ready(self) -> int:
         """Returns the engine index once constructed (lets the driver wait for startup)."""
         return self.engine
 
-    def load_weights(self, state: dict[str, Any], version: int, rollout: int) -> str:
+    def load_weights(self, state: dict[str, Any], version: int, rollout: int, attempt: int = 0) -> str:
         """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
-        emit ``engine_weights`` and return the fingerprint total of what the model holds."""
+        emit ``engine_weights`` and return the fingerprint total of what the model holds.
+        ``attempt``: how many times this version was sent to this engine index before (a
+        restarted engine is re-sent it), the ``during_weight_sync`` fault point's attempt."""
         import torch
 
         from ftkit.tensors.fingerprint import fingerprint_tensors
@@ -96,6 +103,14 @@ class InferenceEngine:
                         f"the model holds {p.dtype}{tuple(p.shape)}"
                     )
                 p.copy_(src)
+            sync_step = version * self.cfg.steps_per_rollout
+            if (
+                self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
+                == "corrupt-engine"
+            ):
+                from ftkit.train.faults import flip_bit
+
+                flip_bit(next(iter(params.values())))
         total, per_tensor = fingerprint_tensors({n: p.detach() for n, p in params.items()})
         self.version = version
         self.events.emit(

@@ -77,6 +77,7 @@ class StagePipeline:
             dist.recv(grad, src=self.next)
             out.backward(grad)
         if inp is not None:
+            assert inp.grad is not None  # inp requires grad and the backward above reached it
             dist.send(inp.grad.contiguous(), dst=self.prev)
             self.model.set_input_tensor(None)
         return value
@@ -112,6 +113,7 @@ def export_cell(model: Any) -> dict[str, Any]:
     )
     if not first or dist.get_rank() != 0:
         return {}
+    assert parts is not None  # gathered on the first stage
     merged: dict[str, Any] = {}
     for part in parts:  # stage order = model order
         merged.update(part)

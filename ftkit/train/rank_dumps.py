@@ -49,7 +49,7 @@ class RankDumps:
         )
 
     @contextlib.contextmanager
-    def micro_shard(self, rollout: int, step: int, shard: int, enabled: bool) -> Iterator[None]:
+    def micro_shard(self, rollout: int, step: int, shard: int, enabled: bool, attempt: int = 0) -> Iterator[None]:
         """Capture the forward/backward run inside the block and write it (when ``enabled``)."""
         acts, grads = "activations" in self.what, "grads" in self.what
         if not enabled or not (acts or grads):
@@ -71,11 +71,15 @@ class RankDumps:
             meta=self._meta(),
         )
         cap.write_to(dw, step=step, micro_shard=shard)
+        self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
         self._announce(rollout, dw.write())
 
-    def replicated(self, rollout: int, step: int, enabled: bool, before_step: bool) -> None:
+    def replicated(
+        self, rollout: int, step: int, enabled: bool, before_step: bool, write: bool = True, attempt: int = 0
+    ) -> None:
         """Before the optimizer step: record weights (first step) and the reduced gradients.
-        After it: on the rollout's last step, write the file."""
+        After it, on the rollout's last step: write the file when ``write`` (else drop the
+        record: every live cell records, the driver picks one that saw the whole rollout)."""
         if not enabled:
             return
         from ftkit.tensors.sharding import param_sharding
@@ -94,7 +98,8 @@ class RankDumps:
             return
         if k == cfg.steps_per_rollout - 1 and rollout in self._replicated:
             dw = self._replicated.pop(rollout)
-            if len(dw):
+            if write and len(dw):
+                self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
                 self._announce(rollout, dw.write())
 
     def _writer(self, rollout: int) -> Any:

@@ -1,4 +1,5 @@
-"""The state of one rank: naming, fingerprints, TP-gathered export and the final state file.
+"""The state of one rank: naming, fingerprints, TP-gathered export and the final state file
+(the state itself is read by ``ftkit.train.state_codec.capture``).
 
 Names (shared by fingerprints, the final state and dumps):
 
@@ -18,30 +19,13 @@ from typing import Any
 FINAL_SCHEMA = "ftkit.final-state/1"
 
 
-def param_tensors(model: Any) -> dict[str, Any]:
-    """``{name: parameter}`` of the model (detached views, no copy)."""
-    return {name: p.detach() for name, p in model.named_parameters()}
-
-
-def optimizer_tensors(model: Any, optimizer: Any) -> dict[str, Any]:
-    """``{<param>.<key>: tensor}`` of every tensor-valued optimizer state entry."""
-    import torch
-
-    out: dict[str, Any] = {}
-    for name, p in model.named_parameters():
-        for key, value in sorted(optimizer.state.get(p, {}).items()):
-            if isinstance(value, torch.Tensor):
-                out[f"{name}.{key}"] = value.detach()
-    return out
-
-
 def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[str, dict[str, str], dict[str, str]]:
     """``(total, params, optimizer)``: per-tensor fingerprints and one state fingerprint.
 
     ``total`` combines both maps with ``param/`` and ``optimizer/`` name prefixes, so a
     parameter and an optimizer tensor can never stand in for each other. ``named``: the
     model's ``(name, parameter)`` pairs when the caller keeps them (saves walking the module
-    tree every step); the names are those of ``param_tensors`` and ``optimizer_tensors``.
+    tree every step); the names are those of ``state_codec.capture``.
     """
     import torch
 
@@ -82,6 +66,7 @@ def export(model: Any) -> dict[str, Any]:
         if not sh.is_split:
             out[name] = p.detach().cpu().clone()
             continue
+        assert sh.dim is not None  # a split sharding has a dim
         local = p.detach().contiguous()
         parts = [torch.empty_like(local) for _ in range(tp_size)]
         dist.all_gather(parts, local, group=group)
@@ -95,14 +80,18 @@ def final_path(run_dir: str | Path, tp: int, pp: int) -> Path:
     return Path(run_dir) / "final" / f"tp{tp}-pp{pp}.safetensors"
 
 
-def save_final(run_dir: str | Path, model: Any, optimizer: Any, tp: int, pp: int, meta: dict[str, str]) -> Path:
-    """Write this rank's parameters (``model.<name>``) and optimizer state
-    (``optimizer.<param>.<key>``) atomically to ``final_path``; returns the path."""
+def save_final(run_dir: str | Path, state: Any, tp: int, pp: int, meta: dict[str, str]) -> Path:
+    """Write a rank's ``RankState`` (``ftkit.train.state_codec``: the one definition of a rank's
+    state) atomically to ``final_path``: its parameters as ``model.<name>`` and its optimizer
+    state as ``optimizer.<param>.<key>``, its step and rollout counters in the metadata
+    (``step``, ``rollout``); returns the path. The witness table and the RNG state are not
+    part of the final state (they carry no learned value)."""
     from ftkit.tensors.st import write_safetensors_atomic
 
-    tensors = {f"model.{n}": t for n, t in param_tensors(model).items()}
-    tensors.update({f"optimizer.{n}": t for n, t in optimizer_tensors(model, optimizer).items()})
+    tensors = {f"model.{n}": t for n, t in state.params.items()}
+    tensors.update({f"optimizer.{n}": t for n, t in state.optimizer.items()})
+    counters = {k: str(v) for k, v in state.counters.items()}
     path = final_path(run_dir, tp, pp)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_safetensors_atomic(path, tensors, metadata={"schema": FINAL_SCHEMA, **meta})
+    write_safetensors_atomic(path, tensors, metadata={"schema": FINAL_SCHEMA, **meta, **counters})
     return path

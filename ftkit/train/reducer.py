@@ -27,9 +27,8 @@ decision: every cell sees the same flags and the same integers, so every cell re
 ``reduce_float`` sums the cell's micro-shards in float32 and all-reduces SUM in float32: fast,
 but the bits depend on the grouping (not invariant).
 
-``CrossCellGroup`` is the per-rank-position group over the alive cells, built directly on a
-``PrefixStore(f"xcell/e{epoch}/r{rank}", store)`` (gloo on CPU, NCCL on CUDA): it is outside
-the cell's own torch.distributed world, so ``new_group`` cannot make it.
+The collectives themselves (``allreduce(tensor, op)``) come from the caller: in training, a
+``ftkit.train.crosscell.CrossCellLink`` over the alive cells of the epoch.
 """
 
 from __future__ import annotations
@@ -317,53 +316,3 @@ def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:
     import torch
 
     return local if bool(torch.isfinite(local).all()) else None
-
-
-class CrossCellGroup:
-    """The process group of one rank position (tp, pp) across the alive cells of an epoch.
-
-    ``alive`` is the set of live cells; this cell's rank in the group is its index in the
-    sorted alive list. On CPU a ``ProcessGroupGloo``; on CUDA a ``ProcessGroupNCCL`` (host
-    tensors are copied to the device for the collective and back).
-    """
-
-    def __init__(
-        self,
-        store: Any,
-        epoch: int,
-        rank: int,
-        cell: int,
-        alive: Sequence[int],
-        device: str = "cpu",
-        timeout_s: float = 300.0,
-    ) -> None:
-        import datetime
-
-        import torch.distributed as dist
-
-        members = sorted(set(alive))
-        if cell not in members:
-            raise ValueError(f"cell {cell} is not in the alive set {members}")
-        self.members = members
-        self.device = device
-        prefixed = dist.PrefixStore(f"xcell/e{epoch}/r{rank}", store)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        if device == "cuda":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            self.pg = dist.ProcessGroupNCCL(prefixed, members.index(cell), len(members), opts)
-        else:
-            self.pg = dist.ProcessGroupGloo(prefixed, members.index(cell), len(members), timeout)
-
-    def allreduce(self, tensor: Any, op: str) -> None:
-        """In-place all-reduce of ``tensor`` with ``op`` ("sum" or "max") across the group."""
-        import torch.distributed as dist
-
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
-        if self.device == "cuda" and not tensor.is_cuda:  # NCCL needs device memory
-            dev = tensor.cuda()
-            self.pg.allreduce([dev], opts).wait()
-            tensor.copy_(dev.cpu())
-        else:
-            self.pg.allreduce([tensor], opts).wait()

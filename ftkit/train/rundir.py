@@ -1,17 +1,33 @@
 """The run directory of ``ftkit train``: checking, creating and describing it (``run.json``).
 
-``check_run_dir`` has no side effects and runs before anything is started;
-``make_run_dir`` then creates the directory fresh, replacing an old run only with
-``overwrite`` and only if it holds a ``run.json`` (ftkit never deletes a directory it did
-not write); ``write_run_json`` records what reproduces the run. The rest of the layout
-(``events/``, ``rollouts/``, ``dumps/``, ``final/``) is written by the parts that own it; see
-docs/train.md.
+``check_run_dir`` has no lasting side effects and runs before anything is started (Ray
+included). It refuses, with a ``UsageError`` (exit 2):
+
+- an ``--out`` that is a symbolic link, or exists and is not a directory;
+- an ``--out`` that cannot be created or written: a name longer than the file system allows,
+  a place below ``/proc`` or on a read-only file system, a parent that is not writable
+  (proved by creating and removing a probe directory where the run will be written);
+- an existing, non-empty ``--out`` without ``overwrite``;
+- with ``overwrite``, any directory that is not recognisably an ftkit run: its ``run.json``
+  must be a JSON object written by ftkit (``schema`` ``ftkit.run/...``, ``ftkit_version``,
+  ``config``), and it must hold nothing but what ftkit writes (``RUN_AREAS``, each with the
+  file kinds ftkit puts there, and ftkit's hidden temporary names). Anything else -- a
+  stray file, a symlink, an unknown kind of file -- means it is not replaced, and nothing
+  is deleted.
+
+``make_run_dir`` then creates the directory fresh, replacing an old run only when allowed;
+``write_run_json`` records what reproduces the run. The rest of the layout (``events/``,
+``rollouts/``, ``dumps/``, ``final/``, ``checkpoints/``) is written by the parts that own it;
+see docs/train.md.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,31 +36,145 @@ from ftkit import __version__
 from ftkit.errors import UsageError
 
 RUN_SCHEMA = "ftkit.run/1"
+RUN_JSON = "run.json"
+# What ftkit writes below a run directory: area -> file name endings found there.
+RUN_AREAS: dict[str, tuple[str, ...]] = {
+    "events": (".jsonl", ".jsonl.gz"),
+    "rollouts": (".safetensors",),
+    "final": (".safetensors",),
+    "dumps": (".safetensors", ".json"),
+    "checkpoints": (".safetensors", ".json"),
+}
+_LINKS = {("checkpoints", "latest")}  # the only symlinks ftkit makes (checkpoints/latest)
+_TEMP_MARKS = (".tmp-", ".tmp", ".deleting-")  # hidden names of ftkit's temporaries
+_HINT = "choose another --out"
 
 
 def check_run_dir(out: Path, overwrite: bool) -> None:
-    """Refuse ``out`` if it exists and is not empty, unless ``overwrite`` and it holds a
-    ``run.json`` (ftkit never deletes a directory it did not write). No side effects."""
+    """Refuse an ``out`` that cannot hold a new run (see the module doc). No lasting effects."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise UsageError(
-                f"run directory {out} already exists", hint="pass --overwrite to replace it, or choose another --out"
-            )
-        if not (out / "run.json").is_file():
-            raise UsageError(
-                f"{out} exists and is not an ftkit run directory (no run.json); not replacing it",
-                hint="choose another --out",
-            )
+    _check_name(out)
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a symbolic link; ftkit does not write through links", hint=_HINT)
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out} exists and is not a directory", hint=_HINT)
+        if any(out.iterdir()):
+            if not overwrite:
+                raise UsageError(
+                    f"run directory {out} already exists",
+                    hint="pass --overwrite to replace it, or choose another --out",
+                )
+            reason = not_a_run(out)
+            if reason:
+                raise UsageError(f"{out} is not an ftkit run directory ({reason}); not replacing it", hint=_HINT)
+            _probe(out.parent if str(out.parent) else Path("."), out)
+        _probe(out, out)
+    else:
+        _probe(_existing_ancestor(out), out)
+
+
+def not_a_run(path: Path) -> str | None:
+    """Why ``path`` is not recognisably a run directory written by ftkit, or None if it is."""
+    try:
+        doc = json.loads((path / RUN_JSON).read_bytes())
+    except FileNotFoundError:
+        return f"no {RUN_JSON}"
+    except (OSError, ValueError, RecursionError) as exc:
+        return f"{RUN_JSON} is unreadable: {type(exc).__name__}"
+    if not (
+        isinstance(doc, dict)
+        and str(doc.get("schema", "")).startswith("ftkit.run/")
+        and isinstance(doc.get("ftkit_version"), str)
+        and isinstance(doc.get("config"), dict)
+    ):
+        return f"{RUN_JSON} was not written by ftkit"
+    for entry in path.iterdir():
+        if entry.name == RUN_JSON or _is_temp(entry.name):
+            continue
+        if entry.name not in RUN_AREAS or entry.is_symlink() or not entry.is_dir():
+            return f"it holds {entry.name!r}, which ftkit does not write there"
+        stray = _stray(entry, entry.name)
+        if stray is not None:
+            return f"it holds {stray.relative_to(path)}, which ftkit does not write"
+    return None
+
+
+def _stray(area_dir: Path, area: str) -> Path | None:
+    """The first entry below ``area_dir`` that ftkit would not have written, if any."""
+    endings = RUN_AREAS[area]
+    for root, dirs, files in os.walk(area_dir):
+        here = Path(root)
+        for name in dirs + files:
+            entry = here / name
+            if _is_temp(name):
+                continue
+            if entry.is_symlink():
+                if here == area_dir and (area, name) in _LINKS:
+                    continue
+                return entry
+            if name in files and not name.endswith(endings):
+                return entry
+    return None
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and any(mark in name for mark in _TEMP_MARKS)
+
+
+def _check_name(out: Path) -> None:
+    absolute = Path(os.path.abspath(out))
+    base = _existing_ancestor(absolute)
+    try:
+        name_max = os.pathconf(base, "PC_NAME_MAX")
+        path_max = os.pathconf(base, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    for part in absolute.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UsageError(f"--out {out}: a path component is longer than {name_max} bytes", hint=_HINT)
+    if len(os.fsencode(str(absolute))) >= path_max:
+        raise UsageError(f"--out {out}: the path is longer than {path_max} bytes", hint=_HINT)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    current = Path(os.path.abspath(path))
+    while not _exists(current) and current != current.parent:
+        current = current.parent
+    return current
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # ENAMETOOLONG and the like: as good as absent
+        return False
+
+
+def _probe(where: Path, out: Path) -> None:
+    """Create and remove a hidden directory in ``where``: proves the run can be written there."""
+    if not where.is_dir():
+        raise UsageError(f"cannot create --out {out}: {where} is not a directory", hint=_HINT)
+    try:
+        probe = tempfile.mkdtemp(prefix=".ftkit-probe.tmp-", dir=where)
+        os.rmdir(probe)
+    except OSError as exc:
+        why = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied"}.get(
+            exc.errno or 0, exc.strerror or str(exc)
+        )
+        raise UsageError(f"cannot create --out {out}: {where} is not writable ({why})", hint=_HINT) from None
 
 
 def make_run_dir(out: Path, overwrite: bool) -> Path:
     """Create ``out`` fresh (after ``check_run_dir``), replacing an old run when allowed."""
     out = Path(out)
     check_run_dir(out, overwrite)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and any(out.iterdir()):
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create --out {out}: {exc.strerror or exc}", hint=_HINT) from None
     return out
 
 

@@ -1,59 +1,81 @@
 """``RankWorker``: one megatron rank of one cell (the driver wraps it with ``ray.remote``).
 
-Lifecycle (docs/architecture.md, "Training"; the exactness design is docs/training.md)::
+Lifecycle (docs/architecture.md, "Training"; the exactness design is docs/training.md, the
+fault handling docs/faults.md)::
 
     w = RankWorker(cfg_dict, run_dir, cell, rank, incarnation)    # cheap, no side effects
-    w.init_cell(host, port)          # the cell's world, megatron state, model, optimizer, witness, events
-    w.join_cross_cell(epoch, alive, host, port)   # the rank position's group over the alive cells
-    w.train_step(rollout, step, attempt, epoch, batch, shards, dump, dump_replicated) -> dict
-    w.export_weights() / w.save_final(run_dir) / w.shutdown()
+    w.init_cell(host, port) -> pid   # the cell's world, megatron state, model, optimizer, witness, events
+    w.configure(epoch, alive)        # the rank position's cross-cell group over the alive cells
+    w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
+    w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
+    w.discard(step, attempt)                           # phase 2, when anything failed
+    w.donor_state() / w.load_state(...)    # heal: the state codec, from a live donor to a restarted rank
+    w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
 
-``train_step`` is collective twice over: inside the cell (megatron TP all-reduces) and across
-cells (the reducer). Every rank of every alive cell must call it for the same step with the
-same ``epoch``. ``batch`` is the rollout's batch (``samples_per_rollout`` rows; the worker takes
-step ``step % steps_per_rollout``'s slice) or already that step's slice; ``step`` is the
-run-global step ``rollout * steps_per_rollout + k``. ``shards`` are the micro-shards this
-cell computes (``microshards.assign``).
-
-A step commits only when the reduction succeeded (finite everywhere, a collective decision);
-otherwise the worker emits ``grad_nonfinite`` and ``step_outcome`` ``discarded`` and leaves
-parameters and optimizer state untouched. Nothing is imported at module level beyond the
-standard library and ftkit's light modules, so Ray can pickle the class cheaply.
+``compute_reduce`` is collective twice over: inside the cell (megatron TP all-reduces) and
+across cells (the reducer). Every rank of every alive cell must call it for the same step
+with the same ``epoch``; a cross-cell failure raises ``CollectiveError`` (the driver then
+discards and reconfigures). ``batch`` is the rollout's batch (``samples_per_rollout`` rows;
+the worker takes step ``step % steps_per_rollout``'s slice) or already that step's slice.
+Nothing is stepped until ``commit``: the reduced gradient waits in the rank, and ``discard``
+drops it, leaving parameters and optimizer state untouched. A non-finite reduction is a
+collective decision (``Reduced.finite`` is the same on every cell; ``grad_nonfinite`` is
+emitted). Nothing is imported at module level beyond the standard library and ftkit's light
+modules, so Ray can pickle the class cheaply.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ftkit.train.step_types import Committed, HealReport, Reduced, StepTask
+
+
+@dataclass
+class _Pending:
+    """A reduced step waiting for the driver's decision."""
+
+    task: StepTask
+    reduced: Any  # the flat reduced gradient, None when non-finite
+    witness_ids: list[int]
+    loss: float
+    tokens: int
 
 
 class RankWorker:
     """One rank (``rank`` = its rank in the cell's world of ``tp * pp``) of cell ``cell``."""
 
-    def __init__(self, cfg: dict, run_dir: str, cell: int, rank: int, incarnation: int) -> None:
+    def __init__(self, cfg: dict[str, Any], run_dir: str, cell: int, rank: int, incarnation: int) -> None:
         self.cfg_dict = dict(cfg)
         self.run_dir = str(run_dir)
         self.cell, self.rank, self.incarnation = int(cell), int(rank), int(incarnation)
-        self._store: Any = None
-        self._store_addr: tuple[str, int] | None = None
-        self.xgroup: Any = None
-        self.epoch: int | None = None
+        self.link: Any = None
         self._rows_buf: Any = None
+        self._pending: _Pending | None = None
+        self._started: StepTask | None = None  # the attempt compute_reduce last began
+        self.counters = {"step": -1, "rollout": -1}  # the last committed step and its rollout
         self.events: Any = None
 
     # --- setup -----------------------------------------------------------------------
-    def init_cell(self, store_host: str, store_port: int) -> None:
+    def init_cell(self, store_host: str, store_port: int) -> int:
         """Join the cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the
         driver's TCPStore), initialise megatron parallel state and build model, optimizer,
-        witness and event writer."""
+        witness, event writer, fault injector and cross-cell link; returns this process's pid."""
+        import datetime
+
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism
-        from ftkit.train.config import TrainConfig
+        from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
+        from ftkit.train.crosscell import CrossCellLink
+        from ftkit.train.fault_points import injector_for
         from ftkit.train.reducer import ExactReducer, GradLayout
         from ftkit.train.witness import WitnessTable
 
@@ -62,12 +84,14 @@ class RankWorker:
         configure_determinism(cfg.threads_per_rank)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
-        store = self._client_store(store_host, store_port)
+        startup = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
+        store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=startup)
         dist.init_process_group(
             "nccl" if self.device == "cuda" else "gloo",
             store=dist.PrefixStore(f"cell{self.cell}/inc{self.incarnation}", store),
             rank=self.rank,
             world_size=cfg.tp * cfg.pp,
+            timeout=startup,
         )
         ps.initialize_model_parallel(cfg.tp, cfg.pp, create_gloo_process_groups=False)
         self.tp_rank = ps.get_tensor_model_parallel_rank()
@@ -96,72 +120,63 @@ class RankWorker:
             rank=self.rank,
             incarnation=self.incarnation,
         )
+        self.faults = injector_for(cfg, self.events, "trainer", cell=self.cell, rank=self.rank)
+        link_store = dist.TCPStore(
+            store_host, int(store_port), is_master=False, timeout=datetime.timedelta(seconds=cfg.collective_timeout)
+        )
+        self.link = CrossCellLink(link_store, self.rank, self.cell, self.device, cfg.collective_timeout)
         from ftkit.train.rank_dumps import RankDumps
 
         self.dumps = RankDumps(self)
         from ftkit.train.pipeline import StagePipeline
 
         self.pipe = StagePipeline(self.model, self.device) if cfg.pp > 1 else None
+        return os.getpid()
 
-    def _client_store(self, host: str, port: int) -> Any:
-        import datetime
+    def configure(self, epoch: int, alive: list[int]) -> None:
+        """Join the cross-cell group of ``epoch`` over ``alive`` (``CrossCellLink.configure``);
+        a step still held from an older epoch is dropped."""
+        self._pending = self._started = None
+        self.link.configure(epoch, alive)
 
-        import torch.distributed as dist
+    # --- one optimizer step: phase 1 --------------------------------------------------
+    def compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
+        """Compute ``task.shards`` and reduce across cells; hold the result for phase 2.
 
-        if self._store_addr != (host, int(port)):
-            self._store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=300))
-            self._store_addr = (host, int(port))
-        return self._store
-
-    def join_cross_cell(self, epoch: int, alive: list[int], store_host: str, store_port: int) -> None:
-        """Build this rank position's group over ``alive`` (prefix ``xcell/e{epoch}/r{rank}``)."""
-        from ftkit.train.reducer import CrossCellGroup
-
-        self.epoch = int(epoch)
-        self.alive = sorted(set(alive))
-        self.xgroup = CrossCellGroup(
-            self._client_store(store_host, store_port),
-            epoch=self.epoch,
-            rank=self.rank,
-            cell=self.cell,
-            alive=self.alive,
-            device=self.device,
-        )
-
-    # --- one optimizer step ----------------------------------------------------------
-    def train_step(
-        self,
-        rollout: int,
-        step: int,
-        attempt: int,
-        epoch: int,
-        batch: dict,
-        shards: list[int],
-        dump: bool = False,
-        dump_replicated: bool = False,
-    ) -> dict:
-        """Compute ``shards``, reduce across cells, count witnesses, step the optimizer.
-
-        Returns ``{"committed", "loss", "grad_norm", "tokens", "total"}`` (``total``: the
-        state fingerprint after the step, ``None`` without bookkeeping or when discarded).
-        ``loss`` is the step's loss summed over all micro-shards (the same on every cell).
+        ``Reduced.loss`` is the step's loss summed over all micro-shards (the same on every
+        cell). Raises ``CollectiveError`` when the cross-cell reduction fails. Any other
+        error drops this rank's cross-cell group first, so that its peers' collectives fail
+        at once instead of waiting out the collective timeout.
         """
+        from ftkit.train.crosscell import CollectiveError
+
+        try:
+            return self._compute_reduce(task, batch)
+        except CollectiveError:
+            raise
+        except BaseException:
+            self.link.abort()
+            raise
+
+    def _compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
         import torch
 
         from ftkit.train.loss import step_tokens
         from ftkit.train.microshards import shard_seed, shard_slices
         from ftkit.train.reducer import reduce_float
 
-        cfg = self.cfg
-        if self.xgroup is None or epoch != self.epoch:
+        cfg, faults = self.cfg, self.faults
+        at = {"step": task.step, "attempt": task.attempt, "rollout": task.rollout}
+        if task.epoch != self.link.epoch:
             raise RuntimeError(
-                f"train_step for epoch {epoch} but the cross-cell group is for "
-                f"epoch {self.epoch}: call join_cross_cell first"
+                f"step {task.step} for epoch {task.epoch} but the cross-cell group is for "
+                f"epoch {self.link.epoch}: call configure first"
             )
-        data = self._step_batch(rollout, step, batch)
-        mine = sorted(int(m) for m in shards)
+        self._pending, self._started = None, task
+        data = self._step_batch(task.rollout, task.step, batch)
+        mine = sorted(int(m) for m in task.shards)
         if not mine or mine[0] < 0 or mine[-1] >= cfg.micro_shards or len(set(mine)) != len(mine):
-            raise ValueError(f"micro-shards {shards} are not distinct indices in [0, {cfg.micro_shards})")
+            raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.micro_shards})")
         norm = step_tokens(data["loss_mask"])
         if self.witness is not None:
             data["witness_rows"] = self.witness.rows(data["witness_ids"])
@@ -171,57 +186,93 @@ class RankWorker:
         # bookkeeping (kept apart for the exact reduction), one shared row without.
         rows = self._rows(len(mine) if keep else 1)
         losses = torch.zeros(cfg.micro_shards, dtype=torch.float64)
+        poison = faults.at("before_forward", **at)
         for i, m in enumerate(mine):
             self._bind_grads(rows[i if keep else 0])
-            self._seed(shard_seed(cfg.seed, rollout, step, m))
+            self._seed(shard_seed(cfg.seed, task.rollout, task.step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
-            with self.dumps.micro_shard(rollout, step, m, dump):
+            mid = self._mid_backward(at) if i == 0 else None
+            with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
                 losses[m] = float(self._forward_backward(part, norm))
+            if mid is not None:
+                mid[1].remove()
+                poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
+        poison = poison or faults.at("before_reduce", **at)
+        if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
+            rows[0, 0] = math.nan
         if self.pipe is not None:  # only the last stage computed the losses
             self.pipe.share_losses(losses)
+        allreduce = self._faulty_allreduce(at)
         # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
         # exact; the exact reduction carries it in its own integer collective.
         if keep and cfg.reduce == "exact":
-            reduced = self.reducer.reduce(rows, self.xgroup.allreduce, side=losses)
+            reduced = self.reducer.reduce(rows, allreduce, side=losses)
             if reduced is None:
-                self.xgroup.allreduce(losses, "sum")
+                allreduce(losses, "sum")
         else:
-            reduced = reduce_float(rows, self.xgroup.allreduce)
-            self.xgroup.allreduce(losses, "sum")
-        result = {
-            "committed": False,
-            "loss": float(losses.sum()),
-            "grad_norm": math.nan,
-            "tokens": int(data["loss_mask"].sum()),
-            "total": None,
-        }
-        ev = self.events
+            reduced = reduce_float(rows, allreduce)
+            allreduce(losses, "sum")
+        faults.at("after_reduce", **at)
+        tokens = int(data["loss_mask"].sum())
         if reduced is None:
-            ev.emit(
-                "grad_nonfinite", rollout=rollout, step=step, cell=self.cell, rank=self.rank, where="reduced gradient"
-            )
-            ev.emit(
-                "step_outcome",
-                rollout=rollout,
-                step=step,
-                attempt=attempt,
-                epoch=epoch,
+            self.events.emit(
+                "grad_nonfinite",
+                rollout=task.rollout,
+                step=task.step,
                 cell=self.cell,
                 rank=self.rank,
-                outcome="discarded",
-                micro_shards=mine,
+                where="reduced gradient",
             )
-            ev.sync(wait=False)  # the next emit waits for this fsync
-            return result
-        grads = self.layout.unflatten(reduced)
+        ids = data["witness_ids"].tolist()
+        self._pending = _Pending(task, reduced, ids, float(losses.sum()), tokens)
+        return Reduced(self.cell, self.rank, task.step, task.attempt, reduced is not None, float(losses.sum()), tokens)
+
+    def _mid_backward(self, at: dict[str, int]) -> tuple[list[str | None], Any] | None:
+        """The ``mid_backward`` fault point as a gradient hook on the first parameter (its
+        gradient comes last in the backward pass, so the rest is already computed): the
+        kinds it returned and the hook handle. ``None`` when no fault is armed (no hook)."""
+        from ftkit.train.fault_points import NoFaults
+
+        if isinstance(self.faults, NoFaults):
+            return None
+        kinds: list[str | None] = []
+
+        def hook(grad: Any) -> None:
+            kinds.append(self.faults.at("mid_backward", **at))
+
+        return kinds, self.params[0][1].register_hook(hook)
+
+    def _faulty_allreduce(self, at: dict[str, int]) -> Any:
+        """The link's all-reduce, with the ``during_reduce`` point before its second call
+        (between the exact reduction's exponent and integer collectives)."""
+        calls = [0]
+
+        def allreduce(tensor: Any, op: str) -> None:
+            calls[0] += 1
+            if calls[0] == 2:
+                self.faults.at("during_reduce", **at)
+            self.link.allreduce(tensor, op)
+
+        return allreduce
+
+    # --- one optimizer step: phase 2 --------------------------------------------------
+    def commit(self, step: int, attempt: int, write_dumps: bool = True) -> Committed:
+        """Step the optimizer with the held reduced gradient; emit ``witness_counts``,
+        ``step_outcome`` committed and ``state_fingerprint``. ``write_dumps``: this cell writes
+        the rollout's replicated dump (when it is the rollout's last step)."""
+        pend = self._take(step, attempt)
+        if pend.reduced is None:
+            raise RuntimeError(f"step {step} attempt {attempt} was not finite everywhere: it cannot commit")
+        task, ev = pend.task, self.events
+        grads = self.layout.unflatten(pend.reduced)
         for name, p in self.params:
             p.grad = grads[name]
         if self.witness is not None:
-            ids, counts, contribs = self.witness.read(grads["witness"], data["witness_ids"].tolist())
+            ids, counts, contribs = self.witness.read(grads["witness"], pend.witness_ids)
             ev.emit(
                 "witness_counts",
-                rollout=rollout,
+                rollout=task.rollout,
                 step=step,
                 attempt=attempt,
                 cell=self.cell,
@@ -230,42 +281,74 @@ class RankWorker:
                 counts=counts,
                 contributions=contribs,
             )
-        result["grad_norm"] = self._grad_norm(reduced)
-        self.dumps.replicated(rollout, step, dump_replicated, before_step=True)
+        grad_norm = self._grad_norm(pend.reduced)
+        self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=True)
         self.optimizer.step()
-        result["committed"] = True
+        self.counters = {"step": step, "rollout": task.rollout}
         ev.emit(
             "step_outcome",
-            rollout=rollout,
+            rollout=task.rollout,
             step=step,
             attempt=attempt,
-            epoch=epoch,
+            epoch=task.epoch,
             cell=self.cell,
             rank=self.rank,
             outcome="committed",
-            micro_shards=mine,
+            micro_shards=list(task.shards),
         )
-        if keep:
-            from ftkit.train.rank_state import fingerprint_state
-
-            total, pfp, ofp = fingerprint_state(self.model, self.optimizer, self.params)
-            ev.emit(
-                "state_fingerprint",
-                rollout=rollout,
-                step=step,
-                attempt=attempt,
-                cell=self.cell,
-                rank=self.rank,
-                total=total,
-                params=pfp,
-                optimizer=ofp,
-            )
-            result["total"] = total
-        self.dumps.replicated(rollout, step, dump_replicated, before_step=False)
+        total = None
+        if self.cfg.bookkeeping:
+            total = self._fingerprint(task.rollout, step, attempt)
+        self.dumps.replicated(
+            task.rollout, step, task.dump_replicated, before_step=False, write=write_dumps, attempt=attempt
+        )
         ev.sync(wait=False)  # the next emit waits for this fsync
-        return result
+        return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
 
-    def _step_batch(self, rollout: int, step: int, batch: dict) -> dict:
+    def discard(self, step: int, attempt: int) -> None:
+        """Drop the attempt (if this rank began it): ``step_outcome`` discarded, nothing stepped."""
+        task, self._started, self._pending = self._started, None, None
+        if task is None or task.step != step or task.attempt != attempt:
+            return
+        self.events.emit(
+            "step_outcome",
+            rollout=task.rollout,
+            step=step,
+            attempt=attempt,
+            epoch=task.epoch,
+            cell=self.cell,
+            rank=self.rank,
+            outcome="discarded",
+            micro_shards=list(task.shards),
+        )
+        self.events.sync(wait=False)
+
+    def _take(self, step: int, attempt: int) -> _Pending:
+        pend, self._pending, self._started = self._pending, None, None
+        if pend is None or pend.task.step != step or pend.task.attempt != attempt:
+            held = None if pend is None else (pend.task.step, pend.task.attempt)
+            raise RuntimeError(f"commit of step {step} attempt {attempt}, but this rank holds {held}")
+        return pend
+
+    def _fingerprint(self, rollout: int, step: int, attempt: int) -> str:
+        """Emit ``state_fingerprint`` of the state now; returns its total."""
+        from ftkit.train.rank_state import fingerprint_state
+
+        total, pfp, ofp = fingerprint_state(self.model, self.optimizer, self.params)
+        self.events.emit(
+            "state_fingerprint",
+            rollout=rollout,
+            step=step,
+            attempt=attempt,
+            cell=self.cell,
+            rank=self.rank,
+            total=total,
+            params=pfp,
+            optimizer=ofp,
+        )
+        return total
+
+    def _step_batch(self, rollout: int, step: int, batch: dict[str, Any]) -> dict[str, Any]:
         """This step's rows of ``batch`` (CPU tensors), see the module docstring."""
         cfg = self.cfg
         k, n = step % cfg.steps_per_rollout, cfg.step_samples
@@ -282,7 +365,7 @@ class RankWorker:
             return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
         raise ValueError(f"a batch of {rows} samples is neither a rollout ({cfg.samples_per_rollout}) nor a step ({n})")
 
-    def _forward_backward(self, part: dict, norm: float) -> float:
+    def _forward_backward(self, part: dict[str, Any], norm: float) -> float:
         """Forward and backward of one micro-shard; returns its (normalised) loss."""
         import torch
 
@@ -355,16 +438,42 @@ class RankWorker:
         return float(sq.sqrt())
 
     # --- state -------------------------------------------------------------------------
-    def export_weights(self) -> dict:
-        """The weights in the TP=1/PP=1 layout (TP shards and pipeline stages gathered, no
-        witness); rank 0 returns them, others {}. Collective inside the cell."""
+    def export_weights(self, version: int) -> dict[str, Any]:
+        """Weights version ``version`` (the state after ``version`` rollouts) in the TP=1/PP=1
+        layout (TP shards and pipeline stages gathered, no witness); rank 0 returns them,
+        others {}. Collective inside the cell. Fault point ``during_weight_sync`` with
+        ``step = version * steps_per_rollout``."""
         from ftkit.train.pipeline import export_cell
 
+        self.faults.at("during_weight_sync", step=version * self.cfg.steps_per_rollout, rollout=version)
         return export_cell(self.model)
+
+    def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
+        """``(tensors, meta, total)``: this rank's complete state through the codec
+        (``state_codec.encode``, views, no copy) and its fingerprint total (the
+        ``state_fingerprint`` total of the same state)."""
+        from ftkit.train.rank_state import fingerprint_state
+        from ftkit.train.state_codec import capture, encode
+
+        witness = None if self.witness is None else self.witness.param
+        tensors, meta = encode(capture(self.params, self.optimizer, witness, self.counters))
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        return tensors, meta, total
+
+    def load_state(self, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
+        """Heal: load a donor's ``donor_state()`` (``payload``: ``[its object ref]``, the same
+        rank position of a live cell), fingerprint what this rank now holds and compare with
+        the donor's total (``ftkit.train.heal.receive``). Emits ``heal`` when they are equal
+        (``HealReport.accepted``); a mismatch is returned, not raised. ``step``: the step the
+        cell joins before; ``attempt``: the heal attempt (fault point ``during_heal``)."""
+        from ftkit.train.heal import receive
+
+        return receive(self, payload, donor, epoch, step, attempt)
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
         from ftkit.train.rank_state import save_final
+        from ftkit.train.state_codec import capture
 
         meta = {
             "cell": str(self.cell),
@@ -374,7 +483,8 @@ class RankWorker:
             "model": self.cfg.model,
             "seed": str(self.cfg.seed),
         }
-        return [str(save_final(run_dir, self.model, self.optimizer, self.tp_rank, self.pp_rank, meta))]
+        state = capture(self.params, self.optimizer, None, self.counters)
+        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta))]
 
     def shutdown(self) -> None:
         """Close the event log and leave the cell's world (idempotent)."""
@@ -384,7 +494,8 @@ class RankWorker:
         if self.events is not None:
             self.events.close()
             self.events = None
-        self.xgroup = None
+        if self.link is not None:
+            self.link.abort()
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         if dist.is_initialized():

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftkit.analysis.engine import analyze_paths
-from ftkit.analysis.findings import FailOn
 from ftkit.analysis.registry import all_rules
-from ftkit.events.synthetic import VIOLATIONS, SyntheticSpec, generate
+from ftkit.findings import FailOn
+from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
 
 NEEDS = {"FT101": {"cells": 2}, "FT106": {"cells": 2}, "FT107": {"cells": 2}, "FT102": {"engines": 1}}
 

@@ -17,7 +17,7 @@ import pytest
 
 from ftkit import cli
 from ftkit.analysis.engine import analyze_paths
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
 

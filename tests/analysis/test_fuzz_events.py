@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from ftkit import cli
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
 

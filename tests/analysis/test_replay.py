@@ -11,7 +11,7 @@ import pytest
 from ftkit.analysis import replay as replay_mod
 from ftkit.analysis.engine import analyze_paths
 from ftkit.errors import InputError, UsageError
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 def _events(path: Path) -> list[dict]:

@@ -15,7 +15,7 @@ import pytest
 
 from ftkit import cli
 from ftkit.analysis.registry import all_rules
-from ftkit.events.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +68,11 @@ def test_findings_exit_1_in_every_format(capsys, bad_dir, tmp_path, monkeypatch)
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(bad_dir.parent))
     code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--format", "github")
     assert code == 1
     lines = out.splitlines()
-    assert lines[0].startswith("::error file=") and "title=FT104 witness-duplicate" in lines[0]
+    assert lines[0].startswith("::error file=events/") and "title=FT104 witness-duplicate" in lines[0]
     assert lines[-1].startswith("::error title=ftkit analyze-events::FAIL")
     assert "## ftkit analyze-events: FAIL" in summary.read_text() and "| FT104 |" in summary.read_text()
 

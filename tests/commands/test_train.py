@@ -180,7 +180,7 @@ def test_a_real_run_reports_progress_and_verdict(tmp_path):
 def _result(tmp_path, violation=None):
     """A ``RunResult`` around a synthetic run's analysis (the report renders any analysis)."""
     from ftkit.analysis.engine import analyze_paths
-    from ftkit.events.synthetic import SyntheticSpec, generate
+    from ftkit.testing.synthetic import SyntheticSpec, generate
     from ftkit.train.driver import RunResult
 
     generate(
@@ -203,8 +203,12 @@ def _result(tmp_path, violation=None):
 
 
 def test_report_formats(tmp_path, capsys, monkeypatch):
-    from ftkit.commands.train_report import render
+    from ftkit.commands.train_report import report
+    from ftkit.report.emit import emit
     from ftkit.report.sink import Format, Output
+
+    def render(out, result, outcome):
+        return emit(out, report(result, outcome))
 
     clean = _result(tmp_path / "clean")
     render(Output(Format.json), clean, clean.analysis.verdict())
@@ -240,7 +244,7 @@ def test_step_line():
             rollouts=3,
             step=3,
             steps=6,
-            committed=True,
+            attempts=1,
             loss=-0.0123,
             grad_norm=0.5,
             reward=0.25,
@@ -251,4 +255,4 @@ def test_step_line():
         )
     )
     assert line == ("rollout 2/3  step 4/6  loss -0.01230  reward 0.250  grad_norm 0.5  cells 2/2  1,234 tok/s")
-    assert "DISCARDED" in step_line(StepReport(0, 1, 0, 1, False, 0.0, float("nan"), 0.0, 0.0, 0.1, 1, 1))
+    assert "3 attempts" in step_line(StepReport(0, 1, 0, 1, 3, 0.0, float("nan"), 0.0, 0.0, 0.1, 1, 1))

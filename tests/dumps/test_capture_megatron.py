@@ -21,7 +21,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, out: str) -> None:
+def _rank(rank: int, world: int, port: int, out: str, labels: bool = False) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
@@ -39,8 +39,11 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     tokens = torch.randint(0, 15, (2, 6), generator=g)
     pos = torch.arange(6).unsqueeze(0).expand(2, -1)
     with ModuleCapture(model, activations=True, grads=True, params=True) as cap:
-        logits = model(tokens, pos, None)  # vocab-parallel: each TP rank holds its slice
-        (logits.float().pow(2).sum() / logits.shape[0]).backward()
+        if labels:  # per-token loss of the vocab-parallel cross entropy: the same on every TP rank
+            model(tokens, pos, None, labels=torch.roll(tokens, -1, 1)).float().mean().backward()
+        else:
+            logits = model(tokens, pos, None)  # vocab-parallel: each TP rank holds its slice
+            (logits.float().pow(2).sum() / logits.shape[0]).backward()
     dw = DumpWriter(out, "actor", "fwd_bwd", 0, microshard_writer(0, 0, rank, 0), meta={"cell": 0, "rank": rank})
     cap.write_to(dw, step=0, micro_shard=0)
     dw.write()
@@ -48,9 +51,9 @@ def _rank(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def _dump(tmp_path, world: int):
-    out = tmp_path / f"tp{world}"
-    mp.spawn(_rank, args=(world, _free_port(), str(out)), nprocs=world, join=True)
+def _dump(tmp_path, world: int, labels: bool = False):
+    out = tmp_path / f"tp{world}{'-labels' if labels else ''}"
+    mp.spawn(_rank, args=(world, _free_port(), str(out), labels), nprocs=world, join=True)
     return out
 
 
@@ -79,3 +82,15 @@ def test_tp2_dump_reassembles_into_the_tp1_dump(tmp_path):
     assert {"decoder.layers.0.input_layernorm.weight.param", "embedding.output"} <= {
         e.name for e in entries if not e.sharding.is_split
     }
+
+
+def test_tp2_per_token_loss_is_replicated_and_compares_with_tp1(tmp_path):
+    tp1, tp2 = _dump(tmp_path, 1, labels=True), _dump(tmp_path, 2, labels=True)
+    entries = open_source(tp2).entries
+    loss = [e for e in entries if e.name in ("output", "output_grad")]
+    assert {e.name for e in loss} == {"output", "output_grad"}
+    assert not any(e.sharding.is_split for e in loss)  # both TP ranks hold the whole [b, s] loss
+    result = compare_paths(tp1, tp2, CompareOptions(mode="tolerance", rtol=1e-4, atol=1e-6))
+    assert [f.message for f in result.findings] == []
+    statuses = {p.name: p.status for p in result.pairs}
+    assert statuses["output"] in ("equal", "close") and statuses["output_grad"] in ("equal", "close")

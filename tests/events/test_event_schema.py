@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from ftkit.events.schema import EVENT_TYPES, parse_event, schema_markdown
-from ftkit.events.synthetic import SyntheticSpec, generate
 from ftkit.events.validate import explain, is_valid
+from ftkit.testing.synthetic import SyntheticSpec, generate
 
 # The table of issue 2: these names are a public contract and must never change.
 CONTRACT = {

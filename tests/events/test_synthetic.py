@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ftkit.events.synthetic import SyntheticSpec, generate, main, tensor_names
+from ftkit.testing.synthetic import SyntheticSpec, generate, main, tensor_names
 
 
 def _contents(d):
@@ -51,7 +51,7 @@ def test_module_cli(tmp_path, capsys):
         main([str(tmp_path)])  # refuses a non-empty events/
     out = tmp_path / "sub"
     proc = subprocess.run(
-        [sys.executable, "-m", "ftkit.events.synthetic", str(out), "--violation", "FT109"],
+        [sys.executable, "-m", "ftkit.testing.synthetic", str(out), "--violation", "FT109"],
         capture_output=True,
         text=True,
         timeout=120,

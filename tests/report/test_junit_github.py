@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
-from ftkit.analysis.findings import FailOn, Finding, RuleSummary, Severity, sort_findings, verdict
+import pytest
+
+from ftkit.findings import FailOn, Finding, RuleSummary, Severity, sort_findings, verdict
 from ftkit.report import github, junit
 
 
-def _findings():
+def _findings() -> list[Finding]:
     return [
         Finding(code="FT109", rule="non-finite-metric", severity=Severity.warning, message="loss is NaN"),
         Finding(
@@ -17,35 +20,44 @@ def _findings():
             severity=Severity.error,
             message="cell 2 differs, a:b",
             evidence={"file": "events/x.jsonl", "line": 7},
+            fix="check the reduction",
         ),
     ]
 
 
-def test_junit_has_one_case_per_rule_and_failures(tmp_path):
+def test_junit_has_one_case_per_rule_and_failures(tmp_path: Path) -> None:
     rules = [
         RuleSummary(code="FT101", rule="replica-divergence", severity=Severity.error, checked=3, findings=1),
         RuleSummary(code="FT102", rule="engine-weights", severity=Severity.error, checked=2),
     ]
     path = tmp_path / "r.xml"
-    junit.write_junit(path, "ftkit.test", rules, _findings())
+    junit.write_junit(path, "ftkit.test", junit.rule_cases("ftkit.test", rules, _findings()))
     suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
     names = [tc.get("name") for tc in suite.findall("testcase")]
     assert names == ["FT101 replica-divergence", "FT102 engine-weights", "FT109 non-finite-metric"]
-    assert suite.get("failures") == "1"
-    assert suite.findall("testcase")[0].find("failure").get("message") == "cell 2 differs, a:b"
+    assert suite.get("failures") == "2" and suite.get("tests") == "3"
+    failure = suite.findall("testcase")[0].find("failure")
+    assert failure is not None and failure.get("message") == "FT101 replica-divergence: cell 2 differs, a:b"
+    assert "how to fix: check the reduction" in (failure.text or "")
     assert suite.findall("testcase")[1].find("failure") is None
 
 
-def test_github_annotation_escapes_and_locates():
+def test_github_annotation_escapes_and_locates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
     line = github.annotation(_findings()[1])
-    assert line == "::error file=events/x.jsonl,line=7,title=FT101 replica-divergence::cell 2 differs, a:b"
+    assert line == (
+        "::error file=events/x.jsonl,line=7,title=FT101 replica-divergence::cell 2 differs, a:b"
+        "%0AHow to fix: check the reduction"
+    )
     assert (
         github.annotation(Finding(code="X", rule="r", severity=Severity.info, message="a\nb%"))
         == "::notice title=X r::a%0Ab%25"
     )
 
 
-def test_step_summary_appends(tmp_path, monkeypatch):
+def test_step_summary_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
     assert github.append_step_summary("# one")
@@ -55,7 +67,7 @@ def test_step_summary_appends(tmp_path, monkeypatch):
     assert not github.append_step_summary("ignored")
 
 
-def test_fail_on_and_sorting():
+def test_fail_on_and_sorting() -> None:
     fs = _findings()
     assert [f.code for f in sort_findings(fs)] == ["FT101", "FT109"]
     assert verdict(fs, FailOn.error) == "fail"

@@ -42,6 +42,7 @@ def _proc(index: int, jobs: list) -> None:
     from ftkit.tensors.st import write_safetensors_atomic
     from ftkit.train.config import TrainConfig
     from ftkit.train.microshards import assign
+    from ftkit.train.step_types import StepTask
     from ftkit.train.worker import RankWorker
 
     run_dir, cfg_dict, alive, steps, nan_step, cell, rank, port = jobs[index]
@@ -49,20 +50,26 @@ def _proc(index: int, jobs: list) -> None:
     batch = synthetic_batch(cfg)
     w = RankWorker(cfg_dict, run_dir, cell, rank, 0)
     w.init_cell("127.0.0.1", port)
-    w.join_cross_cell(0, alive, "127.0.0.1", port)
+    w.configure(0, alive)
     results = []
-    shards = assign(cfg.micro_shards, alive)[cell]
+    shards = tuple(assign(cfg.micro_shards, alive)[cell])
     for step in range(steps):
         attempt = 0
         if step == nan_step:
             poisoned = dict(batch, advantages=batch["advantages"].clone())
             poisoned["advantages"][-1] = float("nan")
-            results.append(w.train_step(0, step, 0, 0, poisoned, shards, dump=False, dump_replicated=False))
+            reduced = w.compute_reduce(StepTask(0, step, 0, 0, shards), poisoned)
+            assert not reduced.finite
+            w.discard(step, 0)
+            results.append({"committed": False, "loss": reduced.loss})
             attempt = 1
-        results.append(w.train_step(0, step, attempt, 0, batch, shards, dump=True, dump_replicated=cell == min(alive)))
+        task = StepTask(0, step, attempt, 0, shards, dump=True, dump_replicated=True)
+        reduced = w.compute_reduce(task, batch)
+        done = w.commit(step, attempt, write_dumps=cell == min(alive))
+        results.append({"committed": True, "loss": reduced.loss, "grad_norm": done.grad_norm, "total": done.total})
     out = Path(run_dir) / f"cell{cell}"
     w.save_final(str(out))
-    weights = w.export_weights()
+    weights = w.export_weights(1)
     if weights:
         write_safetensors_atomic(out / "export.safetensors", weights)
     (out / f"results-r{rank}.json").write_text(json.dumps(results))

@@ -67,3 +67,34 @@ def test_dump_rollouts_selection(spec, expected):
 def test_config_round_trips_through_a_plain_dict():
     c = TrainConfig(cells=3, micro_shards=8, dump_what=("grads",))
     assert TrainConfig.model_validate(c.model_dump(mode="json")) == c
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(cells=True), "cells: expected an integer, got True (bool)"),
+        (dict(cells="2"), "cells: expected an integer, got '2' (str)"),
+        (dict(cells=2.0), "cells: expected an integer"),
+        (dict(lr=float("inf")), "lr: expected a finite number, got inf"),
+        (dict(lr=float("nan")), "lr: expected a finite number, got nan"),
+        (dict(lr=-float("inf")), "lr: expected a finite number"),
+        (dict(lr="0.1"), "lr: expected a number, got '0.1' (str)"),
+        (dict(lr=True), "lr: expected a number"),
+        (dict(overwrite=1), "overwrite: expected true or false"),
+        (dict(model=1), "model: expected a string"),
+        (dict(ray_address=5), "ray_address: expected a string"),
+        (dict(out=["a"]), "out: expected a path"),
+        (dict(dump_what="grads"), "dump_what: expected a list"),
+        (dict(dump_what=[1]), "dump_what: in the list: expected a string"),
+    ],
+)
+def test_values_are_strictly_typed_and_the_field_is_named(values, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(values)
+    assert message in err.value.message and "\n" not in err.value.message
+
+
+def test_strict_types_accept_what_options_and_files_give():
+    cfg = load_config({"cells": 2, "lr": 1, "out": "runs/x", "dump_what": ["grads"], "ray_address": None})
+    assert cfg.lr == 1.0 and cfg.dump_what == ("grads",)
+    assert TrainConfig.model_validate(cfg.model_dump()) == cfg  # what the workers receive

@@ -1,7 +1,7 @@
 """Exact reduction: the same bits for any alive set and any grouping, over real gloo groups.
 
 Three spawned processes play cells 1, 4 and 7; each scenario is a different alive set, run
-over a real ``CrossCellGroup`` (ProcessGroupGloo on a PrefixStore of a loopback TCPStore the
+over a real ``CrossCellLink`` (ProcessGroupGloo on a PrefixStore of a loopback TCPStore the
 test hosts, like the driver does). Each process writes its reduced gradient to a .npy file.
 """
 
@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ftkit.train.crosscell import CrossCellLink
 from ftkit.train.microshards import assign
-from ftkit.train.reducer import CrossCellGroup, ExactReducer, GradLayout, reduce_float
+from ftkit.train.reducer import ExactReducer, GradLayout, reduce_float
 
 M = 6
 LAYOUT = GradLayout.of([("w", (5, 3)), ("b", (7,)), ("zero", (2, 2)), ("tiny", (3,))])
@@ -48,7 +49,8 @@ def _cell_proc(index: int, port: int, out_dir: str) -> None:
     for epoch, (name, alive, reverse, nan_shard) in enumerate(SCENARIOS):
         if cell not in alive:
             continue
-        group = CrossCellGroup(store, epoch=epoch, rank=0, cell=cell, alive=alive)
+        group = CrossCellLink(store, rank=0, cell=cell)
+        group.configure(epoch, alive)
         mine = assign(M, alive)[cell]
         if reverse:
             mine = mine[::-1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ftkit.analysis.findings import Severity
 from ftkit.analysis.registry import Rule, register
+from ftkit.findings import Severity
 
 _isfinite = math.isfinite
 

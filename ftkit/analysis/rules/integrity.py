@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftkit.analysis.findings import Severity
 from ftkit.analysis.registry import Rule, register
+from ftkit.findings import Severity
 
 
 @register

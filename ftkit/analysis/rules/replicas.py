@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Any
 
-from ftkit.analysis.findings import Severity
 from ftkit.analysis.records import StepRecord
 from ftkit.analysis.registry import Rule, register
+from ftkit.findings import Severity
 
 MAX_NAMES = 5
 KEEP_VERSIONS = 8
 
 
-def differing_tensors(ref: tuple[dict, dict], other: tuple[dict, dict]) -> list[str]:
+def differing_tensors(
+    ref: tuple[dict[str, str], dict[str, str]], other: tuple[dict[str, str], dict[str, str]]
+) -> list[str]:
     """Tensor names (in the reference's order) whose fingerprints differ; optimizer state is
     prefixed ``optimizer/``."""
     names: list[str] = []
@@ -107,7 +109,7 @@ class EngineWeights(Rule):
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
-        self.sent: OrderedDict[int, tuple[str, dict, tuple[str, int]]] = OrderedDict()
+        self.sent: OrderedDict[int, tuple[str, dict[str, str], tuple[str, int]]] = OrderedDict()
         self.loaded: OrderedDict[int, dict[int, str]] = OrderedDict()
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:

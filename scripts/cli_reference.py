@@ -1,11 +1,13 @@
 """Reference artefacts generated from the CLI itself, so they cannot drift from the code.
 
-``python -m ftkit.cli_reference`` (re)writes:
+A development script (not part of the installed package). ``python scripts/cli_reference.py``
+(re)writes:
 
 - ``docs/cli.md``            every command, its arguments and options (from the Typer app)
 - ``docs/exit-codes.md``     the exit-code contract (from ``ftkit.cli``)
 - ``docs/event-schema.md``   the event log schema (from ``ftkit.events.schema``), when present
 - ``completions/ftkit.bash``, ``ftkit.zsh``, ``ftkit.fish``  static completion scripts
+  (rendered by ``scripts/completions.py``)
 
 ``--check`` writes nothing and exits 1 listing the stale files; the test suite runs it.
 Completion scripts are static (commands, options and choices are baked in), so completing
@@ -15,27 +17,43 @@ never starts Python.
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib.util
+import pathlib
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import typer.core
 import typer.main
 
-from ftkit import cli
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from completions import render_bash, render_fish, render_zsh  # noqa: E402
+from ftkit import cli  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+COMMAND = "python scripts/cli_reference.py"
 
 
 @dataclass
 class Opt:
+    """One option or argument. ``kind`` says what its value is, for completion: ``flag`` (no
+    value), ``choice`` (one of ``choices``), ``path`` (complete file names), ``number`` or
+    ``text`` (nothing to complete)."""
+
     names: list[str]
     help: str
     metavar: str
+    kind: str = "text"
     choices: list[str] = field(default_factory=list)
-    is_flag: bool = False
     default: str = ""
     required: bool = False
+
+    @property
+    def is_flag(self) -> bool:
+        return self.kind == "flag"
 
 
 @dataclass
@@ -48,11 +66,8 @@ class Cmd:
     aliases: list[str] = field(default_factory=list)
 
 
-def _annotation_choices(annotation) -> list[str]:
+def _annotation_choices(annotation: Any) -> list[str]:
     """Enum members (or Literal values) of an option's annotation, through Optional/list."""
-    import enum
-    import typing
-
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return [str(m.value) for m in annotation]
     if typing.get_origin(annotation) is typing.Literal:
@@ -64,7 +79,28 @@ def _annotation_choices(annotation) -> list[str]:
     return []
 
 
-def _describe(param) -> Opt:
+def _base_types(annotation: Any) -> set[type]:
+    """The plain classes inside an annotation (through Optional, list, Annotated)."""
+    if isinstance(annotation, type):
+        return {annotation}
+    return {t for arg in typing.get_args(annotation) for t in _base_types(arg)}
+
+
+def _kind(param: Any, choices: list[str]) -> str:
+    if getattr(param, "is_flag", False):
+        return "flag"
+    if choices:
+        return "choice"
+    descriptor = getattr(param, "type_descriptor", None)
+    types = _base_types(descriptor.annotation) if descriptor is not None else set()
+    if any(isinstance(t, type) and issubclass(t, pathlib.PurePath) for t in types):
+        return "path"
+    if types & {int, float}:
+        return "number"
+    return "text"
+
+
+def _describe(param: Any) -> Opt:
     descriptor = getattr(param, "type_descriptor", None)
     choices = _annotation_choices(descriptor.annotation) if descriptor is not None else []
     default = param.default
@@ -73,8 +109,8 @@ def _describe(param) -> Opt:
         names=list(param.opts) + list(getattr(param, "secondary_opts", []) or []),
         help=(getattr(param, "help", None) or "").strip(),
         metavar=(param.name or "").upper(),
+        kind=_kind(param, choices),
         choices=choices,
-        is_flag=bool(getattr(param, "is_flag", False)),
         default=shown,
         required=bool(param.required),
     )
@@ -84,7 +120,10 @@ def collect() -> tuple[list[Opt], list[Cmd]]:
     """The root options and every visible command; a hidden command that shares a visible
     command's callback is listed as that command's alias."""
     group = typer.main.get_command(cli.app)
-    root_opts = [_describe(p) for p in group.params if p.param_type_name == "option" and not p.hidden]
+    assert isinstance(group, typer.core.TyperGroup), "ftkit's app has several commands, so typer builds a group"
+    root_opts = [
+        _describe(p) for p in group.params if p.param_type_name == "option" and not getattr(p, "hidden", False)
+    ]
     visible = {cmd.callback: name for name, cmd in group.commands.items() if not cmd.hidden}
     commands: list[Cmd] = []
     for name, cmd in group.commands.items():
@@ -101,7 +140,7 @@ def collect() -> tuple[list[Opt], list[Cmd]]:
                 help=(cmd.help or "").strip(),
                 usage=usage,
                 options=[_describe(p) for p in params if p.param_type_name == "option"]
-                + [Opt(names=["--help", "-h"], help="Show this message and exit.", metavar="", is_flag=True)],
+                + [Opt(names=["--help", "-h"], help="Show this message and exit.", metavar="", kind="flag")],
                 arguments=[_describe(p) for p in args],
                 aliases=[n for n, c in group.commands.items() if c.hidden and visible.get(c.callback) == name],
             )
@@ -118,7 +157,7 @@ def render_cli_md() -> str:
     out = [
         "# CLI reference",
         "",
-        "_Generated by `python -m ftkit.cli_reference` from the Typer app; do not edit by hand._",
+        f"_Generated by `{COMMAND}` from the Typer app; do not edit by hand._",
         "",
         "```",
         "ftkit [--version] [--debug] COMMAND [ARGS]...",
@@ -149,7 +188,38 @@ def render_cli_md() -> str:
                 f"| `{', '.join(o.names)}` | {_md_escape(value)} | {_md_escape(o.default)} | {_md_escape(o.help)} |"
             )
         out.append("")
+    out.append(OUTPUT_CONTRACT)
     return "\n".join(out)
+
+
+OUTPUT_CONTRACT = """## Output of the reporting commands
+
+`analyze-events`, `compare-dumps` and `train` report through one output path
+(`ftkit.report.emit`); `--format` chooses what stdout carries:
+
+- `human` (default): Rich tables. When stdout is not a terminal nothing is hard-wrapped (a
+  line is as long as its content). Control characters that came from the inputs (ESC, CSI,
+  BEL, bidirectional overrides in tensor names, file names, log fields) are printed as
+  visible `\\xNN` / `\\uNNNN` escapes, never sent to the terminal.
+- `json`: one strict JSON document (RFC 8259) with `schema_version` and `verdict`; non-finite
+  numbers are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (node, jq and Python's strict
+  parsers read it). Each finding carries `code`, `rule`, `severity`, `message`, `evidence`
+  and `fix` (how to fix; empty when the producer has none).
+- `github`: GitHub Actions workflow commands. Every field is escaped per the runner's rules
+  (message: `%`, CR, LF; properties also `:` and `,`), so no input can start a line of its
+  own. `file=` is relative to `$GITHUB_WORKSPACE` (or the current directory); a location
+  outside it is named in the message instead. At most 10 lines: the most severe findings,
+  one line counting those not annotated, and the verdict line (`::error` when the command
+  fails, `::notice` when it passes). With `$GITHUB_STEP_SUMMARY` set, a Markdown summary is
+  appended to it; every table cell is escaped (`|`, line breaks, HTML, Markdown links).
+
+`--junit-xml PATH` (and `--html FILE` of compare-dumps) also write a report file; the path's
+directory must exist and be writable, which is checked while the command line is parsed
+(exit 2 before any work). The JUnit XML is well-formed for any input (characters XML cannot
+hold become visible escapes). Progress bars go to stderr, in human mode, when stderr is a
+terminal or `FTKIT_PROGRESS=1`. While a command runs, anything that is not its data (Ray's
+and other libraries' messages, their child processes' output) goes to stderr.
+"""
 
 
 def render_exit_codes_md() -> str:
@@ -160,14 +230,18 @@ def render_exit_codes_md() -> str:
             "findings: a mismatch, a failed verification, analyzer findings at or above `--fail-on`, "
             "a training run whose own forensics found something",
         ),
-        (cli.EXIT_USAGE, "usage, configuration or unreadable input: one line `Error: <what>` and a `Hint:` on stderr"),
+        (
+            cli.EXIT_USAGE,
+            "usage, configuration or unusable input, found before any work where it can be: one line "
+            "`Error: <what>` and a `Hint:` on stderr, nothing on stdout, no traceback",
+        ),
         (cli.EXIT_INTERNAL, "internal error (a bug): any uncaught exception; `--debug` shows the traceback"),
         (130, "interrupted (Ctrl-C)"),
     ]
     lines = [
         "# Exit codes",
         "",
-        "_Generated by `python -m ftkit.cli_reference` from `ftkit.cli`._",
+        f"_Generated by `{COMMAND}` from `ftkit.cli`._",
         "",
         "Every `ftkit` command follows the same contract (DESIGN.md section 6).",
         "",
@@ -175,127 +249,49 @@ def render_exit_codes_md() -> str:
         "|---|---|",
     ]
     lines += [f"| {code} | {text} |" for code, text in rows]
-    lines += ["", "stdout carries data only (reports, JSON); progress, warnings, errors and hints go to stderr.", ""]
-    return "\n".join(lines)
-
-
-def _all_option_names(opts: list[Opt]) -> list[str]:
-    return [n for o in opts for n in o.names]
-
-
-def render_bash() -> str:
-    root_opts, commands = collect()
-    names = [n for c in commands for n in [c.name, *c.aliases]]
-    lines = [
-        "# bash completion for ftkit; generated by `python -m ftkit.cli_reference`, do not edit.",
-        "_ftkit() {",
-        "    local cur prev cmd i",
-        '    cur="${COMP_WORDS[COMP_CWORD]}"',
-        '    prev="${COMP_WORDS[COMP_CWORD-1]}"',
-        '    cmd=""',
-        '    for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done',
-        '    case "$cmd" in',
-        f'        "") COMPREPLY=( $(compgen -W "{" ".join(names + _all_option_names(root_opts))}" -- "$cur") ); return;;',
-    ]
-    for c in commands:
-        choice_cases = [
-            f'            {"|".join(o.names)}) COMPREPLY=( $(compgen -W "{" ".join(o.choices)}" -- "$cur") ); return;;'
-            for o in c.options
-            if o.choices
-        ]
-        file_opts = [n for o in c.options if not o.is_flag and not o.choices for n in o.names]
-        lines.append(f"        {'|'.join([c.name, *c.aliases])})")
-        lines.append('            case "$prev" in')
-        lines += choice_cases
-        if file_opts:
-            lines.append(f'            {"|".join(file_opts)}) COMPREPLY=( $(compgen -f -- "$cur") ); return;;')
-        lines.append("            esac")
-        lines.append(
-            f'            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "{" ".join(_all_option_names(c.options))}" -- "$cur") );'
-            ' else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;'
-        )
-    lines += ["    esac", "}", "complete -o filenames -F _ftkit ftkit", ""]
-    return "\n".join(lines)
-
-
-def _zsh_quote(text: str) -> str:
-    return text.replace("'", "'\\''").replace("[", "\\[").replace("]", "\\]").replace(":", "\\:")
-
-
-def render_zsh() -> str:
-    root_opts, commands = collect()
-    lines = [
-        "#compdef ftkit",
-        "# zsh completion for ftkit; generated by `python -m ftkit.cli_reference`, do not edit.",
-        "_ftkit() {",
-        "  local -a commands",
-        "  commands=(",
-    ]
-    for c in commands:
-        for n in [c.name, *c.aliases]:
-            lines.append(f"    '{n}:{_zsh_quote(c.help.splitlines()[0] if c.help else '')}'")
-    lines += ["  )", "  _arguments -C \\"]
-    lines += [f"    '({' '.join(o.names)})'{{{','.join(o.names)}}}'[{_zsh_quote(o.help)}]' \\" for o in root_opts]
     lines += [
-        "    '1: :->cmd' '*:: :->args'",
-        "  case $state in",
-        "    cmd) _describe 'command' commands;;",
-        "    args)",
-        "      case $words[1] in",
+        "",
+        "stdout carries data only (reports, JSON); progress, warnings, errors and hints go to stderr.",
+        "",
+        FAIL_CLOSED,
     ]
-    for c in commands:
-        specs = []
-        for o in c.options:
-            action = (
-                ""
-                if o.is_flag
-                else (f":{o.metavar.lower()}:({' '.join(o.choices)})" if o.choices else f":{o.metavar.lower()}:_files")
-            )
-            specs.append(f"'({' '.join(o.names)})'{{{','.join(o.names)}}}'[{_zsh_quote(o.help)}]{action}'")
-        lines.append(f"        {'|'.join([c.name, *c.aliases])}) _arguments {' '.join(specs)} '*:file:_files';;")
-    lines += ["      esac;;", "  esac", "}", "compdef _ftkit ftkit", ""]
     return "\n".join(lines)
 
 
-def render_fish() -> str:
-    root_opts, commands = collect()
-    lines = [
-        "# fish completion for ftkit; generated by `python -m ftkit.cli_reference`, do not edit.",
-        "complete -c ftkit -f",
-    ]
-    for c in commands:
-        for n in [c.name, *c.aliases]:
-            desc = (c.help.splitlines()[0] if c.help else "").replace("'", "\\'")
-            lines.append(f"complete -c ftkit -n '__fish_use_subcommand' -a {n} -d '{desc}'")
-    for o in root_opts:
-        lines.append(_fish_opt("__fish_use_subcommand", o))
-    for c in commands:
-        cond = f"__fish_seen_subcommand_from {' '.join([c.name, *c.aliases])}"
-        lines.append(f"complete -c ftkit -n '{cond}' -F")
-        lines += [_fish_opt(cond, o) for o in c.options]
-    lines.append("")
-    return "\n".join(lines)
+FAIL_CLOSED = """## Fail closed
 
+The forensic commands (`analyze-events`, `compare-dumps`, `verify-checkpoint`, and the
+forensics that end `train`) treat missing evidence as a finding, never as a pass:
 
-def _fish_opt(cond: str, o: Opt) -> str:
-    parts = [f"complete -c ftkit -n '{cond}'"]
-    for n in o.names:
-        parts.append(f"-l {n[2:]}" if n.startswith("--") else f"-s {n[1:]}")
-    if not o.is_flag:
-        parts.append(f"-r -a '{' '.join(o.choices)}'" if o.choices else "-r -F")
-    if o.help:
-        parts.append("-d '" + o.help.split(". ")[0].replace("'", "\\'") + "'")
-    return " ".join(parts)
+- **Exit 0 means every expected piece of evidence was present and checked.** What is expected
+  comes from what the run declared (the driver's log: alive cells per epoch, steps
+  dispatched, the run's end; a dump's index; a checkpoint's manifest), never from which
+  files or lines happen to be present.
+- **Exit 1 for anything lost or damaged inside readable inputs**: a lost, cut, duplicated,
+  malformed or invalid log line, expected evidence that is absent, a tensor, file, rollout or
+  checkpoint present on one side only, a tensor no `--rules` entry covers, a
+  non-finite value where the contract forbids one.
+- **Exit 2 when an input cannot be used at all**: a path that does not exist or is not a
+  regular file or directory (a FIFO, a device or a socket is refused, never read), a file
+  whose header or index cannot be decoded safely, bad options, or a configuration that is
+  invalid (values are typed strictly and must be finite; the field is named). The check
+  happens before any work where it can (`--junit-xml`/`--html` directories, `train --out`,
+  `--config`), and nothing is written or deleted.
+- **Never another outcome**: no input makes a command exit 3, die on a signal or hang; exit 3
+  is reserved for bugs in ftkit. The test suite checks this with randomised, seeded inputs
+  (mutated event logs and safetensors files and trees, each run under a timeout).
+"""
 
 
 def artefacts() -> dict[Path, str]:
     """Every generated file, relative to the repository root, with its content."""
+    collected = collect()
     files = {
         Path("docs/cli.md"): render_cli_md(),
         Path("docs/exit-codes.md"): render_exit_codes_md(),
-        Path("completions/ftkit.bash"): render_bash(),
-        Path("completions/ftkit.zsh"): render_zsh(),
-        Path("completions/ftkit.fish"): render_fish(),
+        Path("completions/ftkit.bash"): render_bash(*collected),
+        Path("completions/ftkit.zsh"): render_zsh(*collected),
+        Path("completions/ftkit.fish"): render_fish(*collected),
     }
     if importlib.util.find_spec("ftkit.events.schema") is not None:
         from ftkit.events.schema import schema_markdown
@@ -313,13 +309,13 @@ def stale(root: Path = ROOT) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ftkit.cli_reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=COMMAND, description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a file is stale")
     args = parser.parse_args(argv)
     if args.check:
         bad = stale()
         for rel in bad:
-            print(f"stale: {rel} (run: python -m ftkit.cli_reference)", file=sys.stderr)
+            print(f"stale: {rel} (run: {COMMAND})", file=sys.stderr)
         return 1 if bad else 0
     for rel, text in artefacts().items():
         (ROOT / rel).parent.mkdir(parents=True, exist_ok=True)

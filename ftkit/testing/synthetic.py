@@ -15,7 +15,7 @@ healed from a donor and rejoins. Every sample is counted exactly once per rollou
 ``violation="FT1xx"`` injects exactly one violation of that rule (used by the property tests);
 ``VIOLATIONS`` lists them. Module CLI::
 
-    python -m ftkit.events.synthetic OUT_DIR [--cells N --rollouts R --faults F --seed S ...]
+    python -m ftkit.testing.synthetic OUT_DIR [--cells N --rollouts R --faults F --seed S ...]
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class _Sim:
         self.epoch = 0
         self.alive: list[int] = list(range(spec.cells))
         self.dead: dict[int, int] = {}  # cell -> step at which to heal
-        self._fp_cache: tuple[int, dict[int, tuple[str, dict, dict]]] = (-1, {})
+        self._fp_cache: tuple[int, dict[int, tuple[str, dict[str, Any], dict[str, Any]]]] = (-1, {})
 
     def _violation_step(self) -> int | None:
         v, steps = self.spec.violation, self.spec.steps
@@ -175,7 +175,7 @@ class _Sim:
         for rank in range(self.ranks):
             self.rank_writers[(cell, rank)] = self._writer("trainer", cell, rank)
 
-    def _fingerprints(self, step: int) -> dict[int, tuple[str, dict, dict]]:
+    def _fingerprints(self, step: int) -> dict[int, tuple[str, dict[str, Any], dict[str, Any]]]:
         if self._fp_cache[0] != step:
             fps = {}
             for rank in range(self.ranks):
@@ -297,6 +297,7 @@ class _Sim:
         spec, v = self.spec, None
         if (
             self.violation_left
+            and self.violation_step is not None
             and step >= self.violation_step
             and (len(self.alive) > 1 or self.violation_left not in ("FT101", "FT106"))
         ):
@@ -431,7 +432,7 @@ def generate(out_dir: str | Path, spec: SyntheticSpec | None = None) -> Generate
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m ftkit.events.synthetic", description="Write a synthetic, clean run log to OUT_DIR/events/."
+        prog="python -m ftkit.testing.synthetic", description="Write a synthetic, clean run log to OUT_DIR/events/."
     )
     p.add_argument("out_dir", metavar="OUT_DIR")
     defaults = SyntheticSpec()

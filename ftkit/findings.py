@@ -1,8 +1,11 @@
-"""The findings model shared by every reporting command.
+"""The findings model shared by every reporting command (analyze-events, compare-dumps, train,
+verify-checkpoint). It sits below every producer of findings (``analysis/``, ``dumps/``,
+``checkpoint/``) and every renderer (``report/``) and imports neither.
 
 A *finding* is one violated expectation with a stable ``code`` (``FT101``), the ``rule`` name,
-a ``severity``, ``evidence`` (which cells, ranks, rollouts, steps, tensors, files, lines) and the
-rule's ``fix`` line (what to do about it).
+a ``severity``, a one-line ``message``, ``evidence`` (which cells, ranks, rollouts, steps,
+tensors, files, lines) and ``fix``: the rule's "how to fix" line (empty when the producer has
+none). ``Finding.where()`` is the location a reader should open (``file:line`` or a path).
 A *rule summary* says how many things a rule checked and how many findings it produced, so a
 report can show that a rule ran and found nothing (as opposed to not running at all).
 
@@ -37,6 +40,7 @@ class FailOn(str, Enum):
     never = "never"
 
     def fails(self, severity: Severity) -> bool:
+        """Whether a finding of ``severity`` makes the command fail under this threshold."""
         if self is FailOn.never:
             return False
         return severity.rank >= Severity(self.value).rank
@@ -50,12 +54,23 @@ class Finding(BaseModel):
     evidence: dict[str, Any] = Field(default_factory=dict)
     fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
 
+    def where(self) -> str | None:
+        """``file:line`` (or ``file``, or the evidence's ``path``) when the evidence locates it."""
+        ev = self.evidence
+        if ev.get("file"):
+            line = ev.get("line")
+            return f"{ev['file']}:{line}" if line is not None else str(ev["file"])
+        if ev.get("path"):
+            return str(ev["path"])
+        return None
+
 
 class RuleSummary(BaseModel):
     code: str
     rule: str
     severity: Severity
     description: str = ""
+    fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
     checked: int = 0
     findings: int = 0
 

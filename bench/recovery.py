@@ -1,0 +1,263 @@
+"""What a fault costs a run, and what the fault-tolerance machinery costs a run without one.
+
+Runs ``ftkit train`` (``run_training`` in a child process per run, each with its own local
+Ray; ``small`` model, 2 cells by default) and reads the run's event log:
+
+* ``kill``: rank 0 of cell 1 is SIGKILLed inside the cross-cell reduction of the second step
+  of rollout 1 (``--inject kind=sigkill,point=during_reduce``). Printed: kill -> the
+  survivor's next committed step; detection (the driver's ``cell_state`` -> ``failed``)
+  against the configured ``--collective-timeout``; kill -> the restarted cell's first commit;
+  the heal's bytes, seconds and bandwidth, divided by a loopback TCP socket copy of the same
+  bytes measured here, in the same run (target >= 0.5); samples lost (the analyzer's recovery
+  table; must be 0).
+* ``steps/s`` of fault-free runs: the machinery with nothing injected, with an injector armed
+  at every rank (a spec that never fires), and, with ``--baseline DIR`` (a checkout of the
+  previous commit), the previous code; runs are interleaved ``--repeats`` times and the
+  median of the pairwise ratios is printed (target: machinery / previous >= 0.97).
+* ``--torchft``: the same measurements for torchft (``bench/torchft_peer.py``) on the same
+  megatron model, batch and timeouts, where ``pip install ftkit[bench]`` installed it; ratios
+  ftkit / torchft. Without torchft the output says so.
+
+    python bench/recovery.py                      # small model, 2 cells
+    python bench/recovery.py --model tiny --repeats 1 --json
+    python bench/recovery.py --baseline /tmp/ftkit-prev --torchft
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = """
+import json, sys
+from ftkit.train.config import TrainConfig
+from ftkit.train.driver import run_training
+cfg = TrainConfig(**json.loads(sys.argv[1]))
+steps = []
+run_training(cfg, on_step=lambda r: steps.append([r.rollout, r.step, r.seconds, r.committed]))
+print("RESULT " + json.dumps(steps))
+"""
+
+
+def train(values: dict[str, Any], tree: Path = ROOT) -> list[list[Any]]:
+    """One ``run_training`` of ``values`` in a child process importing ftkit from ``tree``;
+    returns ``[rollout, step, seconds, committed]`` per step."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    res = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps(values)], capture_output=True, text=True, env=env, timeout=1800
+    )
+    lines = [line for line in res.stdout.splitlines() if line.startswith("RESULT ")]
+    if res.returncode != 0 or not lines:
+        raise SystemExit(f"run {values.get('out')} failed (exit {res.returncode}):\n{res.stderr[-3000:]}")
+    steps: list[list[Any]] = json.loads(lines[-1][7:])
+    return steps
+
+
+def rate(steps: list[list[Any]]) -> float:
+    """Committed steps per second of step time, rollout 0 (warm-up) excluded."""
+    timed = [s[2] for s in steps if s[0] > 0 and s[3]]
+    return len(timed) / sum(timed)
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for f in sorted((run / "events").glob("*.jsonl")):
+        found += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return sorted(found, key=lambda e: e["time"])
+
+
+def loopback_copy(nbytes: int) -> float:
+    """Seconds to send ``nbytes`` through a loopback TCP connection into a preallocated buffer."""
+    payload = memoryview(bytearray(os.urandom(1 << 20)) * max(1, nbytes >> 20))[:nbytes]
+    sink = bytearray(len(payload))
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def send() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.sendall(payload)
+
+    t0 = time.perf_counter()
+    sender = threading.Thread(target=send)
+    sender.start()
+    conn, _ = server.accept()
+    view, got = memoryview(sink), 0
+    while got < len(sink):
+        n = conn.recv_into(view[got:])
+        if not n:
+            break
+        got += n
+    seconds = time.perf_counter() - t0
+    sender.join()
+    conn.close()
+    server.close()
+    return seconds
+
+
+def kill_run(base: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The ``kill`` measurements (see the module docstring)."""
+    step = base["steps_per_rollout"] + 1
+    spec = f"kind=sigkill,point=during_reduce,cell=1,step={step}"
+    run = out / "kill"
+    train({**base, "out": str(run), "inject": [spec]})
+    evs = events(run)
+    fault = next(e for e in evs if e["type"] == "fault_injected")
+    t = fault["time"]
+    detected = next(
+        e for e in evs if e["type"] == "cell_state" and e["cell"] == 1 and e["new"] == "failed" and e["time"] >= t
+    )
+    commits = [e for e in evs if e["type"] == "step_outcome" and e["outcome"] == "committed" and e["time"] > t]
+    survivor = next(e for e in commits if e["cell"] == 0)
+    healed = next((e for e in commits if e["cell"] == 1), None)
+    heal = next((e for e in evs if e["type"] == "heal" and e["cell"] == 1), None)
+    from ftkit.analysis.engine import analyze_paths
+
+    rows = analyze_paths([run / "events"]).recovery
+    result: dict[str, Any] = {
+        "kill_to_next_commit_s": survivor["time"] - t,
+        "detect_s": detected["time"] - t,
+        "collective_timeout_s": base.get("collective_timeout"),
+        "kill_to_restarted_commit_s": None if healed is None else healed["time"] - t,
+        "samples_lost": sum(r.get("samples_lost") or 0 for r in rows),
+        "recovery_rows": len(rows),
+    }
+    if heal is not None:
+        nbytes, seconds = heal["bytes"], heal["seconds"]["total"]
+        loop = min(loopback_copy(nbytes) for _ in range(3))
+        result |= {
+            "heal_bytes": nbytes,
+            "heal_s": seconds,
+            "heal_phases_s": heal["seconds"],
+            "heal_MBps": nbytes / seconds / 1e6,
+            "loopback_MBps": nbytes / loop / 1e6,
+            "heal_over_loopback": loop / seconds,
+        }
+    return result
+
+
+def overhead(base: dict[str, Any], out: Path, repeats: int, baseline: Path | None) -> dict[str, Any]:
+    """Fault-free steps/s: machinery, machinery + an armed injector, and the previous code."""
+    # Any spec makes every rank and engine build a FaultInjector; these sit at every step point
+    # of both cells (so each at() call scans a list) and never fire (attempt 99 never comes).
+    never = [
+        f"kind=slow,point={p},cell={c},step=0,attempt=99"
+        for c in range(base["cells"])
+        for p in ("before_forward", "mid_backward", "before_reduce", "during_reduce", "after_reduce")
+    ]
+    variants: dict[str, tuple[dict[str, Any], Path]] = {
+        "machinery": ({}, ROOT),
+        "armed_injector": ({"inject": never}, ROOT),
+    }
+    if baseline is not None:
+        variants["previous"] = ({}, baseline)
+    rates: dict[str, list[float]] = {k: [] for k in variants}
+    for i in range(repeats):
+        order = list(variants) if i % 2 == 0 else list(reversed(variants))
+        for name in order:
+            extra, tree = variants[name]
+            run = out / f"{name}-{i}"
+            rates[name].append(rate(train({**base, **extra, "out": str(run), "overwrite": True}, tree)))
+            print(f"  {name} #{i}: {rates[name][-1]:.3f} steps/s", file=sys.stderr)
+    result: dict[str, Any] = {f"{k}_steps_per_s": statistics.median(v) for k, v in rates.items()}
+    for other in ("armed_injector", "previous"):
+        if other in rates:
+            pairs = [a / b for a, b in zip(rates["machinery"], rates[other])]
+            result[f"machinery_over_{other}"] = statistics.median(pairs)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="small", choices=["tiny", "small"])
+    ap.add_argument("--cells", type=int, default=2)
+    ap.add_argument("--rollouts", type=int, default=4, help="rollouts of the fault-free runs")
+    ap.add_argument("--kill-rollouts", type=int, default=8, help="rollouts of the kill run (time to heal)")
+    ap.add_argument("--samples-per-rollout", type=int, default=32)
+    ap.add_argument("--micro-shards", type=int, default=2)
+    ap.add_argument("--collective-timeout", type=float, default=None, help="default: ftkit's")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved fault-free runs per variant")
+    ap.add_argument("--baseline", type=Path, default=None, help="checkout of the previous commit to compare with")
+    ap.add_argument("--torchft", action="store_true", help="also measure torchft (bench/torchft_peer.py)")
+    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = ap.parse_args(argv)
+    base: dict[str, Any] = {
+        "model": args.model,
+        "cells": args.cells,
+        "rollouts": args.rollouts,
+        "steps_per_rollout": 2,
+        "samples_per_rollout": args.samples_per_rollout,
+        "micro_shards": args.micro_shards,
+        "group_size": 4,
+        "reward": "deterministic_random",
+        "dump_rollouts": "none",
+    }
+    if args.collective_timeout is not None:
+        base["collective_timeout"] = args.collective_timeout
+    from ftkit.train.config import TrainConfig
+
+    cfg = TrainConfig(**base)
+    base.setdefault("collective_timeout", getattr(cfg, "collective_timeout", None))
+    figures: dict[str, Any] = {"config": base}
+    with tempfile.TemporaryDirectory(prefix="ftkit-recovery-") as tmp:
+        print("kill run ...", file=sys.stderr)
+        figures["ftkit"] = kill_run({**base, "rollouts": args.kill_rollouts}, Path(tmp))
+        print("fault-free runs ...", file=sys.stderr)
+        figures["ftkit"] |= overhead(base, Path(tmp), args.repeats, args.baseline)
+        if args.torchft:
+            figures["torchft"] = torchft_figures(base, Path(tmp))
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    else:
+        print(render(figures))
+    return 0
+
+
+def torchft_figures(base: dict[str, Any], out: Path) -> dict[str, Any]:
+    """torchft's figures on the same model and batch, or why there are none."""
+    try:
+        import torchft  # noqa: F401
+    except ImportError as exc:
+        return {"error": f"torchft is not installed ({exc}); pip install 'ftkit[bench]'"}
+    sys.path.insert(0, str(Path(__file__).parent))
+    from torchft_peer import measure
+
+    return measure(base, out)
+
+
+def render(f: dict[str, Any]) -> str:
+    ft = f["ftkit"]
+    lines = [f"config: {json.dumps(f['config'])}", "", "ftkit:"]
+    lines += [f"  {k:32s} {_fmt(v)}" for k, v in ft.items() if k != "heal_phases_s"]
+    tf = f.get("torchft")
+    if tf is not None:
+        lines += ["", "torchft:"]
+        lines += [f"  {k:32s} {_fmt(v)}" for k, v in tf.items()]
+        if "error" not in tf:
+            ours = {**ft, "step_s": 1 / ft["machinery_steps_per_s"]}
+            lines += ["", "ftkit / torchft (below 1: ftkit is faster):"]
+            for key in ("step_s", "kill_to_next_commit_s", "kill_to_restarted_commit_s"):
+                if ours.get(key) is not None and tf.get(key):
+                    lines.append(f"  {key:32s} {ours[key] / tf[key]:.3f}")
+            if ours.get("heal_MBps") and tf.get("heal_MBps"):
+                lines.append(f"  {'heal bandwidth (above 1: faster)':32s} {ours['heal_MBps'] / tf['heal_MBps']:.3f}")
+            lines.append(f"  samples lost: ftkit {ft['samples_lost']}, torchft {tf.get('samples_lost')}")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The one output path of every reporting command: render a ``Report``, set the exit code.
+
+A command builds a ``Report`` (its findings and rule summaries plus the few renderings that
+are its own) and calls ``emit`` once::
+
+    check_report_paths(junit_xml, html)          # before the work: exit 2 for a bad path
+    result = ...                                  # the work
+    report = Report(command="compare-dumps", verdict=verdict(result.findings, fail_on), ...)
+    raise typer.Exit(emit(out, report, junit_xml=junit_xml, html=html))
+
+``emit`` writes, in ``out.format``:
+
+- ``human``: ``report.human(console)`` on stdout (a Rich console that escapes control text);
+- ``json``: ``report.document()`` as strict JSON with ``schema_version`` and ``verdict``;
+- ``github``: one annotation per finding (escaped, capped at ``MAX_ANNOTATIONS`` with a count
+  of the rest) and the one-line ``summary`` as the verdict line; ``report.step_summary()`` is
+  appended to ``$GITHUB_STEP_SUMMARY`` when that is set;
+
+then the JUnit XML (``report.junit_cases()``, default one case per rule) and the HTML report
+(``report.html()``, commands that have one) when their paths are given, and returns the exit
+code: 1 when ``verdict == "fail"``, else 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ftkit.errors import UsageError
+from ftkit.findings import Finding, RuleSummary
+from ftkit.report.github import append_step_summary, workflow_commands
+from ftkit.report.junit import Case, rule_cases, write_junit
+from ftkit.report.sink import Format, Output
+
+EXIT_PASS, EXIT_FAIL = 0, 1
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a reporting command hands to ``emit``.
+
+    ``command`` names the suite (``ftkit.<command>``) and the GitHub title; ``findings`` are
+    sorted most severe first; ``summary`` is the plain one-line verdict. The callables are
+    only called for the format that needs them.
+    """
+
+    command: str
+    verdict: str
+    findings: Sequence[Finding]
+    rules: Sequence[RuleSummary]
+    summary: str
+    document: Callable[[], dict[str, Any]]
+    human: Callable[[Console], None]
+    step_summary: Callable[[], str]
+    junit_cases: Callable[[], list[Case]] | None = None
+    html: Callable[[], str] | None = None
+
+    @property
+    def suite(self) -> str:
+        return f"ftkit.{self.command}"
+
+
+def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Path | None = None) -> int:
+    """Render ``report`` on stdout in ``out.format``, write the side reports, return the exit code."""
+    if out.format is Format.json:
+        out.json({"verdict": report.verdict, **report.document()})
+    elif out.format is Format.github:
+        out.data(workflow_commands(report.findings, f"ftkit {report.command}", report.summary, _failed(report)))
+        append_step_summary(report.step_summary)
+    else:
+        report.human(out.out)
+    if junit_xml is not None:
+        cases = report.junit_cases() if report.junit_cases else rule_cases(report.suite, report.rules, report.findings)
+        write_junit(junit_xml, report.suite, cases)
+    if html is not None and report.html is not None:
+        from ftkit.tensors.st import write_bytes_atomic
+
+        write_bytes_atomic(html, report.html().encode("utf-8"))
+        if out.human:
+            from rich.markup import escape
+
+            out.info(f"[dim]HTML report: {escape(str(html))}[/dim]")
+    return EXIT_FAIL if _failed(report) else EXIT_PASS
+
+
+def _failed(report: Report) -> bool:
+    return report.verdict == "fail"
+
+
+def check_report_paths(*paths: Path | None) -> None:
+    """Raise ``UsageError`` (exit 2) unless each given report path can be written.
+
+    Called before a command's work, so a typo in ``--junit-xml``/``--html`` costs nothing: the
+    directory must exist and be writable, and the path must not be a directory.
+    """
+    for path in paths:
+        if path is None:
+            continue
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise UsageError(
+                f"cannot write {path}: directory {parent} does not exist", "create the directory or choose another path"
+            )
+        if path.is_dir():
+            raise UsageError(f"cannot write {path}: it is a directory", "give a file name")
+        if not os.access(parent, os.W_OK):
+            raise UsageError(f"cannot write {path}: directory {parent} is not writable", "choose another path")

@@ -1,0 +1,193 @@
+"""The live view of ``ftkit train`` on stderr.
+
+``LiveView`` is fed by the driver's callbacks: ``on_step(StepReport)`` after every optimizer
+step, and, where the driver offers them, ``on_cell_state(cell, state, reason)``,
+``on_fault(text)`` and ``on_heal(text)`` -- or all three at once through
+``on_event(event_type, fields)`` with what the driver logs. Without a cell-state feed the cells
+shown are the step's alive count. It shows, in place, when stderr is a terminal
+(``live=True``): a progress bar over the run's steps with the rollout, the cells' states at a
+glance (one coloured block per cell: alive, failed, restarting, healing, stopped ...), the
+last fault and the last heal, and the latest reward, loss, grad norm and tokens/s. Otherwise
+(``live=False``: stderr redirected, CI logs, ``--format json``) it writes plain lines, one per
+step and one per cell-state change, fault or heal, exactly what a log file wants.
+
+``live_view(output)`` picks the mode from the command's ``Output`` (live only in human mode
+on an interactive stderr). Use it as a context manager, so the terminal is restored even
+when training raises::
+
+    with live_view(output, total_steps=S, cells=C) as view:
+        run_training(cfg, on_step=view.on_step)
+
+The view never raises into training: a rendering error turns it into plain lines.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import TracebackType
+from typing import Any, Protocol, TextIO
+
+from rich.console import Console, Group
+from rich.markup import escape
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+_SHOWN = {"errored": "failed"}  # event-log state -> shown state
+STATE_STYLE = {
+    "alive": "green",
+    "failed": "red",
+    "down": "red",
+    "restarting": "yellow",
+    "starting": "cyan",
+    "healing": "magenta",
+    "pending": "bright_black",
+    "stopped": "bright_black",
+}
+
+
+class StepLike(Protocol):
+    """What ``LiveView.on_step`` reads (``ftkit.train.driver.StepReport`` has these fields)."""
+
+    rollout: int
+    rollouts: int
+    step: int
+    steps: int
+    committed: bool
+    loss: float
+    grad_norm: float
+    reward: float
+    tokens_per_s: float
+    cells_alive: int
+    cells: int
+
+
+def step_text(r: StepLike) -> str:
+    """One plain line per step: ``rollout 1/3  step 2/6  loss ...  cells 2/2  1,234 tok/s``."""
+    state = "" if r.committed else "  DISCARDED"
+    return (
+        f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
+        f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "
+        f"{r.tokens_per_s:,.0f} tok/s{state}"
+    )
+
+
+class LiveView:
+    """See the module docstring. ``stream`` defaults to ``sys.stderr``."""
+
+    def __init__(self, total_steps: int, cells: int, live: bool, stream: TextIO | None = None) -> None:
+        self.total = max(total_steps, 1)
+        self.states: dict[int, str] = {c: "pending" for c in range(cells)}
+        self.state_fed = False
+        self.last: StepLike | None = None
+        self.done = 0
+        self.discarded = 0
+        self.fault: str | None = None
+        self.heal: str | None = None
+        self.stream = stream if stream is not None else sys.stderr
+        self.console = Console(file=self.stream, highlight=False, force_terminal=True if live else None)
+        self._live: Any = None
+        if live:
+            from rich.live import Live
+
+            self._live = Live(
+                self._render(), console=self.console, auto_refresh=False, transient=False, redirect_stdout=False
+            )
+
+    # ------------------------------------------------------------------ feed
+    def on_step(self, report: StepLike) -> None:
+        self.last, self.done = report, report.step + 1
+        self.total = max(report.steps, 1)
+        self.discarded += not report.committed
+        if not self.state_fed:  # no cell-state feed: the step's alive count is all there is
+            self.states = {c: "alive" if c < report.cells_alive else "down" for c in range(report.cells)}
+        self._show(step_text(report))
+
+    def on_cell_state(self, cell: int, state: str, reason: str | None = None) -> None:
+        self.state_fed = True
+        self.states[cell] = _SHOWN.get(state, state)
+        self._show(f"cell {cell}: {state}" + (f" ({reason})" if reason else ""))
+
+    def on_event(self, event_type: str, fields: dict[str, Any]) -> None:
+        """Feed from the driver's event stream (the type and fields it logs): ``cell_state``,
+        ``fault_injected`` and ``heal`` update the view, other types are ignored."""
+        if event_type == "cell_state":
+            self.on_cell_state(int(fields["cell"]), str(fields["new"]), fields.get("reason"))
+        elif event_type == "fault_injected":
+            self.on_fault(
+                f"{fields.get('kind')} at {fields.get('point')}, cell {fields.get('cell')} rank {fields.get('rank')}, "
+                f"step {fields.get('step')}"
+            )
+        elif event_type == "heal":
+            took = sum(float(v) for v in dict(fields.get("seconds") or {}).values())
+            self.on_heal(
+                f"cell {fields.get('cell')} from cell {fields.get('donor')}: "
+                f"{int(fields.get('bytes') or 0) / 2**20:.1f} MiB in {took:.3g}s"
+            )
+
+    def on_fault(self, text: str) -> None:
+        self.fault = text
+        self._show(f"fault: {text}")
+
+    def on_heal(self, text: str) -> None:
+        self.heal = text
+        self._show(f"heal: {text}")
+
+    # ------------------------------------------------------------------ output
+    def _show(self, line: str) -> None:
+        if self._live is None:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+            return
+        try:
+            self._live.update(self._render(), refresh=True)
+        except Exception:  # noqa: BLE001 - a broken terminal must not stop training
+            self.close()
+            self.stream.write(line + "\n")
+
+    def _render(self) -> Group:
+        bar = ProgressBar(total=self.total, completed=self.done, width=40)
+        r = self.last
+        where = f"rollout {r.rollout + 1}/{r.rollouts}  " if r is not None else ""
+        head = Table.grid(padding=(0, 1))
+        head.add_row(Text("ftkit train", style="bold"), bar, Text(f"{where}step {self.done}/{self.total}"))
+        cells = Text("cells ")
+        for _, state in sorted(self.states.items()):
+            cells.append("\u25a0", style=STATE_STYLE.get(state, "white"))
+        alive = sum(s == "alive" for s in self.states.values())
+        cells.append(f"  {alive}/{len(self.states)} alive  ")
+        cells.append("  ".join(f"{c}:{s}" for c, s in sorted(self.states.items()) if s != "alive"), style="dim")
+        lines: list[Any] = [head, cells]
+        if r is not None:
+            lines.append(
+                Text.from_markup(
+                    f"reward [bold]{r.reward:.3f}[/bold]  loss [bold]{r.loss:+.5f}[/bold]  grad_norm {r.grad_norm:.4g}"
+                    f"  {r.tokens_per_s:,.0f} tok/s  discarded attempts {self.discarded}"
+                )
+            )
+        lines.append(Text.from_markup(f"[red]last fault[/red] {escape(self.fault or '-')}"))
+        lines.append(Text.from_markup(f"[magenta]last heal[/magenta]  {escape(self.heal or '-')}"))
+        return Group(*lines)
+
+    def close(self) -> None:
+        """Leave the last frame on screen and give the terminal back (idempotent)."""
+        live, self._live = self._live, None
+        if live is not None and live.is_started:
+            live.stop()
+
+    def __enter__(self) -> LiveView:
+        if self._live is not None:
+            self._live.start(refresh=True)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def live_view(output: Any, total_steps: int, cells: int) -> LiveView:
+    """The view for a command's ``Output``: live in human mode on an interactive stderr, plain
+    lines otherwise."""
+    live = bool(output.human and output.err.is_terminal)
+    return LiveView(total_steps, cells, live, stream=output.err.file)

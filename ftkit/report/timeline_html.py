@@ -1,0 +1,335 @@
+"""Self-contained HTML report of ``ftkit analyze-events --html FILE``: the forensic story of a run.
+
+Sections, top to bottom: the verdict and run summary; the **timeline** (x = seconds since
+the first event; lanes: driver, steps, one per cell, one per engine; cells coloured by state,
+faults / detections / heals / reconfigures / discarded attempts / weight pushes / engine
+loads / checkpoints drawn as marks with hover text; a zoom slider widens the drawing inside
+a scroller); the **metrics** (reward, loss, grad norm, tokens/s, ... against the step, bin
+mean as a line and min-max as a band when steps are aggregated, injected faults as red
+rules, discarded attempts as orange ticks); the **recovery table**; the **rule table**;
+the **findings** (collapsed, searchable, linked to file and line) and the list of timeline
+events (searchable).
+
+Drawing is hand-made SVG (see docs/reports.md for the measurement behind that choice). The
+timeline SVG uses ``preserveAspectRatio='none'`` with ``non-scaling-stroke`` marks, so it
+stretches horizontally with the zoom while text (HTML labels and axis ticks placed in
+percent) stays crisp.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from ftkit.analysis.engine import AnalysisResult
+from ftkit.analysis.timeline_model import Marker, StepBin, Timeline
+from ftkit.report.html_page import (
+    MAX_ROWS,
+    check_target,
+    finding_list,
+    kv,
+    legend,
+    nice_ticks,
+    num,
+    page,
+    table,
+    where_link,
+    write_page,
+)
+from ftkit.report.metric_charts import metric_charts
+
+__all__ = ["check_target", "render_timeline_html", "write_report"]
+
+STATE_COLORS = {
+    "alive": "#2da44e",
+    "failed": "#cf222e",
+    "restarting": "#d4a72c",
+    "healing": "#8250df",
+    "starting": "#54aeff",
+    "pending": "#d0d7de",
+    "stopped": "#8c959f",
+}
+MARK_STYLE = {  # kind -> (colour, stroke width, dash, legend text)
+    "fault": ("#cf222e", 3, "", "fault injected"),
+    "detected": ("#fb8f44", 2, "", "fault detected"),
+    "heal": ("#8250df", 3, "", "heal"),
+    "reconfigure": ("#0969da", 2, "", "reconfigure"),
+    "discarded": ("#cf222e", 2, "3 2", "attempt not committed"),
+    "weights": ("#1a7f37", 1, "", "weights pushed"),
+    "engine": ("#1a7f37", 1, "", "engine loaded"),
+    "checkpoint": ("#57606a", 2, "", "checkpoint"),
+    "rejected": ("#cf222e", 2, "1 2", "checkpoint rejected"),
+}
+LISTED = ("fault", "detected", "heal", "reconfigure", "discarded", "rejected")  # in the searchable event list
+DENSE = 100  # marks of one kind on one lane drawn one by one up to this many, bucketed beyond
+_LANE_H, _W = 22, 1000.0
+
+_TIMELINE_CSS = """<style>
+.tl{display:grid;grid-template-columns:92px minmax(0,1fr);margin:6px 0}
+.tl .lab div{height:22px;line-height:22px;font-size:12px;white-space:nowrap;overflow:hidden}
+.tl .inner{position:relative;width:100%}.tl svg{display:block;width:100%}
+.tl .axis{position:relative;height:18px;font-size:11px;color:#57606a}
+.tl .axis span{position:absolute;transform:translateX(-50%);white-space:nowrap}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(420px,1fr));gap:8px 18px}
+.charts svg{width:100%;height:auto}
+</style>"""
+_ZOOM_JS = """
+(function(){var z=document.getElementById('zoom'),inner=document.getElementById('tl-inner'),
+out=document.getElementById('zoom-out');if(!z||!inner){return;}
+z.addEventListener('input',function(){var f=Math.pow(2,+z.value);inner.style.width=(100*f)+'%';
+out.textContent=f+'x';});})();
+"""
+
+
+def write_report(path: Path, paths: Iterable[str | os.PathLike[str]], result: AnalysisResult, outcome: str) -> None:
+    """Build the timeline of the logs under ``paths`` (a second streaming pass) and write the
+    page for ``result`` to ``path`` atomically."""
+    from ftkit.analysis.timeline import build_timeline
+
+    write_page(path, render_timeline_html(build_timeline(paths), result, outcome))
+
+
+def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str) -> str:
+    """The whole page for one analysed run (``outcome``: the analyzer's verdict)."""
+    run = timeline.run or (result.stats.get("runs") or ["?"])[0]
+    body = [
+        f"<h1>ftkit analyze-events: <span class='{outcome}'>{outcome.upper()}</span> "
+        f"<span class='muted'>run {escape(str(run))}</span></h1>",
+        _summary(timeline, result),
+        "<h2>Timeline</h2>",
+        _timeline(timeline),
+        "<h2>Metrics by step</h2>",
+        metric_charts(timeline),
+        "<h2>Recovery</h2>",
+        _recovery(result.recovery),
+        "<h2>Rules</h2>",
+        _rules(result),
+        "<h2>Findings</h2>",
+        finding_list(result.findings, "findings"),
+        "<h2>Timeline events</h2>",
+        _event_list(timeline),
+    ]
+    return page(f"ftkit analyze-events: {run}", body, _ZOOM_JS)
+
+
+def _summary(tl: Timeline, result: AnalysisResult) -> str:
+    s = result.stats
+    layout = f"{s.get('cells')} cell(s) x tp {s.get('tp')} x pp {s.get('pp')}, {s.get('engines')} engine(s)"
+    notes = "".join(f"<p class='muted'>{escape(n)}</p>" for n in result.notes)
+    dropped = ", ".join(f"{n} {k}" for k, n in sorted(tl.dropped.items()))
+    if dropped:
+        notes += f"<p class='muted'>Not drawn (over the per-kind limit): {escape(dropped)}</p>"
+    if tl.skipped:
+        notes += f"<p class='muted'>{tl.skipped} event(s) lack the fields the timeline needs (see the findings).</p>"
+    return (
+        kv(
+            [
+                ("status", escape(str(s.get("status") or "no run_finished"))),
+                ("layout", escape(layout)),
+                ("steps", f"{s.get('steps_committed')} committed of {s.get('steps_closed')} closed"),
+                ("faults / heals", f"{s.get('faults')} / {s.get('heals')}"),
+                ("duration", f"{num(s.get('duration_s'), '.3f')} s"),
+                ("events", f"{s.get('events')} in {s.get('files')} file(s), {s.get('bytes')} bytes"),
+            ]
+        )
+        + notes
+    )
+
+
+# ---------------------------------------------------------------------------- timeline
+def _lanes(tl: Timeline) -> list[str]:
+    cells = sorted((k for k in tl.lanes if k.startswith("cell ")), key=lambda k: int(k.split()[1]))
+    marked = {m.lane for m in tl.markers}
+    for lane in sorted(marked):
+        if lane.startswith("cell ") and lane not in cells:
+            cells.append(lane)
+    engines = sorted((k for k in marked if k.startswith("engine ")), key=lambda k: int(k.split()[1]))
+    return ["driver", "steps", *cells, *engines]
+
+
+def _timeline(tl: Timeline) -> str:
+    if not tl.events:
+        return "<p>No events.</p>"
+    lanes = _lanes(tl)
+    row = {lane: i for i, lane in enumerate(lanes)}
+    span = tl.duration or 1.0
+
+    def x(t: float) -> float:
+        return max(0.0, min(_W, (t - tl.start) / span * _W))
+
+    h = len(lanes) * _LANE_H
+    out = [
+        f"<svg viewBox='0 0 {_W:.0f} {h}' preserveAspectRatio='none' height='{h}' role='img' aria-label='run timeline'>"
+    ]
+    for i in range(len(lanes)):
+        fill = "#f6f8fa" if i % 2 else "#ffffff"
+        out.append(f"<rect x='0' y='{i * _LANE_H}' width='{_W:.0f}' height='{_LANE_H}' fill='{fill}'/>")
+    for lane, intervals in tl.lanes.items():
+        y = row[lane] * _LANE_H
+        for iv in intervals:
+            top, hh = (y + 3, _LANE_H - 6) if iv.state != "healing" else (y + 6, _LANE_H - 12)
+            x0, x1 = x(iv.start), x(iv.end)
+            why = f" ({iv.reason})" if iv.reason else ""
+            out.append(
+                f"<rect class='state-{iv.state}' x='{x0:.2f}' y='{top}' width='{max(x1 - x0, 0.3):.2f}' height='{hh}' "
+                f"fill='{STATE_COLORS.get(iv.state, '#afb8c1')}'><title>{escape(lane)}: {iv.state}{escape(why)}, "
+                f"{iv.start - tl.start:.3f}s to {iv.end - tl.start:.3f}s</title></rect>"
+            )
+    y = row["steps"] * _LANE_H
+    for b in tl.bins:
+        if b.attempts:
+            out.append(_step_rect(b, tl, x, y))
+    for group in _mark_groups(tl):
+        m = group[0]
+        colour, width, dash, _ = MARK_STYLE[m.kind]
+        y = row.get(m.lane, 0) * _LANE_H
+        xm = x(m.time)
+        dash_attr = f" stroke-dasharray='{dash}'" if dash else ""
+        text = f"{m.label} at {m.time - tl.start:.3f}s"
+        if len(group) > 1:
+            text = f"{len(group)} x {MARK_STYLE[m.kind][3]}, first: {text}; last: {group[-1].label}"
+        out.append(
+            f"<line class='mark-{m.kind}' x1='{xm:.2f}' x2='{xm:.2f}' y1='{y + 1}' y2='{y + _LANE_H - 1}' "
+            f"stroke='{colour}' stroke-width='{width}'{dash_attr} vector-effect='non-scaling-stroke'>"
+            f"<title>{escape(text)}</title></line>"
+        )
+    out.append("</svg>")
+    labels = "".join(f"<div title='{escape(lane)}'>{escape(lane)}</div>" for lane in lanes)
+    ticks = "".join(
+        f"<span style='left:{x(tl.start + t) / _W * 100:.2f}%{';transform:none' if not t else ''}'>{_fmt_s(t)}</span>"
+        for t in nice_ticks(span, 10)
+        if x(tl.start + t) < _W * 0.97
+    )
+    return (
+        _TIMELINE_CSS
+        + legend([(s, c) for s, c in STATE_COLORS.items()])
+        + legend([(text, c) for c, _, _, text in MARK_STYLE.values()])
+        + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
+        "</label>"
+        + f"<div class='tl'><div class='lab'>{labels}</div><div class='scroll'><div class='inner' id='tl-inner'>"
+        + "".join(out)
+        + f"<div class='axis'>{ticks}</div></div></div></div>"
+        + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
+        f"{tl.width} step(s) per block; red blocks hold attempts that did not commit. Hover for details.</p>"
+    )
+
+
+def _mark_groups(tl: Timeline) -> list[list[Marker]]:
+    """Marks to draw: each alone while a (lane, kind) has at most ``DENSE`` of them, else grouped
+    into ``DENSE`` equal time buckets (one line per bucket, its hover text counts them)."""
+    by: dict[tuple[str, str], list[Marker]] = {}
+    for m in tl.markers:
+        by.setdefault((m.lane, m.kind), []).append(m)
+    groups: list[list[Marker]] = []
+    span = tl.duration or 1.0
+    for marks in by.values():
+        if len(marks) <= DENSE:
+            groups.extend([m] for m in marks)
+            continue
+        buckets: dict[int, list[Marker]] = {}
+        for m in marks:
+            buckets.setdefault(min(int((m.time - tl.start) / span * DENSE), DENSE - 1), []).append(m)
+        groups.extend(buckets.values())
+    return groups
+
+
+def _step_rect(b: StepBin, tl: Timeline, x: Any, y: int) -> str:
+    x0, x1 = x(b.t0), x(b.t1)
+    colour = "#cf222e" if b.not_committed else "#2da44e"
+    steps = f"step {b.first}" if tl.width == 1 else f"steps {b.first}-{b.first + tl.width - 1}"
+    return (
+        f"<rect class='steps' x='{x0:.2f}' y='{y + 4}' width='{max(x1 - x0, 0.3):.2f}' height='{_LANE_H - 8}' "
+        f"fill='{colour}' fill-opacity='0.75'><title>{steps}: {b.attempts} attempt(s), {b.committed} committed, "
+        f"{b.not_committed} not committed</title></rect>"
+    )
+
+
+def _fmt_s(t: float) -> str:
+    if t >= 3600:
+        return f"{t / 3600:.2f}h"
+    if t >= 120:
+        return f"{t / 60:.1f}m"
+    return f"{t:.3g}s"
+
+
+# ---------------------------------------------------------------------------- tables
+def _recovery(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "<p class='muted'>No injected faults in this log.</p>"
+    body = [
+        (
+            str(r["index"]),
+            escape(f"{r['kind']} at {r['point']}"),
+            num(r.get("cell")),
+            num(r.get("step")),
+            _secs(r.get("detect_s")),
+            _secs(r.get("reconfigure_s")),
+            _secs(r.get("heal_s")),
+            str(r.get("steps_discarded", 0)),
+            num(r.get("samples_lost")),
+            escape(str(r.get("recovered_by") or "UNRECOVERED")),
+            where_link(r.get("file"), r.get("line")),
+        )
+        for r in rows
+    ]
+    header = (
+        "#",
+        "fault",
+        "cell",
+        "step",
+        "detected after",
+        "reconfigured after",
+        "healed after",
+        "attempts discarded",
+        "samples lost",
+        "recovered by",
+        "logged at",
+    )
+    return table(header, body, "recovery")
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}s"
+
+
+def _rules(result: AnalysisResult) -> str:
+    rows = [
+        (
+            escape(r.code),
+            escape(r.rule),
+            f"<span class='sev-{r.severity.value}'>{r.severity.value}</span>",
+            f"<span class='num'>{r.checked}</span>",
+            f"<span class='{'fail' if r.findings else 'pass'}'>{r.findings}</span>",
+            escape(r.description),
+        )
+        for r in result.rules
+    ]
+    return table(("code", "rule", "severity", "checked", "findings", "what it checks"), rows, "rules")
+
+
+def _event_list(tl: Timeline) -> str:
+    marks: list[Marker] = [m for m in tl.markers if m.kind in LISTED]
+    if not marks:
+        return "<p class='muted'>No faults, heals, reconfigures, discarded attempts or rejected checkpoints.</p>"
+    rows = [
+        (
+            f"<span class='num'>{m.time - tl.start:.3f}s</span>",
+            escape(MARK_STYLE[m.kind][3]),
+            escape(m.lane),
+            escape(m.label),
+            where_link(m.file, m.line),
+        )
+        for m in marks[:MAX_ROWS]
+    ]
+    more = len(marks) - len(rows)
+    note = f"<p class='muted'>{more} more not listed (the timeline draws them).</p>" if more else ""
+    return (
+        f"<details{' open' if len(rows) <= 30 else ''}><summary>{len(marks)} event(s)</summary>"
+        "<input class='search' type='search' placeholder='filter events' data-filter='tl-events'>"
+        + table(("at", "what", "lane", "detail", "logged at"), rows, "tl-events")
+        + note
+        + "</details>"
+    )

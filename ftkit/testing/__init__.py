@@ -1,0 +1,1 @@
+"""Test and benchmark support (generators of realistic inputs); no command imports it."""

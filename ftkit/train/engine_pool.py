@@ -1,0 +1,124 @@
+"""The inference engines of a run, restarted when they die.
+
+``EnginePool(cfg, cfg_dict, run_dir, device)`` starts ``cfg.engines`` ``InferenceEngine``
+actors. ``load(state, version)`` puts the weights in Ray's object store once and has every
+engine load them (each emits ``engine_weights``); ``generate(prompts, rollout)`` gives each
+engine its contiguous range of whole chunks (``engines.split``) and concatenates the answers.
+
+An engine that dies (or errs) in either call is replaced: a new actor (its event file is the
+next incarnation of ``engine-r<e>``), re-sent the current weights (a new ``engine_weights`` of
+the same version, fingerprinted like the first) and, in ``generate``, asked again for exactly
+the samples it owed. A sample's response depends only on (weights, prompt, seed, rollout,
+sample index), so the rollout's data does not depend on the fault. Each engine is restarted
+at most ``MAX_RESTARTS`` times per call; beyond that the run fails (``RunFailed``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ftkit.train.run_end import RunFailed
+
+#: Restarts of one engine within one load / generate before the run gives up.
+MAX_RESTARTS = 3
+
+
+class EnginePool:
+    """The engine actors of a run (see the module docstring)."""
+
+    def __init__(self, cfg: Any, cfg_dict: dict[str, Any], run_dir: str, device: str) -> None:
+        import ray
+
+        from ftkit.train.cells import actor_resources
+        from ftkit.train.engines import InferenceEngine
+
+        self.cfg, self.cfg_dict, self.run_dir = cfg, cfg_dict, run_dir
+        res = actor_resources(device)
+        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
+        self.actors: list[Any] = [self.cls.remote(cfg_dict, run_dir, e) for e in range(cfg.engines)]
+        self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
+        self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
+        self.restarts = 0
+
+    def ready(self) -> None:
+        """Wait until every engine is constructed."""
+        import ray
+
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def load(self, state: dict[str, Any], version: int) -> list[str]:
+        """Every engine loads ``state`` as ``version``; their fingerprint totals, in engine order."""
+        import ray
+
+        self.weights = (ray.put(state), version)
+        return [self._call(e, "load") for e in range(len(self.actors))]
+
+    def generate(self, prompts: Any, rollout: int) -> Any:
+        """int64 ``[n, response_len]`` responses for ``prompts`` (see the module docstring)."""
+        import ray
+        import torch
+
+        from ftkit.train.engines import split
+
+        ranges = [(e, a, b) for e, (a, b) in enumerate(split(prompts.shape[0], len(self.actors))) if b > a]
+        refs = {e: self.actors[e].generate.remote(prompts[a:b], rollout, a) for e, a, b in ranges}
+        parts = []
+        for e, a, b in ranges:
+            try:
+                parts.append(ray.get(refs[e]))
+            except ray.exceptions.RayError as exc:
+                self._restart(e, exc)
+                parts.append(self._call(e, "generate", prompts[a:b], rollout, a, reload=True))
+        return torch.cat(parts, dim=0)
+
+    def _call(self, e: int, what: str, *args: Any, reload: bool = False) -> Any:
+        """``load`` (the current weights) or ``generate(*args)`` on engine ``e`` (after
+        reloading the current weights when ``reload``); on failure the engine is replaced,
+        reloads the current weights and the call is repeated."""
+        import ray
+
+        reload = reload or what == "load"
+        for _ in range(MAX_RESTARTS + 1):
+            try:
+                total = None
+                if reload and self.weights is not None:
+                    ref, version = self.weights
+                    attempt = self.sends.get((e, version), 0)
+                    self.sends[(e, version)] = attempt + 1
+                    total = ray.get(self.actors[e].load_weights.remote(ref, version, version, attempt))
+                reload = False
+                return total if what == "load" else ray.get(self.actors[e].generate.remote(*args))
+            except ray.exceptions.RayError as exc:
+                self._restart(e, exc)
+                reload = True
+        raise RunFailed(
+            f"engine {e} failed {MAX_RESTARTS + 1} times in a row during {what}",
+            hint="the engine's event files and `ray logs` say why it dies",
+        )
+
+    def _restart(self, e: int, exc: BaseException) -> None:
+        """Replace engine ``e`` by a new actor (the caller reloads the weights)."""
+        import contextlib
+
+        import ray
+
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write(f"engine {e} failed ({type(exc).__name__}: {first[:200]}); restarting it\n")
+        with contextlib.suppress(Exception):  # already gone is fine
+            ray.kill(self.actors[e], no_restart=True)
+        self.restarts += 1
+        self.actors[e] = self.cls.remote(self.cfg_dict, self.run_dir, e)
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Flush the engines' logs (at most ``timeout_s``), then kill them."""
+        import contextlib
+
+        import ray
+
+        with contextlib.suppress(Exception):  # an engine already gone is fine
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout_s)
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already gone is fine
+                ray.kill(a, no_restart=True)
+        self.actors = []

@@ -1,0 +1,148 @@
+"""Healing, the driver's side: restart failed cells in the background, heal them at a step boundary.
+
+``Healer.restart(cell)`` (called when a cell is marked failed): ``failed -> restarting``, new
+actors with ``incarnation + 1`` in a new placement group (``cells.spawn_cell``) and their
+``init_cell`` started; nothing waits for them, the survivors keep training.
+
+``Healer.at_boundary(step, wait)`` (called by the coordinator before every step attempt;
+``wait`` before the run's last step, see below): for each
+restarting cell whose ranks all finished ``init_cell``, ``restarting -> healing`` and, for each
+rank position, the donor rank's ``donor_state()`` (the state codec, put in Ray's object store
+once) is loaded by the recipient (``RankWorker.load_state``), which fingerprints what it holds
+and compares with the donor's total. Every rank equal: ``healing -> alive`` (the ranks emitted
+``heal``); the coordinator then reconfigures with the cell in the membership. A mismatch:
+``healing -> restarting`` with the reason, and the heal is retried from the next donor (each
+live cell is tried in turn, then the first again, at most ``HEAL_TRIES`` times per boundary).
+Several recipients at one boundary take different donors (the donor index is offset by the
+cell index), one after the other; within a cell, every rank position's transfer is one Ray
+object, all fetched in parallel. A recipient that dies or errs is failed again (and
+restarted); one that is not placed and started within ``heal_timeout`` is given up
+(``stopped``) and the run goes on with fewer cells.
+
+Before the run's last step the coordinator waits for the cells still starting (bounded by
+``heal_timeout``): survivors never wait for a restart otherwise, but a run that lost a cell
+ends with all its cells where possible, and the last step's fingerprints prove each healed
+cell's state (FT107).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ftkit.train.cell_state import CellState
+from ftkit.train.cells import spawn_cell
+from ftkit.train.step_types import HealReport
+
+#: Heal attempts per boundary before the cell waits for the next one.
+HEAL_TRIES = 3
+
+
+class Healer:
+    """Restarts and heals cells for a ``StepCoordinator`` (see the module docstring)."""
+
+    def __init__(self, coord: Any, cfg_dict: dict[str, Any], run_dir: str, device: str, store: tuple[str, int]) -> None:
+        self.coord, self.cfg_dict, self.run_dir, self.device, self.store = coord, cfg_dict, run_dir, device, store
+        self.cfg = coord.cfg
+        self.starting: dict[int, tuple[list[Any], float]] = {}  # cell -> (init refs, restart time)
+        self.ready: set[int] = set()  # started, not healed yet
+        self.attempts: dict[int, int] = {}  # cell -> heal attempts so far (the fault point's attempt)
+        self.reports: list[HealReport] = []
+
+    def restart(self, cell: int) -> None:
+        """Start a new incarnation of ``cell`` (``failed -> restarting``)."""
+        old = self.coord.cells[cell]
+        book = self.coord.book
+        book.transition(cell, CellState.restarting, f"restarting as incarnation {old.incarnation + 1}")
+        ranks = self.cfg.tp * self.cfg.pp
+        new = spawn_cell(self.cfg_dict, self.run_dir, cell, ranks, self.device, old.incarnation + 1)
+        self.coord.cells[cell] = new
+        self.starting[cell] = (new.init(*self.store), time.monotonic())
+
+    def at_boundary(self, step: int, wait: bool = False) -> None:
+        """Heal every restarted cell that is ready (see the module docstring); with ``wait``,
+        first wait for the cells still starting (each at most until its ``heal_timeout``)."""
+        import ray
+
+        from ftkit.train.coordinator import classify
+
+        for cell in sorted(self.starting):
+            refs, since = self.starting[cell]
+            left = since + self.cfg.heal_timeout - time.monotonic() if wait else 0.0
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, left))
+            if len(ready) < len(refs):
+                if time.monotonic() - since > self.cfg.heal_timeout:
+                    del self.starting[cell]
+                    self.coord.cells[cell].kill()
+                    self.coord.book.transition(
+                        cell, CellState.stopped, f"not started within --heal-timeout {self.cfg.heal_timeout:g}s"
+                    )
+                continue
+            del self.starting[cell]
+            problems = [p for p in map(classify, refs) if p is not None]
+            if problems:
+                self.coord.book.transition(cell, CellState.failed, f"restart failed: {problems[0][1]}")
+                self.coord.cells[cell].kill()
+                self.restart(cell)
+                continue
+            self.ready.add(cell)
+        for cell in sorted(self.ready):
+            self._heal(cell, step)
+
+    def _heal(self, cell: int, step: int) -> None:
+        """Up to ``HEAL_TRIES`` heals of ``cell`` from the live donors in turn."""
+        import ray
+
+        from ftkit.train.coordinator import classify
+
+        coord, book = self.coord, self.coord.book
+        for _ in range(HEAL_TRIES):
+            donors = book.alive()
+            if not donors:
+                return
+            attempt = self.attempts.get(cell, 0)
+            self.attempts[cell] = attempt + 1
+            donor = donors[(cell + attempt) % len(donors)]
+            book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
+            payloads = coord.cells[donor].donor_state()
+            answers = coord.wait(
+                {cell: coord.cells[cell].load_state(payloads, donor, book.epoch + 1, step, attempt)},
+                self.cfg.step_timeout,
+            )
+            if cell not in answers.values:
+                done, _ = ray.wait(payloads, num_returns=len(payloads), timeout=0)
+                donor_problems = [p for p in map(classify, done) if p is not None]
+                if donor_problems or len(done) < len(payloads):  # the donor failed, not the recipient
+                    cause = donor_problems[0][1] if donor_problems else "no state within the deadline"
+                    book.transition(cell, CellState.restarting, f"donor cell {donor} failed during the heal")
+                    coord.fail(donor, f"as heal donor: {cause}")
+                    continue
+                self.ready.discard(cell)
+                cause = answers.failed.get(cell, "heal failed")
+                book.transition(cell, CellState.failed, f"heal from donor cell {donor}: {cause}")
+                coord.cells[cell].kill()
+                self.restart(cell)
+                return
+            reports: list[HealReport] = answers.values[cell]
+            self.reports += reports
+            bad = [r for r in reports if not r.accepted]
+            if not bad:
+                self.ready.discard(cell)
+                coord.since[cell] = step
+                book.transition(cell, CellState.alive, f"healed from donor cell {donor}, fingerprints equal")
+                return
+            r = bad[0]
+            book.transition(
+                cell,
+                CellState.restarting,
+                f"heal from donor cell {donor} rejected: rank {r.rank} holds {r.total[:16]}, "
+                f"the donor {r.donor_total[:16]}",
+            )
+
+    def give_up(self) -> None:
+        """At the run's end: stop every cell still starting."""
+        for cell in sorted(set(self.starting) | self.ready):
+            self.coord.cells[cell].kill()
+            self.coord.book.transition(cell, CellState.stopped, "run end")
+        self.starting.clear()
+        self.ready.clear()

@@ -1,0 +1,106 @@
+"""How a training run ends: the two non-bug failures and the status file for other tools.
+
+* ``RunFailed`` (exit 1): the run could not go on (fewer live cells than ``--min-cells``, a
+  step failed more than ``--max-retries`` times, no cell left to export or save from);
+* ``RunInterrupted`` (exit 128 + signal: 130 for SIGINT, 143 for SIGTERM): the user stopped it.
+
+Both are ``FtkitError``s: the CLI prints one ``Error:`` line and a hint, never a traceback and
+never "bug". Whatever the end, the driver writes ``<run_dir>/status.json`` last
+(``write_status``): ``{"status": "completed" | "failed" | "interrupted", "reason": str | null,
+"exit_code": int | null, "steps_committed": int, "steps_total": int, "finished": unix seconds}``
+(``exit_code`` is that of ``ftkit train`` when the driver knows it: 1 for ``RunFailed``, 2
+for a configuration problem found while starting, 3 for a bug, 130 / 143 when interrupted;
+``null`` for completed, whose exit code the analyzer's verdict decides).
+The same status and reason end the event log (``run_finished``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
+
+from ftkit.errors import FtkitError
+
+STATUS_FILE = "status.json"
+
+
+class RunFailed(FtkitError):
+    """The run stopped because it could not go on (exit 1); ``message`` says why."""
+
+    exit_code = 1
+
+
+class RunInterrupted(FtkitError):
+    """SIGINT / SIGTERM stopped the run (exit 128 + the signal number)."""
+
+    def __init__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"interrupted by {name}: the run stopped, its log ends with run_finished 'interrupted'",
+            hint="rerun the command to train again (the run directory needs --overwrite)",
+        )
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+
+def write_status(
+    run_dir: Path, status: str, reason: str | None, exit_code: int | None, steps_committed: int, steps_total: int
+) -> None:
+    """Write ``status.json`` atomically (see the module docstring)."""
+    from ftkit.fsutil import fsync_dir
+
+    doc = {
+        "status": status,
+        "reason": reason,
+        "exit_code": exit_code,
+        "steps_committed": steps_committed,
+        "steps_total": steps_total,
+        "finished": time.time(),
+    }
+    tmp = run_dir / f".{STATUS_FILE}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, run_dir / STATUS_FILE)
+    fsync_dir(run_dir)
+
+
+@contextlib.contextmanager
+def signals_interrupt() -> Iterator[Callable[[], None]]:
+    """Inside the block, SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (once:
+    a second signal during the cleanup is ignored, so the cleanup finishes). The block gets
+    ``arm()``, which installs the handlers again: call it after anything that installs its
+    own (``ray.init`` sets a SIGTERM handler that exits). The previous handlers come back
+    afterwards. Outside the main thread this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if fired:
+            return
+        fired.append(signum)
+        raise RunInterrupted(signum)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in signals}
+
+    def arm() -> None:
+        for s in signals:
+            signal.signal(s, handler)
+
+    arm()
+    try:
+        yield arm
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

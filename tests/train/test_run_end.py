@@ -1,0 +1,39 @@
+"""How a run ends: exit codes of the non-bug failures, status.json, signals raise RunInterrupted."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from ftkit.train.run_end import RunFailed, RunInterrupted, signals_interrupt, write_status
+
+
+def test_exit_codes_are_1_and_128_plus_the_signal():
+    assert RunFailed("x").exit_code == 1
+    assert RunInterrupted(signal.SIGINT).exit_code == 130
+    err = RunInterrupted(signal.SIGTERM)
+    assert err.exit_code == 143 and "SIGTERM" in err.message and "bug" not in err.message
+
+
+def test_status_json(tmp_path):
+    write_status(tmp_path, "failed", "1 live cell(s) left", 1, 3, 8)
+    doc = json.loads((tmp_path / "status.json").read_text())
+    assert {k: doc[k] for k in ("status", "reason", "exit_code", "steps_committed", "steps_total")} == {
+        "status": "failed",
+        "reason": "1 live cell(s) left",
+        "exit_code": 1,
+        "steps_committed": 3,
+        "steps_total": 8,
+    }
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_inside_the_block_raises_once_and_handlers_come_back(sig):
+    before = signal.getsignal(sig)
+    with pytest.raises(RunInterrupted) as info, signals_interrupt():
+        os.kill(os.getpid(), sig)  # Python runs the handler at the next bytecode
+        signal.pause()
+    assert info.value.signum == sig
+    assert signal.getsignal(sig) is before
