@@ -5,7 +5,7 @@ line. What tells it apart is what its writers and the driver said (DESIGN.md I6)
 
 - **log_closed** (schema 2): every writer that closes normally writes it as its last line, with
   the number of lines it emitted before. A schema 2 stream that ends without it was cut -- unless
-  the driver declared the writer's cell ``errored`` after the stream began (the process died). A
+  the driver declared the writer's cell dead (``errored`` or ``failed``) after the stream began (the process died). A
   line after ``log_closed``, or a ``lines`` count that is not the line's ``seq``, is damage too.
 - **declared steps**: the driver logs a ``metric`` with the ``step`` of every step it trained; a
   declared step of which no rank logged anything lost all its evidence (FT112).

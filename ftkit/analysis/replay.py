@@ -32,6 +32,7 @@ from ftkit.events.schema import Source
 from ftkit.events.validate import CHECKS, explain, known
 from ftkit.findings import Finding, Severity
 
+DEATHS = frozenset({"errored", "failed"})  # cell states by which the driver declares a cell dead
 LAG = 2  # a step closes when every reporting file is this many steps ahead
 MAX_STORED = 500  # findings kept per rule (all are counted)
 STEP_TYPES = frozenset({"step_outcome", "state_fingerprint", "witness_counts", "grad_nonfinite"})
@@ -417,7 +418,7 @@ class Replay:
             deaths = self.deaths.get(ev["cell"])
             if deaths and deaths[-1][1] is None:
                 deaths[-1][1] = self.max_step + 1
-        if ev["new"] == "errored":  # "stopped" is a deliberate stop at a step boundary, not a death
+        if ev["new"] in DEATHS:  # "stopped" is a deliberate stop at a step boundary, not a death
             self._died(ev["cell"])
             self.closure.declared_dead(ev["cell"], ev["time"])
             self.recovery.detected(ev["time"], ev["cell"])
