@@ -131,24 +131,29 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the generated logs")
     p.add_argument("--repeat", type=int, default=2, help="measurements per size; the best of each is kept")
     p.add_argument("--shuffled", action="store_true", help="also measure the merged lines in random order")
+    p.add_argument("--existing", type=Path, default=None, help="measure a log kept by --keep (DIR/events) again")
     args = p.parse_args()
     rows = []
     for target in args.events:
-        root = Path(tempfile.mkdtemp(prefix=f"ftkit-bench-{target}-", dir=args.dir))
+        root = args.existing or Path(tempfile.mkdtemp(prefix=f"ftkit-bench-{target}-", dir=args.dir))
         try:
             t0 = time.perf_counter()
-            run = generate(root, spec_for(target, args))
-            merged = write_merged_log(run.events_dir, root / "merged.jsonl").path
+            events_dir = root / "events"
+            if args.existing is None:
+                generate(root, spec_for(target, args))
+            merged = root / "merged.jsonl"
+            if not merged.exists():
+                write_merged_log(events_dir, merged)
             gen_s = time.perf_counter() - t0
-            files = sorted(run.events_dir.glob("*.jsonl"))
+            files = sorted(events_dir.glob("*.jsonl"))
             size = sum(f.stat().st_size for f in files)
-            inputs = {"analyze": run.events_dir, "merged": merged}
+            inputs = {"analyze": events_dir, "merged": merged}
             if args.shuffled:
                 inputs["shuffled"] = root / "shuffled.jsonl"
-                shuffle_lines(merged, inputs["shuffled"], args.seed)
+                if not inputs["shuffled"].exists():
+                    shuffle_lines(merged, inputs["shuffled"], args.seed)
             print(
-                f"[{target}] generated {run.events} events, {size / 2**30:.2f} GiB in {len(files)} files "
-                f"and merged ({gen_s:.0f}s)",
+                f"[{target}] {size / 2**30:.2f} GiB in {len(files)} files, merged ({gen_s:.0f}s)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -191,7 +196,7 @@ def main() -> int:
                     row[f"{k}_vs_files_cpu"] = round(best_cpu[k] / best_cpu["analyze"], 3)
             rows.append(row)
         finally:
-            if not args.keep:
+            if not args.keep and args.existing is None:
                 shutil.rmtree(root, ignore_errors=True)
     print(
         f"{'events':>10} {'GiB':>6} {'plain s':>8} {'files s':>8} {'ratio':>6} {'cpu':>6} "

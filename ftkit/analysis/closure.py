@@ -5,7 +5,8 @@ line. What tells it apart is what its writers and the driver said (DESIGN.md I6)
 
 - **log_closed** (schema 2): every writer that closes normally writes it as its last line, with
   the number of lines it emitted before. A schema 2 stream that ends without it was cut -- unless
-  the driver declared the writer's cell ``errored`` after the stream began (the process died). A
+  the driver declared the writer's cell dead (``errored`` or ``failed``) after the stream began,
+  or the stream itself logged a ``fault_injected`` that kills its process (an engine has no cell). A
   line after ``log_closed``, or a ``lines`` count that is not the line's ``seq``, is damage too.
 - **declared steps**: the driver logs a ``metric`` with the ``step`` of every step it trained; a
   declared step of which no rank logged anything lost all its evidence (FT112).
@@ -21,6 +22,7 @@ from typing import Any
 
 from ftkit.analysis.records import Where
 
+KILLING = frozenset({"kill", "sigkill", "exit", "hang"})  # fault kinds after which a process cannot close
 MAX_STEPS = 1 << 24  # step numbers above this are not tracked (an invalid log says so elsewhere)
 _DECLARED, _SEEN = 1, 2
 
@@ -30,6 +32,7 @@ class Closure:
 
     def __init__(self) -> None:
         self.closed: list[bool] = []
+        self.killed: list[bool] = []  # the stream itself logged a fault that ends its process
         self.schema: list[Any] = []
         self.unclosed: list[tuple[str, int | None, float, Where]] = []  # (label, cell, first time, last line)
         self.errored: dict[int, list[float]] = {}
@@ -37,6 +40,7 @@ class Closure:
 
     def attach(self, streams: int) -> None:
         self.closed = [False] * streams
+        self.killed = [False] * streams
         self.schema = [None] * streams
 
     def started(self, fi: int, ev: dict[str, Any]) -> None:
@@ -44,11 +48,16 @@ class Closure:
 
     def ended(self, fi: int, src: dict[str, Any] | None, first_time: float, where: Where) -> None:
         """Stream ``fi`` ended at ``where`` (its last line)."""
-        if self.closed[fi] or src is None or type(self.schema[fi]) is not int or self.schema[fi] < 2:
+        if self.closed[fi] or self.killed[fi] or src is None or type(self.schema[fi]) is not int or self.schema[fi] < 2:
             return
         cell = src.get("cell") if src.get("role") == "trainer" else None
         label = "-".join(str(src.get(k)) for k in ("role", "cell", "rank", "incarnation"))
         self.unclosed.append((label, cell if type(cell) is int else None, first_time, where))
+
+    def fault(self, fi: int, kind: Any) -> None:
+        """Stream ``fi`` logged ``fault_injected``: a killing kind excuses its missing ``log_closed``."""
+        if kind in KILLING:
+            self.killed[fi] = True
 
     def declared_dead(self, cell: int, time: float) -> None:
         self.errored.setdefault(cell, []).append(time)

@@ -41,8 +41,9 @@ class AnalysisResult:
     recovery: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
 
-    def verdict(self, fail_on: FailOn = FailOn.error) -> str:
-        return verdict(self.findings, fail_on)
+    def verdict(self, fail_on: FailOn | str = FailOn.error) -> str:
+        """``"pass"`` or ``"fail"`` for a threshold (a ``FailOn`` or its value, ``"error"``)."""
+        return verdict(self.findings, FailOn(fail_on))
 
 
 def analyze_paths(

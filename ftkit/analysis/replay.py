@@ -486,6 +486,7 @@ class Replay:
         self.closed[fi] = True
 
     def _fault(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.closure.fault(fi, ev["kind"])
         self.recovery.fault(ev, self.where(fi, line))
 
     def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:

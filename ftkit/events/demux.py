@@ -43,6 +43,7 @@ from ftkit.events import reader
 from ftkit.events.keys import ENVELOPE, SourceTable, line_key
 from ftkit.events.reader import (
     _GZIP_MAGIC,
+    BLOCK,
     SAFE_LEN,
     STDIN,
     IssueCallback,
@@ -183,7 +184,7 @@ class DemuxStream:
         sids = _read_sids(self._sids)
         for fi, path in enumerate(self.files):
             base, name = fi << LINE_BITS, self.inputs[fi]
-            for before, block, terminated in read_blocks(path, on_issue, self.counts):
+            for before, block, terminated in read_blocks(path, on_issue, self.counts, BLOCK):
                 lineno = base | before
                 for line in block.split(b"\n"):
                     lineno += 1
@@ -279,8 +280,10 @@ def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int,
         return
     with mm:
         match, find, known, size = ENVELOPE.match, mm.find, table.raw_sids, len(mm)
-        pos, lineno, limit = 0, base, reader.MAX_LINE
+        pos, lineno, limit, released = 0, base, reader.MAX_LINE, 0
         while pos < size:
+            if pos - released > reader.BLOCK:
+                released = reader.release(mm, released, pos)
             lineno += 1
             m = match(mm, pos)
             if m is not None and (sid := known.get((m[1], m[3]), -1)) >= 0:

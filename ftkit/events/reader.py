@@ -27,6 +27,7 @@ could nest deep enough to crash it.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import heapq
 import io
@@ -46,7 +47,7 @@ from ftkit.errors import InputError
 
 MAX_LINE = 16 << 20
 CHUNK = 64 << 10  # per open file: small, so hundreds of files stay cheap
-BLOCK = 1 << 20  # lines handed on at a time from a mapped file
+BLOCK = 1 << 20  # lines handed on at a time by a reader that has one file open at a time
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -161,20 +162,25 @@ def size_of(path: Path) -> int:
         return 0
 
 
-def read_blocks(path: Path, on_issue: IssueCallback, counts: list[int]) -> Iterator[tuple[int, bytes, bool]]:
-    """``(lines_before, block, terminated)``: one log read ``CHUNK`` bytes at a time, as blocks of
-    whole lines joined by ``\\n`` (``block.split(b"\\n")`` are lines ``lines_before + 1`` ...).
+def read_blocks(
+    path: Path, on_issue: IssueCallback, counts: list[int], block: int = CHUNK
+) -> Iterator[tuple[int, bytes, bool]]:
+    """``(lines_before, block, terminated)``: one log as blocks of whole lines joined by ``\\n``
+    (``block.split(b"\\n")`` are lines ``lines_before + 1`` ...).
 
-    A line over ``MAX_LINE`` bytes is reported (``too_long``) and replaced by an empty line,
-    without being held whole; an I/O or decompression error is reported (``unreadable``, or
-    ``truncated`` for a gzip stream cut short) and ends the file. The last block is unterminated
-    (``terminated`` False) when the file does not end with a newline. ``counts`` (lines, bytes) is
-    updated as the file is read.
+    A plain file is memory-mapped and cut into blocks of about ``block`` bytes (64 KiB: hundreds of
+    files may be open at once in the per-process merge; a reader with one file open passes
+    ``BLOCK``), whose pages are released once copied; gzip and standard input are read ``CHUNK``
+    bytes at a time. A line over ``MAX_LINE`` bytes is reported (``too_long``) and replaced by an
+    empty line, without being held whole; an I/O or decompression error is reported
+    (``unreadable``, or ``truncated`` for a gzip stream cut short) and ends the file. The last block
+    is unterminated (``terminated`` False) when the file does not end with a newline. ``counts``
+    (lines, bytes) is updated as the file is read.
     """
     name = str(path)
     mapped = _map(path)
     if mapped is not None:
-        yield from _mapped_blocks(mapped, name, on_issue, counts)
+        yield from _mapped_blocks(mapped, name, on_issue, counts, block)
         return
     try:
         fh, raw = open_log(path)
@@ -208,13 +214,13 @@ def read_blocks(path: Path, on_issue: IssueCallback, counts: list[int]) -> Itera
                     on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
                     pending, skipping = b"", True
                 continue
-            block = pending + chunk[:end] if pending else chunk[:end]
+            lines = pending + chunk[:end] if pending else chunk[:end]
             pending = chunk[end + 1 :]
-            n = block.count(b"\n") + 1
-            if len(block) > MAX_LINE:
-                block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
+            n = lines.count(b"\n") + 1
+            if len(lines) > MAX_LINE:
+                lines = b"\n".join(_drop_long(lines.split(b"\n"), name, lineno, on_issue))
             counts[0] += n
-            yield lineno, block, True
+            yield lineno, lines, True
             lineno += n
         if pending:
             counts[0] += 1
@@ -238,13 +244,14 @@ def _map(path: Path) -> mmap.mmap | None:
 
 
 def _mapped_blocks(
-    mm: mmap.mmap, name: str, on_issue: IssueCallback, counts: list[int]
+    mm: mmap.mmap, name: str, on_issue: IssueCallback, counts: list[int], size_hint: int
 ) -> Iterator[tuple[int, bytes, bool]]:
-    """read_blocks over a mapped file: blocks of about ``BLOCK`` bytes cut at newlines, one copy each."""
+    """read_blocks over a mapped file: blocks of about ``size_hint`` bytes cut at newlines, one copy
+    each; the pages of a block are released once it is copied."""
     with mm:
-        size, pos, lineno = len(mm), 0, 0
+        size, pos, lineno, released = len(mm), 0, 0, 0
         while pos < size:
-            end = mm.rfind(b"\n", pos, min(pos + BLOCK, size))
+            end = mm.rfind(b"\n", pos, min(pos + size_hint, size))
             if end < 0:  # no newline in the window: one long line, or the unterminated last one
                 end = mm.find(b"\n", pos)
                 if end < 0:
@@ -262,9 +269,21 @@ def _mapped_blocks(
                 block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
             counts[0] += n
             counts[1] += min(end + 1, size) - pos
+            released = release(mm, released, end)  # the block is a copy: its pages can go
             yield lineno, block, end < size
             lineno += n
             pos = end + 1
+
+
+def release(mm: mmap.mmap, done: int, upto: int) -> int:
+    """Drop the mapped pages of ``[done, upto)`` from this process (they stay in the page cache), so
+    the resident size of a mapped file stays one block, not the file; returns the new ``done``."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done:
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # madvise is an optimisation
+            mm.madvise(mmap.MADV_DONTNEED, done, upto - done)
+        return upto
+    return done
 
 
 def _drop_long(lines: list[bytes], name: str, before: int, on_issue: IssueCallback) -> list[bytes]:
