@@ -228,7 +228,9 @@ def render_exit_codes_md() -> str:
         (
             cli.EXIT_FINDINGS,
             "findings: a mismatch, a failed verification, analyzer findings at or above `--fail-on`, "
-            "a training run whose own forensics found something",
+            "a training run whose own forensics found something, or that could not go on (every cell "
+            "lost, `--min-cells` or `--max-retries` exhausted: `run_finished` status `failed`, "
+            "`status.json` says why)",
         ),
         (
             cli.EXIT_USAGE,
@@ -236,7 +238,8 @@ def render_exit_codes_md() -> str:
             "`Error: <what>` and a `Hint:` on stderr, nothing on stdout, no traceback",
         ),
         (cli.EXIT_INTERNAL, "internal error (a bug): any uncaught exception; `--debug` shows the traceback"),
-        (130, "interrupted (Ctrl-C)"),
+        (130, "interrupted (Ctrl-C, SIGINT): `ftkit train` stops at once, logs `interrupted`, leaves no actor"),
+        (143, "terminated (SIGTERM): as 130"),
     ]
     lines = [
         "# Exit codes",
