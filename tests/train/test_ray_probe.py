@@ -89,17 +89,25 @@ def test_an_address_that_never_answers_ends_at_the_timeout() -> None:
 
 
 def test_train_with_a_dead_address_is_exit_2_before_anything_starts(tmp_path: Path) -> None:
-    """The driver probes --ray-address first: nothing listens -> exit 2, no run directory."""
+    """The driver probes --ray-address first (as a user runs it, in its own process): nothing
+    listens -> exit 2 within seconds, one Error line, no run directory."""
     import socket
-
-    from ftkit import cli
+    import subprocess
+    import sys
 
     with socket.socket() as s:  # a port nobody listens on once this socket is closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "run"
-    code = cli.main(["train", "--out", str(out), "--ray-address", f"127.0.0.1:{port}"])
-    assert code == 2 and not out.exists()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ftkit", "train", "--out", str(out), "--ray-address", f"127.0.0.1:{port}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("Error:") == 1, proc.stderr
+    assert "nothing listens" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
 
 
 def test_reasons_are_plain_text() -> None:
