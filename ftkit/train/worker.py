@@ -290,17 +290,7 @@ class RankWorker:
         self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=True)
         self.optimizer.step()
         self.counters = {"step": step, "rollout": task.rollout}
-        ev.emit(
-            "step_outcome",
-            rollout=task.rollout,
-            step=step,
-            attempt=attempt,
-            epoch=task.epoch,
-            cell=self.cell,
-            rank=self.rank,
-            outcome="committed",
-            micro_shards=list(task.shards),
-        )
+        self._outcome(task, "committed")
         total = None
         if self.cfg.bookkeeping:
             total = self._fingerprint(task.rollout, step, attempt)
@@ -310,22 +300,26 @@ class RankWorker:
         ev.sync(wait=False)  # the next emit waits for this fsync
         return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
 
+    def _outcome(self, task: Any, outcome: str) -> None:
+        """Log this rank's ``step_outcome`` for ``task`` (a ``StepTask``)."""
+        self.events.emit(
+            "step_outcome",
+            rollout=task.rollout,
+            step=task.step,
+            attempt=task.attempt,
+            epoch=task.epoch,
+            cell=self.cell,
+            rank=self.rank,
+            outcome=outcome,
+            micro_shards=list(task.shards),
+        )
+
     def discard(self, step: int, attempt: int) -> None:
         """Drop the attempt (if this rank began it): ``step_outcome`` discarded, nothing stepped."""
         task, self._started, self._pending = self._started, None, None
         if task is None or task.step != step or task.attempt != attempt:
             return
-        self.events.emit(
-            "step_outcome",
-            rollout=task.rollout,
-            step=step,
-            attempt=attempt,
-            epoch=task.epoch,
-            cell=self.cell,
-            rank=self.rank,
-            outcome="discarded",
-            micro_shards=list(task.shards),
-        )
+        self._outcome(task, "discarded")
         self.events.sync(wait=False)
 
     def _take(self, step: int, attempt: int) -> _Pending:
