@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftkit.analysis.registry import select_rules
-from ftkit.analysis.replay import MAX_STORED, NotPerProcess, Replay
+from ftkit.analysis.replay import NotPerProcess, Replay
+from ftkit.analysis.replay_state import MAX_STORED
 from ftkit.events.demux import DemuxStream
 from ftkit.events.reader import STDIN, EventStream, discover, size_of
 from ftkit.events.spill import SPILL_BYTES

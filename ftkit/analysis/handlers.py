@@ -1,0 +1,136 @@
+"""The replay's own handler of each event type: what every event contributes to the shared state.
+
+``EventHandlers.core_handlers()`` maps an event type to its handler ``(event, stream, line)``;
+the replay calls it before the rules subscribed to the type, so rules see the state with the
+event already applied. Step evidence goes to the open ``StepRecord`` (``ftkit.analysis.watermark``),
+deaths and reconfigurations to the membership, faults, heals and checkpoints to the recovery
+table, driver step declarations and ``log_closed`` to the closure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ftkit.analysis.records import RolloutRecord
+from ftkit.analysis.watermark import Watermark
+from ftkit.events.schema import DEAD_STATES
+from ftkit.findings import Severity
+
+Handler = Callable[[dict[str, Any], int, int], None]
+
+
+class EventHandlers(Watermark):
+    """The core event handlers (state in ``ReplayState``)."""
+
+    def core_handlers(self) -> dict[str, Handler]:
+        """Event type -> the replay's handler of it."""
+        return {
+            "run_started": self._run_started,
+            "run_finished": self._run_finished,
+            "cell_state": self._cell_state,
+            "reconfigure": self._reconfigure,
+            "step_outcome": self._step_outcome,
+            "state_fingerprint": self._fingerprint,
+            "witness_counts": self._witness_counts,
+            "witness_allocated": self._witness_allocated,
+            "grad_nonfinite": self._grad_nonfinite,
+            "fault_injected": self._fault,
+            "heal": self._heal,
+            "checkpoint_published": self._checkpoint_closed,
+            "checkpoint_rejected": self._checkpoint_closed,
+            "metric": self._metric,
+            "log_closed": self._log_closed,
+        }
+
+    def _run_started(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if self.run_started is None:
+            self.run_started = ev
+        else:
+            self.report("FT111", "run_started logged twice", Severity.warning, where=self.where(fi, line))
+
+    def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.run_finished = (ev, self.where(fi, line))
+
+    def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.cell_status[ev["cell"]] = ev["new"]
+        if ev["new"] == "alive":  # the driver declares the cell back from the next step on
+            deaths = self.deaths.get(ev["cell"])
+            if deaths and deaths[-1][1] is None:
+                deaths[-1][1] = self.max_step + 1
+        if ev["new"] in DEAD_STATES:  # "stopped" is a deliberate stop at a step boundary, not a death
+            self._died(ev["cell"])
+            self.closure.declared_dead(ev["cell"], ev["time"])
+            self.recovery.detected(ev["time"], ev["cell"])
+
+    def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.epochs[ev["epoch"]] = frozenset(ev["alive_after"])
+        self.recovery.reconfigured(ev["time"])
+
+    def _step_outcome(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        rec = self._record(ev, fi, line)
+        if rec is None:
+            return
+        rec.epoch = ev["epoch"] if rec.epoch is None else rec.epoch
+        rec.outcomes.setdefault(ev["cell"], {})[self._rank(ev)] = (ev["outcome"], self.where(fi, line))
+        if ev["outcome"] != "committed":
+            self.recovery.detected(ev["time"])
+
+    def _fingerprint(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        rec = self._record(ev, fi, line)
+        if rec is None:
+            return
+        rank, total = self._rank(ev), ev["total"]
+        rec.fingerprints.setdefault(rank, {})[ev["cell"]] = total
+        if (rank, total) not in rec.fp_detail:
+            rec.fp_detail[(rank, total)] = (ev["params"], ev["optimizer"], ev["cell"], self.where(fi, line))
+
+    def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        rec = self._record(ev, fi, line)
+        if rec is None:
+            return
+        rec.witness_cells.add(ev["cell"])
+        if rec.witness is None:
+            rec.witness = (ev["ids"], ev["counts"], ev["cell"], self.where(fi, line))
+        elif ev["ids"] != rec.witness[0] or ev["counts"] != rec.witness[1]:
+            rec.witness_conflicts.append((ev["cell"], self.where(fi, line)))
+
+    def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        ro = self.rollouts.get(ev["rollout"])
+        if ro is None:
+            if self.rollout_marks and ev["rollout"] < min(self.rollout_marks):  # already closed
+                self.late[0] += 1
+                self.late[1] = self.late[1] or self.where(fi, line)
+                return
+            ro = self.rollouts[ev["rollout"]] = RolloutRecord(ev["rollout"])
+        if ev["attempt"] >= ro.alloc_attempt:
+            ro.ids, ro.expected, ro.alloc_attempt = ev["ids"], ev["expected"], ev["attempt"]
+            ro.where = self.where(fi, line)
+
+    def _grad_nonfinite(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self._progress(fi, line, ev["step"], ev["rollout"])
+        self.recovery.detected(ev["time"], ev["cell"])
+
+    def _metric(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["step"] is not None and ev["source"].get("role") == "driver":
+            self.closure.declare_step(ev["step"])
+
+    def _log_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["lines"] != ev["seq"]:
+            self.report(
+                "FT111",
+                f"log_closed says {ev['lines']} line(s) were written before it, but its seq is {ev['seq']}",
+                where=self.where(fi, line),
+            )
+        self.closed[fi] = True
+
+    def _fault(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.closure.fault(fi, ev["kind"])
+        self.recovery.fault(ev, self.where(fi, line))
+
+    def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.recovery.healed(ev["time"], ev["cell"])
+        self.healed.add(ev["cell"])
+
+    def _checkpoint_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.recovery.checkpoint_closed(ev["time"], "rejected" if ev["type"] == "checkpoint_rejected" else "published")
