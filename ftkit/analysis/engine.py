@@ -29,7 +29,6 @@ from ftkit.events.reader import STDIN, EventStream, discover, size_of
 from ftkit.events.spill import SPILL_BYTES
 from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 
-PROGRESS_EVERY = 1 << 16
 Stream = EventStream | DemuxStream
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -83,11 +82,8 @@ def analyze_paths(
 
 def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progress | None, total: int) -> None:
     replay.attach(len(stream.names), stream.locate, per_process)
-    feed = replay.feed
-    for n, (event, fi, line) in enumerate(stream.events(), start=1):
-        feed(event, fi, line)
-        if progress is not None and n % PROGRESS_EVERY == 0:
-            progress(min(stream.position(), total), total)
+    tick = None if progress is None else lambda: progress(min(stream.position(), total), total)
+    replay.run(stream.events(), tick)
     replay.finish()
     if progress is not None:
         progress(total, total)

@@ -26,9 +26,7 @@ from ftkit.findings import Severity
 
 __all__ = ["LAG", "NotPerProcess", "Replay"]
 
-
-class _Skip(Exception):
-    """The line cannot be used (already reported)."""
+TICK = 1 << 16  # events between two progress calls
 
 
 class NotPerProcess(Exception):
@@ -38,8 +36,8 @@ class NotPerProcess(Exception):
 
 
 class Replay(EventHandlers):
-    """One pass over a run's events: ``attach``, ``feed`` each (event, stream, line) -- ``None``
-    as the event when a stream ends -- then ``finish``; findings are in ``findings``."""
+    """One pass over a run's events: ``attach``, ``run`` over the (event, stream, line) items, then
+    ``finish``; findings are in ``findings``."""
 
     def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]]) -> None:
         super().__init__()
@@ -52,75 +50,92 @@ class Replay(EventHandlers):
                 self.handlers[t].append(rule.on_event)
 
     # ----------------------------------------------------------------- the loop
-    def feed(self, event: dict[str, Any] | None, fi: int, line: int) -> None:
-        """Replay one event of stream ``fi`` (``None``: the stream ended after line ``line``)."""
-        if event is None:
-            self._file_ended(fi, line)
-            return
-        self.events += 1
-        t: Any = event.get("type")  # any JSON value until its check passes
-        check = CHECKS.get(t) if type(t) is str else None  # is_valid, inlined: this runs once per line
-        if check is None or not check(event):
-            if type(t) is not str:
-                what = "no" if t is None else f"a JSON {type(t).__name__} as"
-                self.report("FT111", f"invalid event: {what} type", where=self.where(fi, line))
-                return
-            if not known(t):
-                self.unknown_types[t[:64]] += 1
-                return
-            self.report("FT111", f"invalid {t} event: {explain(event)}", where=self.where(fi, line))
-            return
-        self.by_type[t] += 1
+    def run(self, items: Iterable[tuple[dict[str, Any] | None, int, int]], tick: Callable[[], None] | None) -> None:
+        """Replay ``(event, stream, line)`` items -- ``None`` as the event when a stream ended after
+        line ``line`` -- calling ``tick()`` every ``TICK`` events (progress).
+
+        Per event (the hot path, one function for all of it): the structural check, then the
+        envelope -- source, ``seq`` chain, time order, run name, lines after ``log_closed`` or
+        ``run_finished`` -- then the handlers of its type (the core one first, then the rules).
+        Anything unusual leaves the loop for a method that reports it."""
+        checks, handlers, by_type = CHECKS, self.handlers, self.by_type
+        file_source, seq_next, last_time, runs = self.file_source, self.seq_next, self.last_time, self.runs
+        closed, unordered = self.closed, self.unordered
+        n = 0
         try:
-            self._envelope(event, fi, line)
-        except _Skip:
-            return
-        for handler in self.handlers[t]:
-            handler(event, fi, line)
+            for event, fi, line in items:
+                if event is None:
+                    self._file_ended(fi, line)
+                    continue
+                n += 1
+                if tick is not None and not n % TICK:
+                    tick()
+                t: Any = event.get("type")  # any JSON value until its check passes
+                check = checks.get(t) if type(t) is str else None
+                if check is None or not check(event):
+                    self._invalid(event, t, fi, line)
+                    continue
+                by_type[t] += 1
+                if event["source"] != file_source[fi] and not self._source_changed(fi, event, line):
+                    continue
+                seq = event["seq"]
+                if seq != seq_next[fi]:
+                    self._seq(fi, line, seq)
+                seq_next[fi] = seq + 1
+                time = event["time"]
+                if time < last_time[fi] - 1.0 and fi not in unordered:
+                    self._unordered(fi, line)
+                last_time[fi] = time
+                if event["run"] not in runs:
+                    self._new_run(event["run"], fi, line)
+                if closed[fi]:  # the incarnation was reopened (EventWriter appends): its last line counts
+                    closed[fi] = False
+                if self.run_finished is not None and t != "log_closed":
+                    self.after_finish[0] += 1
+                    self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
+                for handler in handlers[t]:
+                    handler(event, fi, line)
+        finally:
+            self.events += n
 
-    def _envelope(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        """Per-line checks of the envelope: source, seq chain, time order, run name (hot path)."""
-        src = ev["source"]
-        if src != self.file_source[fi]:
-            self._source_changed(fi, ev, line)
-        seq = ev["seq"]
-        if seq != self.seq_next[fi]:
-            if seq < self.seq_next[fi] and self.per_process:
-                raise NotPerProcess(f"seq goes back in {self.where(fi, line)[0]}")
-            self._seq(fi, line, seq, self.seq_next[fi])
-        self.seq_next[fi] = seq + 1
-        t = ev["time"]
-        if t < self.last_time[fi] - 1.0 and fi not in self.unordered:
-            self.unordered.add(fi)
-            self.report(
-                "FT111",
-                "events are not in time order in this file (a concatenation?); pass the per-process files",
-                Severity.warning,
-                where=self.where(fi, line),
-            )
-        self.last_time[fi] = t
-        if ev["run"] not in self.runs:
-            self.runs[ev["run"]] = self.where(fi, line)
-            if len(self.runs) > 1:
-                self.report(
-                    "FT111", f"events of several runs in one log: {sorted(self.runs)}", where=self.where(fi, line)
-                )
-        if self.closed[fi]:  # the incarnation was reopened (EventWriter appends): its last line counts
-            self.closed[fi] = False
-        if self.run_finished is not None and ev["type"] != "log_closed":
-            self.after_finish[0] += 1
-            self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
+    def _invalid(self, event: dict[str, Any], t: Any, fi: int, line: int) -> None:
+        """An event whose type is missing, unknown (counted, skipped) or whose fields are invalid."""
+        if type(t) is not str:
+            what = "no" if t is None else f"a JSON {type(t).__name__} as"
+            self.report("FT111", f"invalid event: {what} type", where=self.where(fi, line))
+        elif not known(t):
+            self.unknown_types[t[:64]] += 1
+        else:
+            self.report("FT111", f"invalid {t} event: {explain(event)}", where=self.where(fi, line))
 
-    def _seq(self, fi: int, line: int, seq: int, expected: int) -> None:
-        if seq != expected:
-            what = (
-                f"seq gap: {expected}..{seq - 1} missing"
-                if seq > expected
-                else f"seq went back from {expected - 1} to {seq}"
-            )
-            self.report("FT111", f"{what} (lost or duplicated lines)", where=self.where(fi, line))
+    def _unordered(self, fi: int, line: int) -> None:
+        self.unordered.add(fi)
+        self.report(
+            "FT111",
+            "events are not in time order in this file (a concatenation?); pass the per-process files",
+            Severity.warning,
+            where=self.where(fi, line),
+        )
 
-    def _source_changed(self, fi: int, ev: dict[str, Any], line: int) -> None:
+    def _new_run(self, run: str, fi: int, line: int) -> None:
+        self.runs[run] = self.where(fi, line)
+        if len(self.runs) > 1:
+            self.report("FT111", f"events of several runs in one log: {sorted(self.runs)}", where=self.where(fi, line))
+
+    def _seq(self, fi: int, line: int, seq: int) -> None:
+        expected = self.seq_next[fi]
+        if seq < expected and self.per_process:
+            raise NotPerProcess(f"seq goes back in {self.where(fi, line)[0]}")
+        what = (
+            f"seq gap: {expected}..{seq - 1} missing"
+            if seq > expected
+            else f"seq went back from {expected - 1} to {seq}"
+        )
+        self.report("FT111", f"{what} (lost or duplicated lines)", where=self.where(fi, line))
+
+    def _source_changed(self, fi: int, ev: dict[str, Any], line: int) -> bool:
+        """The line's source differs from the stream's: its first line (True), or a line that cannot
+        be used (reported; False)."""
         src = ev["source"]
         if self.file_source[fi] is None:
             if self.per_process:
@@ -131,13 +146,14 @@ class Replay(EventHandlers):
             self._file_started(fi, src, line)
             self.closure.started(fi, ev)
             self.first_time[fi] = self.last_time[fi] = ev["time"]
-        elif self.per_process:
+            return True
+        if self.per_process:
             raise NotPerProcess(f"{self.where(fi, line)[0]} holds events of several sources")
-        else:  # a demultiplexed stream holds one source: only a line with duplicate keys gets here
-            self.report(
-                "FT111", "a line's source could not be read consistently (duplicate keys?)", where=self.where(fi, line)
-            )
-            raise _Skip
+        # a demultiplexed stream holds one source: only a line with duplicate keys gets here
+        self.report(
+            "FT111", "a line's source could not be read consistently (duplicate keys?)", where=self.where(fi, line)
+        )
+        return False
 
     def _file_started(self, fi: int, src: dict[str, Any], line: int) -> None:
         try:

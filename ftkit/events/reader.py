@@ -5,9 +5,9 @@ bytes), a directory contributes every ``*.jsonl`` and ``*.jsonl.gz`` below it, `
 input. A missing or unreadable path, a directory without logs, or a path that is not a regular
 file (a FIFO, device or socket: reading it could block forever) raises ``InputError`` (exit 2).
 
-``read_blocks`` / ``read_lines`` read one log in bounded memory (a plain file is memory-mapped
-and handed on in blocks of whole lines; gzip and standard input are read ``CHUNK`` bytes at a
-time). ``EventStream(files).events()`` is the per-process reader: it yields ``(event, file_index,
+``read_blocks`` / ``read_lines`` read one log in bounded memory (plain files, gzip and standard
+input alike are read a block at a time and handed on in blocks of whole lines).
+``EventStream(files).events()`` is the per-process reader: it yields ``(event, file_index,
 line_number)`` for every line that decodes to a JSON object, merging the files by ``time`` with a
 heap (``merge_by_time``: each file stays in its own order), so memory is bounded by one pending
 block per file. Any other arrangement of a run's lines is read by ``ftkit.events.demux``. Lines
@@ -168,20 +168,16 @@ def read_blocks(
     """``(lines_before, block, terminated)``: one log as blocks of whole lines joined by ``\\n``
     (``block.split(b"\\n")`` are lines ``lines_before + 1`` ...).
 
-    A plain file is memory-mapped and cut into blocks of about ``block`` bytes (64 KiB: hundreds of
+    The file (plain, gzip or standard input) is read ``block`` bytes at a time (64 KiB: hundreds of
     files may be open at once in the per-process merge; a reader with one file open passes
-    ``BLOCK``), whose pages are released once copied; gzip and standard input are read ``CHUNK``
-    bytes at a time. A line over ``MAX_LINE`` bytes is reported (``too_long``) and replaced by an
-    empty line, without being held whole; an I/O or decompression error is reported
-    (``unreadable``, or ``truncated`` for a gzip stream cut short) and ends the file. The last block
-    is unterminated (``terminated`` False) when the file does not end with a newline. ``counts``
-    (lines, bytes) is updated as the file is read.
+    ``BLOCK``) and cut at the last newline; a plain ``read`` costs less CPU than a memory map
+    (no page faults, no ``madvise`` to release pages) and holds no more than one block. A line over
+    ``MAX_LINE`` bytes is reported (``too_long``) and replaced by an empty line, without being held
+    whole; an I/O or decompression error is reported (``unreadable``, or ``truncated`` for a gzip
+    stream cut short) and ends the file. The last block is unterminated (``terminated`` False) when
+    the file does not end with a newline. ``counts`` (lines, bytes) is updated as the file is read.
     """
     name = str(path)
-    mapped = _map(path)
-    if mapped is not None:
-        yield from _mapped_blocks(mapped, name, on_issue, counts, block)
-        return
     try:
         fh, raw = open_log(path)
     except OSError as exc:
@@ -191,7 +187,7 @@ def read_blocks(
     try:
         while True:
             try:
-                chunk = fh.read(CHUNK)
+                chunk = fh.read(block)
             except (OSError, EOFError, zlib.error) as exc:
                 kind = "truncated" if isinstance(exc, EOFError) else "unreadable"
                 on_issue(name, lineno + 1, kind, f"cannot read past line {lineno}: {exc}")
@@ -222,57 +218,15 @@ def read_blocks(
             counts[0] += n
             yield lineno, lines, True
             lineno += n
-        if pending:
+        if len(pending) > MAX_LINE:  # an unterminated last line that is too long as well
+            counts[0] += 1
+            on_issue(name, lineno + 1, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
+        elif pending:
             counts[0] += 1
             yield lineno, pending, False
     finally:
         fh.close()
         raw.close()
-
-
-def _map(path: Path) -> mmap.mmap | None:
-    """A read-only map of a plain (not gzip, not empty) regular file; None otherwise."""
-    if path is STDIN:
-        return None
-    try:
-        with open(path, "rb") as fh:
-            if fh.read(2) == _GZIP_MAGIC or os.fstat(fh.fileno()).st_size == 0:
-                return None
-            return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        return None  # read_blocks' normal path reports what is wrong
-
-
-def _mapped_blocks(
-    mm: mmap.mmap, name: str, on_issue: IssueCallback, counts: list[int], size_hint: int
-) -> Iterator[tuple[int, bytes, bool]]:
-    """read_blocks over a mapped file: blocks of about ``size_hint`` bytes cut at newlines, one copy
-    each; the pages of a block are released once it is copied."""
-    with mm:
-        size, pos, lineno, released = len(mm), 0, 0, 0
-        while pos < size:
-            end = mm.rfind(b"\n", pos, min(pos + size_hint, size))
-            if end < 0:  # no newline in the window: one long line, or the unterminated last one
-                end = mm.find(b"\n", pos)
-                if end < 0:
-                    end = size
-                if end - pos > MAX_LINE:
-                    lineno += 1
-                    counts[0] += 1
-                    on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
-                    counts[1] += end + 1 - pos
-                    pos = end + 1
-                    continue
-            block = mm[pos:end]
-            n = block.count(b"\n") + 1
-            if len(block) > MAX_LINE:
-                block = b"\n".join(_drop_long(block.split(b"\n"), name, lineno, on_issue))
-            counts[0] += n
-            counts[1] += min(end + 1, size) - pos
-            released = release(mm, released, end)  # the block is a copy: its pages can go
-            yield lineno, block, end < size
-            lineno += n
-            pos = end + 1
 
 
 def release(mm: mmap.mmap, done: int, upto: int) -> int:

@@ -135,14 +135,15 @@ def test_selected_rules_only_report_their_own_findings(tmp_path):
 
 def test_memory_is_bounded_by_open_steps(tmp_path, monkeypatch):
     peak = {"steps": 0, "rollouts": 0}
-    original = replay_mod.Replay.feed
+    original = replay_mod.Replay._record  # called for every step event, after the record is opened
 
-    def feed(self, event, fi, line):
-        original(self, event, fi, line)
+    def record(self, event, fi, line):
+        rec = original(self, event, fi, line)
         peak["steps"] = max(peak["steps"], len(self.pending))
         peak["rollouts"] = max(peak["rollouts"], len(self.rollouts))
+        return rec
 
-    monkeypatch.setattr(replay_mod.Replay, "feed", feed)
+    monkeypatch.setattr(replay_mod.Replay, "_record", record)
     generate(
         tmp_path,
         SyntheticSpec(
