@@ -276,6 +276,23 @@ class LogClosed(Envelope):
     dropped: int = Field(description="of those, lines that could not be written")
 
 
+class PlacementEvent(Envelope):
+    """Where one rank of a cell or one engine runs (the driver logs it once the actor's
+    placement is known: at start, and for every restart)."""
+
+    type: Literal["placement"]
+    role: Literal["trainer", "engine"] = Field(description="a rank of a cell or an inference engine")
+    cell: int | None = Field(default=None, description="the cell (role trainer)")
+    rank: int | None = Field(default=None, description="rank in the cell (role trainer)")
+    engine: int | None = Field(default=None, description="the engine (role engine)")
+    incarnation: int = Field(description="incarnation of the cell or restart count of the engine, from 0")
+    node_id: str = Field(description="Ray node id (hex) the actor runs on")
+    address: str = Field(description="that node's address (Ray's NodeManagerAddress)")
+    planned_node_id: str | None = Field(
+        default=None, description="the node the spread asked for (null: no preference); differs when Ray fell back"
+    )
+
+
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     RunStarted,
     RunFinished,
@@ -297,6 +314,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     DumpWritten,
     EventsDropped,
     LogClosed,
+    PlacementEvent,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007

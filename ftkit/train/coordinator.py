@@ -73,6 +73,7 @@ class StepCoordinator:
         self.members: list[int] = []  # the alive set of the current epoch
         self.since: dict[int, int] = {c: 0 for c in cells}  # first step a cell trained in its incarnation
         self.healer: Any = None  # set by the driver (ftkit.train.healing.Healer)
+        self.placer: Any = None  # set by the driver (ftkit.train.placement.Placer)
 
     # --- waiting ----------------------------------------------------------------------
     def wait(self, refs: dict[int, list[Any]], timeout_s: float) -> Answers:
@@ -119,11 +120,24 @@ class StepCoordinator:
         """Record a detected failure (``cell_state`` -> failed), kill the cell, ask for a restart."""
         if self.book.state[cell] in (CellState.failed, CellState.stopped):
             return
+        lost = self._lost_nodes(cell)
+        if lost:
+            cause = f"{cause}; node {', '.join(f'{n[:12]} ({self.placer.address(n)})' for n in lost)} lost"
         self.book.transition(cell, CellState.failed, cause)
         self.events.sync(wait=False)
         self.cells[cell].kill()
         if self.healer is not None:
             self.healer.restart(cell)
+        for other in self.placer.cells_on(set(lost)) if lost else []:
+            if self.book.state[other] == CellState.alive:
+                self.fail(other, f"node lost with cell {cell}")
+
+    def _lost_nodes(self, cell: int) -> list[str]:
+        """The nodes of ``cell`` that Ray no longer lists as alive (a lost node: every cell on
+        it is failed before the next reconfigure)."""
+        if self.placer is None or cell not in self.placer.cell_nodes:
+            return []
+        return sorted(self.placer.dead_nodes() & set(self.placer.cell_nodes[cell]))
 
     def reconfigure(self, reason: str) -> None:
         """Rebuild the cross-cell groups over the alive cells under a new epoch; a member that

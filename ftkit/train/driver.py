@@ -14,7 +14,9 @@
    ``status.json`` (``ftkit.train.run_end``) records how the run ended;
 3. a ``TCPStore`` hosted here, on this node's Ray IP and a free port, through which every
    rank builds its cell world and the cross-cell groups;
-4. the cells (``ftkit.train.cells``, state machine ``ftkit.train.cell_state``), ``init_cell``
+4. the placement plan (``ftkit.train.placement``: cells and engines spread over the nodes,
+   each placement logged), the cells (``ftkit.train.cells``, state machine
+   ``ftkit.train.cell_state``), ``init_cell``
    and the first ``reconfigure`` (epoch 0), and the engines (``ftkit.train.engine_pool``),
    which load the initial weights (version 0);
 5. per rollout ``r``: prompts -> engines generate -> rewards -> advantages ->
@@ -259,18 +261,24 @@ class Driver:
         from ftkit.train.coordinator import StepCoordinator
         from ftkit.train.engine_pool import EnginePool
         from ftkit.train.healing import Healer
+        from ftkit.train.placement import Placer
 
         cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
         indices = list(range(cfg.cells))
         book = CellBook(cfg.cells, self._emit_cell_event)
         for c in indices:
             book.transition(c, CellState.starting, "run start")
-        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device)
+        placer = Placer(self.device, cfg.tp * cfg.pp, self.events)
+        plan = placer.plan_start(cfg.cells, cfg.engines)
+        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, plan.cells)
+        for cell in cells:
+            placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
+        self.coord.placer = placer
         store = (self.store.host, self.store.port)
         if cfg.heal:
             self.coord.healer = Healer(self.coord, cfg_dict, str(self.run_dir), self.device, store)
-        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device)
+        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, plan.engines)
         answers = self.coord.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
         for c in indices:
             if c in answers.values:
