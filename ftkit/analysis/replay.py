@@ -90,6 +90,7 @@ class Replay:
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
+        self.placement: dict[tuple[str, int, int], dict[str, Any]] = {}  # (role, cell|engine, rank) -> latest
         core = {
             "run_started": self._run_started,
             "run_finished": self._run_finished,
@@ -106,6 +107,7 @@ class Replay:
             "checkpoint_rejected": self._checkpoint_closed,
             "metric": self._metric,
             "log_closed": self._log_closed,
+            "placement": self._placement,
         }
         self.handlers: dict[str, list[Callable[[dict[str, Any], int, int], None]]] = {
             t: [core[t]] if t in core else [] for t in _all_types()
@@ -409,6 +411,28 @@ class Replay:
             self.run_started = ev
         else:
             self.report("FT111", "run_started logged twice", Severity.warning, where=self.where(fi, line))
+
+    def _placement(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        index = ev["cell"] if ev["role"] == "trainer" else ev["engine"]
+        if type(index) is int:
+            self.placement[(ev["role"], index, ev.get("rank") or 0)] = ev
+
+    def placement_summary(self) -> dict[str, Any] | None:
+        """Where each cell's ranks and each engine ran last (``None``: no placement logged):
+        ``{"nodes": n, "cells": {cell: [node per rank]}, "engines": {engine: node}}``, a node
+        written as its address and the first 8 hex digits of its id."""
+        if not self.placement:
+            return None
+        cells: dict[str, list[str]] = {}
+        engines: dict[str, str] = {}
+        for (role, index, _rank), ev in sorted(self.placement.items()):
+            node = f"{ev['address']}/{ev['node_id'][:8]}"
+            if role == "trainer":
+                cells.setdefault(str(index), []).append(node)
+            else:
+                engines[str(index)] = node
+        nodes = {n for ns in cells.values() for n in ns} | set(engines.values())
+        return {"nodes": len(nodes), "cells": cells, "engines": engines}
 
     def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.run_finished = (ev, self.where(fi, line))
