@@ -89,6 +89,10 @@ class Cell:
         """Rank 0's state for a checkpoint (cells of one rank)."""
         return [self.workers[0].checkpoint_state.remote()]
 
+    def restore_checkpoint(self, files: Any, meta: dict[str, Any]) -> list[Any]:
+        """Every rank loads the checkpoint ``files`` (an object ref, passed unresolved)."""
+        return [w.restore_checkpoint.remote(files, meta) for w in self.workers]
+
     def donor_state(self) -> list[Any]:
         return [w.donor_state.remote() for w in self.workers]
 

@@ -1,0 +1,112 @@
+"""Resuming training from a published checkpoint: the in-process primitive and its checks.
+
+``restore_cells(coord, checkpoint) -> (rollout, step)`` is what ``ftkit train --resume`` does
+after its cells started, and what a run that lost every cell reuses: it reads a checkpoint
+that verifies (``ftkit.checkpoint.restore.load``, fail-closed), puts its tensors in Ray's
+object store once and has every rank of every live cell load them
+(``RankWorker.restore_checkpoint``: parameters, optimizer moments and steps, counters,
+witness table). Each rank then fingerprints what it holds; a total other than the manifest's
+``state_fingerprint`` raises in the rank and ``RestoreFailed`` here. A cell that dies while
+restoring is failed through the coordinator (``coord.fail``: restarted and healed from a live
+peer at the next step boundary, like any failure); no live cell left is ``RunFailed``.
+The returned ``(rollout, step)`` is the checkpoint's: training continues with step
+``step + 1`` of rollout ``rollout + 1`` (a checkpoint is published at the end of a rollout).
+
+``check_restorable(tp, pp)`` is the one place that refuses a layout this module cannot load
+(cells of more than one rank: the TP/PP reshard lives elsewhere); ``next_incarnation`` gives
+the first incarnation number no trainer of the run has used, so a resumed session's event
+files never reopen the earlier session's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftkit.errors import ConfigError
+from ftkit.train.run_end import RunFailed
+
+
+class RestoreFailed(RunFailed):
+    """A checkpoint could not be loaded into the cells (exit 1): a rank's state after the
+    restore does not match the checkpoint's fingerprint, or the checkpoint does not fit."""
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """A checkpoint read into memory: its tensors per file and what the ranks check them by."""
+
+    path: Path
+    step: int
+    rollout: int
+    state_fingerprint: str
+    files: dict[str, dict[str, Any]]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What ``RankWorker.restore_checkpoint`` checks the loaded state against."""
+        return {"step": self.step, "rollout": self.rollout, "state_fingerprint": self.state_fingerprint}
+
+
+def check_restorable(tp: int, pp: int) -> None:
+    """Refuse (``ConfigError``, exit 2) to resume cells of more than one rank."""
+    if tp * pp != 1:
+        raise ConfigError(
+            f"resume of tp/pp>1 checkpoints is not supported yet (this run has tp {tp}, pp {pp})",
+            hint="resume with --tp 1 --pp 1: a checkpoint holds the TP=1/PP=1 layout",
+        )
+
+
+def read_checkpoint(checkpoint: Path) -> CheckpointState:
+    """Verify and read ``checkpoint`` (``InputError`` when it does not verify)."""
+    from ftkit.checkpoint.layout import MANIFEST
+    from ftkit.checkpoint.manifest import load as load_manifest
+    from ftkit.checkpoint.restore import load
+
+    files, _ = load(checkpoint)
+    man, _ = load_manifest(checkpoint / MANIFEST)
+    if man.rollout is None or man.state_fingerprint is None:
+        raise RestoreFailed(
+            f"checkpoint {checkpoint} has no rollout or no state fingerprint: it is not a training checkpoint",
+            hint="resume from a checkpoint that `ftkit train` published",
+        )
+    return CheckpointState(Path(checkpoint), man.step, man.rollout, man.state_fingerprint, files)
+
+
+def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, int]:
+    """Load ``checkpoint`` into every live cell of ``coord`` (see the module docstring);
+    returns the checkpoint's ``(rollout, step)``."""
+    import ray
+
+    state = checkpoint if isinstance(checkpoint, CheckpointState) else read_checkpoint(checkpoint)
+    check_restorable(coord.cfg.tp, coord.cfg.pp)
+    ref = ray.put(state.files)
+    while True:
+        coord.require_cells()
+        alive = coord.book.alive()
+        answers = coord.wait(
+            {c: coord.cells[c].restore_checkpoint(ref, state.meta) for c in alive}, coord.cfg.step_timeout
+        )
+        wrong = {c: cause for c, cause in answers.failed.items() if cause.startswith("exception")}
+        if wrong:
+            c, cause = min(wrong.items())
+            raise RestoreFailed(
+                f"cell {c} could not restore checkpoint {state.path.name}: {cause}",
+                hint=f"run 'ftkit verify-checkpoint {state.path}'; a checkpoint of another model or "
+                "bookkeeping setting cannot be resumed here",
+            )
+        for c, cause in sorted(answers.failed.items()):
+            coord.fail(c, f"while restoring {state.path.name}: {cause}")
+        if all(c in answers.values for c in coord.book.alive()):
+            return state.rollout, state.step
+
+
+_TRAINER = re.compile(r"trainer-c\d+-r\d+-i(\d+)\.jsonl(\.gz)?$")
+
+
+def next_incarnation(events_dir: Path) -> int:
+    """One more than the highest trainer incarnation with an event file in ``events_dir``."""
+    found = [int(m.group(1)) for p in Path(events_dir).glob("trainer-*") if (m := _TRAINER.match(p.name))]
+    return max(found, default=-1) + 1
