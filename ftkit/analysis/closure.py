@@ -6,6 +6,7 @@ line. What tells it apart is what its writers and the driver said (DESIGN.md I6)
 - **log_closed** (schema 2): every writer that closes normally writes it as its last line, with
   the number of lines it emitted before. A schema 2 stream that ends without it was cut -- unless
   the driver declared the writer's cell dead (``errored`` or ``failed``) after the stream began,
+  or a ``run_resumed`` after it began says its whole session ended (``ftkit.analysis.resumed``),
   or the stream itself logged a ``fault_injected`` that kills its process (an engine has no cell). A
   line after ``log_closed``, or a ``lines`` count that is not the line's ``seq``, is damage too.
 - **declared steps**: the driver logs a ``metric`` with the ``step`` of every step it trained; a
@@ -36,6 +37,7 @@ class Closure:
         self.schema: list[Any] = []
         self.unclosed: list[tuple[str, int | None, float, Where]] = []  # (label, cell, first time, last line)
         self.errored: dict[int, list[float]] = {}
+        self.resumes: list[float] = []  # times of run_resumed: every stream begun before ended with its session
         self.steps = bytearray()
 
     def attach(self, streams: int) -> None:
@@ -59,6 +61,10 @@ class Closure:
         if kind in KILLING:
             self.killed[fi] = True
 
+    def resumed(self, time: float) -> None:
+        """A later session of the run began at ``time`` (``run_resumed``)."""
+        self.resumes.append(time)
+
     def declared_dead(self, cell: int, time: float) -> None:
         self.errored.setdefault(cell, []).append(time)
 
@@ -81,6 +87,8 @@ class Closure:
         cut = []
         for label, cell, first, where in self.unclosed:
             if cell is not None and any(t >= first for t in self.errored.get(cell, ())):
+                continue
+            if any(t >= first for t in self.resumes):
                 continue
             cut.append((label, where))
         return cut

@@ -93,6 +93,7 @@ class Replay:
         self.placement: dict[tuple[str, int, int], dict[str, Any]] = {}  # (role, cell|engine, rank) -> latest
         core = {
             "run_started": self._run_started,
+            "run_resumed": self._run_resumed,
             "run_finished": self._run_finished,
             "cell_state": self._cell_state,
             "reconfigure": self._reconfigure,
@@ -216,7 +217,7 @@ class Replay:
                 )
         if self.closed[fi]:  # the incarnation was reopened (EventWriter appends): its last line counts
             self.closed[fi] = False
-        if self.run_finished is not None and ev["type"] != "log_closed":
+        if self.run_finished is not None and ev["type"] not in ("log_closed", "run_resumed"):
             self.after_finish[0] += 1
             self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
 
@@ -433,6 +434,12 @@ class Replay:
                 engines[str(index)] = node
         nodes = {n for ns in cells.values() for n in ns} | set(engines.values())
         return {"nodes": len(nodes), "cells": cells, "engines": engines}
+
+    def _run_resumed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        """A later session of the run (``ftkit.analysis.resumed``)."""
+        from ftkit.analysis.resumed import on_run_resumed
+
+        on_run_resumed(self, ev, fi, line)
 
     def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.run_finished = (ev, self.where(fi, line))

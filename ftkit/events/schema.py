@@ -66,6 +66,19 @@ class RunStarted(Envelope):
     ftkit_version: str = Field(description="version of ftkit that wrote the run")
 
 
+class RunResumed(RunStarted):
+    """The driver resumed a run in its run directory (a later session of the same run, in place of
+    ``run_started``): the steps up to ``checkpoint_step`` were committed by earlier sessions and
+    their state was loaded from that checkpoint; what the earlier sessions logged after it is
+    superseded (it is trained again here, bitwise the same)."""
+
+    type: Literal["run_resumed"]  # type: ignore[assignment]
+    checkpoint: str | None = Field(description="the checkpoint loaded (its directory name); null: none, from the seed")
+    checkpoint_step: int = Field(description="the last step the checkpoint holds (-1: none)")
+    checkpoint_rollout: int = Field(description="the rollout the checkpoint ends (-1: none)")
+    skipped: list[str] = Field(description="newer checkpoints skipped, with why (each also a warning)")
+
+
 class RunFinished(Envelope):
     """The driver finished a run; nothing may be logged after it."""
 
@@ -295,6 +308,7 @@ class PlacementEvent(Envelope):
 
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     RunStarted,
+    RunResumed,
     RunFinished,
     CellStateEvent,
     Reconfigure,

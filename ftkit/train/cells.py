@@ -169,10 +169,11 @@ def start_cells(
     indices: list[int],
     ranks_per_cell: int,
     device: str,
+    incarnation: int = 0,
     targets: dict[int, str | None] | None = None,
 ) -> list[Cell]:
-    """Create the placement groups and rank actors of the cells ``indices`` (incarnation 0),
-    each asking for its node in ``targets`` (``spawn_cell``).
+    """Create the placement groups and rank actors of the cells ``indices``, each asking for
+    its node in ``targets`` (``spawn_cell``).
 
     Waits up to ``PLACEMENT_TIMEOUT_S`` for the groups to be placed; on failure every group
     and actor created here is released and ``ConfigError`` is raised.
@@ -182,7 +183,7 @@ def start_cells(
     cells: list[Cell] = []
     try:
         for c in indices:
-            cells.append(spawn_cell(cfg, run_dir, c, ranks_per_cell, device, 0, (targets or {}).get(c)))
+            cells.append(spawn_cell(cfg, run_dir, c, ranks_per_cell, device, incarnation, (targets or {}).get(c)))
         try:
             ray.get([cell.placement_group.ready() for cell in cells], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:

@@ -43,6 +43,7 @@ import contextlib
 import datetime
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -153,10 +154,13 @@ class Driver:
         cfg: TrainConfig,
         on_step: Callable[[StepReport], None] | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        resume: bool = False,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         from ftkit.train.task import AdditionTask
 
-        self.cfg = cfg
+        self.cfg, self.resume = cfg, resume
+        self.on_warning = on_warning or (lambda message: print(f"Warning: {message}", file=sys.stderr))
         self.on_step = on_step or (lambda report: None)
         self.on_event = on_event or (lambda type_, fields: None)
         try:
@@ -169,6 +173,7 @@ class Driver:
         self.engine_totals: list[list[str]] = []
         self.rewards: list[float] = []
         self.steps_committed = 0
+        self.first_rollout = 0  # > 0 when resumed from a checkpoint
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -190,32 +195,47 @@ class Driver:
                 "--device cuda, but torch sees no CUDA device here",
                 hint="use --device cpu (or auto), or run on a machine with a GPU",
             )
-        check_run_dir(cfg.out, cfg.overwrite)
+        if self.resume:
+            from ftkit.train.resume import check_resume_dir
+
+            check_resume_dir(cfg.out)
+        else:
+            check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg)
         arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
-            self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
+            self.plan = None
+            if self.resume:
+                from ftkit.train.resume import plan_resume
+
+                self.run_dir = Path(cfg.out).resolve()
+                self.plan = plan_resume(self.run_dir, cfg, self.on_warning)
+            else:
+                self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
             write_run_json(self.run_dir, cfg, self.device, self.task)
             self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
         except BaseException:
             _disconnect(own_ray)
             raise
         # From here on the run exists: whatever happens, its log says how it ended.
-        self.events.emit(
-            "run_started",
-            config=cfg.model_dump(mode="json"),
-            num_cells=cfg.cells,
-            tp=cfg.tp,
-            pp=cfg.pp,
-            num_engines=cfg.engines,
-            ftkit_version=__version__,
-        )
+        head = {
+            "config": cfg.model_dump(mode="json"),
+            "num_cells": cfg.cells,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "num_engines": cfg.engines,
+            "ftkit_version": __version__,
+        }
+        if self.plan is None:
+            self.events.emit("run_started", **head)
+        else:
+            self.events.emit("run_resumed", **head, **self.plan.fields())
         status, reason, code = "failed", None, None
         try:
             self.store = host_store()
             self._start()
-            for rollout in range(cfg.rollouts):
+            for rollout in range(self.first_rollout, cfg.rollouts):
                 self._rollout(rollout)
             final = self._save_final()
             status = "completed"
@@ -263,14 +283,19 @@ class Driver:
         from ftkit.train.healing import Healer
         from ftkit.train.placement import Placer
 
-        cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
+        cfg, cfg_dict, plan = self.cfg, self.cfg.model_dump(mode="json"), self.plan
         indices = list(range(cfg.cells))
         book = CellBook(cfg.cells, self._emit_cell_event)
+        if plan is not None:  # epochs and incarnations go on from the earlier sessions'
+            book.epoch = plan.last_epoch
         for c in indices:
             book.transition(c, CellState.starting, "run start")
+        incarnation = 0 if plan is None else plan.incarnation
         placer = Placer(self.device, cfg.tp * cfg.pp, self.events)
-        plan = placer.plan_start(cfg.cells, cfg.engines)
-        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, plan.cells)
+        spread = placer.plan_start(cfg.cells, cfg.engines)
+        cells = start_cells(
+            cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, incarnation, spread.cells
+        )
         for cell in cells:
             placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
@@ -278,7 +303,7 @@ class Driver:
         store = (self.store.host, self.store.port)
         if cfg.heal:
             self.coord.healer = Healer(self.coord, cfg_dict, str(self.run_dir), self.device, store)
-        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, plan.engines)
+        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines)
         answers = self.coord.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
         for c in indices:
             if c in answers.values:
@@ -287,7 +312,12 @@ class Driver:
             self.coord.fail(c, f"at start: {cause}")
         self.coord.reconfigure("run start")
         self.engines.ready()
-        self._push_weights(version=0)
+        if plan is not None and plan.checkpoint is not None:
+            from ftkit.train.resume import restore_cells
+
+            rollout, step = restore_cells(self.coord, plan.checkpoint)
+            self.first_rollout, self.steps_committed = rollout + 1, step + 1
+        self._push_weights(version=self.first_rollout)
         from ftkit.train.checkpointing import RunCheckpoints
 
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
@@ -428,9 +458,13 @@ def run_training(
     cfg: TrainConfig,
     on_step: Callable[[StepReport], None] | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    resume: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run ``cfg`` to the end (see the module docstring); raises ``ConfigError`` /
     ``UsageError`` for a bad run directory, Ray address or layout. ``on_step`` hears every
     step, ``on_event(type, fields)`` every cell-state change and reconfiguration the driver logs
-    (for a live view)."""
-    return Driver(cfg, on_step, on_event).run()
+    (for a live view). ``resume``: continue the run in ``cfg.out`` from its newest checkpoint
+    that verifies (``ftkit.train.resume``); ``on_warning`` hears why a newer one was skipped
+    (default: a ``Warning:`` line on stderr)."""
+    return Driver(cfg, on_step, on_event, resume, on_warning).run()

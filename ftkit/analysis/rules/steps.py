@@ -98,7 +98,7 @@ class MembershipInconsistent(Rule):
         "reconfigure / cell_state, or a cell_state transition starts from a state the cell was not in"
     )
     fix = "the driver's cell state machine and the cross-cell groups disagree: check reconfigure and heal ordering"
-    events = ("cell_state", "reconfigure")
+    events = ("cell_state", "reconfigure", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
@@ -107,6 +107,9 @@ class MembershipInconsistent(Rule):
         self.alive: frozenset[int] | None = None
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] == "run_resumed":  # a new session: its cells start from pending, no members yet
+            self.state, self.alive = {}, frozenset()
+            return
         where = self.replay.where(fi, line)
         self.check()
         if ev["type"] == "cell_state":
