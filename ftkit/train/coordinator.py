@@ -38,6 +38,10 @@ from ftkit.train.step_types import Committed, Reduced, StepTask
 MARGIN_S = 2.0
 
 
+class CellsLost(RunFailed):
+    """No live cell is left (exit 1 unless the driver restarts the cells)."""
+
+
 @dataclass
 class StepOutcome:
     """A committed step (a step that cannot commit raises ``RunFailed`` instead)."""
@@ -161,9 +165,11 @@ class StepCoordinator:
         )
 
     def require_cells(self) -> None:
+        """Raise ``RunFailed`` with fewer live cells than ``min_cells`` (``CellsLost`` when none
+        is left: the driver may restart them all, ``ftkit.train.recovery``)."""
         alive = self.book.alive()
         if len(alive) < self.cfg.min_cells:
-            raise RunFailed(
+            raise (CellsLost if not alive else RunFailed)(
                 f"{len(alive)} live cell(s) left, --min-cells is {self.cfg.min_cells}",
                 hint="the cells' failures are in the event log (cell_state events); lower --min-cells "
                 "or find what kills them",

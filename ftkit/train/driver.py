@@ -174,6 +174,7 @@ class Driver:
         self.rewards: list[float] = []
         self.steps_committed = 0
         self.first_rollout = 0  # > 0 when resumed from a checkpoint
+        self.recoveries = 0  # times every cell was restarted at once (``_recover``)
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -185,6 +186,7 @@ class Driver:
     def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
+        from ftkit.train.coordinator import CellsLost
         from ftkit.train.run_end import RunInterrupted, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
@@ -219,7 +221,7 @@ class Driver:
             _disconnect(own_ray)
             raise
         # From here on the run exists: whatever happens, its log says how it ended.
-        head = {
+        self.head = head = {
             "config": cfg.model_dump(mode="json"),
             "num_cells": cfg.cells,
             "tp": cfg.tp,
@@ -235,9 +237,14 @@ class Driver:
         try:
             self.store = host_store()
             self._start()
-            for rollout in range(self.first_rollout, cfg.rollouts):
-                self._rollout(rollout)
-            final = self._save_final()
+            while True:
+                try:
+                    for rollout in range(self.first_rollout, cfg.rollouts):
+                        self._rollout(rollout)
+                    final = self._save_final()
+                    break
+                except CellsLost as lost:
+                    self._recover(lost)
             status = "completed"
         except RunInterrupted as exc:
             status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
@@ -275,52 +282,96 @@ class Driver:
         return written
 
     def _start(self) -> None:
+        from ftkit.train.checkpointing import RunCheckpoints
+        from ftkit.train.engine_pool import EnginePool
+        from ftkit.train.placement import Placer
 
+        cfg, plan = self.cfg, self.plan
+        placer = Placer(self.device, cfg.tp * cfg.pp, self.events)
+        spread = placer.plan_start(cfg.cells, cfg.engines)
+        epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
+        cells = self._spawn_cells(placer, spread.cells, epoch, incarnation)
+        cfg_dict = self.cfg.model_dump(mode="json")
+        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines)
+        self._join_cells(cells)
+        self.engines.ready()
+        self._restore()
+        self._push_weights(version=self.first_rollout)
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
+
+    def _spawn_cells(self, placer: Any, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Any]:
+        """A new cell book (from ``epoch``), the cells' actors (``incarnation``, on ``targets``),
+        the step coordinator and the healer; returns the cells (not started yet)."""
         from ftkit.train.cell_state import CellBook, CellState
         from ftkit.train.cells import start_cells
         from ftkit.train.coordinator import StepCoordinator
-        from ftkit.train.engine_pool import EnginePool
         from ftkit.train.healing import Healer
-        from ftkit.train.placement import Placer
 
-        cfg, cfg_dict, plan = self.cfg, self.cfg.model_dump(mode="json"), self.plan
+        cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
         indices = list(range(cfg.cells))
         book = CellBook(cfg.cells, self._emit_cell_event)
-        if plan is not None:  # epochs and incarnations go on from the earlier sessions'
-            book.epoch = plan.last_epoch
+        book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
         for c in indices:
             book.transition(c, CellState.starting, "run start")
-        incarnation = 0 if plan is None else plan.incarnation
-        placer = Placer(self.device, cfg.tp * cfg.pp, self.events)
-        spread = placer.plan_start(cfg.cells, cfg.engines)
-        cells = start_cells(
-            cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, incarnation, spread.cells
-        )
+        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, incarnation, targets)
         for cell in cells:
             placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
         self.coord.placer = placer
-        store = (self.store.host, self.store.port)
         if cfg.heal:
+            store = (self.store.host, self.store.port)
             self.coord.healer = Healer(self.coord, cfg_dict, str(self.run_dir), self.device, store)
-        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines)
+        return cells
+
+    def _join_cells(self, cells: list[Any]) -> None:
+        """``init_cell`` on every cell, then the first membership of the session."""
+        from ftkit.train.cell_state import CellState
+
+        store = (self.store.host, self.store.port)
         answers = self.coord.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
-        for c in indices:
-            if c in answers.values:
-                book.transition(c, CellState.alive, "started")
+        for cell in cells:
+            if cell.index in answers.values:
+                self.coord.book.transition(cell.index, CellState.alive, "started")
         for c, cause in answers.failed.items():
             self.coord.fail(c, f"at start: {cause}")
         self.coord.reconfigure("run start")
-        self.engines.ready()
-        if plan is not None and plan.checkpoint is not None:
+
+    def _restore(self) -> None:
+        """Load the session plan's checkpoint into the cells (resume, recovery); without one
+        the cells hold the seed's initial state and training starts at rollout 0."""
+        plan = self.plan
+        if plan is None:
+            return
+        self.first_rollout, self.steps_committed = 0, 0
+        if plan.checkpoint is not None:
             from ftkit.train.resume import restore_cells
 
             rollout, step = restore_cells(self.coord, plan.checkpoint)
             self.first_rollout, self.steps_committed = rollout + 1, step + 1
-        self._push_weights(version=self.first_rollout)
-        from ftkit.train.checkpointing import RunCheckpoints
 
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
+    def _recover(self, lost: Exception) -> None:
+        """Every live cell was lost (``CellsLost``): with healing on, at most ``max_retries + 1``
+        times per run, stop what is left of the cells and start them all again in this process
+        from the newest checkpoint that verifies, else from the seed's initial state
+        (``ftkit.train.recovery``; logged as ``run_resumed``). Otherwise ``lost`` is raised."""
+        from ftkit.train.recovery import recovery_plan
+
+        self.recoveries += 1
+        if self.coord.healer is None or self.recoveries > self.cfg.max_retries + 1:
+            raise lost
+        old = self.coord
+        self._stop_cells("every live cell was lost: restarting all cells", flush_s=0.0)
+        self.plan = recovery_plan(self.run_dir, self.cfg, old, self.on_warning)
+        self.on_warning(
+            f"every live cell was lost; restarting the cells from {self.plan.fields()['checkpoint'] or 'the seed'}"
+        )
+        self.events.emit("run_resumed", **self.head, **self.plan.fields())
+        spread = old.placer.plan_cells(self.cfg.cells)
+        self._join_cells(self._spawn_cells(old.placer, spread, self.plan.last_epoch, self.plan.incarnation))
+        self._restore()
+        del self.rewards[self.first_rollout :], self.engine_totals[self.first_rollout :]
+        self._push_weights(version=self.first_rollout)
+        self.checkpoints.coord = self.coord
 
     def _rollout(self, rollout: int) -> None:
         import ray
@@ -411,26 +462,30 @@ class Driver:
     # --- helpers ------------------------------------------------------------------------
     def _shutdown(self, interrupted: bool) -> None:
         """Flush every actor's event log (briefly when interrupted), then kill the actors."""
+        flush_s = 5.0 if interrupted else 60.0
+        if self.coord is not None:
+            self._stop_cells("interrupted" if interrupted else "run end", flush_s)
+        if self.engines is not None:
+            self.engines.shutdown(flush_s)
+
+    def _stop_cells(self, reason: str, flush_s: float) -> None:
+        """Flush the live cells' event logs (at most ``flush_s``), kill every cell, and move
+        each cell that is not stopped to ``stopped`` with ``reason``."""
         import ray
 
         from ftkit.train.cell_state import CellState
 
-        flush_s = 5.0 if interrupted else 60.0
         coord = self.coord
-        if coord is not None:
-            if coord.healer is not None:
-                coord.healer.give_up()
-            live = [cell for c, cell in coord.cells.items() if coord.book.state[c] == CellState.alive]
-            with contextlib.suppress(Exception):  # an actor or group already gone is fine
-                ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
-            for cell in coord.cells.values():
-                cell.kill()
-            reason = "interrupted" if interrupted else "run end"
-            left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
-            for c in coord.book.in_state(*left):
-                coord.book.transition(c, CellState.stopped, reason)
-        if self.engines is not None:
-            self.engines.shutdown(flush_s)
+        if coord.healer is not None:
+            coord.healer.give_up(reason)
+        live = [cell for c, cell in coord.cells.items() if coord.book.state[c] == CellState.alive]
+        with contextlib.suppress(Exception):  # an actor or group already gone is fine
+            ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
+        for cell in coord.cells.values():
+            cell.kill()
+        left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
+        for c in coord.book.in_state(*left):
+            coord.book.transition(c, CellState.stopped, reason)
 
 
 def _cuda_available() -> bool:

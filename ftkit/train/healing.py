@@ -145,10 +145,10 @@ class Healer:
                 f"the donor {r.donor_total[:16]}",
             )
 
-    def give_up(self) -> None:
-        """At the run's end: stop every cell still starting."""
+    def give_up(self, reason: str = "run end") -> None:
+        """At the run's end (or when every cell restarts at once): stop every cell still starting."""
         for cell in sorted(set(self.starting) | self.ready):
             self.coord.cells[cell].kill()
-            self.coord.book.transition(cell, CellState.stopped, "run end")
+            self.coord.book.transition(cell, CellState.stopped, reason)
         self.starting.clear()
         self.ready.clear()

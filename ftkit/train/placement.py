@@ -144,6 +144,17 @@ class Placer:
                 eload[n] = eload.get(n, 0) + 1
         return used, cload, eload
 
+    def plan_cells(self, cells: int) -> dict[int, str | None]:
+        """Targets for all ``cells`` started again at once (every live cell was lost), on the
+        live nodes, around the engines."""
+        self.cell_nodes.clear()
+        used, cload, eload = self._loads()
+        plan = spread(live_nodes(self.device), list(range(cells)), self.ranks, [], used, cload, eload)
+        for w in plan.warnings:
+            sys.stderr.write(f"warning: placement: {w}\n")
+        self.planned.update({("trainer", c): t for c, t in plan.cells.items()})
+        return plan.cells
+
     def cell_target(self, cell: int) -> str | None:
         """The node a restarted ``cell`` asks for: a live one, fewest live cells first."""
         self.cell_nodes.pop(cell, None)

@@ -17,13 +17,16 @@ class CommitInconsistent(Rule):
         "(or on some ranks of a cell), or a step committed twice"
     )
     fix = "the commit protocol broke: every live cell must commit an attempt, or none may"
-    events = ("step_outcome",)
+    events = ("step_outcome", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.last: dict[tuple[int, int | None], tuple[int, int]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] == "run_resumed":  # steps after its checkpoint are trained (and committed) again
+            self.last = {k: v for k, v in self.last.items() if v[0] <= ev["checkpoint_step"]}
+            return
         if ev["outcome"] != "committed":
             return
         rank = ev.get("rank", ev["source"].get("rank"))
