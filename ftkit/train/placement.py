@@ -11,7 +11,8 @@ A node's *slots* are the rank or engine actors its total Ray resources hold
   those with a free slot;
 * a cell no node has room for gets no target (its group is ``PACK``: Ray puts its ranks
   where they fit, over several nodes if it must); the plan then carries a warning, as it does
-  when fewer than two nodes can hold a cell. A cluster too small for the spread still runs.
+  when fewer than two nodes of a multi-node cluster can hold a cell. A cluster too small for
+  the spread still runs.
 
 The plan is a preference, not a constraint: a cell's placement group is ``STRICT_PACK`` with
 Ray's ``_soft_target_node_id`` (its ranks stay on one node; the target is used when it has
@@ -52,7 +53,8 @@ class Plan:
 
 
 def live_nodes(device: str) -> list[Node]:
-    """The alive nodes of the connected cluster with at least one slot, in Ray's order."""
+    """The alive nodes of the connected cluster, in Ray's order (a head without resources
+    has no slot)."""
     import ray
 
     from ftkit.train.cells import actor_resources
@@ -62,7 +64,7 @@ def live_nodes(device: str) -> list[Node]:
     for n in ray.nodes():
         res = n.get("Resources") or {}
         slots = min(int(float(res.get(k, 0.0)) / v + 1e-9) for k, v in each.items())
-        if n.get("Alive") and slots > 0:
+        if n.get("Alive"):
             out.append(Node(n["NodeID"], n["NodeManagerAddress"], slots))
     return out
 
@@ -101,7 +103,7 @@ def spread(
             free[target] -= 1
             eload[target] += 1
     able = sum(1 for n in nodes if n.slots >= ranks)
-    if cells and able < 2 and used is None:
+    if cells and able < 2 and len(nodes) > 1 and used is None:  # a one-node instance: no spread to miss
         plan.warnings.append(
             f"{able} node(s) can hold a cell of {ranks} rank(s): losing that node loses every cell "
             "(join more nodes for the spread)"

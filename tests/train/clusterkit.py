@@ -1,15 +1,11 @@
-"""Test helpers for multi-node runs: a real Ray cluster on this machine and node kills.
+"""Test helpers for multi-node runs: a real Ray cluster on this machine, node kills, Ray heads.
 
-``node_cluster(cpus)`` starts a ``ray.cluster_utils.Cluster`` (its own GCS and one raylet per
-node, in a temp dir of its own): a head with 0 CPUs (the driver connects to it; no cell or
-engine lands there, so killing a worker node never kills the driver's node) and one worker
-node per entry of ``cpus``. It yields ``(cluster, nodes)`` and shuts the cluster down at the
-end. Health checks run every 500 ms with a threshold of 3 so a killed raylet is declared dead
-in ~2 s (Ray's defaults: 3 s x 5).
+``node_cluster``, ``raylet_pid`` and ``kill_raylet`` are ``ftkit.testing.ray_cluster``'s (a
+Cluster whose head has 0 CPUs, so the driver's node is never lost; health checks that declare
+a killed raylet's node dead in ~2 s).
 
-``raylet_pid(node)`` is the pid of a node's raylet process; ``kill_raylet(node)``
-``SIGKILL``s it: the node is lost as a whole (its workers exit once their raylet is gone).
-``train(address, out, *args)`` runs ``ftkit train --ray-address address`` in a subprocess.
+``train(address, out, *args)`` runs ``ftkit train --ray-address address`` in a subprocess
+(``start_train``: without waiting).
 
 ``ray_head(env, log_path, temp_dir)`` runs ``ray start --head --block`` on loopback and a free
 port in a subprocess of its own process group (``env``: its environment; ``temp_dir``: its
@@ -25,44 +21,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-#: GCS health checks of the test clusters (period ms, failures before a node is dead).
-HEALTH = {"health_check_period_ms": 500, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+from ftkit.testing.ray_cluster import kill_raylet, node_cluster, raylet_pid
 
-
-@contextlib.contextmanager
-def node_cluster(cpus: list[float]) -> Iterator[tuple[Any, list[Any]]]:
-    from ray.cluster_utils import Cluster
-
-    temp_dir = tempfile.mkdtemp(prefix="ftn", dir="/tmp")  # short: Ray's socket paths must fit
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 0, "include_dashboard": False, "temp_dir": temp_dir, "_system_config": HEALTH},
-    )
-    try:
-        nodes = [cluster.add_node(num_cpus=n) for n in cpus]
-        cluster.wait_for_nodes()
-        yield cluster, nodes
-    finally:
-        cluster.shutdown()
-
-
-def raylet_pid(node: Any) -> int:
-    from ray._private import ray_constants
-
-    pid: int = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-    return pid
-
-
-def kill_raylet(node: Any) -> int:
-    pid = raylet_pid(node)
-    os.kill(pid, signal.SIGKILL)
-    return pid
+__all__ = ["free_port", "kill_raylet", "node_cluster", "ray_head", "raylet_pid", "start_train", "train"]
 
 
 def train(address: str, out: Path, *args: str, timeout_s: float = 600) -> subprocess.CompletedProcess[str]:

@@ -33,9 +33,10 @@ def test_a_cell_stays_on_one_node_and_nodes_too_small_for_it_hold_none():
 
 
 def test_a_cluster_too_small_for_the_spread_still_plans_with_warnings():
-    plan = spread(nodes(3), [0, 1, 2], ranks=1, engines=[0])
-    assert set(plan.cells.values()) == {"n0"} and plan.engines[0] is None
+    plan = spread(nodes(0, 3), [0, 1, 2], ranks=1, engines=[0])  # a head without CPUs and one worker
+    assert set(plan.cells.values()) == {"n1"} and plan.engines[0] is None
     assert any("losing that node loses every cell" in w for w in plan.warnings)
+    assert not spread(nodes(3), [0, 1, 2], ranks=1, engines=[]).warnings  # one machine: nothing to spread
     plan = spread(nodes(1, 1), [0], ranks=2, engines=[])
     assert plan.cells == {0: None} and any("no node has 2 free slot" in w for w in plan.warnings)
 
