@@ -28,7 +28,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l seed -x -d 'Seed of 
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l reduce -x -a 'exact float' -d 'exact: int64 fixed-point reduction (membership invariant); float: plain float all-reduce (faster, not invariant)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l reward -x -a 'task deterministic_random' -d 'task: the addition task\'s verifiable reward; deterministic_random: 0/1 from a stable hash of prompt and response tokens (fault tests)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l device -x -a 'auto cpu cuda' -d 'auto picks cuda when available'
-complete -c ftkit -n '__fish_seen_subcommand_from train' -l ray-address -x -d 'Join this Ray cluster instead of a local one.'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l ray-address -x -d 'Join this Ray cluster (host:port of its head) instead of starting a local one; cells and engines are spread over its nodes (docs/clusters.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-rollouts -x -d 'Rollouts to dump: \'none\', \'all\', or a comma list of \'first\', \'last\' and rollout indices'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-what -x -d 'Comma list of activations, grads, weights; or none'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-cells -x -a 'first all' -d 'Replicated state dumped by the first live cell, or by all cells'

@@ -269,10 +269,12 @@ def register(app: typer.Typer) -> None:
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
         directory: run.json, events/, rollouts/, dumps/, final/, status.json. Then replays its
         own event log through the analyzer and prints the verdict. Faults (a dead, hung or
-        erring rank, a failed collective, a dead engine) are detected, the step is discarded
-        everywhere and retried over the survivors, and failed cells are restarted and healed:
-        the result is bitwise that of the fault-free run. Exit 1 also when the run cannot go
-        on (--min-cells, --max-retries); 130 / 143 on SIGINT / SIGTERM.
+        erring rank, a failed collective, a dead engine, a lost node of a --ray-address
+        cluster) are detected, the step is discarded everywhere and retried over the
+        survivors, and failed cells are restarted and healed (on a cluster, cells and engines
+        are spread over the nodes; docs/clusters.md): the result is bitwise that of the
+        fault-free run. Exit 1 also when the run cannot go on (--min-cells, --max-retries);
+        130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config
 
