@@ -109,6 +109,7 @@ class Replay:
             "metric": self._metric,
             "log_closed": self._log_closed,
             "placement": self._placement,
+            "engine_failed": self._engine_failed,
         }
         self.handlers: dict[str, list[Callable[[dict[str, Any], int, int], None]]] = {
             t: [core[t]] if t in core else [] for t in _all_types()
@@ -417,6 +418,9 @@ class Replay:
         index = ev["cell"] if ev["role"] == "trainer" else ev["engine"]
         if type(index) is int:
             self.placement[(ev["role"], index, ev.get("rank") or 0)] = ev
+
+    def _engine_failed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.closure.engine_failed(ev["engine"], ev["time"])
 
     def placement_summary(self) -> dict[str, Any] | None:
         """Where each cell's ranks and each engine ran last (``None``: no placement logged):

@@ -306,6 +306,16 @@ class PlacementEvent(Envelope):
     )
 
 
+class EngineFailed(Envelope):
+    """The driver found an engine dead or failing and replaces it (its log may end without
+    ``log_closed``: a lost node takes the process with it)."""
+
+    type: Literal["engine_failed"]
+    engine: int = Field(description="the engine")
+    incarnation: int = Field(description="restarts of this engine before this failure (its event file's i<n>)")
+    reason: str = Field(description="what the driver saw")
+
+
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     RunStarted,
     RunResumed,
@@ -329,6 +339,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     EventsDropped,
     LogClosed,
     PlacementEvent,
+    EngineFailed,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007

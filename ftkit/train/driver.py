@@ -292,7 +292,7 @@ class Driver:
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
         cells = self._spawn_cells(placer, spread.cells, epoch, incarnation)
         cfg_dict = self.cfg.model_dump(mode="json")
-        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines)
+        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines, self.events)
         self._join_cells(cells)
         self.engines.ready()
         self._restore()

@@ -14,7 +14,9 @@ at most ``MAX_RESTARTS`` times per call; beyond that the run fails (``RunFailed`
 
 With a ``Placer`` (``ftkit.train.placement``), each engine asks for the node the plan gave it
 (soft node affinity), a replacement for a live node with the fewest engines (a lost node's
-engines move), and every engine's node is logged (``placement``) once it answers.
+engines move), and every engine's node is logged (``placement``) once it answers. With an
+event writer, each replacement is logged first (``engine_failed``: the analyzer then excuses
+the dead engine's log for ending without ``log_closed``).
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ class EnginePool:
         device: str,
         placer: Any = None,
         targets: dict[int, str | None] | None = None,
+        events: Any = None,
     ) -> None:
         import ray
 
         from ftkit.train.cells import actor_resources
         from ftkit.train.engines import InferenceEngine
 
-        self.cfg, self.cfg_dict, self.run_dir, self.placer = cfg, cfg_dict, run_dir, placer
+        self.cfg, self.cfg_dict, self.run_dir, self.placer, self.events = cfg, cfg_dict, run_dir, placer, events
         res = actor_resources(device)
         self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
         self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engines)]
@@ -144,6 +147,9 @@ class EnginePool:
 
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write(f"engine {e} failed ({type(exc).__name__}: {first[:200]}); restarting it\n")
+        if self.events is not None:
+            reason = f"{type(exc).__name__}: {first[:300]}"
+            self.events.emit("engine_failed", engine=e, incarnation=self.engine_restarts.get(e, 0), reason=reason)
         with contextlib.suppress(Exception):  # already gone is fine
             ray.kill(self.actors[e], no_restart=True)
         self.restarts += 1
