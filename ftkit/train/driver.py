@@ -26,6 +26,9 @@
    retry; failed cells restarted and healed by ``ftkit.train.healing``) with a ``metric`` per
    step and per rollout -> weights version ``r+1`` exported by the first live cell,
    fingerprinted (``weights_sent``) and loaded by every engine (``engine_weights``);
+   If every live cell is lost (a lost node that held them all), the cells are all started
+   again in this process from the newest verified checkpoint or the seed
+   (``ftkit.train.recovery``, ``_recover``) and the loop goes on from there;
 6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
 7. ``analyze_paths`` over ``events/``.
 
@@ -237,14 +240,17 @@ class Driver:
         try:
             self.store = host_store()
             self._start()
+            lost: CellsLost | None = None
             while True:
                 try:
+                    if lost is not None:  # every live cell was lost: all of them again, or raise
+                        self._recover(lost)
                     for rollout in range(self.first_rollout, cfg.rollouts):
                         self._rollout(rollout)
                     final = self._save_final()
                     break
-                except CellsLost as lost:
-                    self._recover(lost)
+                except CellsLost as exc:
+                    lost = exc
             status = "completed"
         except RunInterrupted as exc:
             status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
