@@ -282,7 +282,7 @@ class Driver:
         self._push_weights(version=0)
         from ftkit.train.checkpointing import RunCheckpoints
 
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events, self.engines, self.task)
 
     def _rollout(self, rollout: int) -> None:
         import ray
