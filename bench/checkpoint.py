@@ -6,14 +6,18 @@ writer goes first alternates), best of ``--repeat``:
 
 - ``raw write``: the same bytes written to the same number of files, each fsynced, then the
   directory fsynced (what any durable writer must pay);
-- ``publish``: ``Publisher.publish`` after ``preflight``: serialise, sha256 + fingerprint +
-  NaN/Inf scan in the same pass, fsync, manifest, rename, journal, retention, ``latest``;
+- ``publish``: ``preflight`` and ``Publisher.publish``: serialise straight from the arrays, each
+  file fsynced once, while the sha256 of every file and the fingerprint + NaN/Inf scan of every
+  tensor run on every core; manifest, rename, journal, retention, ``latest``;
 - ``raw read``: reading those files back in 16 MiB chunks;
 - ``verify``: ``verify_path`` on the published checkpoint (sha256, structure, fingerprints,
-  NaN/Inf, every file).
+  NaN/Inf, every file; each file mapped once, the same jobs on every core).
 
-Prints GB/s, ``publish / raw write`` and ``verify / raw read`` (target >= 0.7 each), and the
-pause a publication adds to training per GB. ``--cold`` drops each file from the page cache
+Prints GB/s, ``publish / raw write`` and ``verify / raw read`` (target >= 0.7 each), the
+pause a publication adds to training per GB (the driver publishes synchronously: training
+waits for the whole ``publish``), the CPU seconds per GB each one costs (all threads; this
+figure barely moves with the load of a shared machine, the wall-clock ones do) and the load
+average before and after. ``--cold`` drops each file from the page cache
 (``posix_fadvise DONTNEED``) before the reads, so both reads come from the disk. Usage::
 
     python bench/checkpoint.py               # 512 MiB
@@ -105,6 +109,8 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ftkit-bench-ckpt-", dir=args.dir or Path.cwd()))
     pub = Publisher(base / "checkpoints", RetentionPolicy(keep_last=args.repeat + 1, keep_best=0))
     times: dict[str, list[float]] = {"raw_write": [], "publish": [], "raw_read": [], "verify": []}
+    cpu: dict[str, list[float]] = {"publish": [], "verify": []}
+    load_before = os.getloadavg()[0]
     phases: list[dict[str, float]] = []
     try:
         for i in range(args.repeat):
@@ -112,10 +118,11 @@ def main() -> None:
             if i % 2:  # alternate which of the two writers goes first
                 times["raw_write"].append(raw_write(base / f"raw{i}", buffers))
             gv = GuardVerdict(step - 3, step, False)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             agreed = agree([preflight(pub.dir, step, payload.nbytes, gv, "bench")])
             out = pub.publish(step, payload, gv, agreed, metric=0.0)
             times["publish"].append(time.perf_counter() - t0)
+            cpu["publish"].append(time.process_time() - c0)
             assert out.published, out.reason
             phases.append(out.seconds)
             if not i % 2:
@@ -127,9 +134,10 @@ def main() -> None:
             times["raw_read"].append(raw_read(raw_files))
             if args.cold:
                 drop_cache(ck_files)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             result = verify_path(out.path)
             times["verify"].append(time.perf_counter() - t0)
+            cpu["verify"].append(time.process_time() - c0)
             assert not result.findings, result.findings
             shutil.rmtree(base / f"raw{i}")
     finally:
@@ -144,18 +152,25 @@ def main() -> None:
         "publish_over_raw_write": round(gbps["publish"] / gbps["raw_write"], 3),
         "verify_over_raw_read": round(gbps["verify"] / gbps["raw_read"], 3),
         "publish_pause_s_per_gb": round(best["publish"] / (nbytes / 1e9), 3),
+        "cpu_s_per_gb": {k: round(min(v) / (nbytes / 1e9), 3) for k, v in cpu.items()},
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
+        "cpus": os.cpu_count(),
         "all_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
         "publish_phases_s": phases[min(range(len(phases)), key=lambda i: times["publish"][i])],
     }
     if args.json:
         print(json.dumps(report))
         return
-    print(f"state {report['size_mib']} MiB, best of {args.repeat}{' (cold reads)' if args.cold else ''}")
+    print(
+        f"state {report['size_mib']} MiB, best of {args.repeat}{' (cold reads)' if args.cold else ''}, "
+        f"{report['cpus']} CPUs, load average {report['load_average'][0]} -> {report['load_average'][1]}"
+    )
     for k, v in gbps.items():
         print(f"  {k:10s} {v:7.3f} GB/s  ({best[k]:.3f} s)")
     print(f"  publish / raw write = {report['publish_over_raw_write']:.3f}   (target >= 0.7)")
     print(f"  verify  / raw read  = {report['verify_over_raw_read']:.3f}   (target >= 0.7)")
     print(f"  publication pause   = {report['publish_pause_s_per_gb']:.3f} s per GB")
+    print("  CPU per GB          = " + ", ".join(f"{k} {v:.3f} s" for k, v in report["cpu_s_per_gb"].items()))
     print("  publish phases (s)  = " + ", ".join(f"{k} {v:.3f}" for k, v in report["publish_phases_s"].items()))
 
 
