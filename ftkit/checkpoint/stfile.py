@@ -39,6 +39,7 @@ from ftkit.tensors.fingerprint import fingerprint_hasher
 
 WORKERS = max(1, min(16, os.cpu_count() or 1))  # digest threads (the work releases the GIL)
 Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
+_PIECE = 1 << 20  # fingerprint + scan granularity: the scan reads what the hash just read, from cache
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class _Digest:
 
     def __init__(
         self, size: int, whole: Sequence[Any], tensors: Sequence[tuple[str, str, tuple[int, ...], Any]] | None
-    ):
+    ) -> None:
         self.size = size
         self._whole = whole
         self._tensors = tensors
@@ -99,8 +100,8 @@ class _Digest:
     def _tensor(self, name: str, code: str, shape: tuple[int, ...], buf: Any) -> None:
         h = fingerprint_hasher(dtype_of(code), shape)
         bad = 0
-        for i in range(0, len(buf), CHUNK_BYTES):  # fingerprint and scan each chunk while it is in cache
-            piece = buf[i : i + CHUNK_BYTES]
+        for i in range(0, len(buf), _PIECE):  # fingerprint and scan each piece while it is in cache
+            piece = buf[i : i + _PIECE]
             h.update(piece)
             bad += count_nonfinite(code, piece)
         self._found[name] = TensorRecord(dtype_of(code), shape, h.hexdigest(), bad)
