@@ -14,11 +14,13 @@ tensors' memory (no copy), and its write-back is started at once (``sync_file_ra
 publisher's later fsync only waits for what is still in flight; the digest jobs run over the
 same memory meanwhile. ``digest_files`` (the verifier) maps each file once (``mmap``, with a
 read-ahead hint) after ``ftkit.tensors.st.read_header`` has validated its structure, and runs
-the same jobs over the mapped bytes. No pickle anywhere.
+the same jobs over the mapped bytes, the disk reading a bounded window ahead of each file's sha256
+(``MADV_WILLNEED``). No pickle anywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -40,6 +42,8 @@ from ftkit.tensors.fingerprint import fingerprint_hasher
 WORKERS = max(1, min(16, os.cpu_count() or 1))  # digest threads (the work releases the GIL)
 Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
 _PIECE = 1 << 20  # fingerprint + scan granularity: the scan reads what the hash just read, from cache
+_AHEAD = 64 << 20  # how far ahead of its sha256 a mapped file is read in (``MADV_WILLNEED``)
+Advise = Callable[[int, int], None]  # (offset, length) of a file's bytes about to be read
 
 
 @dataclass(frozen=True)
@@ -74,14 +78,21 @@ class _Digest:
 
     ``whole`` are the file's bytes in order (its sha256); ``tensors`` are ``(name, code, shape,
     bytes)`` (fingerprint and NaN/Inf count each), or None for a file that is not safetensors.
+    ``advise(offset, length)`` (a mapped file) is told what the sha256 will read next, so the
+    disk works ahead of the hash in a bounded window whatever the file's size.
     """
 
     def __init__(
-        self, size: int, whole: Sequence[Any], tensors: Sequence[tuple[str, str, tuple[int, ...], Any]] | None
+        self,
+        size: int,
+        whole: Sequence[Any],
+        tensors: Sequence[tuple[str, str, tuple[int, ...], Any]] | None,
+        advise: Advise | None = None,
     ) -> None:
         self.size = size
         self._whole = whole
         self._tensors = tensors
+        self._advise = advise
         self._sha = ""
         self._found: dict[str, TensorRecord] = {}
 
@@ -93,8 +104,14 @@ class _Digest:
 
     def _hash(self) -> None:
         sha = hashlib.sha256()
+        pos = 0
         for buf in self._whole:
-            sha.update(buf)
+            for i in range(0, len(buf), CHUNK_BYTES):
+                if self._advise is not None and pos + _AHEAD < self.size:
+                    self._advise(pos + _AHEAD, CHUNK_BYTES)
+                piece = buf[i : i + CHUNK_BYTES]
+                sha.update(piece)
+                pos += len(piece)
         self._sha = sha.hexdigest()
 
     def _tensor(self, name: str, code: str, shape: tuple[int, ...], buf: Any) -> None:
@@ -252,15 +269,17 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
                 yield path, InputError(f"cannot read {path}: {exc}", "check the path and permissions")
                 continue
             view = memoryview(mm if mm is not None else b"")
+            advise = None
             if mm is not None:
                 maps.append(mm)
                 views.append(view)
-                if hasattr(mm, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
-                    mm.madvise(mmap.MADV_WILLNEED)  # start reading the whole file ahead
+                advise = _advisor(mm)
+                if advise is not None:
+                    advise(0, _AHEAD)  # the first window; the sha256 job keeps asking ahead
             tensors = None
             if header is not None:
                 tensors = [(t.name, t.code, t.shape, view[t.start : t.end]) for t in header.tensors.values()]
-            todo.append((path, _Digest(size, [view], tensors)))
+            todo.append((path, _Digest(size, [view], tensors, advise)))
         for i in _run([d for _, d in todo]):
             yield todo[i][0], todo[i][1].record()
     finally:
@@ -273,6 +292,18 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
                 mm.close()
         except BufferError:  # a slice is still referenced (an error mid-job): the collector closes it
             pass
+
+
+def _advisor(mm: mmap.mmap) -> Advise | None:
+    """``MADV_WILLNEED`` over a range of ``mm`` (asynchronous read-ahead), where the platform has it."""
+    if not hasattr(mmap, "MADV_WILLNEED"):
+        return None
+
+    def advise(offset: int, length: int) -> None:
+        with contextlib.suppress(OSError, ValueError):  # a hint: the mapping may be closing
+            mm.madvise(mmap.MADV_WILLNEED, offset, length)
+
+    return advise
 
 
 def digest_st(path: Path) -> FileRecord:
