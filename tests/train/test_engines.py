@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ftkit.train.engines import GEN_CHUNK, InferenceEngine, split
-from ftkit.train.task import RESPONSE_TOKENS, AdditionTask
+from ftkit.train.task import EOS, RESPONSE_TOKENS, AdditionTask
 
 
 def test_split_gives_contiguous_chunk_aligned_ranges():
@@ -122,8 +122,9 @@ def test_greedy_decoding_is_fixed_and_leaves_sampling_alone(engines):
     rollout or the sample index, picks only response tokens, and draws no random number: the
     sampled responses of a rollout are the same before and after it. (Engine "b": the test
     above leaves engine "a" with a partial load.)"""
-    ray, actors, _, _ = engines
+    ray, actors, states, _ = engines
     b = actors["b"]
+    ray.get(b.load_weights.remote(states[0], 20, 20))
     prompts = AdditionTask(response_len=6).heldout_prompts(seed=0, count=40)
     sampled = ray.get(b.generate.remote(prompts, 3, 0))
     greedy = ray.get(b.generate.remote(prompts, 3, 0, True))
@@ -133,3 +134,9 @@ def test_greedy_decoding_is_fixed_and_leaves_sampling_alone(engines):
     assert torch.equal(torch.cat(parts), greedy)
     assert not torch.equal(sampled, greedy)  # sampling at temperature 1 is not the argmax
     assert torch.equal(ray.get(b.generate.remote(prompts, 3, 0)), sampled)
+    broken = dict(states[0])
+    broken["output_layer.weight"] = broken["output_layer.weight"].clone()
+    broken["output_layer.weight"][EOS] = float("nan")  # one allowed token's logit is NaN everywhere
+    ray.get(b.load_weights.remote(broken, 21, 21))
+    assert (ray.get(b.generate.remote(prompts, 3, 0, True)) == -1).all()  # no answer: eval_reward is NaN
+    ray.get(b.load_weights.remote(states[0], 22, 22))
