@@ -1,157 +1,51 @@
-"""Checkpoint files, each hashed in one pass, with both cores on it: write or read.
-
-Every file record (size, sha256, and for safetensors each tensor's fingerprint and NaN/Inf
-count) comes from ``_Digest`` jobs over bytes already in memory: the sha256 of the whole file
-is one job (it is sequential), each tensor's fingerprint + scan another. The jobs of all the
-files run together on ``WORKERS`` threads, longest first (hashlib's sha256 on a large buffer,
-xxh3 through ctypes and numpy's ufuncs all release the GIL), so the largest file's sha256 starts
-at once and the rest fills the other cores around it.
+"""Checkpoint files written or read in one pass, their records computed on every core.
 
 ``write_files`` serialises ``{name: tensor}`` maps in the safetensors format (8-byte header
 length, JSON header padded to 8 bytes, data in header order; tensors sorted by name, so the
 same state gives the same bytes). Each file is written by its own thread straight from the
-tensors' memory (no copy), and its write-back is started at once (``sync_file_range``) so the
-publisher's later fsync only waits for what is still in flight; the digest jobs run over the
-same memory meanwhile. ``digest_files`` (the verifier) maps each file once (``mmap``, with a
-read-ahead hint) after ``ftkit.tensors.st.read_header`` has validated its structure, and runs
-the same jobs over the mapped bytes, the disk reading a bounded window ahead of each file's sha256
+tensors' memory (no copy, one ``write`` per tensor) and fsynced once by that thread as soon as
+it is written, while the ``ftkit.checkpoint.digest`` jobs (sha256 per file, fingerprint + NaN/Inf
+scan per tensor) run over the same memory on every core.
+
+``digest_files`` (the verifier) opens each file once: ``ftkit.tensors.st.read_header``
+validates its structure, then the file is mapped (``mmap``) and the same jobs run over the
+mapped bytes, the disk reading a bounded window ahead of each file's sha256
 (``MADV_WILLNEED``). No pickle anywhere.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import json
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ftkit.checkpoint.scan import CHUNK_BYTES, count_nonfinite, dtype_of, host_bytes
+from ftkit.checkpoint.digest import AHEAD, Digest, FileRecord, TensorRecord, advisor, run_digests
+from ftkit.checkpoint.scan import CHUNK_BYTES, host_bytes
 from ftkit.errors import InputError
-from ftkit.tensors.fingerprint import fingerprint_hasher
 
-WORKERS = max(1, min(16, os.cpu_count() or 1))  # digest threads (the work releases the GIL)
-Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
-_PIECE = 1 << 20  # fingerprint + scan granularity: the scan reads what the hash just read, from cache
-_AHEAD = 64 << 20  # how far ahead of its sha256 a mapped file is read in (``MADV_WILLNEED``)
-Advise = Callable[[int, int], None]  # (offset, length) of a file's bytes about to be read
-
-
-@dataclass(frozen=True)
-class TensorRecord:
-    """What the manifest says about one tensor."""
-
-    dtype: str  # torch dtype name
-    shape: tuple[int, ...]
-    fingerprint: str
-    nonfinite: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "fingerprint": self.fingerprint,
-            "nonfinite": self.nonfinite,
-        }
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """What the manifest says about one file: size, sha256, and its tensors (None: not safetensors)."""
-
-    size: int
-    sha256: str
-    tensors: dict[str, TensorRecord] | None = None
-
-
-class _Digest:
-    """The record of one file computed from its bytes in memory, as independent jobs.
-
-    ``whole`` are the file's bytes in order (its sha256); ``tensors`` are ``(name, code, shape,
-    bytes)`` (fingerprint and NaN/Inf count each), or None for a file that is not safetensors.
-    ``advise(offset, length)`` (a mapped file) is told what the sha256 will read next, so the
-    disk works ahead of the hash in a bounded window whatever the file's size.
-    """
-
-    def __init__(
-        self,
-        size: int,
-        whole: Sequence[Any],
-        tensors: Sequence[tuple[str, str, tuple[int, ...], Any]] | None,
-        advise: Advise | None = None,
-    ) -> None:
-        self.size = size
-        self._whole = whole
-        self._tensors = tensors
-        self._advise = advise
-        self._sha = ""
-        self._found: dict[str, TensorRecord] = {}
-
-    def jobs(self) -> list[Job]:
-        out: list[Job] = [(self.size, self._hash)]
-        for name, code, shape, buf in self._tensors or ():
-            out.append((len(buf), functools.partial(self._tensor, name, code, shape, buf)))
-        return out
-
-    def _hash(self) -> None:
-        sha = hashlib.sha256()
-        pos = 0
-        for buf in self._whole:
-            for i in range(0, len(buf), CHUNK_BYTES):
-                if self._advise is not None and pos + _AHEAD < self.size:
-                    self._advise(pos + _AHEAD, CHUNK_BYTES)
-                piece = buf[i : i + CHUNK_BYTES]
-                sha.update(piece)
-                pos += len(piece)
-        self._sha = sha.hexdigest()
-
-    def _tensor(self, name: str, code: str, shape: tuple[int, ...], buf: Any) -> None:
-        h = fingerprint_hasher(dtype_of(code), shape)
-        bad = 0
-        for i in range(0, len(buf), _PIECE):  # fingerprint and scan each piece while it is in cache
-            piece = buf[i : i + _PIECE]
-            h.update(piece)
-            bad += count_nonfinite(code, piece)
-        self._found[name] = TensorRecord(dtype_of(code), shape, h.hexdigest(), bad)
-
-    def record(self) -> FileRecord:
-        """The record, once every job ran."""
-        names = None if self._tensors is None else [t[0] for t in self._tensors]
-        return FileRecord(self.size, self._sha, None if names is None else {n: self._found[n] for n in names})
-
-    def release(self) -> None:
-        """Drop the references to the bytes (before the memory they view goes away)."""
-        self._whole, self._tensors = (), None
-
-
-def _run(digests: Sequence[_Digest]) -> Iterator[int]:
-    """Run every job of ``digests`` on ``WORKERS`` threads, longest first; yield the index of
-    each digest as its last job ends. The first job error is raised once nothing runs."""
-    jobs = sorted(((cost, i, fn) for i, d in enumerate(digests) for cost, fn in d.jobs()), key=lambda j: -j[0])
-    left = [0] * len(digests)
-    for _, i, _ in jobs:
-        left[i] += 1
-    with ThreadPoolExecutor(max_workers=min(WORKERS, len(jobs) or 1), thread_name_prefix="ftkit-ckpt-digest") as pool:
-        futures: dict[Future[None], int] = {pool.submit(fn): i for _, i, fn in jobs}
-        try:
-            for fut in as_completed(futures):
-                fut.result()
-                i = futures[fut]
-                left[i] -= 1
-                if not left[i]:
-                    yield i
-        finally:
-            for fut in futures:
-                fut.cancel()
+__all__ = [
+    "FileRecord",
+    "TensorRecord",
+    "StLayout",
+    "layout_st",
+    "payload_nbytes",
+    "write_files",
+    "write_st",
+    "write_json",
+    "fsync_file",
+    "sha256_file",
+    "digest_files",
+    "digest_st",
+]
 
 
 @dataclass(frozen=True)
@@ -195,11 +89,11 @@ def write_files(files: Mapping[Path, StLayout], fsync: bool = True) -> dict[Path
     nothing touches the files after it returns or raises.
     """
     paths = list(files)
-    digests = [_Digest(files[p].size, [files[p].head, *(f for *_, f in files[p].items)], files[p].items) for p in paths]
+    digests = [Digest(files[p].size, [files[p].head, *(f for *_, f in files[p].items)], files[p].items) for p in paths]
     with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="ftkit-ckpt-write") as writers:
         written = [writers.submit(_write_file, p, files[p], fsync) for p in paths]
         try:
-            for _ in _run(digests):
+            for _ in run_digests(digests):
                 pass
         finally:
             errors = [e for e in (w.exception() for w in written) if e is not None]
@@ -254,7 +148,7 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
 
     maps: list[mmap.mmap] = []
     views: list[memoryview] = []
-    todo: list[tuple[Path, _Digest]] = []
+    todo: list[tuple[Path, Digest]] = []
     try:
         for path, is_st in files:
             try:
@@ -273,14 +167,14 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
             if mm is not None:
                 maps.append(mm)
                 views.append(view)
-                advise = _advisor(mm)
+                advise = advisor(mm)
                 if advise is not None:
-                    advise(0, _AHEAD)  # the first window; the sha256 job keeps asking ahead
+                    advise(0, AHEAD)  # the first window; the sha256 job keeps asking ahead
             tensors = None
             if header is not None:
                 tensors = [(t.name, t.code, t.shape, view[t.start : t.end]) for t in header.tensors.values()]
-            todo.append((path, _Digest(size, [view], tensors, advise)))
-        for i in _run([d for _, d in todo]):
+            todo.append((path, Digest(size, [view], tensors, advise)))
+        for i in run_digests([d for _, d in todo]):
             yield todo[i][0], todo[i][1].record()
     finally:
         for _, d in todo:
@@ -292,18 +186,6 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
                 mm.close()
         except BufferError:  # a slice is still referenced (an error mid-job): the collector closes it
             pass
-
-
-def _advisor(mm: mmap.mmap) -> Advise | None:
-    """``MADV_WILLNEED`` over a range of ``mm`` (asynchronous read-ahead), where the platform has it."""
-    if not hasattr(mmap, "MADV_WILLNEED"):
-        return None
-
-    def advise(offset: int, length: int) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a hint: the mapping may be closing
-            mm.madvise(mmap.MADV_WILLNEED, offset, length)
-
-    return advise
 
 
 def digest_st(path: Path) -> FileRecord:
