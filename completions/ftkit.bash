@@ -14,7 +14,7 @@ _ftkit() {
                 --reward) COMPREPLY=( $(compgen -W "task deterministic_random" -- "$cur") ); return;;
                 --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
                 --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
-                --best-metric) COMPREPLY=( $(compgen -W "reward" -- "$cur") ); return;;
+                --best-metric) COMPREPLY=( $(compgen -W "reward eval_reward" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --out|-o|--config|--resume|--merged-log|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;

@@ -43,7 +43,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l chaos -x -d 'Random 
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l checkpoint-every -x -d 'Publish a checkpoint every N rollouts (0: never; cells of one rank only, docs/checkpoints.md)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l keep-last -x -d 'Checkpoints kept: the newest N ..'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l keep-best -x -d '..'
-complete -c ftkit -n '__fish_seen_subcommand_from train' -l best-metric -x -a 'reward' -d 'What ranks checkpoints: the rollout\'s mean reward'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l best-metric -x -a 'reward eval_reward' -d 'What ranks checkpoints: reward (the rollout\'s mean reward) or eval_reward (mean reward of the run\'s fixed held-out prompts, greedy decoding on the engines, at each publication)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l config -r -F -d 'Read config values from a JSON or TOML file; options given on the command line override them.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l print-config -d 'Print the resulting config as JSON and exit.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l overwrite -d 'Replace an existing run directory.'

@@ -5,8 +5,11 @@ The caller (one process, after every rank's ``preflight`` verdict was gathered a
 TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
 
 ``publish_write``    stage ``checkpoints/.step_N.tmp-*`` (same file system) and write the
-                     safetensors files and ``meta.json``, hashing and scanning in the same pass
-``publish_scan``     reject on any NaN/Inf (optimizer state included); then fsync every file
+                     safetensors files and ``meta.json`` straight from the tensors' memory,
+                     each fsynced once as soon as it is written; meanwhile every file's
+                     sha256 and every tensor's fingerprint and NaN/Inf count run on every
+                     core (``stfile.write_files``)
+``publish_scan``     reject on any NaN/Inf (optimizer state included); fsync ``meta.json``
 ``publish_manifest`` write ``MANIFEST.json`` last, fsync it and the staging directory
 ``publish_rename``   rename to ``checkpoints/step_N`` and fsync ``checkpoints/``
 ``publish_journal``  retention decides what is kept; the intent journal is written (commit point)
@@ -23,7 +26,6 @@ through ``on_event(type, fields)``: ``checkpoint_published``, ``checkpoint_rejec
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -37,12 +39,11 @@ from ftkit.checkpoint.guard import GuardVerdict
 from ftkit.checkpoint.layout import MANIFEST, META, PROTOCOL, step_name
 from ftkit.checkpoint.preflight import Hook, PreflightVerdict, fire
 from ftkit.checkpoint.retention import Record, RetentionPolicy, load_records, select
-from ftkit.checkpoint.stfile import FileRecord, fsync_file, payload_nbytes, write_json, write_st
+from ftkit.checkpoint.stfile import FileRecord, fsync_file, layout_st, payload_nbytes, write_files, write_json
 from ftkit.fsutil import fsync_dir
 from ftkit.tensors.st import temp_path
 
 OnEvent = Callable[[str, dict[str, Any]], None]
-WRITERS = max(1, min(8, (os.cpu_count() or 1)))  # files written (and hashed) at once
 TENSOR_OVERHEAD = 512  # bytes per tensor: its safetensors header entry and its manifest entry
 
 
@@ -138,9 +139,8 @@ class Publisher:
             t0 = time.perf_counter()
             fire(self.at, "publish_scan")
             self._scan(records)
-            for name in records:
-                fsync_file(stage / name)
-            clock["scan_fsync"] = time.perf_counter() - t0
+            fsync_file(stage / META)  # the safetensors files were fsynced by their writers
+            clock["scan"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             fire(self.at, "publish_manifest")
             man = mf.build(
@@ -211,17 +211,12 @@ class Publisher:
         return out
 
     def _write(self, stage: Path, step: int, rollout: int | None, payload: Payload) -> dict[str, FileRecord]:
-        """Write the payload files in parallel (one thread per file, at most ``WRITERS``): each
-        file's sha256 is sequential, so several files are what lets hashing use several cores."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        names = list(payload.files)
-        with ThreadPoolExecutor(max_workers=max(1, min(WRITERS, len(names)))) as pool:
-            futures = [
-                pool.submit(write_st, stage / f, payload.files[f], {"protocol": PROTOCOL, "step": str(step)})
-                for f in names
-            ]
-            records: dict[str, FileRecord] = {f: fut.result() for f, fut in zip(names, futures)}
+        """Write the payload files and ``meta.json``; every file's sha256 and every tensor's
+        fingerprint and NaN/Inf count are computed meanwhile from the same memory
+        (``stfile.write_files``)."""
+        meta_st = {"protocol": PROTOCOL, "step": str(step)}
+        layouts = {stage / f: layout_st(tensors, meta_st) for f, tensors in payload.files.items()}
+        records = {p.name: r for p, r in write_files(layouts).items()}
         meta = {**payload.meta, "protocol": PROTOCOL, "step": step, "rollout": rollout}
         records[META] = write_json(stage / META, meta)
         return records

@@ -1,15 +1,16 @@
-"""One pass over a checkpoint file's bytes: write or read, hashing and scanning as it goes.
+"""Checkpoint files written or read in one pass, their records computed on every core.
 
-``write_st`` serialises ``{name: tensor}`` in the safetensors format (8-byte header length,
-JSON header padded to 8 bytes, data in header order; tensors sorted by name, so the same
-state gives the same bytes) and, chunk by chunk while the bytes are hot in cache, feeds the
-file's sha256, each tensor's fingerprint (``ftkit.tensors.fingerprint``) and the NaN/Inf scan.
-It does not fsync (the publisher fsyncs every file in its own phase). No pickle anywhere.
+``write_files`` serialises ``{name: tensor}`` maps in the safetensors format (8-byte header
+length, JSON header padded to 8 bytes, data in header order; tensors sorted by name, so the
+same state gives the same bytes). Each file is written by its own thread straight from the
+tensors' memory (no copy, one ``write`` per tensor) and fsynced once by that thread as soon as
+it is written, while the ``ftkit.checkpoint.digest`` jobs (sha256 per file, fingerprint + NaN/Inf
+scan per tensor) run over the same memory on every core.
 
-``digest_st`` recomputes the same record from a file on disk (the verifier): the sha256 of
-the whole file runs on a helper thread (hashlib releases the GIL) while this thread parses
-the header with ``ftkit.tensors.st.read_header`` (which fails closed on every structural
-error) and fingerprints and scans each tensor from a memory map.
+``digest_files`` (the verifier) opens each file once: ``ftkit.tensors.st.read_header``
+validates its structure, then the file is mapped (``mmap``) and the same jobs run over the
+mapped bytes, the disk reading a bounded window ahead of each file's sha256
+(``MADV_WILLNEED``). No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -18,62 +19,49 @@ import hashlib
 import json
 import mmap
 import os
-import queue
 import struct
-import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ftkit.checkpoint.scan import CHUNK_BYTES, count_nonfinite, dtype_of, host_bytes
-from ftkit.tensors.fingerprint import fingerprint_buffers
+from ftkit.checkpoint.digest import AHEAD, Digest, FileRecord, TensorRecord, advisor, run_digests
+from ftkit.checkpoint.scan import CHUNK_BYTES, host_bytes
+from ftkit.errors import InputError
+
+__all__ = [
+    "FileRecord",
+    "TensorRecord",
+    "StLayout",
+    "layout_st",
+    "payload_nbytes",
+    "write_files",
+    "write_st",
+    "write_json",
+    "fsync_file",
+    "sha256_file",
+    "digest_files",
+    "digest_st",
+]
 
 
 @dataclass(frozen=True)
-class TensorRecord:
-    """What the manifest says about one tensor."""
+class StLayout:
+    """A safetensors file laid out over in-memory tensors: header bytes and each tensor's bytes."""
 
-    dtype: str  # torch dtype name
-    shape: tuple[int, ...]
-    fingerprint: str
-    nonfinite: int
+    head: bytes
+    items: list[tuple[str, str, tuple[int, ...], np.ndarray]]  # name, code, shape, flat uint8 bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "fingerprint": self.fingerprint,
-            "nonfinite": self.nonfinite,
-        }
+    @property
+    def size(self) -> int:
+        return len(self.head) + sum(flat.size for *_, flat in self.items)
 
 
-@dataclass(frozen=True)
-class FileRecord:
-    """What the manifest says about one file: size, sha256, and its tensors (None: not safetensors)."""
-
-    size: int
-    sha256: str
-    tensors: dict[str, TensorRecord] | None = None
-
-
-def payload_nbytes(tensors: Mapping[str, Any]) -> int:
-    """Bytes of tensor data ``write_st`` will write for ``tensors`` (without the header)."""
-    total = 0
-    for t in tensors.values():
-        total += int(t.nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size())
-    return total
-
-
-def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> FileRecord:
-    """Write ``tensors`` to ``path`` as safetensors; returns the file's record (no fsync).
-
-    The bytes are written chunk by chunk on this thread while a helper thread (``_Digester``)
-    feeds the same chunks, in order, to the file's sha256, the tensor's fingerprint and the
-    NaN/Inf count, so hashing overlaps the write instead of adding to it.
-    """
+def layout_st(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> StLayout:
+    """Lay ``tensors`` out as safetensors (sorted by name; torch tensors moved to the host)."""
     items = [(name, *host_bytes(tensors[name])) for name in sorted(tensors)]
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     pos = 0
@@ -82,88 +70,50 @@ def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str]
         pos += flat.size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    head = struct.pack("<Q", len(raw)) + raw
-    digester = _Digester(head, [(name, code, shape) for name, code, shape, _ in items])
-    try:
-        with open(path, "wb") as fh:
-            fh.write(head)
-            for _, _, _, flat in items:
-                for i in range(0, flat.size, CHUNK_BYTES):
-                    piece = flat[i : i + CHUNK_BYTES].data
-                    digester.feed(piece)
-                    fh.write(piece)
-                digester.feed(None)
-    except BaseException:
-        digester.abort()
-        raise
-    sha, records = digester.result()
-    return FileRecord(size=len(head) + pos, sha256=sha, tensors=records)
+    return StLayout(struct.pack("<Q", len(raw)) + raw, items)
 
 
-class _Digester:
-    """A helper thread that hashes and scans the chunks of ``write_st`` in order.
+def payload_nbytes(tensors: Mapping[str, Any]) -> int:
+    """Bytes of tensor data a file of ``tensors`` holds (without the header)."""
+    total = 0
+    for t in tensors.values():
+        total += int(t.nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size())
+    return total
 
-    ``feed(chunk)`` queues a chunk of the current tensor, ``feed(None)`` ends the tensor;
-    ``result()`` waits and returns ``(sha256 hex, {name: TensorRecord})`` or re-raises the
-    thread's error; ``abort()`` stops it (the write failed).
+
+def write_files(files: Mapping[Path, StLayout], fsync: bool = True) -> dict[Path, FileRecord]:
+    """Write every file, fsync it (once, by its writer, as soon as it is written, while the
+    digest jobs of the others go on) and return their records.
+
+    Raises the first ``OSError`` of a writer (e.g. ENOSPC) once every writer and job ended, so
+    nothing touches the files after it returns or raises.
     """
-
-    _ABORT = object()
-
-    def __init__(self, head: bytes, tensors: list[tuple[str, str, tuple[int, ...]]]) -> None:
-        self.sha = hashlib.sha256(head)
-        self.records: dict[str, TensorRecord] = {}
-        self.error: BaseException | None = None
-        self.queue: queue.Queue[object] = queue.Queue(maxsize=4)
-        self.thread = threading.Thread(target=self._run, args=(tensors,), daemon=True, name="ftkit-ckpt-digest")
-        self.thread.start()
-
-    def feed(self, chunk: memoryview | None) -> None:
-        self.queue.put(chunk)
-
-    def abort(self) -> None:
-        self.queue.put(self._ABORT)
-        self.thread.join()
-
-    def result(self) -> tuple[str, dict[str, TensorRecord]]:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.sha.hexdigest(), self.records
-
-    def _run(self, tensors: list[tuple[str, str, tuple[int, ...]]]) -> None:
-        self.ended = 0  # end-of-tensor markers consumed
+    paths = list(files)
+    digests = [Digest(files[p].size, [files[p].head, *(f for *_, f in files[p].items)], files[p].items) for p in paths]
+    with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="ftkit-ckpt-write") as writers:
+        written = [writers.submit(_write_file, p, files[p], fsync) for p in paths]
         try:
-            for name, code, shape in tensors:
-                bad = [0]
-                fp = fingerprint_buffers(dtype_of(code), shape, self._chunks(code, bad))
-                self.records[name] = TensorRecord(dtype_of(code), shape, fp, bad[0])
-        except _Aborted:
-            return
-        except BaseException as exc:  # re-raised by result(); drain so the writer never blocks
-            self.error = exc
-            while self.ended < len(tensors):
-                item = self.queue.get()
-                if item is self._ABORT:
-                    return
-                self.ended += item is None
-
-    def _chunks(self, code: str, bad: list[int]) -> Iterator[memoryview]:
-        while True:
-            chunk = self.queue.get()
-            if chunk is None:
-                self.ended += 1
-                return
-            if chunk is self._ABORT:
-                raise _Aborted
-            assert isinstance(chunk, memoryview)
-            self.sha.update(chunk)
-            bad[0] += count_nonfinite(code, chunk)
-            yield chunk
+            for _ in run_digests(digests):
+                pass
+        finally:
+            errors = [e for e in (w.exception() for w in written) if e is not None]
+        if errors:
+            raise errors[0]
+    return {p: d.record() for p, d in zip(paths, digests)}
 
 
-class _Aborted(Exception):
-    pass
+def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> FileRecord:
+    """Write one safetensors file (no fsync); returns its record."""
+    return write_files({path: layout_st(tensors, metadata)}, fsync=False)[path]
+
+
+def _write_file(path: Path, layout: StLayout, fsync: bool) -> None:
+    with open(path, "wb", buffering=0) as fh:
+        for view in [memoryview(layout.head), *(flat.data for *_, flat in layout.items)]:
+            while view:  # one system call per tensor unless the kernel writes less
+                view = view[fh.write(view) :]
+        if fsync:
+            os.fsync(fh.fileno())
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> FileRecord:
@@ -189,39 +139,58 @@ def sha256_file(path: Path) -> str:
     return sha.hexdigest()
 
 
-def digest_st(path: Path, on_bytes: Any = None) -> FileRecord:
-    """Re-derive a safetensors file's record from disk; ``InputError`` when it is malformed.
-
-    ``on_bytes(n)`` is called as tensor bytes are processed (progress).
-    """
+def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, FileRecord | InputError]]:
+    """Re-derive the records of ``(path, is_safetensors)`` files from disk, yielding each as it
+    is done: a safetensors file's header is validated first (``read_header`` fails closed on
+    every structural error; its ``InputError`` is yielded instead of a record); an unreadable
+    file yields an ``InputError`` too."""
     from ftkit.tensors.st import read_header
 
-    header = read_header(path)  # structural checks before anything trusts an offset
-    result: dict[str, str] = {}
-    records: dict[str, TensorRecord] = {}
-    with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            view = memoryview(mm)
-            hasher = threading.Thread(target=_sha_into, args=(view, result), daemon=True)
-            hasher.start()
+    maps: list[mmap.mmap] = []
+    views: list[memoryview] = []
+    todo: list[tuple[Path, Digest]] = []
+    try:
+        for path, is_st in files:
             try:
-                for info in header.tensors.values():
-                    data = view[info.start : info.end]
-                    pieces = (data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES))
-                    fp = fingerprint_buffers(info.dtype, info.shape, pieces)
-                    records[info.name] = TensorRecord(info.dtype, info.shape, fp, count_nonfinite(info.code, data))
-                    del data
-                    if on_bytes is not None:
-                        on_bytes(info.nbytes)
-            finally:
-                hasher.join()
+                header = read_header(path) if is_st else None
+                with open(path, "rb") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            except InputError as exc:
+                yield path, exc
+                continue
+            except (OSError, ValueError) as exc:
+                yield path, InputError(f"cannot read {path}: {exc}", "check the path and permissions")
+                continue
+            view = memoryview(mm if mm is not None else b"")
+            advise = None
+            if mm is not None:
+                maps.append(mm)
+                views.append(view)
+                advise = advisor(mm)
+                if advise is not None:
+                    advise(0, AHEAD)  # the first window; the sha256 job keeps asking ahead
+            tensors = None
+            if header is not None:
+                tensors = [(t.name, t.code, t.shape, view[t.start : t.end]) for t in header.tensors.values()]
+            todo.append((path, Digest(size, [view], tensors, advise)))
+        for i in run_digests([d for _, d in todo]):
+            yield todo[i][0], todo[i][1].record()
+    finally:
+        for _, d in todo:
+            d.release()
+        try:
+            for view in views:
                 view.release()
-    return FileRecord(size=size, sha256=result["sha256"], tensors=records)
+            for mm in maps:
+                mm.close()
+        except BufferError:  # a slice is still referenced (an error mid-job): the collector closes it
+            pass
 
 
-def _sha_into(view: memoryview, out: dict[str, str]) -> None:
-    sha = hashlib.sha256()
-    for i in range(0, len(view), CHUNK_BYTES):
-        sha.update(view[i : i + CHUNK_BYTES])
-    out["sha256"] = sha.hexdigest()
+def digest_st(path: Path) -> FileRecord:
+    """Re-derive one safetensors file's record from disk; ``InputError`` when it is malformed."""
+    (_, rec), *_ = digest_files([(path, True)])
+    if isinstance(rec, InputError):
+        raise rec
+    return rec

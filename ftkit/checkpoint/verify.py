@@ -30,7 +30,6 @@ from ftkit.errors import InputError
 
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib")
 _ZIP_MAGIC = b"PK\x03\x04"
-READERS = max(1, min(8, (os.cpu_count() or 1)))  # files hashed at once
 
 
 @dataclass
@@ -196,30 +195,19 @@ def check_files(r: CheckpointResult, col: Collector, progress: Progress | None) 
         if rel != MANIFEST and rel not in listed and not any(k.startswith(rel + "/") for k in listed):
             kind = "link" if p.is_symlink() else "directory" if p.is_dir() else "file"
             col.add("FT205", f"{d.name}/{rel}: {kind} not listed in the manifest", checkpoint=r.name, file=str(p))
-    from concurrent.futures import ThreadPoolExecutor
+    from ftkit.checkpoint.stfile import digest_files
 
-    with ThreadPoolExecutor(max_workers=READERS) as pool:  # sha256 is per file: files in parallel
-        digests = {f: pool.submit(_digest, on_disk.get(f), e) for f, e in listed.items()}
-        for fname, entry in listed.items():
-            rows.append(_check_file(r, fname, entry, on_disk.get(fname), digests[fname].result(), col))
-            if progress is not None:
-                progress(entry.size)
+    readable = {on_disk[f]: f for f in listed if f in on_disk and on_disk[f].is_file() and not on_disk[f].is_symlink()}
+    digests: dict[str, FileRecord | InputError] = {}
+    for path, rec in digest_files([(path, listed[f].tensors is not None) for path, f in readable.items()]):
+        digests[readable[path]] = rec  # all files hashed at once, largest first
+        if progress is not None:
+            progress(listed[readable[path]].size)
+    for fname, entry in listed.items():
+        rows.append(_check_file(r, fname, entry, on_disk.get(fname), digests.get(fname), col))
+        if progress is not None and fname not in digests:
+            progress(entry.size)
     return rows
-
-
-def _digest(p: Path | None, entry: mf.FileEntry) -> FileRecord | InputError | None:
-    """The file's record from disk (safetensors: via the structural reader), the reader's
-    error, or None when there is no regular file to read."""
-    from ftkit.checkpoint.stfile import digest_st, sha256_file
-
-    if p is None or p.is_symlink() or not p.is_file():
-        return None
-    if entry.tensors is None:
-        return FileRecord(p.stat().st_size, sha256_file(p))
-    try:
-        return digest_st(p)
-    except InputError as exc:
-        return exc
 
 
 def _check_file(r: CheckpointResult, fname: str, entry: mf.FileEntry, p: Path | None,

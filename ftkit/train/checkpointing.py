@@ -12,9 +12,14 @@ At the end of every ``checkpoint_every``-th rollout (``due``), ``publish``:
    optimizer moments and steps, counters, witness table; TP=1/PP=1 cells) and publishes it in
    this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
 
-The checkpoint's step is the rollout's last step; its metric the rollout's mean reward. The
-publication fault points run here (the writer is the driver), except ``publish_preflight``,
-which every rank runs. Cells of more than one rank (TP or PP > 1) are not checkpointed yet.
+The checkpoint's step is the rollout's last step. Its metric (``--best-metric``) is the
+rollout's mean reward, or with ``eval_reward`` the mean reward of the run's fixed held-out
+prompts (``AdditionTask.heldout_prompts``) answered by greedy decoding on the engines, which
+hold exactly the checkpoint's weights at that moment; it is computed at every boundary and
+logged as a ``metric`` event (``values: {"eval_reward": ...}``); a non-finite logit makes it
+NaN, which retention never ranks best. The publication fault points run here (the writer is
+the driver), except ``publish_preflight``, which every rank runs. Cells of more than one rank
+(TP or PP > 1) are not checkpointed yet.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from ftkit.checkpoint.publish import Outcome
 class RunCheckpoints:
     """Publication of checkpoints for one run (``enabled`` only for cells of one rank)."""
 
-    def __init__(self, cfg: Any, run_dir: Path, coord: Any, events: Any) -> None:
+    def __init__(self, cfg: Any, run_dir: Path, coord: Any, events: Any, engines: Any, task: Any) -> None:
         from ftkit.checkpoint.publish import Publisher
         from ftkit.checkpoint.retention import RetentionPolicy
         from ftkit.train.fault_points import injector_for
 
-        self.cfg, self.coord = cfg, coord
+        self.cfg, self.coord, self.events, self.engines, self.task = cfg, coord, events, engines, task
         self.enabled = cfg.checkpoint_every > 0 and cfg.tp * cfg.pp == 1
         self.dir = Path(run_dir) / "checkpoints"
         self.step = -1
@@ -51,8 +56,24 @@ class RunCheckpoints:
         every: int = self.cfg.checkpoint_every
         return self.enabled and (rollout + 1) % every == 0
 
+    def eval_reward(self, rollout: int) -> float:
+        """Mean reward (``--reward``) of the held-out prompts under greedy decoding on the
+        engines; NaN when a logit was not finite. Logged as a ``metric`` event."""
+        import math
+
+        from ftkit.train.rewards import get_reward
+
+        prompts = self.task.heldout_prompts(self.cfg.seed)
+        responses = self.engines.generate(prompts, rollout, greedy=True)
+        value = float(get_reward(self.cfg.reward)(self.task, prompts, responses).double().mean())
+        if bool((responses < 0).any()):
+            value = math.nan
+        self.events.emit("metric", rollout=rollout, step=None, values={"eval_reward": value})
+        return value
+
     def publish(self, rollout: int, reward: float) -> Outcome:
-        """Preflight everywhere, agree, publish (or reject); never raises for a rejection."""
+        """Preflight everywhere, agree, publish (or reject); never raises for a rejection.
+        ``reward`` is the rollout's mean reward (the metric unless ``--best-metric eval_reward``)."""
         from ftkit.checkpoint.guard import GuardVerdict, merge
         from ftkit.checkpoint.preflight import PreflightVerdict, agree
         from ftkit.checkpoint.publish import Payload
@@ -60,6 +81,7 @@ class RunCheckpoints:
 
         cfg, coord = self.cfg, self.coord
         self.step = step = (rollout + 1) * cfg.steps_per_rollout - 1
+        metric = self.eval_reward(rollout) if cfg.best_metric == "eval_reward" else reward
         alive = coord.book.alive()
         answers = coord.wait(
             {c: coord.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.step_timeout
@@ -75,7 +97,7 @@ class RunCheckpoints:
         guard = merge(guards) if guards else GuardVerdict(step, step, False)
         if not agreed.ok:
             return self._note(
-                self.publisher.publish(step, Payload(files={}), guard, agreed, metric=reward, rollout=rollout)
+                self.publisher.publish(step, Payload(files={}), guard, agreed, metric=metric, rollout=rollout)
             )
         state = coord.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
         meta = {
@@ -87,7 +109,7 @@ class RunCheckpoints:
             "config": cfg.model_dump(mode="json"),
         }
         payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, {"0": state["total"]})
-        return self._note(self.publisher.publish(step, payload, guard, agreed, metric=reward, rollout=rollout))
+        return self._note(self.publisher.publish(step, payload, guard, agreed, metric=metric, rollout=rollout))
 
     def _note(self, out: Outcome) -> Outcome:
         self.summary.append(

@@ -108,7 +108,11 @@ class TrainConfig(BaseModel):
     )
     keep_last: int = Field(2, ge=1, description="Checkpoints kept: the newest N ...")
     keep_best: int = Field(1, ge=0, description="... plus the best K by --best-metric (finite, untainted).")
-    best_metric: Literal["reward"] = Field("reward", description="What ranks checkpoints: the rollout's mean reward.")
+    best_metric: Literal["reward", "eval_reward"] = Field(
+        "reward",
+        description="What ranks checkpoints: reward (the rollout's mean reward) or eval_reward (mean reward of "
+        "the run's fixed held-out prompts, greedy decoding on the engines, at each publication).",
+    )
     bookkeeping: bool = Field(
         True, description="False turns off fingerprints, witness and exact reduction (overhead bench)."
     )

@@ -303,7 +303,7 @@ class Driver:
         self.engines.ready()
         self._restore()
         self._push_weights(version=self.first_rollout)
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events, self.engines, self.task)
 
     def _spawn_cells(self, placer: Any, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Any]:
         """A new cell book (from ``epoch``), the cells' actors (``incarnation``, on ``targets``),

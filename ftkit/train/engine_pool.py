@@ -94,22 +94,23 @@ class EnginePool:
         self.weights = (ray.put(state), version)
         return [self._call(e, "load") for e in range(len(self.actors))]
 
-    def generate(self, prompts: Any, rollout: int) -> Any:
-        """int64 ``[n, response_len]`` responses for ``prompts`` (see the module docstring)."""
+    def generate(self, prompts: Any, rollout: int, greedy: bool = False) -> Any:
+        """int64 ``[n, response_len]`` responses for ``prompts`` (see the module docstring);
+        ``greedy``: the engines' greedy decoding (``InferenceEngine.generate``)."""
         import ray
         import torch
 
         from ftkit.train.engines import split
 
         ranges = [(e, a, b) for e, (a, b) in enumerate(split(prompts.shape[0], len(self.actors))) if b > a]
-        refs = {e: self.actors[e].generate.remote(prompts[a:b], rollout, a) for e, a, b in ranges}
+        refs = {e: self.actors[e].generate.remote(prompts[a:b], rollout, a, greedy) for e, a, b in ranges}
         parts = []
         for e, a, b in ranges:
             try:
                 parts.append(ray.get(refs[e]))
             except ray.exceptions.RayError as exc:
                 self._restart(e, exc)
-                parts.append(self._call(e, "generate", prompts[a:b], rollout, a, reload=True))
+                parts.append(self._call(e, "generate", prompts[a:b], rollout, a, greedy, reload=True))
         return torch.cat(parts, dim=0)
 
     def _call(self, e: int, what: str, *args: Any, reload: bool = False) -> Any:

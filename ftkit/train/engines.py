@@ -21,6 +21,8 @@ Contract:
 
 Sampling is temperature 1 over the task's response tokens only (the other logits are
 ignored): inverse-CDF in float64 with one uniform per token from the sample's stream.
+``generate(..., greedy=True)`` takes the most likely of those tokens instead and draws no
+random number (the evaluation of ``--best-metric eval_reward``).
 """
 
 from __future__ import annotations
@@ -125,38 +127,52 @@ class InferenceEngine:
         self.events.sync()
         return total
 
-    def generate(self, prompts: Any, rollout: int, first_index: int) -> Any:
-        """int64 ``[n, response_len]``: one sampled response per row of ``prompts [n, P]``."""
+    def generate(self, prompts: Any, rollout: int, first_index: int, greedy: bool = False) -> Any:
+        """int64 ``[n, response_len]``: one sampled response per row of ``prompts [n, P]``.
+
+        ``greedy``: the most likely allowed token at each position instead (evaluation,
+        ``--best-metric eval_reward``): no random stream is drawn, so it changes nothing a
+        training rollout samples; ``rollout`` and ``first_index`` are then unused. A position
+        whose logits are not all finite gets the token ``-1`` (no valid answer).
+        """
         import torch
 
         n = prompts.shape[0]
         out = torch.empty((n, self.task.response_len), dtype=torch.int64)
         for start in range(0, n, GEN_CHUNK):
             rows = prompts[start : start + GEN_CHUNK]
-            out[start : start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start)
+            out[start : start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start, greedy)
         return out
 
-    def _generate_chunk(self, prompts: Any, rollout: int, first_index: int) -> Any:
+    def _generate_chunk(self, prompts: Any, rollout: int, first_index: int, greedy: bool) -> Any:
         import torch
 
         k, p = prompts.shape
         r, s = self.task.response_len, self.task.seq_len
         tokens = torch.zeros((GEN_CHUNK, s), dtype=torch.int64)  # short chunks padded to GEN_CHUNK rows
         tokens[:k, :p] = prompts
-        uniforms = torch.stack(
-            [
-                torch.rand(
-                    r, generator=torch_generator("sample", self.cfg.seed, rollout, first_index + i), dtype=torch.float64
-                )
-                for i in range(k)
-            ]
-        )
+        uniforms = None
+        if not greedy:
+            uniforms = torch.stack(
+                [
+                    torch.rand(
+                        r,
+                        generator=torch_generator("sample", self.cfg.seed, rollout, first_index + i),
+                        dtype=torch.float64,
+                    )
+                    for i in range(k)
+                ]
+            )
         allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
         positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(GEN_CHUNK, s)
         with torch.no_grad():
             for j in range(r):
                 logits = self.model(tokens.to(self.device), positions.to(self.device), None)
                 step = logits[:k, p - 1 + j].to("cpu", torch.float64)[:, allowed]
+                if uniforms is None:  # greedy; ties go to the first allowed token
+                    picked = allowed[step.argmax(dim=-1)]
+                    tokens[:k, p + j] = torch.where(step.isfinite().all(dim=-1), picked, -1)
+                    continue
                 cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
                 pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
                 tokens[:k, p + j] = allowed[pick.squeeze(1)]

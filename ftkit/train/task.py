@@ -8,7 +8,8 @@ always ``PROMPT_LEN + response_len`` tokens.
 
 The vocabulary has ``VOCAB_SIZE`` (15) tokens; it fits inside every model preset's
 vocabulary (the model's extra token ids are never produced: engines sample only from
-``RESPONSE_TOKENS``). The task reward gives partial credit, the fraction of the three target
+``RESPONSE_TOKENS``). ``heldout_prompts`` is the fixed evaluation set of a run
+(``--best-metric eval_reward``). The task reward gives partial credit, the fraction of the three target
 positions (tens, units, ``<eos>``) that are right, so a user sees it climb as the policy
 learns; ``ftkit.train.rewards`` also offers a reward that ignores correctness.
 
@@ -29,6 +30,8 @@ PROMPT_LEN = 5
 RESPONSE_TOKENS = (EOS, *range(DIGIT0, DIGIT0 + 10))
 #: Scored response positions: tens digit, units digit, ``<eos>``.
 ANSWER_LEN = 3
+#: Prompts in the held-out evaluation set (``heldout_prompts``).
+HELDOUT_PROMPTS = 32
 
 _NAMES = {PAD: "<pad>", BOS: "<bos>", EOS: "<eos>", PLUS: "+", EQUALS: "="}
 
@@ -64,7 +67,14 @@ class AdditionTask:
         import torch
 
         g = torch_generator("prompts", seed, rollout)
-        operands = torch.randint(0, 10, (count, 2), generator=g, dtype=torch.int64)
+        return self._prompts(torch.randint(0, 10, (count, 2), generator=g, dtype=torch.int64))
+
+    @staticmethod
+    def _prompts(operands: Any) -> Any:
+        """``<bos> a + b =`` for each row ``(a, b)`` of ``operands`` (int64 ``[n, 2]``)."""
+        import torch
+
+        count = operands.shape[0]
         out = torch.empty((count, PROMPT_LEN), dtype=torch.int64)
         out[:, 0] = BOS
         out[:, 1] = DIGIT0 + operands[:, 0]
@@ -72,6 +82,23 @@ class AdditionTask:
         out[:, 3] = DIGIT0 + operands[:, 1]
         out[:, 4] = EQUALS
         return out
+
+    def heldout_prompts(self, seed: int, count: int = HELDOUT_PROMPTS) -> Any:
+        """The run's fixed evaluation set: ``count`` distinct prompts (int64 ``[count,
+        PROMPT_LEN]``, at most the task's 100), a function of ``seed`` only.
+
+        They come from their own stream (``("heldout", seed)``), so the set never is a
+        rollout's batch and does not move with the rollout. The task has only 100 distinct
+        prompts, which training samples all of: the set is held out as a sample, not as
+        content (a task with a large prompt space would get disjoint content from the same
+        rule).
+        """
+        import torch
+
+        if not 1 <= count <= 100:
+            raise ValueError(f"the held-out set holds 1 to 100 prompts, not {count}")
+        pairs = torch.randperm(100, generator=torch_generator("heldout", seed))[:count]
+        return self._prompts(torch.stack([pairs // 10, pairs % 10], dim=1))
 
     def answers(self, prompts: Any) -> Any:
         """The correct first ``ANSWER_LEN`` response tokens of each prompt (int64 ``[n, 3]``)."""

@@ -108,3 +108,35 @@ def test_train_killed_while_publishing_leaves_nothing_partial(tmp_path, point) -
     assert verify.returncode == 0, verify.stdout[-3000:]
     events = _ftkit("verify-checkpoint", str(run), "--format", "json")  # with the event log
     assert events.returncode == 0, events.stdout[-3000:]
+
+
+def test_best_metric_eval_reward_keeps_the_best_by_eval_reward(tmp_path) -> None:
+    """``--best-metric eval_reward``: every boundary logs the held-out set's greedy reward as a
+    ``metric`` event; each checkpoint carries that value (not the rollout's reward) in its
+    manifest, event and retention record, and retention keeps the newest plus the best by it."""
+    run = tmp_path / "run"
+    config = list(CONFIG)
+    config[config.index("--keep-last") + 1] = "1"
+    config[config.index("--reward") + 1] = "task"
+    proc = _ftkit("train", "--out", str(run), "--cells", "1", *config, "--best-metric", "eval_reward")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for p in sorted((run / "events").glob("*.jsonl")) for x in p.read_text().splitlines()]
+    metrics = [e for e in lines if e["type"] == "metric" and e["step"] is None]
+    evals = {e["rollout"]: e["values"]["eval_reward"] for e in metrics if "eval_reward" in e["values"]}
+    rewards = {e["rollout"]: e["values"]["reward"] for e in metrics if "reward" in e["values"]}
+    assert sorted(evals) == [0, 1, 2, 3] and all(0.0 <= v <= 1.0 for v in evals.values())
+    published = _events(run, "checkpoint_published")
+    assert [(e["step"], e["metric"]) for e in published] == [(2 * r + 1, evals[r]) for r in range(4)]
+    assert [e["metric"] for e in published] != [rewards[r] for r in range(4)]  # not the rollout reward
+    best = max(range(4), key=lambda r: (evals[r], r))  # ties go to the newer step
+    ck = run / "checkpoints"
+    kept = {f"step_{2 * best + 1:06d}", "step_000007"}
+    assert {p.name for p in ck.glob("step_*")} == kept
+    doc = json.loads((ck / "retention.json").read_text())
+    assert doc["policy"]["best_metric"] == "eval_reward"
+    roles = {r["name"]: r["roles"] for r in doc["records"]}
+    assert "best" in roles[f"step_{2 * best + 1:06d}"] and "last" in roles["step_000007"]
+    man = json.loads((ck / f"step_{2 * best + 1:06d}" / "MANIFEST.json").read_text())
+    assert man["metric"] == {"name": "eval_reward", "value": evals[best]}
+    verify = _ftkit("verify-checkpoint", str(run), "--format", "json")
+    assert verify.returncode == 0, verify.stdout[-3000:]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ftkit.train.engines import GEN_CHUNK, InferenceEngine, split
-from ftkit.train.task import RESPONSE_TOKENS, AdditionTask
+from ftkit.train.task import EOS, RESPONSE_TOKENS, AdditionTask
 
 
 def test_split_gives_contiguous_chunk_aligned_ranges():
@@ -114,3 +114,29 @@ def test_load_weights_refuses_a_state_of_another_model(engines):
     state["output_layer.weight"] = state["output_layer.weight"][:, :8]
     with pytest.raises(ray.exceptions.RayTaskError, match="output_layer.weight"):
         ray.get(actors["a"].load_weights.remote(state, 1, 1))
+
+
+@pytest.mark.slow
+def test_greedy_decoding_is_fixed_and_leaves_sampling_alone(engines):
+    """``generate(greedy=True)`` (the eval_reward path) does not depend on the split, the
+    rollout or the sample index, picks only response tokens, and draws no random number: the
+    sampled responses of a rollout are the same before and after it. (Engine "b": the test
+    above leaves engine "a" with a partial load.)"""
+    ray, actors, states, _ = engines
+    b = actors["b"]
+    ray.get(b.load_weights.remote(states[0], 20, 20))
+    prompts = AdditionTask(response_len=6).heldout_prompts(seed=0, count=40)
+    sampled = ray.get(b.generate.remote(prompts, 3, 0))
+    greedy = ray.get(b.generate.remote(prompts, 3, 0, True))
+    assert greedy.shape == (40, 6) and set(greedy.unique().tolist()) <= set(RESPONSE_TOKENS)
+    assert torch.equal(ray.get(b.generate.remote(prompts, 9, 17, True)), greedy)
+    parts = [ray.get(b.generate.remote(prompts[lo:hi], 0, lo, True)) for lo, hi in split(40, 3)]
+    assert torch.equal(torch.cat(parts), greedy)
+    assert not torch.equal(sampled, greedy)  # sampling at temperature 1 is not the argmax
+    assert torch.equal(ray.get(b.generate.remote(prompts, 3, 0)), sampled)
+    broken = dict(states[0])
+    broken["output_layer.weight"] = broken["output_layer.weight"].clone()
+    broken["output_layer.weight"][EOS] = float("nan")  # one allowed token's logit is NaN everywhere
+    ray.get(b.load_weights.remote(broken, 21, 21))
+    assert (ray.get(b.generate.remote(prompts, 3, 0, True)) == -1).all()  # no answer: eval_reward is NaN
+    ray.get(b.load_weights.remote(states[0], 22, 22))

@@ -48,3 +48,17 @@ def test_vocabulary_fits_every_preset_and_response_len_is_checked():
     assert AdditionTask(response_len=6).seq_len == PROMPT_LEN + 6
     with pytest.raises(ValueError, match="at least"):
         AdditionTask(response_len=ANSWER_LEN - 1)
+
+
+def test_heldout_prompts_are_a_fixed_distinct_seeded_set():
+    task = AdditionTask(response_len=4)
+    p = task.heldout_prompts(seed=3)
+    assert p.shape == (32, PROMPT_LEN) and p.dtype == torch.int64
+    assert (p[:, 0] == BOS).all() and (p[:, 2] == PLUS).all() and (p[:, 4] == EQUALS).all()
+    assert len({tuple(r) for r in p.tolist()}) == 32  # distinct prompts
+    assert torch.equal(p, task.heldout_prompts(seed=3))  # fixed for the run
+    assert not torch.equal(p, task.heldout_prompts(seed=4))  # derived from the seed
+    assert not torch.equal(p, task.prompts(seed=3, rollout=0, count=32))  # not a rollout's batch
+    assert len({tuple(r) for r in task.heldout_prompts(seed=3, count=100).tolist()}) == 100
+    with pytest.raises(ValueError, match="1 to 100"):
+        task.heldout_prompts(seed=3, count=101)
