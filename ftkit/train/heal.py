@@ -1,11 +1,13 @@
 """Heal, the recipient's side: load a live donor's complete state and prove it arrived intact.
 
-The driver (``ftkit.train.healing``) asks a donor rank for ``donor_state()`` (the state codec's
-``encode``, put in Ray's object store once) and hands the object ref to the restarted rank
-of the same position, wrapped in a list so that Ray does not resolve it before the call
-(the fetch is then timed here). ``receive``:
+The driver (``ftkit.train.healing``) has the donor rank serve its state
+(``RankWorker.serve_state``: ``state_codec.encode``, each storage once) and the restarted
+rank of the same position receive it (``RankWorker.load_state``), both under one rendezvous
+``key`` of the driver's TCPStore; the bytes go over one direct TCP stream
+(``ftkit.train.heal_stream``), not through Ray's object store. ``receive``:
 
-1. ``fetch``: ``ray.get`` of the payload (one copy, from the object store);
+1. ``wait`` / ``fetch`` / ``trailer``: the rendezvous, the storages' bytes (into buffers
+   allocated here), the donor's fingerprint total (``heal_stream.receive``);
 2. ``decode``: ``state_codec.decode`` (views rebuilt over the received storages, no copy);
    the ``during_heal`` fault point is here; ``corrupt-transfer`` flips one bit of one
    received tensor (``faults.flip_bit``);
@@ -26,19 +28,16 @@ from typing import Any
 from ftkit.train.step_types import HealReport
 
 
-def receive(worker: Any, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
-    """Load the donor state in ``payload`` (``[object ref]``) into ``worker`` before run-global
+def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
+    """Receive the state the donor serves under ``key`` into ``worker`` before run-global
     step ``step`` (its heal attempt ``attempt``); see the module docstring."""
-    import ray
-
+    from ftkit.train import heal_stream
     from ftkit.train.rank_state import fingerprint_state
     from ftkit.train.state_codec import decode, restore, state_bytes
 
-    seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    tensors, meta, donor_total = ray.get(payload[0])
+    cfg = worker.cfg
+    tensors, meta, donor_total, seconds = heal_stream.receive(worker.link.store, key, cfg.collective_timeout)
     t1 = time.perf_counter()
-    seconds["fetch"] = t1 - t0
     state = decode(tensors, meta)
     rollout = step // worker.cfg.steps_per_rollout
     if worker.faults.at("during_heal", step=step, attempt=attempt, rollout=rollout) == "corrupt-transfer":
