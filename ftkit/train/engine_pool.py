@@ -6,7 +6,8 @@ engine load them (each emits ``engine_weights``); ``generate(prompts, rollout)``
 engine its contiguous range of whole chunks (``engines.split``) and concatenates the answers.
 
 An engine that dies (or errs) in either call is replaced: a new actor (its event file is the
-next incarnation of ``engine-r<e>``), re-sent the current weights (a new ``engine_weights`` of
+next incarnation of ``engine-r<e>``, whose first event is ``engine_restart`` with the cause
+and the failed call), re-sent the current weights (a new ``engine_weights`` of
 the same version, fingerprinted like the first) and, in ``generate``, asked again for exactly
 the samples it owed. A sample's response depends only on (weights, prompt, seed, rollout,
 sample index), so the rollout's data does not depend on the fault. Each engine is restarted
@@ -68,7 +69,7 @@ class EnginePool:
             try:
                 parts.append(ray.get(refs[e]))
             except ray.exceptions.RayError as exc:
-                self._restart(e, exc)
+                self._restart(e, exc, "generate")
                 parts.append(self._call(e, "generate", prompts[a:b], rollout, a, reload=True))
         return torch.cat(parts, dim=0)
 
@@ -90,15 +91,16 @@ class EnginePool:
                 reload = False
                 return total if what == "load" else ray.get(self.actors[e].generate.remote(*args))
             except ray.exceptions.RayError as exc:
-                self._restart(e, exc)
+                self._restart(e, exc, what)
                 reload = True
         raise RunFailed(
             f"engine {e} failed {MAX_RESTARTS + 1} times in a row during {what}",
             hint="the engine's event files and `ray logs` say why it dies",
         )
 
-    def _restart(self, e: int, exc: BaseException) -> None:
-        """Replace engine ``e`` by a new actor (the caller reloads the weights)."""
+    def _restart(self, e: int, exc: BaseException, during: str) -> None:
+        """Replace engine ``e`` by a new actor (the caller reloads the weights); the new engine
+        logs ``engine_restart`` with the cause and the call (``during``) that failed."""
         import contextlib
 
         import ray
@@ -108,7 +110,8 @@ class EnginePool:
         with contextlib.suppress(Exception):  # already gone is fine
             ray.kill(self.actors[e], no_restart=True)
         self.restarts += 1
-        self.actors[e] = self.cls.remote(self.cfg_dict, self.run_dir, e)
+        cause = f"{type(exc).__name__}: {first[:200]}"
+        self.actors[e] = self.cls.remote(self.cfg_dict, self.run_dir, e, (cause, during))
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush the engines' logs (at most ``timeout_s``), then kill them."""
