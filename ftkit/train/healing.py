@@ -117,7 +117,9 @@ class Healer:
                 keys = [f"heal/c{cell}/i{inc}/a{attempt}/r{r}" for r in range(len(coord.cells[cell].workers))]
                 serving[cell] = coord.cells[donor].serve_state(keys)
                 loading[cell] = coord.cells[cell].load_state(keys, donor, book.epoch + 1, step, attempt)
-            answers = coord.wait(loading, self.cfg.step_timeout)
+            # one wait per recipient (they all run meanwhile): a large state may stream for longer
+            # than the grace one wait gives the others after the first answer
+            answers = {cell: coord.wait({cell: refs}, self.cfg.step_timeout) for cell, refs in loading.items()}
             grace = self.cfg.collective_timeout + MARGIN_S  # a served stream ends within it
             ray.wait(
                 [r for refs in serving.values() for r in refs],
@@ -125,7 +127,7 @@ class Healer:
                 timeout=grace,
             )
             for cell, donor in pairs.items():
-                self._settle(cell, donor, step, answers, serving[cell])
+                self._settle(cell, donor, step, answers[cell], serving[cell])
 
     @staticmethod
     def _pair(offsets: dict[int, int], donors: list[int]) -> dict[int, int]:
