@@ -49,7 +49,7 @@ def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: i
     t2 = time.perf_counter()
     seconds["decode"] = t2 - t1
     witness = None if worker.witness is None else worker.witness.param
-    restore(state, worker.params, worker.optimizer, witness)
+    restore(state, worker.params, worker.optimizer, witness, owned=True)  # the received buffers
     worker.counters = dict(state.counters)
     t3 = time.perf_counter()
     seconds["load"] = t3 - t2
