@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         "group_size": 4,
         "reward": "deterministic_random",
         "dump_rollouts": "none",
+        # no checkpoints: they write the whole state at every rollout's end and older code (a
+        # --baseline from before checkpoints) has none; this measures fault tolerance alone
+        "checkpoint_every": 0,
     }
     if args.collective_timeout is not None:
         base["collective_timeout"] = args.collective_timeout
