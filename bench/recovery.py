@@ -11,7 +11,9 @@ Ray; ``small`` model, 2 cells by default) and reads the run's event log:
   bytes measured here, in the same run (target >= 0.5): ``transfer_over_loopback`` for the
   stream itself (the heal's ``fetch`` phase), ``heal_over_loopback`` for the whole heal
   (rendezvous, stream, decode, load, fingerprint check); samples lost (the analyzer's
-  recovery table; must be 0).
+  recovery table; must be 0). The heal's own run is one sample on a noisy machine, so the
+  heal stream is also timed against the loopback copy in 5 interleaved pairs of the same
+  bytes (``stream_over_loopback_interleaved``, the median ratio).
 * ``steps/s`` of fault-free runs: the machinery with nothing injected, with an injector armed
   at every rank (a spec that never fires), and, with ``--baseline`` (a checkout, or a git
   revision checked out in a temporary worktree: e.g. ``6a38ec1``, the last commit before
@@ -114,6 +116,36 @@ def loopback_copy(nbytes: int) -> float:
     return seconds
 
 
+def stream_copy(nbytes: int) -> float:
+    """Seconds the heal stream (``ftkit.train.heal_stream``: TCPStore rendezvous, header, the
+    bytes into a preallocated buffer, trailer) takes for the bytes of one ``nbytes`` storage
+    between two threads, like ``loopback_copy``: its ``fetch`` phase."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from ftkit.train import heal_stream
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
+    payload = {"storage/0": torch.randint(0, 255, (nbytes,), dtype=torch.uint8)}
+    donor = threading.Thread(target=heal_stream.serve, args=(store, "bench", payload, {}, lambda: "0", 60.0))
+    donor.start()
+    seconds = heal_stream.receive(store, "bench", 60.0)[3]["fetch"]
+    donor.join()
+    return seconds
+
+
+def stream_vs_loopback(nbytes: int, repeats: int = 5) -> dict[str, float]:
+    """The heal stream against ``loopback_copy`` of the same bytes, interleaved ``repeats``
+    times (a noisy machine hits both alike): the median of the per-pair ratios."""
+    pairs = [(loopback_copy(nbytes), stream_copy(nbytes)) for _ in range(repeats)]
+    return {
+        "stream_pair_MBps": nbytes / statistics.median(s for _, s in pairs) / 1e6,
+        "stream_over_loopback_interleaved": statistics.median(lo / s for lo, s in pairs),
+    }
+
+
 def kill_run(base: dict[str, Any], out: Path) -> dict[str, Any]:
     """The ``kill`` measurements (see the module docstring)."""
     step = base["steps_per_rollout"] + 1
@@ -156,6 +188,7 @@ def kill_run(base: dict[str, Any], out: Path) -> dict[str, Any]:
             "heal_over_loopback": loop / seconds,
             "transfer_over_loopback": loop / transfer,
         }
+        result |= stream_vs_loopback(nbytes)
     return result
 
 
