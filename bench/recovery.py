@@ -118,8 +118,9 @@ def loopback_copy(nbytes: int) -> float:
 
 def stream_copy(nbytes: int) -> float:
     """Seconds the heal stream (``ftkit.train.heal_stream``: TCPStore rendezvous, header, the
-    bytes into a preallocated buffer, trailer) takes for the bytes of one ``nbytes`` storage
-    between two threads, like ``loopback_copy``: its ``fetch`` phase."""
+    bytes into a preallocated, touched buffer as a heal's parameters and moments are, trailer)
+    takes for the bytes of one ``nbytes`` storage between two threads, like ``loopback_copy``:
+    its ``fetch`` phase."""
     import datetime
 
     import torch
@@ -129,9 +130,10 @@ def stream_copy(nbytes: int) -> float:
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
     payload = {"storage/0": torch.randint(0, 255, (nbytes,), dtype=torch.uint8)}
+    sink = torch.zeros(nbytes, dtype=torch.uint8)  # touched, like the heal's room and the loopback's sink
     donor = threading.Thread(target=heal_stream.serve, args=(store, "bench", payload, {}, lambda: "0", 60.0))
     donor.start()
-    seconds = heal_stream.receive(store, "bench", 60.0)[3]["fetch"]
+    seconds = heal_stream.receive(store, "bench", 60.0, lambda meta, name, n: sink)[3]["fetch"]
     donor.join()
     return seconds
 

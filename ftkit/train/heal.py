@@ -6,8 +6,10 @@ rank of the same position receive it (``RankWorker.load_state``), both under one
 ``key`` of the driver's TCPStore; the bytes go over one direct TCP stream
 (``ftkit.train.heal_stream``), not through Ray's object store. ``receive``:
 
-1. ``wait`` / ``fetch`` / ``trailer``: the rendezvous, the storages' bytes (into buffers
-   allocated here), the donor's fingerprint total (``heal_stream.receive``);
+1. ``wait`` / ``fetch`` / ``trailer``: the rendezvous, the storages' bytes, the donor's
+   fingerprint total (``heal_stream.receive``); a storage that is one parameter or optimizer
+   moment goes straight into the rank's own tensor (``destinations``: memory already
+   allocated and touched, ``RankWorker.heal_room``), anything else into a fresh buffer;
 2. ``decode``: ``state_codec.decode`` (views rebuilt over the received storages, no copy);
    the ``during_heal`` fault point is here; ``corrupt-transfer`` flips one bit of one
    received tensor (``faults.flip_bit``);
@@ -28,6 +30,45 @@ from typing import Any
 from ftkit.train.step_types import HealReport
 
 
+def destinations(room: dict[str, Any]) -> Any:
+    """``heal_stream.receive``'s ``into``: a donor storage that is exactly one tensor (offset
+    0, contiguous, same dtype, shape and bytes) of a name in ``room`` (codec names: the
+    recipient's parameters and the optimizer moments it allocated at start) is received
+    straight into that tensor's memory; anything else (a shared storage, another layout, a
+    device tensor) into a fresh buffer."""
+    import json
+
+    import torch
+
+    views: dict[str, list[tuple[str, list[Any]]]] = {}
+
+    def into(meta: dict[str, str], storage: str, nbytes: int) -> Any:
+        if not views:
+            for key, value in meta.items():
+                if key.startswith("view/"):
+                    view = json.loads(value)
+                    views.setdefault(view[0], []).append((key.removeprefix("view/"), view))
+        seen = views.get(storage, [])
+        if len(seen) != 1:
+            return None
+        name, (_, dtype, offset, shape, _stride) = seen[0]
+        t = room.get(name)
+        if t is None:
+            return None
+        fits = (
+            t.device.type == "cpu"
+            and t.is_contiguous()
+            and t.storage_offset() == 0
+            and offset == 0
+            and list(t.shape) == shape
+            and str(t.dtype).removeprefix("torch.") == dtype
+            and t.numel() * t.element_size() == nbytes
+        )
+        return t.detach().reshape(-1).view(torch.uint8) if fits else None
+
+    return into
+
+
 def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
     """Receive the state the donor serves under ``key`` into ``worker`` before run-global
     step ``step`` (its heal attempt ``attempt``); see the module docstring."""
@@ -36,7 +77,9 @@ def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: i
     from ftkit.train.state_codec import decode, restore, state_bytes
 
     cfg = worker.cfg
-    tensors, meta, donor_total, seconds = heal_stream.receive(worker.link.store, key, cfg.collective_timeout)
+    tensors, meta, donor_total, seconds = heal_stream.receive(
+        worker.link.store, key, cfg.collective_timeout, destinations(worker.heal_room())
+    )
     t1 = time.perf_counter()
     state = decode(tensors, meta)
     rollout = step // worker.cfg.steps_per_rollout

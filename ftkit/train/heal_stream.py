@@ -39,6 +39,8 @@ _LEN = struct.Struct(">Q")
 CHUNK = 8 << 20
 #: Seconds between two looks for the donor's address in the store.
 POLL_S = 0.005
+#: ``into(meta, storage name, nbytes) -> tensor or None``: where ``receive`` puts a storage.
+Into = Callable[[dict[str, str], str, int], Any]
 
 
 def node_address() -> str:
@@ -85,9 +87,14 @@ def serve(
     return sent
 
 
-def receive(store: Any, key: str, timeout_s: float) -> tuple[dict[str, Any], dict[str, str], str, dict[str, float]]:
-    """Connect to the donor serving ``key`` and receive its state into freshly allocated
-    host buffers: ``(tensors, meta, donor_total, seconds)`` (see the module docstring)."""
+def receive(
+    store: Any, key: str, timeout_s: float, into: Into | None = None
+) -> tuple[dict[str, Any], dict[str, str], str, dict[str, float]]:
+    """Connect to the donor serving ``key`` and receive its state:
+    ``(tensors, meta, donor_total, seconds)`` (see the module docstring). Each storage goes
+    into ``into(meta, name, nbytes)`` when that returns a tensor (a contiguous host uint8
+    tensor of ``nbytes``: memory the caller already holds, no page faults while receiving),
+    else into a freshly allocated buffer."""
     import torch
 
     seconds: dict[str, float] = {}
@@ -103,7 +110,9 @@ def receive(store: Any, key: str, timeout_s: float) -> tuple[dict[str, Any], dic
         seconds["wait"] = t1 - t0
         tensors: dict[str, Any] = {}
         for name, nbytes in header["storages"]:
-            buf = torch.empty(int(nbytes), dtype=torch.uint8)
+            buf = into(header["meta"], name, int(nbytes)) if into is not None else None
+            if buf is None:
+                buf = torch.empty(int(nbytes), dtype=torch.uint8)
             view = _buffer(buf)
             got = 0
             while got < len(view):

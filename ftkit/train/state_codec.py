@@ -137,7 +137,8 @@ def restore(state: RankState, named: list[tuple[str, Any]], optimizer: Any, witn
                 raise ValueError(
                     f"{name}: received {src.dtype}{tuple(src.shape)}, the model holds {p.dtype}{tuple(p.shape)}"
                 )
-            p.copy_(src)
+            if src.data_ptr() != p.data_ptr() or src.stride() != p.stride():  # not received in place
+                p.copy_(src)
         optimizer.state.clear()
         for name, p in named:
             prefix = f"{name}."

@@ -59,6 +59,7 @@ class RankWorker:
         self._pending: _Pending | None = None
         self._started: StepTask | None = None  # the attempt compute_reduce last began
         self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
+        self._heal_moments: dict[str, Any] = {}  # a restarted rank's optimizer moments, heal_room
         self.counters = {"step": -1, "rollout": -1}  # the last committed step and its rollout
         self.events: Any = None
 
@@ -136,6 +137,12 @@ class RankWorker:
         from ftkit.checkpoint.guard import NonFiniteGuard
 
         self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
+        if self.incarnation > 0 and self.device == "cpu":  # a restart: it will be healed
+            self._heal_moments = {
+                f"optimizer/{n}.{k}": torch.zeros_like(p, memory_format=torch.contiguous_format)
+                for n, p in self.params
+                for k in ("exp_avg", "exp_avg_sq")
+            }
         return os.getpid()
 
     def configure(self, epoch: int, alive: list[int]) -> None:
@@ -540,6 +547,14 @@ class RankWorker:
             self.cfg.collective_timeout,
         )
 
+    def heal_room(self) -> dict[str, Any]:
+        """Tensors a heal receives into, under their codec names: the parameters and, on a
+        restarted CPU rank, AdamW moments allocated (and touched) while it started, so that
+        the transfer does not page-fault fresh memory (``heal.destinations``)."""
+        room = {f"param/{n}": p.detach() for n, p in self.params}
+        room.update(self._heal_moments)
+        return room
+
     def load_state(self, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
         """Heal: receive the state a donor serves under ``key`` (``serve_state`` of the same
         rank position of a live cell), fingerprint what this rank now holds and compare with
@@ -550,6 +565,8 @@ class RankWorker:
         from ftkit.train.heal import receive
 
         report = receive(self, key, donor, epoch, step, attempt)
+        if report.accepted:
+            self._heal_moments = {}  # they are the optimizer's state now
         # the guard of a healed rank covers what it computes from here on: the steps its donor
         # saw before are the donor's to report (a guard from step 0 would reach back into
         # intervals consumed at earlier boundaries)

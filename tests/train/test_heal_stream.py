@@ -80,3 +80,26 @@ def test_a_recipient_that_never_connects_times_the_donor_out(store):
     _serve(store, "nobody", tensors, meta, out, timeout=0.3)
     assert isinstance(out["error"], TimeoutError)
     assert store.get("nobody")  # the donor did publish where it listened
+
+
+def test_a_storage_that_is_one_tensor_of_the_room_is_received_in_place(store):
+    from ftkit.train.heal import destinations
+
+    state = _state()
+    tensors, meta = encode(state)
+    room = {"param/c": torch.empty(3, 5), "optimizer/c.exp_avg": torch.full((3, 5), 7.0), "param/a": torch.empty(4, 4)}
+    out: dict = {}
+    donor = threading.Thread(target=_serve, args=(store, "room", tensors, meta, out))
+    donor.start()
+    got, got_meta, _, _ = heal_stream.receive(store, "room", 5.0, destinations(room))
+    donor.join()
+    back = decode(got, got_meta)
+    # received into the room's own memory
+    assert back.params["c"].data_ptr() == room["param/c"].data_ptr()
+    assert back.optimizer["c.exp_avg"].data_ptr() == room["optimizer/c.exp_avg"].data_ptr()
+    assert torch.equal(room["param/c"], state.params["c"]) and torch.equal(
+        room["optimizer/c.exp_avg"], torch.zeros(3, 5)
+    )
+    # "a" shares its storage with "b": a fresh buffer, the room's tensor untouched
+    assert back.params["a"].data_ptr() != room["param/a"].data_ptr()
+    assert torch.equal(back.params["a"], state.params["a"])
