@@ -8,8 +8,12 @@ Ray; ``small`` model, 2 cells by default) and reads the run's event log:
   survivor's next committed step; detection (the driver's ``cell_state`` -> ``failed``)
   against the configured ``--collective-timeout``; kill -> the restarted cell's first commit;
   the heal's bytes, seconds and bandwidth, divided by a loopback TCP socket copy of the same
-  bytes measured here, in the same run (target >= 0.5); samples lost (the analyzer's recovery
-  table; must be 0).
+  bytes measured here, in the same run (target >= 0.5): ``transfer_over_loopback`` for the
+  stream itself (the heal's ``fetch`` phase), ``heal_over_loopback`` for the whole heal
+  (rendezvous, stream, decode, load, fingerprint check); samples lost (the analyzer's
+  recovery table; must be 0). The heal's own run is one sample on a noisy machine, so the
+  heal stream is also timed against the loopback copy in 5 interleaved pairs of the same
+  bytes (``stream_over_loopback_interleaved``, the median ratio).
 * ``--node-loss``: a real two-node Ray cluster on this machine (``ftkit.testing.ray_cluster``:
   a head with 0 CPUs and two worker nodes of ``--node-cpus`` CPUs), ``ftkit train
   --ray-address`` with 3 cells (spread 2 + 1), and the raylet of the node holding one cell
@@ -18,22 +22,25 @@ Ray; ``small`` model, 2 cells by default) and reads the run's event log:
   of cells (the first membership with every cell again: the lost cell healed onto the
   remaining node) and the reconfigures it took.
 * ``steps/s`` of fault-free runs: the machinery with nothing injected, with an injector armed
-  at every rank (a spec that never fires), and, with ``--baseline DIR`` (a checkout of the
-  previous commit), the previous code; runs are interleaved ``--repeats`` times and the
-  median of the pairwise ratios is printed (target: machinery / previous >= 0.97).
+  at every rank (a spec that never fires), and, with ``--baseline`` (a checkout, or a git
+  revision checked out in a temporary worktree: e.g. ``6a38ec1``, the last commit before
+  fault tolerance, or the previous commit), the baseline's code; runs are interleaved
+  ``--repeats`` times and the median of the pairwise ratios is printed (target: machinery /
+  previous >= 0.97). Options the baseline does not know are left at its defaults.
 * ``--torchft``: the same measurements for torchft (``bench/torchft_peer.py``) on the same
   megatron model, batch and timeouts, where ``pip install ftkit[bench]`` installed it; ratios
   ftkit / torchft. Without torchft the output says so.
 
     python bench/recovery.py                      # small model, 2 cells
     python bench/recovery.py --model tiny --repeats 1 --json
-    python bench/recovery.py --baseline /tmp/ftkit-prev --torchft
+    python bench/recovery.py --baseline 6a38ec1 --torchft   # vs the commit before fault tolerance
     python bench/recovery.py --model tiny --repeats 1 --node-loss
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -43,17 +50,21 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Runs older checkouts too (--baseline): options they do not know are dropped (their
+# defaults apply), and a step result without ``committed`` was committed.
 CHILD = """
 import json, sys
 from ftkit.train.config import TrainConfig
 from ftkit.train.driver import run_training
-cfg = TrainConfig(**json.loads(sys.argv[1]))
+values = {k: v for k, v in json.loads(sys.argv[1]).items() if k in TrainConfig.model_fields}
 steps = []
-run_training(cfg, on_step=lambda r: steps.append([r.rollout, r.step, r.seconds, r.committed]))
+run_training(TrainConfig(**values),
+             on_step=lambda r: steps.append([r.rollout, r.step, r.seconds, getattr(r, "committed", True)]))
 print("RESULT " + json.dumps(steps))
 """
 
@@ -113,6 +124,38 @@ def loopback_copy(nbytes: int) -> float:
     return seconds
 
 
+def stream_copy(nbytes: int) -> float:
+    """Seconds the heal stream (``ftkit.train.heal_stream``: TCPStore rendezvous, header, the
+    bytes into a preallocated, touched buffer as a heal's parameters and moments are, trailer)
+    takes for the bytes of one ``nbytes`` storage between two threads, like ``loopback_copy``:
+    its ``fetch`` phase."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from ftkit.train import heal_stream
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
+    payload = {"storage/0": torch.randint(0, 255, (nbytes,), dtype=torch.uint8)}
+    sink = torch.zeros(nbytes, dtype=torch.uint8)  # touched, like the heal's room and the loopback's sink
+    donor = threading.Thread(target=heal_stream.serve, args=(store, "bench", payload, {}, lambda: "0", 60.0))
+    donor.start()
+    seconds = heal_stream.receive(store, "bench", 60.0, lambda meta, name, n: sink)[3]["fetch"]
+    donor.join()
+    return seconds
+
+
+def stream_vs_loopback(nbytes: int, repeats: int = 5) -> dict[str, float]:
+    """The heal stream against ``loopback_copy`` of the same bytes, interleaved ``repeats``
+    times (a noisy machine hits both alike): the median of the per-pair ratios."""
+    pairs = [(loopback_copy(nbytes), stream_copy(nbytes)) for _ in range(repeats)]
+    return {
+        "stream_pair_MBps": nbytes / statistics.median(s for _, s in pairs) / 1e6,
+        "stream_over_loopback_interleaved": statistics.median(lo / s for lo, s in pairs),
+    }
+
+
 def kill_run(base: dict[str, Any], out: Path) -> dict[str, Any]:
     """The ``kill`` measurements (see the module docstring)."""
     step = base["steps_per_rollout"] + 1
@@ -142,15 +185,20 @@ def kill_run(base: dict[str, Any], out: Path) -> dict[str, Any]:
     }
     if heal is not None:
         nbytes, seconds = heal["bytes"], heal["seconds"]["total"]
+        # the transfer: the stream's bytes (phase "fetch"), as the loopback copy measures them
+        transfer = heal["seconds"].get("fetch", seconds)
         loop = min(loopback_copy(nbytes) for _ in range(3))
         result |= {
             "heal_bytes": nbytes,
             "heal_s": seconds,
             "heal_phases_s": heal["seconds"],
             "heal_MBps": nbytes / seconds / 1e6,
+            "heal_transfer_MBps": nbytes / transfer / 1e6,
             "loopback_MBps": nbytes / loop / 1e6,
             "heal_over_loopback": loop / seconds,
+            "transfer_over_loopback": loop / transfer,
         }
+        result |= stream_vs_loopback(nbytes)
     return result
 
 
@@ -235,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-shards", type=int, default=2)
     ap.add_argument("--collective-timeout", type=float, default=None, help="default: ftkit's")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved fault-free runs per variant")
-    ap.add_argument("--baseline", type=Path, default=None, help="checkout of the previous commit to compare with")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="the code to compare fault-free steps/s with: a checkout's path, or a git revision of this "
+        "repository (checked out in a temporary worktree, removed afterwards)",
+    )
     ap.add_argument("--torchft", action="store_true", help="also measure torchft (bench/torchft_peer.py)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     ap.add_argument("--node-loss", action="store_true", help="also lose a node of a two-node Ray cluster")
@@ -252,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         "group_size": 4,
         "reward": "deterministic_random",
         "dump_rollouts": "none",
+        # no checkpoints: they write the whole state at every rollout's end and older code (a
+        # --baseline from before checkpoints) has none; this measures fault tolerance alone
+        "checkpoint_every": 0,
     }
     if args.collective_timeout is not None:
         base["collective_timeout"] = args.collective_timeout
@@ -266,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
             print("kill run ...", file=sys.stderr)
             figures["ftkit"] |= kill_run({**base, "rollouts": args.kill_rollouts}, Path(tmp))
             print("fault-free runs ...", file=sys.stderr)
-            figures["ftkit"] |= overhead(base, Path(tmp), args.repeats, args.baseline)
+            with baseline_tree(args.baseline, Path(tmp)) as tree:
+                figures["ftkit"] |= overhead(base, Path(tmp), args.repeats, tree)
+                if args.baseline is not None:
+                    figures["config"]["baseline"] = args.baseline
         if args.node_loss or args.only_node_loss:
             print("node-loss run ...", file=sys.stderr)
             figures["ftkit"] |= node_loss_run({**base, "rollouts": args.kill_rollouts}, Path(tmp), args.node_cpus)
@@ -277,6 +336,22 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(render(figures))
     return 0
+
+
+@contextlib.contextmanager
+def baseline_tree(baseline: str | None, tmp: Path) -> Iterator[Path | None]:
+    """``baseline`` as a directory to import ftkit from: a path as is, a git revision checked
+    out (detached) in a temporary worktree under ``tmp``, removed on exit."""
+    if baseline is None or Path(baseline).is_dir():
+        yield None if baseline is None else Path(baseline)
+        return
+    tree = tmp / "baseline"
+    git = ["git", "-C", str(ROOT)]
+    subprocess.run([*git, "worktree", "add", "--detach", str(tree), baseline], check=True, capture_output=True)
+    try:
+        yield tree
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
 def torchft_figures(base: dict[str, Any], out: Path) -> dict[str, Any]:

@@ -131,6 +131,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
         "steps_committed": replay.steps_committed,
         "faults": len(replay.recovery.rows),
         "heals": replay.by_type.get("heal", 0),
+        "engine_restarts": replay.by_type.get("engine_restart", 0),
         "duration_s": replay.duration,
         "placement": replay.placement_summary(),
     }

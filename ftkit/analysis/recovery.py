@@ -3,7 +3,10 @@
 - ``detect_s``: first sign of the fault after it struck: the faulted cell turned ``errored``, any
   step attempt ``failed`` / ``discarded``, or a ``grad_nonfinite``;
 - ``reconfigure_s``: the first ``reconfigure`` after it;
-- ``heal_s``: the first ``heal`` of the faulted cell after it;
+- ``next_commit_s``: the first committed step (any cell's ``step_outcome`` committed) after it:
+  how long training stood still;
+- ``heal_s``: the first ``heal`` of the faulted cell after it; ``heal_bytes``: the bytes that
+  heal moved (every rank of the cell, the ``heal`` events of the same cell and epoch);
 - ``steps_discarded``: step attempts committed by no cell, attributed to the latest fault
   before them;
 - ``samples_lost``: witness deficit (allocated ids counted fewer times than expected) of the
@@ -38,7 +41,9 @@ class FaultRow:
     where: tuple[str, int] = field(repr=False)
     detect_s: float | None = None
     reconfigure_s: float | None = None
+    next_commit_s: float | None = None
     heal_s: float | None = None
+    heal_bytes: int | None = None
     steps_discarded: int = 0
     samples_lost: int | None = None
     recovered_by: str | None = None
@@ -61,7 +66,14 @@ class RecoveryTracker:
     def __init__(self) -> None:
         self.rows: list[FaultRow] = []
         self._times: list[float] = []
-        self._waiting: dict[str, list[FaultRow]] = {"detect": [], "reconfigure": [], "heal": [], "recover": []}
+        self._waiting: dict[str, list[FaultRow]] = {
+            "detect": [],
+            "reconfigure": [],
+            "commit": [],
+            "heal": [],
+            "recover": [],
+        }
+        self._heals: dict[tuple[int, int | None], list[FaultRow]] = {}  # (cell, epoch) -> rows it healed
         self._by_rollout: dict[int | None, list[FaultRow]] = {}
 
     def fault(self, ev: dict[str, Any], where: tuple[str, int]) -> None:
@@ -108,11 +120,23 @@ class RecoveryTracker:
             r.reconfigure_s = t - r.time
         self._recovered(rows, "reconfigure")
 
-    def healed(self, t: float, cell: int) -> None:
+    def committed(self, t: float) -> None:
+        """A committed ``step_outcome`` at ``t``."""
+        if self._waiting["commit"]:
+            for r in self._take("commit", t, lambda r: r.time < t):
+                r.next_commit_s = t - r.time
+
+    def healed(self, t: float, cell: int, nbytes: int | None = None, epoch: int | None = None) -> None:
+        """A rank of ``cell`` logged ``heal`` at ``t`` (``nbytes`` moved, joining ``epoch``)."""
         rows = self._take("heal", t, lambda r: r.cell is None or r.cell == cell)
         for r in rows:
             r.heal_s = t - r.time
         self._recovered(rows, "heal")
+        if rows:
+            self._heals[(cell, epoch)] = rows
+        if nbytes is not None:
+            for r in self._heals.get((cell, epoch), ()):
+                r.heal_bytes = (r.heal_bytes or 0) + nbytes
 
     def checkpoint_closed(self, t: float, how: str) -> None:
         """A checkpoint publication ended at ``t`` (``how``: rejected / published): it recovers

@@ -180,6 +180,15 @@ class EngineWeights(Envelope):
     params: dict[str, Hex] = Field(description="fingerprint per parameter")
 
 
+class EngineRestart(Envelope):
+    """A replaced inference engine started (written by the new engine, first in its log)."""
+
+    type: Literal["engine_restart"]
+    engine: int = Field(description="engine index")
+    cause: str = Field(description="why the driver replaced the previous engine (its error, first line)")
+    during: str = Field(description="the driver's call that failed: load or generate")
+
+
 class Metric(Envelope):
     """Scalar metrics of a step (loss, grad_norm, reward, ...)."""
 
@@ -328,6 +337,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     WitnessCounts,
     WeightsSent,
     EngineWeights,
+    EngineRestart,
     Metric,
     FaultInjected,
     Heal,

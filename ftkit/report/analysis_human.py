@@ -25,7 +25,8 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
     console.print(
         f"[bold]Run[/bold] {escape(runs)}: {layout}; status {s['status'] or 'unknown'}; "
         f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts; "
-        f"{s['faults']} faults, {s['heals']} heals; {s['events']} events in {s['files']} files; "
+        f"{s['faults']} faults, {s['heals']} heals, {s.get('engine_restarts', 0)} engine restarts; "
+        f"{s['events']} events in {s['files']} files; "
         f"{duration} logged"
     )
     placed = s.get("placement")

@@ -93,12 +93,13 @@ class Cell:
         """Every rank loads the checkpoint ``files`` (an object ref, passed unresolved)."""
         return [w.restore_checkpoint.remote(files, meta) for w in self.workers]
 
-    def donor_state(self) -> list[Any]:
-        return [w.donor_state.remote() for w in self.workers]
+    def serve_state(self, keys: list[str]) -> list[Any]:
+        """Heal donor: rank ``r`` serves its state under ``keys[r]``."""
+        return [w.serve_state.remote(k) for w, k in zip(self.workers, keys)]
 
-    def load_state(self, payloads: list[Any], donor: int, epoch: int, step: int, attempt: int) -> list[Any]:
-        """Rank ``r`` loads ``payloads[r]`` (an object ref, passed unresolved)."""
-        return [w.load_state.remote([p], donor, epoch, step, attempt) for w, p in zip(self.workers, payloads)]
+    def load_state(self, keys: list[str], donor: int, epoch: int, step: int, attempt: int) -> list[Any]:
+        """Heal recipient: rank ``r`` receives the state served under ``keys[r]``."""
+        return [w.load_state.remote(k, donor, epoch, step, attempt) for w, k in zip(self.workers, keys)]
 
     def export_weights(self, version: int) -> list[Any]:
         return [w.export_weights.remote(version) for w in self.workers]

@@ -15,8 +15,10 @@
 3. phase 2: when every live rank reduced and the reduction was finite, ``commit`` on every
    cell; a cell that dies now is marked failed, the others have committed the same state.
    Anything else: ``discard`` on every surviving cell (nothing stepped anywhere), failed
-   cells killed and restarted, the groups rebuilt under a new epoch (``reconfigure``), the
-   micro-shards reassigned, and the step retried with ``attempt + 1``.
+   cells killed, the groups rebuilt under a new epoch (``reconfigure``), the micro-shards
+   reassigned, and the step retried with ``attempt + 1`` (a survivor reuses the micro-shard
+   gradients it computed in the discarded attempt: ``shard_cache``). Failed cells are
+   restarted (``restart_failed``) as soon as the step committed.
 
 Fewer live cells than ``min_cells``, or more than ``max_retries`` failed attempts of one
 step, raise ``RunFailed``. A step's result never depends on which cells computed it (exact
@@ -78,6 +80,7 @@ class StepCoordinator:
         self.since: dict[int, int] = {c: 0 for c in cells}  # first step a cell trained in its incarnation
         self.healer: Any = None  # set by the driver (ftkit.train.healing.Healer)
         self.placer: Any = None  # set by the driver (ftkit.train.placement.Placer)
+        self.to_restart: list[int] = []  # failed cells, restarted once the survivors commit
 
     # --- waiting ----------------------------------------------------------------------
     def wait(self, refs: dict[int, list[Any]], timeout_s: float) -> Answers:
@@ -121,7 +124,8 @@ class StepCoordinator:
 
     # --- membership -------------------------------------------------------------------
     def fail(self, cell: int, cause: str) -> None:
-        """Record a detected failure (``cell_state`` -> failed), kill the cell, ask for a restart."""
+        """Record a detected failure (``cell_state`` -> failed), kill the cell, queue its restart
+        (``restart_failed``)."""
         if self.book.state[cell] in (CellState.failed, CellState.stopped):
             return
         lost = self._lost_nodes(cell)
@@ -130,8 +134,8 @@ class StepCoordinator:
         self.book.transition(cell, CellState.failed, cause)
         self.events.sync(wait=False)
         self.cells[cell].kill()
-        if self.healer is not None:
-            self.healer.restart(cell)
+        if self.healer is not None and cell not in self.to_restart:
+            self.to_restart.append(cell)
         for other in self.placer.cells_on(set(lost)) if lost else []:
             if self.book.state[other] == CellState.alive:
                 self.fail(other, f"node lost with cell {cell}")
@@ -142,6 +146,16 @@ class StepCoordinator:
         if self.placer is None or cell not in self.placer.cell_nodes:
             return []
         return sorted(self.placer.dead_nodes() & set(self.placer.cell_nodes[cell]))
+
+    def restart_failed(self) -> None:
+        """Start the queued restarts (``Healer.restart``). Called once the survivors committed
+        the step the cells failed in: a new incarnation's start (process spawn, imports) would
+        otherwise compete with the survivors' retry for the same host's CPUs, and the retry
+        is what training waits for; the restart itself is not waited for either way."""
+        queued, self.to_restart = self.to_restart, []
+        for cell in queued:
+            if self.book.state[cell] == CellState.failed:
+                self.healer.restart(cell)
 
     def reconfigure(self, reason: str) -> None:
         """Rebuild the cross-cell groups over the alive cells under a new epoch; a member that
@@ -182,6 +196,8 @@ class StepCoordinator:
 
         cfg, t0 = self.cfg, time.perf_counter()
         for attempt in range(cfg.max_retries + 1):
+            if attempt == 0:  # failures since the last commit (outside a step: a weight export)
+                self.restart_failed()
             if self.healer is not None:
                 self.healer.at_boundary(step, wait=step == cfg.rollouts * cfg.steps_per_rollout - 1)
             if self.members != self.book.alive():
@@ -197,6 +213,7 @@ class StepCoordinator:
             reduced: dict[int, list[Reduced]] = phase1.values
             if phase1.clean and all(r.finite for rs in reduced.values() for r in rs):
                 committed = self._commit(rollout, step, attempt, alive)
+                self.restart_failed()
                 if committed is not None:
                     first = reduced[alive[0]][0]
                     return StepOutcome(

@@ -6,7 +6,8 @@ engine load them (each emits ``engine_weights``); ``generate(prompts, rollout)``
 engine its contiguous range of whole chunks (``engines.split``) and concatenates the answers.
 
 An engine that dies (or errs) in either call is replaced: a new actor (its event file is the
-next incarnation of ``engine-r<e>``), re-sent the current weights (a new ``engine_weights`` of
+next incarnation of ``engine-r<e>``, whose first event is ``engine_restart`` with the cause
+and the failed call), re-sent the current weights (a new ``engine_weights`` of
 the same version, fingerprinted like the first) and, in ``generate``, asked again for exactly
 the samples it owed. A sample's response depends only on (weights, prompt, seed, rollout,
 sample index), so the rollout's data does not depend on the fault. Each engine is restarted
@@ -58,14 +59,15 @@ class EnginePool:
         self.engine_restarts: dict[int, int] = {}  # engine -> its restarts (placement incarnation)
         self.unplaced: set[int] = set(range(cfg.engines))  # engines whose node is not logged yet
 
-    def _spawn(self, e: int, target: str | None) -> Any:
-        """A new actor for engine ``e``, asking for node ``target`` (soft) when given."""
+    def _spawn(self, e: int, target: str | None, restarted: tuple[str, str] | None = None) -> Any:
+        """A new actor for engine ``e``, asking for node ``target`` (soft) when given;
+        ``restarted``: ``(cause, during)`` when it replaces a failed one (``engine_restart``)."""
         if target is None:
-            return self.cls.remote(self.cfg_dict, self.run_dir, e)
+            return self.cls.remote(self.cfg_dict, self.run_dir, e, restarted)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         strategy = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
-        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg_dict, self.run_dir, e)
+        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg_dict, self.run_dir, e, restarted)
 
     def ready(self) -> None:
         """Wait until every engine is constructed (and log where they run)."""
@@ -109,7 +111,7 @@ class EnginePool:
             try:
                 parts.append(ray.get(refs[e]))
             except ray.exceptions.RayError as exc:
-                self._restart(e, exc)
+                self._restart(e, exc, "generate")
                 parts.append(self._call(e, "generate", prompts[a:b], rollout, a, greedy, reload=True))
         return torch.cat(parts, dim=0)
 
@@ -133,15 +135,16 @@ class EnginePool:
                 self._placed(e)
                 return out
             except ray.exceptions.RayError as exc:
-                self._restart(e, exc)
+                self._restart(e, exc, what)
                 reload = True
         raise RunFailed(
             f"engine {e} failed {MAX_RESTARTS + 1} times in a row during {what}",
             hint="the engine's event files and `ray logs` say why it dies",
         )
 
-    def _restart(self, e: int, exc: BaseException) -> None:
-        """Replace engine ``e`` by a new actor (the caller reloads the weights)."""
+    def _restart(self, e: int, exc: BaseException, during: str) -> None:
+        """Replace engine ``e`` by a new actor (the caller reloads the weights); the new engine
+        logs ``engine_restart`` with the cause and the call (``during``) that failed."""
         import contextlib
 
         import ray
@@ -156,7 +159,8 @@ class EnginePool:
         self.restarts += 1
         self.engine_restarts[e] = self.engine_restarts.get(e, 0) + 1
         self.unplaced.add(e)
-        self.actors[e] = self._spawn(e, self.placer.engine_target(e) if self.placer is not None else None)
+        target = self.placer.engine_target(e) if self.placer is not None else None
+        self.actors[e] = self._spawn(e, target, (f"{type(exc).__name__}: {first[:200]}", during))
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush the engines' logs (at most ``timeout_s``), then kill them."""

@@ -52,7 +52,11 @@ def split(n: int, engines: int) -> list[tuple[int, int]]:
 class InferenceEngine:
     """One inference engine (see the module docstring for the contract)."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: str, engine: int) -> None:
+    def __init__(
+        self, cfg: dict[str, Any], run_dir: str, engine: int, restarted: tuple[str, str] | None = None
+    ) -> None:
+        """``restarted``: ``(cause, during)`` when this engine replaces one that failed; it is
+        logged as ``engine_restart``, the first event of this engine's log."""
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
         from ftkit.train.config import TrainConfig
@@ -73,6 +77,9 @@ class InferenceEngine:
             cell=None,
             rank=engine,
         )  # file engine-r<engine>-i<n>.jsonl
+        if restarted is not None:
+            self.events.emit("engine_restart", engine=engine, cause=restarted[0], during=restarted[1])
+            self.events.sync()
         from ftkit.train.fault_points import injector_for
 
         self.faults = injector_for(self.cfg, self.events, "engine", engine=engine)

@@ -1,11 +1,15 @@
 """Heal, the recipient's side: load a live donor's complete state and prove it arrived intact.
 
-The driver (``ftkit.train.healing``) asks a donor rank for ``donor_state()`` (the state codec's
-``encode``, put in Ray's object store once) and hands the object ref to the restarted rank
-of the same position, wrapped in a list so that Ray does not resolve it before the call
-(the fetch is then timed here). ``receive``:
+The driver (``ftkit.train.healing``) has the donor rank serve its state
+(``RankWorker.serve_state``: ``state_codec.encode``, each storage once) and the restarted
+rank of the same position receive it (``RankWorker.load_state``), both under one rendezvous
+``key`` of the driver's TCPStore; the bytes go over one direct TCP stream
+(``ftkit.train.heal_stream``), not through Ray's object store. ``receive``:
 
-1. ``fetch``: ``ray.get`` of the payload (one copy, from the object store);
+1. ``wait`` / ``fetch`` / ``trailer``: the rendezvous, the storages' bytes, the donor's
+   fingerprint total (``heal_stream.receive``); a storage that is one parameter or optimizer
+   moment goes straight into the rank's own tensor (``destinations``: memory already
+   allocated and touched, ``RankWorker.heal_room``), anything else into a fresh buffer;
 2. ``decode``: ``state_codec.decode`` (views rebuilt over the received storages, no copy);
    the ``during_heal`` fault point is here; ``corrupt-transfer`` flips one bit of one
    received tensor (``faults.flip_bit``);
@@ -26,19 +30,57 @@ from typing import Any
 from ftkit.train.step_types import HealReport
 
 
-def receive(worker: Any, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
-    """Load the donor state in ``payload`` (``[object ref]``) into ``worker`` before run-global
-    step ``step`` (its heal attempt ``attempt``); see the module docstring."""
-    import ray
+def destinations(room: dict[str, Any]) -> Any:
+    """``heal_stream.receive``'s ``into``: a donor storage that is exactly one tensor (offset
+    0, contiguous, same dtype, shape and bytes) of a name in ``room`` (codec names: the
+    recipient's parameters and the optimizer moments it allocated at start) is received
+    straight into that tensor's memory; anything else (a shared storage, another layout, a
+    device tensor) into a fresh buffer."""
+    import json
 
+    import torch
+
+    views: dict[str, list[tuple[str, list[Any]]]] = {}
+
+    def into(meta: dict[str, str], storage: str, nbytes: int) -> Any:
+        if not views:
+            for key, value in meta.items():
+                if key.startswith("view/"):
+                    view = json.loads(value)
+                    views.setdefault(view[0], []).append((key.removeprefix("view/"), view))
+        seen = views.get(storage, [])
+        if len(seen) != 1:
+            return None
+        name, (_, dtype, offset, shape, _stride) = seen[0]
+        t = room.get(name)
+        if t is None:
+            return None
+        fits = (
+            t.device.type == "cpu"
+            and t.is_contiguous()
+            and t.storage_offset() == 0
+            and offset == 0
+            and list(t.shape) == shape
+            and str(t.dtype).removeprefix("torch.") == dtype
+            and t.numel() * t.element_size() == nbytes
+        )
+        return t.detach().reshape(-1).view(torch.uint8) if fits else None
+
+    return into
+
+
+def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
+    """Receive the state the donor serves under ``key`` into ``worker`` before run-global
+    step ``step`` (its heal attempt ``attempt``); see the module docstring."""
+    from ftkit.train import heal_stream
     from ftkit.train.rank_state import fingerprint_state
     from ftkit.train.state_codec import decode, restore, state_bytes
 
-    seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
-    tensors, meta, donor_total = ray.get(payload[0])
+    cfg = worker.cfg
+    tensors, meta, donor_total, seconds = heal_stream.receive(
+        worker.link.store, key, cfg.collective_timeout, destinations(worker.heal_room())
+    )
     t1 = time.perf_counter()
-    seconds["fetch"] = t1 - t0
     state = decode(tensors, meta)
     rollout = step // worker.cfg.steps_per_rollout
     if worker.faults.at("during_heal", step=step, attempt=attempt, rollout=rollout) == "corrupt-transfer":
@@ -50,7 +92,7 @@ def receive(worker: Any, payload: list[Any], donor: int, epoch: int, step: int, 
     t2 = time.perf_counter()
     seconds["decode"] = t2 - t1
     witness = None if worker.witness is None else worker.witness.param
-    restore(state, worker.params, worker.optimizer, witness)
+    restore(state, worker.params, worker.optimizer, witness, owned=True)  # the received buffers
     worker.counters = dict(state.counters)
     t3 = time.perf_counter()
     seconds["load"] = t3 - t2

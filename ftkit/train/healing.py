@@ -8,15 +8,18 @@ nothing waits for them, the survivors keep training.
 ``Healer.at_boundary(step, wait)`` (called by the coordinator before every step attempt;
 ``wait`` before the run's last step, see below): for each
 restarting cell whose ranks all finished ``init_cell``, ``restarting -> healing`` and, for each
-rank position, the donor rank's ``donor_state()`` (the state codec, put in Ray's object store
-once) is loaded by the recipient (``RankWorker.load_state``), which fingerprints what it holds
-and compares with the donor's total. Every rank equal: ``healing -> alive`` (the ranks emitted
-``heal``); the coordinator then reconfigures with the cell in the membership. A mismatch:
-``healing -> restarting`` with the reason, and the heal is retried from the next donor (each
-live cell is tried in turn, then the first again, at most ``HEAL_TRIES`` times per boundary).
-Several recipients at one boundary take different donors (the donor index is offset by the
-cell index), one after the other; within a cell, every rank position's transfer is one Ray
-object, all fetched in parallel. A recipient that dies or errs is failed again (and
+rank position, the donor rank streams its state (``RankWorker.serve_state``: the state codec,
+each storage once, over a direct TCP connection rendezvoused through the driver's TCPStore,
+``ftkit.train.heal_stream``) into the recipient (``RankWorker.load_state``), which
+fingerprints what it holds and compares with the donor's total. Every rank equal:
+``healing -> alive`` (the ranks emitted ``heal``); the coordinator then reconfigures with the
+cell in the membership. A mismatch: ``healing -> restarting`` with the reason, and the heal is
+retried from the next donor (at most ``HEAL_TRIES`` attempts per cell and boundary). Heals run
+in rounds: each round pairs every waiting recipient with a *different* live donor and runs
+those transfers in parallel (recipients beyond the number of donors wait for the next round);
+within a cell, every rank position streams in parallel too. The donor of a failed transfer
+is failed when it died or its stream did not end within the collective timeout; otherwise
+the recipient is. A recipient that dies or errs is failed again (and
 restarted); one that is not placed and started within ``heal_timeout`` is given up
 (``stopped``) and the run goes on with fewer cells.
 
@@ -33,6 +36,7 @@ from typing import Any
 
 from ftkit.train.cell_state import CellState
 from ftkit.train.cells import spawn_cell
+from ftkit.train.coordinator import MARGIN_S
 from ftkit.train.step_types import HealReport
 
 #: Heal attempts per boundary before the cell waits for the next one.
@@ -92,58 +96,95 @@ class Healer:
             if self.coord.placer is not None:
                 new = self.coord.cells[cell]
                 self.coord.placer.placed_cell(cell, new.incarnation, new.placement_group)
-        for cell in sorted(self.ready):
-            self._heal(cell, step)
+        self._heal_ready(step)
 
-    def _heal(self, cell: int, step: int) -> None:
-        """Up to ``HEAL_TRIES`` heals of ``cell`` from the live donors in turn."""
+    def _heal_ready(self, step: int) -> None:
+        """Heal the ready cells in rounds: each round pairs every waiting recipient with a
+        distinct live donor (as far as there are donors) and runs the transfers in parallel;
+        a cell gets at most ``HEAL_TRIES`` attempts per boundary."""
+        import ray
+
+        coord, book = self.coord, self.coord.book
+        tries = dict.fromkeys(self.ready, 0)
+        while True:
+            donors = book.alive()
+            waiting = [c for c in sorted(self.ready) if tries[c] < HEAL_TRIES]
+            if not donors or not waiting:
+                return
+            pairs = self._pair({c: c + self.attempts.get(c, 0) for c in waiting}, donors)
+            serving: dict[int, list[Any]] = {}
+            loading: dict[int, list[Any]] = {}
+            for cell, donor in pairs.items():
+                tries[cell] += 1
+                attempt = self.attempts.get(cell, 0)
+                self.attempts[cell] = attempt + 1
+                book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
+                inc = coord.cells[cell].incarnation
+                keys = [f"heal/c{cell}/i{inc}/a{attempt}/r{r}" for r in range(len(coord.cells[cell].workers))]
+                serving[cell] = coord.cells[donor].serve_state(keys)
+                loading[cell] = coord.cells[cell].load_state(keys, donor, book.epoch + 1, step, attempt)
+            # one wait per recipient (they all run meanwhile): a large state may stream for longer
+            # than the grace one wait gives the others after the first answer
+            answers = {cell: coord.wait({cell: refs}, self.cfg.step_timeout) for cell, refs in loading.items()}
+            grace = self.cfg.collective_timeout + MARGIN_S  # a served stream ends within it
+            ray.wait(
+                [r for refs in serving.values() for r in refs],
+                num_returns=sum(map(len, serving.values())),
+                timeout=grace,
+            )
+            for cell, donor in pairs.items():
+                self._settle(cell, donor, step, answers[cell], serving[cell])
+
+    @staticmethod
+    def _pair(offsets: dict[int, int], donors: list[int]) -> dict[int, int]:
+        """``{recipient: donor}`` for one round: distinct donors (recipients beyond the
+        donors wait for the next round); recipient ``c`` prefers ``donors[offsets[c] % n]``,
+        then the ones after it (the offset grows with its heal attempts: a retry goes to the
+        next donor)."""
+        pairs: dict[int, int] = {}
+        for cell, offset in offsets.items():
+            if len(pairs) == len(donors):
+                break
+            k = offset % len(donors)
+            pairs[cell] = next(d for d in donors[k:] + donors[:k] if d not in pairs.values())
+        return pairs
+
+    def _settle(self, cell: int, donor: int, step: int, answers: Any, serving: list[Any]) -> None:
+        """The outcome of one transfer to ``cell`` (see the module docstring)."""
         import ray
 
         from ftkit.train.coordinator import classify
 
         coord, book = self.coord, self.coord.book
-        for _ in range(HEAL_TRIES):
-            donors = book.alive()
-            if not donors:
+        if cell not in answers.values:
+            done, _ = ray.wait(serving, num_returns=len(serving), timeout=0)
+            donor_problems = [p for p in map(classify, done) if p is not None and p[0] == "dead"]
+            if donor_problems or len(done) < len(serving):  # the donor failed, not the recipient
+                cause = donor_problems[0][1] if donor_problems else "its stream did not end within the deadline"
+                book.transition(cell, CellState.restarting, f"donor cell {donor} failed during the heal")
+                coord.fail(donor, f"as heal donor: {cause}")
                 return
-            attempt = self.attempts.get(cell, 0)
-            self.attempts[cell] = attempt + 1
-            donor = donors[(cell + attempt) % len(donors)]
-            book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
-            payloads = coord.cells[donor].donor_state()
-            answers = coord.wait(
-                {cell: coord.cells[cell].load_state(payloads, donor, book.epoch + 1, step, attempt)},
-                self.cfg.step_timeout,
-            )
-            if cell not in answers.values:
-                done, _ = ray.wait(payloads, num_returns=len(payloads), timeout=0)
-                donor_problems = [p for p in map(classify, done) if p is not None]
-                if donor_problems or len(done) < len(payloads):  # the donor failed, not the recipient
-                    cause = donor_problems[0][1] if donor_problems else "no state within the deadline"
-                    book.transition(cell, CellState.restarting, f"donor cell {donor} failed during the heal")
-                    coord.fail(donor, f"as heal donor: {cause}")
-                    continue
-                self.ready.discard(cell)
-                cause = answers.failed.get(cell, "heal failed")
-                book.transition(cell, CellState.failed, f"heal from donor cell {donor}: {cause}")
-                coord.cells[cell].kill()
-                self.restart(cell)
-                return
-            reports: list[HealReport] = answers.values[cell]
-            self.reports += reports
-            bad = [r for r in reports if not r.accepted]
-            if not bad:
-                self.ready.discard(cell)
-                coord.since[cell] = step
-                book.transition(cell, CellState.alive, f"healed from donor cell {donor}, fingerprints equal")
-                return
-            r = bad[0]
-            book.transition(
-                cell,
-                CellState.restarting,
-                f"heal from donor cell {donor} rejected: rank {r.rank} holds {r.total[:16]}, "
-                f"the donor {r.donor_total[:16]}",
-            )
+            self.ready.discard(cell)
+            cause = answers.failed.get(cell, "heal failed")
+            book.transition(cell, CellState.failed, f"heal from donor cell {donor}: {cause}")
+            coord.cells[cell].kill()
+            self.restart(cell)
+            return
+        reports: list[HealReport] = answers.values[cell]
+        self.reports += reports
+        bad = [r for r in reports if not r.accepted]
+        if not bad:
+            self.ready.discard(cell)
+            coord.since[cell] = step
+            book.transition(cell, CellState.alive, f"healed from donor cell {donor}, fingerprints equal")
+            return
+        r = bad[0]
+        book.transition(
+            cell,
+            CellState.restarting,
+            f"heal from donor cell {donor} rejected: rank {r.rank} holds {r.total[:16]}, "
+            f"the donor {r.donor_total[:16]}",
+        )
 
     def give_up(self, reason: str = "run end") -> None:
         """At the run's end (or when every cell restarts at once): stop every cell still starting."""

@@ -125,6 +125,11 @@ class ExactReducer:
     def _numpy(self, shards: Any) -> bool:
         return self.numpy_kernels and shards.device.type == "cpu"
 
+    def keeps_rows(self, shards: Any) -> bool:
+        """Whether ``reduce`` leaves ``shards`` unchanged (the CPU kernels write only their own
+        buffers; the torch kernels scale the rows in place)."""
+        return self._numpy(shards)
+
     def exponents(self, shards: Any) -> tuple[list[int], bool]:
         """Per tensor, ``e`` with every ``|g| < 2**e`` over the rows (``ZERO_EXPONENT`` for an
         all-zero tensor), and whether every value is finite."""

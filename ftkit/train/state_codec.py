@@ -117,9 +117,13 @@ def capture(named: list[tuple[str, Any]], optimizer: Any, witness: Any, counters
     )
 
 
-def restore(state: RankState, named: list[tuple[str, Any]], optimizer: Any, witness: Any) -> None:
+def restore(state: RankState, named: list[tuple[str, Any]], optimizer: Any, witness: Any, owned: bool = False) -> None:
     """Copy ``state`` into the rank in place: parameters, optimizer state (replaced whole),
-    witness table and RNG. Raises ``ValueError`` when names or shapes do not match."""
+    witness table and RNG. Raises ``ValueError`` when names or shapes do not match.
+
+    ``owned``: ``state``'s tensors are buffers nobody else holds (a heal's received
+    storages): the optimizer state then *is* them where they already sit on the parameter's
+    device (no copy, no second copy of the moments in memory); otherwise it is cloned."""
     import torch
 
     params = dict(named)
@@ -133,14 +137,22 @@ def restore(state: RankState, named: list[tuple[str, Any]], optimizer: Any, witn
                 raise ValueError(
                     f"{name}: received {src.dtype}{tuple(src.shape)}, the model holds {p.dtype}{tuple(p.shape)}"
                 )
-            p.copy_(src)
+            if src.data_ptr() != p.data_ptr() or src.stride() != p.stride():  # not received in place
+                p.copy_(src)
         optimizer.state.clear()
         for name, p in named:
             prefix = f"{name}."
             entries = {k.removeprefix(prefix): v for k, v in state.optimizer.items() if k.startswith(prefix)}
             entries = {k: v for k, v in entries.items() if "." not in k}
             if entries:
-                optimizer.state[p] = {k: v.clone().to(p.device if v.dim() else v.device) for k, v in entries.items()}
+                optimizer.state[p] = {k: _own(v, p.device if v.dim() else v.device, owned) for k, v in entries.items()}
         if witness is not None and state.witness is not None:
             witness.copy_(state.witness)
     torch.default_generator.set_state(state.rng.clone().contiguous())
+
+
+def _own(t: Any, device: Any, owned: bool) -> Any:
+    """``t`` on ``device``, never sharing memory with the caller's tensor unless ``owned``."""
+    if t.device == device:
+        return t if owned else t.clone()
+    return t.to(device)

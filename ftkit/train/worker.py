@@ -9,7 +9,7 @@ fault handling docs/faults.md)::
     w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
     w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
     w.discard(step, attempt)                           # phase 2, when anything failed
-    w.donor_state() / w.load_state(...)    # heal: the state codec, from a live donor to a restarted rank
+    w.serve_state(key) / w.load_state(key, ...)  # heal: the state codec, streamed from a live donor
     w.restore_checkpoint(files, meta)      # resume: a published checkpoint into this rank
     w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
 
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ftkit.train.shard_cache import ShardCache
 from ftkit.train.step_types import Committed, HealReport, Reduced, StepTask
 
 
@@ -58,6 +59,8 @@ class RankWorker:
         self._rows_buf: Any = None
         self._pending: _Pending | None = None
         self._started: StepTask | None = None  # the attempt compute_reduce last began
+        self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
+        self._heal_moments: dict[str, Any] = {}  # a restarted rank's optimizer moments, heal_room
         self.counters = {"step": -1, "rollout": -1}  # the last committed step and its rollout
         self.events: Any = None
 
@@ -135,6 +138,12 @@ class RankWorker:
         from ftkit.checkpoint.guard import NonFiniteGuard
 
         self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
+        if self.incarnation > 0 and self.device == "cpu":  # a restart: it will be healed
+            self._heal_moments = {
+                f"optimizer/{n}.{k}": torch.zeros_like(p, memory_format=torch.contiguous_format)
+                for n, p in self.params
+                for k in ("exp_avg", "exp_avg_sq")
+            }
         return os.getpid()
 
     def configure(self, epoch: int, alive: list[int]) -> None:
@@ -186,16 +195,25 @@ class RankWorker:
             data["witness_rows"] = self.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.step_samples, cfg.micro_shards)
         keep = cfg.bookkeeping
+        # exact per-micro-shard rows, not recorded: a retry may reuse them (shard_cache)
+        reusable = keep and cfg.reduce == "exact" and not task.dump
+        reuse = self._shards.take(task.step) if reusable else {}
+        self._shards.clear()
         # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
         # bookkeeping (kept apart for the exact reduction), one shared row without.
         rows = self._rows(len(mine) if keep else 1)
         losses = torch.zeros(cfg.micro_shards, dtype=torch.float64)
         poison = faults.at("before_forward", **at)
+        first = True
         for i, m in enumerate(mine):
+            if m in reuse:  # computed by this rank in a discarded attempt of this step
+                rows[i].copy_(reuse[m][0])
+                losses[m] = reuse[m][1]
+                continue
             self._bind_grads(rows[i if keep else 0])
             self._seed(shard_seed(cfg.seed, task.rollout, task.step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
-            mid = self._mid_backward(at) if i == 0 else None
+            mid, first = (self._mid_backward(at) if first else None), False
             with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
                 losses[m] = float(self._forward_backward(part, norm))
             if mid is not None:
@@ -205,6 +223,8 @@ class RankWorker:
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
+        elif reusable and self.reducer.keeps_rows(rows):
+            self._shards.computed(task.step, mine, rows, losses)
         if self.pipe is not None:  # only the last stage computed the losses
             self.pipe.share_losses(losses)
         allreduce = self._faulty_allreduce(at)
@@ -268,6 +288,7 @@ class RankWorker:
         ``step_outcome`` committed and ``state_fingerprint``. ``write_dumps``: this cell writes
         the rollout's replicated dump (when it is the rollout's last step)."""
         pend = self._take(step, attempt)
+        self._shards.clear()
         if pend.reduced is None:
             raise RuntimeError(f"step {step} attempt {attempt} was not finite everywhere: it cannot commit")
         task, ev = pend.task, self.events
@@ -318,6 +339,8 @@ class RankWorker:
     def discard(self, step: int, attempt: int) -> None:
         """Drop the attempt (if this rank began it): ``step_outcome`` discarded, nothing stepped."""
         task, self._started, self._pending = self._started, None, None
+        if self._shards.discarded(step):
+            self._rows_buf = None  # the kept rows are the cache's now
         if task is None or task.step != step or task.attempt != attempt:
             return
         self._outcome(task, "discarded")
@@ -551,8 +574,35 @@ class RankWorker:
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
         return tensors, meta, total
 
-    def load_state(self, payload: list[Any], donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
-        """Heal: load a donor's ``donor_state()`` (``payload``: ``[its object ref]``, the same
+    def serve_state(self, key: str) -> int:
+        """Heal donor: stream ``donor_state()`` to the recipient that connects through
+        ``key`` of the driver's TCPStore (``heal_stream.serve``, every wait bounded by the
+        collective timeout); the fingerprint total follows the bytes. Returns the bytes sent."""
+        from ftkit.train import heal_stream
+        from ftkit.train.rank_state import fingerprint_state
+        from ftkit.train.state_codec import capture, encode
+
+        witness = None if self.witness is None else self.witness.param
+        tensors, meta = encode(capture(self.params, self.optimizer, witness, self.counters))
+        return heal_stream.serve(
+            self.link.store,
+            key,
+            tensors,
+            meta,
+            lambda: fingerprint_state(self.model, self.optimizer, self.params)[0],
+            self.cfg.collective_timeout,
+        )
+
+    def heal_room(self) -> dict[str, Any]:
+        """Tensors a heal receives into, under their codec names: the parameters and, on a
+        restarted CPU rank, AdamW moments allocated (and touched) while it started, so that
+        the transfer does not page-fault fresh memory (``heal.destinations``)."""
+        room = {f"param/{n}": p.detach() for n, p in self.params}
+        room.update(self._heal_moments)
+        return room
+
+    def load_state(self, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
+        """Heal: receive the state a donor serves under ``key`` (``serve_state`` of the same
         rank position of a live cell), fingerprint what this rank now holds and compare with
         the donor's total (``ftkit.train.heal.receive``). Emits ``heal`` when they are equal
         (``HealReport.accepted``); a mismatch is returned, not raised. ``step``: the step the
@@ -560,7 +610,9 @@ class RankWorker:
         from ftkit.checkpoint.guard import NonFiniteGuard
         from ftkit.train.heal import receive
 
-        report = receive(self, payload, donor, epoch, step, attempt)
+        report = receive(self, key, donor, epoch, step, attempt)
+        if report.accepted:
+            self._heal_moments = {}  # they are the optimizer's state now
         # the guard of a healed rank covers what it computes from here on: the steps its donor
         # saw before are the donor's to report (a guard from step 0 would reach back into
         # intervals consumed at earlier boundaries)

@@ -32,3 +32,16 @@ def test_a_slow_fault_whose_step_is_discarded_waits_for_the_retry() -> None:
     assert tr.rows[0].recovered_by is None
     tr.step_closed(12.0, True, 1, 3)
     assert tr.rows[0].recovered_by == "absorbed"
+
+
+def test_time_to_the_next_commit_and_the_heal_bytes_of_every_rank() -> None:
+    tr = RecoveryTracker()
+    tr.fault(_fault("sigkill", 3, 10.0), ("f", 1))
+    tr.committed(9.9)  # before the fault: not its next commit
+    tr.committed(11.5)
+    tr.committed(12.0)
+    tr.healed(20.0, 1, 1000, epoch=2)  # rank 0 of the healed cell
+    tr.healed(20.1, 1, 500, epoch=2)  # rank 1, same heal
+    tr.healed(40.0, 1, 700, epoch=5)  # a later heal of the same cell is not this fault's
+    row = tr.table()[0]
+    assert row["next_commit_s"] == 1.5 and row["heal_s"] == 10.0 and row["heal_bytes"] == 1500

@@ -156,6 +156,10 @@ def test_rank_killed_mid_reduce_nan_gradient_and_engine_killed(reference: Path, 
     assert_survived(out, res, reference, faults=3)
     outcomes = {(e["step"], e["attempt"], e["outcome"]) for e in events(out) if e["type"] == "step_outcome"}
     assert (3, 1, "committed") in outcomes and (3, 0, "committed") not in outcomes  # nan-grad: discarded, retried
+    # the replaced engine logged why it was started, and the analyzer counts it
+    restarts = [e for e in events(out) if e["type"] == "engine_restart"]
+    assert [(e["engine"], e["during"]) for e in restarts] == [(0, "load")] and restarts[0]["cause"], restarts
+    assert analyze(out)[1]["stats"]["engine_restarts"] == 1
 
 
 def test_hung_rank_is_detected_and_a_corrupt_heal_rejected(reference: Path, out: Path) -> None:

@@ -73,3 +73,17 @@ def test_decode_refuses_other_payloads_and_restore_other_models():
     del state.params["b"]
     with pytest.raises(ValueError, match="does not match"):
         restore(state, named, opt, None)
+
+
+def test_an_owned_state_becomes_the_optimizer_state_without_a_copy():
+    model, named, opt = trained()
+    tensors, meta = encode(capture(named, opt, None, {}))
+    tensors = {k: v.clone() for k, v in tensors.items()}  # buffers of the recipient's own
+    for owned in (False, True):
+        fresh, fresh_named, fresh_opt = trained(seed=9, steps=0)
+        state = decode(tensors, meta)
+        restore(state, fresh_named, fresh_opt, None, owned=owned)
+        assert fingerprint_state(fresh, fresh_opt)[0] == fingerprint_state(model, opt)[0]
+        held = fresh_opt.state[fresh.w]["exp_avg"].untyped_storage().data_ptr()
+        sent = state.optimizer["w.exp_avg"].untyped_storage().data_ptr()
+        assert (held == sent) is owned
