@@ -10,6 +10,13 @@ Ray; ``small`` model, 2 cells by default) and reads the run's event log:
   the heal's bytes, seconds and bandwidth, divided by a loopback TCP socket copy of the same
   bytes measured here, in the same run (target >= 0.5); samples lost (the analyzer's recovery
   table; must be 0).
+* ``--node-loss``: a real two-node Ray cluster on this machine (``ftkit.testing.ray_cluster``:
+  a head with 0 CPUs and two worker nodes of ``--node-cpus`` CPUs), ``ftkit train
+  --ray-address`` with 3 cells (spread 2 + 1), and the raylet of the node holding one cell
+  SIGKILLed once cell 0 committed the first step of rollout 1. Printed: kill -> the driver's
+  ``failed`` (detection), kill -> the survivors' next commit, kill -> back to the full number
+  of cells (the first membership with every cell again: the lost cell healed onto the
+  remaining node) and the reconfigures it took.
 * ``steps/s`` of fault-free runs: the machinery with nothing injected, with an injector armed
   at every rank (a spec that never fires), and, with ``--baseline DIR`` (a checkout of the
   previous commit), the previous code; runs are interleaved ``--repeats`` times and the
@@ -21,6 +28,7 @@ Ray; ``small`` model, 2 cells by default) and reads the run's event log:
     python bench/recovery.py                      # small model, 2 cells
     python bench/recovery.py --model tiny --repeats 1 --json
     python bench/recovery.py --baseline /tmp/ftkit-prev --torchft
+    python bench/recovery.py --model tiny --repeats 1 --node-loss
 """
 
 from __future__ import annotations
@@ -146,6 +154,46 @@ def kill_run(base: dict[str, Any], out: Path) -> dict[str, Any]:
     return result
 
 
+def node_loss_run(base: dict[str, Any], out: Path, node_cpus: float) -> dict[str, Any]:
+    """The ``--node-loss`` measurements (see the module docstring)."""
+    from ftkit.testing.ray_cluster import kill_raylet, node_cluster
+
+    cfg = {**base, "cells": 3, "micro_shards": 3, "samples_per_rollout": 24, "collective_timeout": 5.0}
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in cfg.items() if k != "out"]
+    run = out / "node-loss"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with node_cluster([node_cpus, node_cpus]) as (cluster, nodes):
+        cmd = [sys.executable, "-m", "ftkit", "train", "--ray-address", cluster.address, "--out", str(run), *args]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        first = cfg["steps_per_rollout"]
+        while not any(e["type"] == "state_fingerprint" and e["step"] >= first for e in events(run)):
+            if proc.poll() is not None:
+                raise SystemExit(f"node-loss run failed (exit {proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+            time.sleep(0.1)
+        cells_on: dict[str, set[int]] = {}
+        for e in events(run):
+            if e["type"] == "placement" and e["role"] == "trainer":
+                cells_on.setdefault(e["node_id"], set()).add(e["cell"])
+        victim = min(cells_on, key=lambda n: len(cells_on[n]))
+        t = time.time()
+        kill_raylet(next(n for n in nodes if n.node_id == victim))
+        _, stderr = proc.communicate(timeout=1800)
+        if proc.returncode != 0:
+            raise SystemExit(f"node-loss run failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+    evs = [e for e in events(run) if e["time"] >= t]
+    detected = next(e for e in evs if e["type"] == "cell_state" and e["new"] == "failed")
+    survivor = next(e for e in evs if e["type"] == "step_outcome" and e["outcome"] == "committed")
+    reconfigures = [e for e in evs if e["type"] == "reconfigure"]
+    full = next((e for e in reconfigures if len(e["alive_after"]) == cfg["cells"]), None)
+    return {
+        "node_cells_lost": len(cells_on[victim]),
+        "node_kill_to_detect_s": detected["time"] - t,
+        "node_kill_to_next_commit_s": survivor["time"] - t,
+        "node_kill_to_full_cells_s": None if full is None else full["time"] - t,
+        "node_reconfigures_to_full": None if full is None else reconfigures.index(full) + 1,
+    }
+
+
 def overhead(base: dict[str, Any], out: Path, repeats: int, baseline: Path | None) -> dict[str, Any]:
     """Fault-free steps/s: machinery, machinery + an armed injector, and the previous code."""
     # Any spec makes every rank and engine build a FaultInjector; these sit at every step point
@@ -190,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, default=None, help="checkout of the previous commit to compare with")
     ap.add_argument("--torchft", action="store_true", help="also measure torchft (bench/torchft_peer.py)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--node-loss", action="store_true", help="also lose a node of a two-node Ray cluster")
+    ap.add_argument("--node-cpus", type=float, default=2.0, help="CPUs of each worker node (--node-loss)")
+    ap.add_argument("--only-node-loss", action="store_true", help="measure the node loss only")
     args = ap.parse_args(argv)
     base: dict[str, Any] = {
         "model": args.model,
@@ -210,10 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     base.setdefault("collective_timeout", getattr(cfg, "collective_timeout", None))
     figures: dict[str, Any] = {"config": base}
     with tempfile.TemporaryDirectory(prefix="ftkit-recovery-") as tmp:
-        print("kill run ...", file=sys.stderr)
-        figures["ftkit"] = kill_run({**base, "rollouts": args.kill_rollouts}, Path(tmp))
-        print("fault-free runs ...", file=sys.stderr)
-        figures["ftkit"] |= overhead(base, Path(tmp), args.repeats, args.baseline)
+        figures["ftkit"] = {}
+        if not args.only_node_loss:
+            print("kill run ...", file=sys.stderr)
+            figures["ftkit"] |= kill_run({**base, "rollouts": args.kill_rollouts}, Path(tmp))
+            print("fault-free runs ...", file=sys.stderr)
+            figures["ftkit"] |= overhead(base, Path(tmp), args.repeats, args.baseline)
+        if args.node_loss or args.only_node_loss:
+            print("node-loss run ...", file=sys.stderr)
+            figures["ftkit"] |= node_loss_run({**base, "rollouts": args.kill_rollouts}, Path(tmp), args.node_cpus)
         if args.torchft:
             figures["torchft"] = torchft_figures(base, Path(tmp))
     if args.json:

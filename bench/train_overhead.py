@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ftkit.train.driver import LOCAL_RAY_CPUS
 
-    ray.init(num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, log_to_driver=False)
     docs = []
     try:
         for name, (model, per_step, shards) in configs.items():

@@ -5,7 +5,9 @@ line. What tells it apart is what its writers and the driver said (DESIGN.md I6)
 
 - **log_closed** (schema 2): every writer that closes normally writes it as its last line, with
   the number of lines it emitted before. A schema 2 stream that ends without it was cut -- unless
-  the driver declared the writer's cell dead (``errored`` or ``failed``) after the stream began,
+  the driver declared the writer's cell dead (``errored`` or ``failed``) or its engine failed
+  (``engine_failed``) after the stream began,
+  or a ``run_resumed`` after it began says its whole session ended (``ftkit.analysis.resumed``),
   or the stream itself logged a ``fault_injected`` that kills its process (an engine has no cell). A
   line after ``log_closed``, or a ``lines`` count that is not the line's ``seq``, is damage too.
 - **declared steps**: the driver logs a ``metric`` with the ``step`` of every step it trained; a
@@ -34,8 +36,11 @@ class Closure:
         self.closed: list[bool] = []
         self.killed: list[bool] = []  # the stream itself logged a fault that ends its process
         self.schema: list[Any] = []
-        self.unclosed: list[tuple[str, int | None, float, Where]] = []  # (label, cell, first time, last line)
+        # (label, cell, engine, first time, last line)
+        self.unclosed: list[tuple[str, int | None, int | None, float, Where]] = []
         self.errored: dict[int, list[float]] = {}
+        self.engines_failed: dict[int, list[float]] = {}
+        self.resumes: list[float] = []  # times of run_resumed: every stream begun before ended with its session
         self.steps = bytearray()
 
     def attach(self, streams: int) -> None:
@@ -51,16 +56,26 @@ class Closure:
         if self.closed[fi] or self.killed[fi] or src is None or type(self.schema[fi]) is not int or self.schema[fi] < 2:
             return
         cell = src.get("cell") if src.get("role") == "trainer" else None
+        engine = src.get("rank") if src.get("role") == "engine" else None
         label = "-".join(str(src.get(k)) for k in ("role", "cell", "rank", "incarnation"))
-        self.unclosed.append((label, cell if type(cell) is int else None, first_time, where))
+        cell, engine = (v if type(v) is int else None for v in (cell, engine))
+        self.unclosed.append((label, cell, engine, first_time, where))
 
     def fault(self, fi: int, kind: Any) -> None:
         """Stream ``fi`` logged ``fault_injected``: a killing kind excuses its missing ``log_closed``."""
         if kind in KILLING:
             self.killed[fi] = True
 
+    def resumed(self, time: float) -> None:
+        """A later session of the run began at ``time`` (``run_resumed``)."""
+        self.resumes.append(time)
+
     def declared_dead(self, cell: int, time: float) -> None:
         self.errored.setdefault(cell, []).append(time)
+
+    def engine_failed(self, engine: int, time: float) -> None:
+        """The driver logged ``engine_failed`` for ``engine`` at ``time``."""
+        self.engines_failed.setdefault(engine, []).append(time)
 
     def mark_step(self, step: Any, flag: int) -> None:
         if type(step) is not int or not 0 <= step < MAX_STEPS:
@@ -79,8 +94,12 @@ class Closure:
         """Schema 2 streams that ended without ``log_closed`` and whose process the driver did not
         declare dead after the stream began."""
         cut = []
-        for label, cell, first, where in self.unclosed:
+        for label, cell, engine, first, where in self.unclosed:
             if cell is not None and any(t >= first for t in self.errored.get(cell, ())):
+                continue
+            if engine is not None and any(t >= first for t in self.engines_failed.get(engine, ())):
+                continue
+            if any(t >= first for t in self.resumes):
                 continue
             cut.append((label, where))
         return cut

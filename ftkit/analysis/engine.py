@@ -132,6 +132,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
         "faults": len(replay.recovery.rows),
         "heals": replay.by_type.get("heal", 0),
         "duration_s": replay.duration,
+        "placement": replay.placement_summary(),
     }
     return AnalysisResult(
         findings=sort_findings(replay.findings), rules=rules, stats=stats, recovery=replay.recovery.table(), notes=notes

@@ -27,6 +27,7 @@ class EventHandlers(Watermark):
         """Event type -> the replay's handler of it."""
         return {
             "run_started": self._run_started,
+            "run_resumed": self._run_resumed,
             "run_finished": self._run_finished,
             "cell_state": self._cell_state,
             "reconfigure": self._reconfigure,
@@ -41,6 +42,8 @@ class EventHandlers(Watermark):
             "checkpoint_rejected": self._checkpoint_closed,
             "metric": self._metric,
             "log_closed": self._log_closed,
+            "placement": self._placement,
+            "engine_failed": self._engine_failed,
         }
 
     def _run_started(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -51,6 +54,37 @@ class EventHandlers(Watermark):
 
     def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.run_finished = (ev, self.where(fi, line))
+
+    def _placement(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        index = ev["cell"] if ev["role"] == "trainer" else ev["engine"]
+        if type(index) is int:
+            self.placement[(ev["role"], index, ev.get("rank") or 0)] = ev
+
+    def _engine_failed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.closure.engine_failed(ev["engine"], ev["time"])
+
+    def placement_summary(self) -> dict[str, Any] | None:
+        """Where each cell's ranks and each engine ran last (``None``: no placement logged):
+        ``{"nodes": n, "cells": {cell: [node per rank]}, "engines": {engine: node}}``, a node
+        written as its address and the first 8 hex digits of its id."""
+        if not self.placement:
+            return None
+        cells: dict[str, list[str]] = {}
+        engines: dict[str, str] = {}
+        for (role, index, _rank), ev in sorted(self.placement.items()):
+            node = f"{ev['address']}/{ev['node_id'][:8]}"
+            if role == "trainer":
+                cells.setdefault(str(index), []).append(node)
+            else:
+                engines[str(index)] = node
+        nodes = {n for ns in cells.values() for n in ns} | set(engines.values())
+        return {"nodes": len(nodes), "cells": cells, "engines": engines}
+
+    def _run_resumed(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        """A later session of the run (``ftkit.analysis.resumed``)."""
+        from ftkit.analysis.resumed import on_run_resumed
+
+        on_run_resumed(self, ev, fi, line)
 
     def _cell_state(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.cell_status[ev["cell"]] = ev["new"]

@@ -27,6 +27,8 @@ from ftkit.findings import Severity
 __all__ = ["LAG", "NotPerProcess", "Replay"]
 
 TICK = 1 << 16  # events between two progress calls
+#: Event types that may follow ``run_finished`` (a writer closing, a later session resuming the run).
+AFTER_FINISH_OK = frozenset({"log_closed", "run_resumed"})
 
 
 class NotPerProcess(Exception):
@@ -91,7 +93,7 @@ class Replay(EventHandlers):
                     self._new_run(event["run"], fi, line)
                 if closed[fi]:  # the incarnation was reopened (EventWriter appends): its last line counts
                     closed[fi] = False
-                if self.run_finished is not None and t != "log_closed":
+                if self.run_finished is not None and t not in AFTER_FINISH_OK:
                     self.after_finish[0] += 1
                     self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
                 for handler in handlers[t]:

@@ -129,6 +129,21 @@ def parse_dump_what(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
+def _resume_config(run_dir: Path, values: dict[str, Any]) -> Any:
+    """The config of ``--resume RUN_DIR`` (``ftkit.train.resume.resume_config``); ``--out`` and
+    ``--overwrite`` do not go with it."""
+    from ftkit.errors import UsageError
+    from ftkit.train.resume import resume_config
+
+    for name in ("out", "overwrite"):
+        if name in values:
+            raise UsageError(
+                f"--resume does not take --{name}: the run continues in {run_dir}",
+                hint="drop --" + name + " (or start a new run without --resume)",
+            )
+    return resume_config(run_dir, values)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
@@ -220,6 +235,18 @@ def register(app: typer.Typer) -> None:
             bool, _opt("--print-config", help="Print the resulting config as JSON and exit.")
         ] = False,
         overwrite: Annotated[bool, _opt("--overwrite", field="overwrite")] = False,
+        resume: Annotated[
+            Path | None,
+            _opt(
+                "--resume",
+                metavar="RUN_DIR",
+                file_okay=False,
+                panel=PANEL_CKPT,
+                help="Continue the run in RUN_DIR from its newest checkpoint that verifies (older ones on "
+                "failure, the seed without any), with its run.json config; --rollouts may be raised, "
+                "--cells/--engines and fault options changed; options that change the result are an error.",
+            ),
+        ] = None,
         fmt: FormatOpt = Format.human,
         merged_log: Annotated[
             Path | None,
@@ -242,10 +269,12 @@ def register(app: typer.Typer) -> None:
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
         directory: run.json, events/, rollouts/, dumps/, final/, status.json. Then replays its
         own event log through the analyzer and prints the verdict. Faults (a dead, hung or
-        erring rank, a failed collective, a dead engine) are detected, the step is discarded
-        everywhere and retried over the survivors, and failed cells are restarted and healed:
-        the result is bitwise that of the fault-free run. Exit 1 also when the run cannot go
-        on (--min-cells, --max-retries); 130 / 143 on SIGINT / SIGTERM.
+        erring rank, a failed collective, a dead engine, a lost node of a --ray-address
+        cluster) are detected, the step is discarded everywhere and retried over the
+        survivors, and failed cells are restarted and healed (on a cluster, cells and engines
+        are spread over the nodes; docs/clusters.md): the result is bitwise that of the
+        fault-free run. Exit 1 also when the run cannot go on (--min-cells, --max-retries);
+        130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config
 
@@ -287,7 +316,7 @@ def register(app: typer.Typer) -> None:
         values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
         if overwrite:
             values["overwrite"] = True
-        cfg = load_config(values)
+        cfg = _resume_config(resume, values) if resume is not None else load_config(values)
         output = Output(fmt)
         if print_config:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
@@ -307,7 +336,9 @@ def register(app: typer.Typer) -> None:
         from ftkit.report.live import live_view
 
         with live_view(output, cfg.rollouts * cfg.steps_per_rollout, cfg.cells) as view:
-            result = run_training(cfg, on_step=view.on_step, on_event=view.on_event)
+            result = run_training(
+                cfg, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
+            )
         if merged_log is not None:
             from ftkit.events.merge import write_merged_log
 

@@ -66,6 +66,19 @@ class RunStarted(Envelope):
     ftkit_version: str = Field(description="version of ftkit that wrote the run")
 
 
+class RunResumed(RunStarted):
+    """The driver resumed a run in its run directory (a later session of the same run, in place of
+    ``run_started``): the steps up to ``checkpoint_step`` were committed by earlier sessions and
+    their state was loaded from that checkpoint; what the earlier sessions logged after it is
+    superseded (it is trained again here, bitwise the same)."""
+
+    type: Literal["run_resumed"]  # type: ignore[assignment]
+    checkpoint: str | None = Field(description="the checkpoint loaded (its directory name); null: none, from the seed")
+    checkpoint_step: int = Field(description="the last step the checkpoint holds (-1: none)")
+    checkpoint_rollout: int = Field(description="the rollout the checkpoint ends (-1: none)")
+    skipped: list[str] = Field(description="newer checkpoints skipped, with why (each also a warning)")
+
+
 class RunFinished(Envelope):
     """The driver finished a run; nothing may be logged after it."""
 
@@ -276,8 +289,36 @@ class LogClosed(Envelope):
     dropped: int = Field(description="of those, lines that could not be written")
 
 
+class PlacementEvent(Envelope):
+    """Where one rank of a cell or one engine runs (the driver logs it once the actor's
+    placement is known: at start, and for every restart)."""
+
+    type: Literal["placement"]
+    role: Literal["trainer", "engine"] = Field(description="a rank of a cell or an inference engine")
+    cell: int | None = Field(default=None, description="the cell (role trainer)")
+    rank: int | None = Field(default=None, description="rank in the cell (role trainer)")
+    engine: int | None = Field(default=None, description="the engine (role engine)")
+    incarnation: int = Field(description="incarnation of the cell or restart count of the engine, from 0")
+    node_id: str = Field(description="Ray node id (hex) the actor runs on")
+    address: str = Field(description="that node's address (Ray's NodeManagerAddress)")
+    planned_node_id: str | None = Field(
+        default=None, description="the node the spread asked for (null: no preference); differs when Ray fell back"
+    )
+
+
+class EngineFailed(Envelope):
+    """The driver found an engine dead or failing and replaces it (its log may end without
+    ``log_closed``: a lost node takes the process with it)."""
+
+    type: Literal["engine_failed"]
+    engine: int = Field(description="the engine")
+    incarnation: int = Field(description="restarts of this engine before this failure (its event file's i<n>)")
+    reason: str = Field(description="what the driver saw")
+
+
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     RunStarted,
+    RunResumed,
     RunFinished,
     CellStateEvent,
     Reconfigure,
@@ -297,6 +338,8 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     DumpWritten,
     EventsDropped,
     LogClosed,
+    PlacementEvent,
+    EngineFailed,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007

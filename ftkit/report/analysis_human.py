@@ -28,6 +28,13 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         f"{s['faults']} faults, {s['heals']} heals; {s['events']} events in {s['files']} files; "
         f"{duration} logged"
     )
+    placed = s.get("placement")
+    if placed:
+        where = [f"cell {c} on {', '.join(sorted(set(ns)))}" for c, ns in placed["cells"].items()]
+        where += [f"engine {e} on {n}" for e, n in placed["engines"].items()]
+        console.print(
+            f"[bold]Placement[/bold] ({placed['nodes']} nodes, last incarnations): {escape('; '.join(where))}"
+        )
 
     rules = Table(title="Rules", title_justify="left")
     for col, just in (

@@ -2,7 +2,9 @@
 
 A cell of ``tp * pp`` ranks reserves one bundle per rank in its own placement group
 (``PACK``: on one node where it fits, spread over nodes where it must; nothing assumes one
-host, the ranks find each other through the driver's TCPStore). Each rank is a
+host, the ranks find each other through the driver's TCPStore). A cell with a target node
+(``ftkit.train.placement``) is ``STRICT_PACK`` with that node as Ray's soft target: one node,
+the target when it has room. Each rank is a
 ``ray.remote(RankWorker)`` actor scheduled into its bundle. Ranks and engines ask for
 ``CPU_PER_ACTOR`` logical CPUs (fractional: Ray's CPUs are bookkeeping, the thread count of
 a rank is ``threads_per_rank``), plus one GPU each on CUDA.
@@ -87,6 +89,10 @@ class Cell:
         """Rank 0's state for a checkpoint (cells of one rank)."""
         return [self.workers[0].checkpoint_state.remote()]
 
+    def restore_checkpoint(self, files: Any, meta: dict[str, Any]) -> list[Any]:
+        """Every rank loads the checkpoint ``files`` (an object ref, passed unresolved)."""
+        return [w.restore_checkpoint.remote(files, meta) for w in self.workers]
+
     def donor_state(self) -> list[Any]:
         return [w.donor_state.remote() for w in self.workers]
 
@@ -119,10 +125,17 @@ class Cell:
 
 
 def spawn_cell(
-    cfg: dict[str, Any], run_dir: str, index: int, ranks_per_cell: int, device: str, incarnation: int
+    cfg: dict[str, Any],
+    run_dir: str,
+    index: int,
+    ranks_per_cell: int,
+    device: str,
+    incarnation: int,
+    target: str | None = None,
 ) -> Cell:
     """Create one cell's placement group and rank actors without waiting for either (a
-    restarted cell: the actors start once the group is placed; ``init`` refs tell when)."""
+    restarted cell: the actors start once the group is placed; ``init`` refs tell when).
+    ``target``: the node id the group asks for (soft), ``None`` for none."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -131,7 +144,12 @@ def spawn_cell(
 
     bundle = actor_resources(device)
     remote_worker = ray.remote(max_restarts=0)(RankWorker)
-    cell = Cell(index, incarnation, placement_group([dict(bundle) for _ in range(ranks_per_cell)], strategy="PACK"), [])
+    bundles = [dict(bundle) for _ in range(ranks_per_cell)]
+    if target is None:
+        group = placement_group(bundles, strategy="PACK")
+    else:
+        group = placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=target)
+    cell = Cell(index, incarnation, group, [])
     cell.workers = [
         remote_worker.options(
             num_cpus=bundle["CPU"],
@@ -146,9 +164,16 @@ def spawn_cell(
 
 
 def start_cells(
-    cfg: dict[str, Any], run_dir: str, indices: list[int], ranks_per_cell: int, device: str, incarnation: int = 0
+    cfg: dict[str, Any],
+    run_dir: str,
+    indices: list[int],
+    ranks_per_cell: int,
+    device: str,
+    incarnation: int = 0,
+    targets: dict[int, str | None] | None = None,
 ) -> list[Cell]:
-    """Create the placement groups and rank actors of the cells ``indices``.
+    """Create the placement groups and rank actors of the cells ``indices``, each asking for
+    its node in ``targets`` (``spawn_cell``).
 
     Waits up to ``PLACEMENT_TIMEOUT_S`` for the groups to be placed; on failure every group
     and actor created here is released and ``ConfigError`` is raised.
@@ -158,7 +183,7 @@ def start_cells(
     cells: list[Cell] = []
     try:
         for c in indices:
-            cells.append(spawn_cell(cfg, run_dir, c, ranks_per_cell, device, incarnation))
+            cells.append(spawn_cell(cfg, run_dir, c, ranks_per_cell, device, incarnation, (targets or {}).get(c)))
         try:
             ray.get([cell.placement_group.ready() for cell in cells], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:

@@ -58,7 +58,11 @@ class TrainConfig(BaseModel):
         "float: plain float all-reduce (faster, not invariant).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available.")
-    ray_address: str | None = Field(None, description="Join this Ray cluster instead of a local one.")
+    ray_address: str | None = Field(
+        None,
+        description="Join this Ray cluster (host:port of its head) instead of starting a local one; "
+        "cells and engines are spread over its nodes (docs/clusters.md).",
+    )
     lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
     threads_per_rank: int = Field(1, ge=1, le=64, description="torch intra-op threads per rank.")
     response_len: int = Field(8, ge=1, description="Generated tokens per response.")

@@ -38,6 +38,10 @@ from ftkit.train.step_types import Committed, Reduced, StepTask
 MARGIN_S = 2.0
 
 
+class CellsLost(RunFailed):
+    """No live cell is left (exit 1 unless the driver restarts the cells)."""
+
+
 @dataclass
 class StepOutcome:
     """A committed step (a step that cannot commit raises ``RunFailed`` instead)."""
@@ -73,6 +77,7 @@ class StepCoordinator:
         self.members: list[int] = []  # the alive set of the current epoch
         self.since: dict[int, int] = {c: 0 for c in cells}  # first step a cell trained in its incarnation
         self.healer: Any = None  # set by the driver (ftkit.train.healing.Healer)
+        self.placer: Any = None  # set by the driver (ftkit.train.placement.Placer)
 
     # --- waiting ----------------------------------------------------------------------
     def wait(self, refs: dict[int, list[Any]], timeout_s: float) -> Answers:
@@ -119,11 +124,24 @@ class StepCoordinator:
         """Record a detected failure (``cell_state`` -> failed), kill the cell, ask for a restart."""
         if self.book.state[cell] in (CellState.failed, CellState.stopped):
             return
+        lost = self._lost_nodes(cell)
+        if lost:
+            cause = f"{cause}; node {', '.join(f'{n[:12]} ({self.placer.address(n)})' for n in lost)} lost"
         self.book.transition(cell, CellState.failed, cause)
         self.events.sync(wait=False)
         self.cells[cell].kill()
         if self.healer is not None:
             self.healer.restart(cell)
+        for other in self.placer.cells_on(set(lost)) if lost else []:
+            if self.book.state[other] == CellState.alive:
+                self.fail(other, f"node lost with cell {cell}")
+
+    def _lost_nodes(self, cell: int) -> list[str]:
+        """The nodes of ``cell`` that Ray no longer lists as alive (a lost node: every cell on
+        it is failed before the next reconfigure)."""
+        if self.placer is None or cell not in self.placer.cell_nodes:
+            return []
+        return sorted(self.placer.dead_nodes() & set(self.placer.cell_nodes[cell]))
 
     def reconfigure(self, reason: str) -> None:
         """Rebuild the cross-cell groups over the alive cells under a new epoch; a member that
@@ -147,9 +165,11 @@ class StepCoordinator:
         )
 
     def require_cells(self) -> None:
+        """Raise ``RunFailed`` with fewer live cells than ``min_cells`` (``CellsLost`` when none
+        is left: the driver may restart them all, ``ftkit.train.recovery``)."""
         alive = self.book.alive()
         if len(alive) < self.cfg.min_cells:
-            raise RunFailed(
+            raise (CellsLost if not alive else RunFailed)(
                 f"{len(alive)} live cell(s) left, --min-cells is {self.cfg.min_cells}",
                 hint="the cells' failures are in the event log (cell_state events); lower --min-cells "
                 "or find what kills them",

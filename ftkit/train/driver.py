@@ -14,7 +14,9 @@
    ``status.json`` (``ftkit.train.run_end``) records how the run ended;
 3. a ``TCPStore`` hosted here, on this node's Ray IP and a free port, through which every
    rank builds its cell world and the cross-cell groups;
-4. the cells (``ftkit.train.cells``, state machine ``ftkit.train.cell_state``), ``init_cell``
+4. the placement plan (``ftkit.train.placement``: cells and engines spread over the nodes,
+   each placement logged), the cells (``ftkit.train.cells``, state machine
+   ``ftkit.train.cell_state``), ``init_cell``
    and the first ``reconfigure`` (epoch 0), and the engines (``ftkit.train.engine_pool``),
    which load the initial weights (version 0);
 5. per rollout ``r``: prompts -> engines generate -> rewards -> advantages ->
@@ -24,6 +26,9 @@
    retry; failed cells restarted and healed by ``ftkit.train.healing``) with a ``metric`` per
    step and per rollout -> weights version ``r+1`` exported by the first live cell,
    fingerprinted (``weights_sent``) and loaded by every engine (``engine_weights``);
+   If every live cell is lost (a lost node that held them all), the cells are all started
+   again in this process from the newest verified checkpoint or the seed
+   (``ftkit.train.recovery``, ``_recover``) and the loop goes on from there;
 6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
 7. ``analyze_paths`` over ``events/``.
 
@@ -41,6 +46,7 @@ import contextlib
 import datetime
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,10 +157,13 @@ class Driver:
         cfg: TrainConfig,
         on_step: Callable[[StepReport], None] | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        resume: bool = False,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         from ftkit.train.task import AdditionTask
 
-        self.cfg = cfg
+        self.cfg, self.resume = cfg, resume
+        self.on_warning = on_warning or (lambda message: print(f"Warning: {message}", file=sys.stderr))
         self.on_step = on_step or (lambda report: None)
         self.on_event = on_event or (lambda type_, fields: None)
         try:
@@ -167,6 +176,8 @@ class Driver:
         self.engine_totals: list[list[str]] = []
         self.rewards: list[float] = []
         self.steps_committed = 0
+        self.first_rollout = 0  # > 0 when resumed from a checkpoint
+        self.recoveries = 0  # times every cell was restarted at once (``_recover``)
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -178,6 +189,7 @@ class Driver:
     def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
+        from ftkit.train.coordinator import CellsLost
         from ftkit.train.run_end import RunInterrupted, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
@@ -188,34 +200,57 @@ class Driver:
                 "--device cuda, but torch sees no CUDA device here",
                 hint="use --device cpu (or auto), or run on a machine with a GPU",
             )
-        check_run_dir(cfg.out, cfg.overwrite)
+        if self.resume:
+            from ftkit.train.resume import check_resume_dir
+
+            check_resume_dir(cfg.out)
+        else:
+            check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg)
         arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
-            self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
+            self.plan = None
+            if self.resume:
+                from ftkit.train.resume import plan_resume
+
+                self.run_dir = Path(cfg.out).resolve()
+                self.plan = plan_resume(self.run_dir, cfg, self.on_warning)
+            else:
+                self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
             write_run_json(self.run_dir, cfg, self.device, self.task)
             self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
         except BaseException:
             _disconnect(own_ray)
             raise
         # From here on the run exists: whatever happens, its log says how it ended.
-        self.events.emit(
-            "run_started",
-            config=cfg.model_dump(mode="json"),
-            num_cells=cfg.cells,
-            tp=cfg.tp,
-            pp=cfg.pp,
-            num_engines=cfg.engines,
-            ftkit_version=__version__,
-        )
+        self.head = head = {
+            "config": cfg.model_dump(mode="json"),
+            "num_cells": cfg.cells,
+            "tp": cfg.tp,
+            "pp": cfg.pp,
+            "num_engines": cfg.engines,
+            "ftkit_version": __version__,
+        }
+        if self.plan is None:
+            self.events.emit("run_started", **head)
+        else:
+            self.events.emit("run_resumed", **head, **self.plan.fields())
         status, reason, code = "failed", None, None
         try:
             self.store = host_store()
             self._start()
-            for rollout in range(cfg.rollouts):
-                self._rollout(rollout)
-            final = self._save_final()
+            lost: CellsLost | None = None
+            while True:
+                try:
+                    if lost is not None:  # every live cell was lost: all of them again, or raise
+                        self._recover(lost)
+                    for rollout in range(self.first_rollout, cfg.rollouts):
+                        self._rollout(rollout)
+                    final = self._save_final()
+                    break
+                except CellsLost as exc:
+                    lost = exc
             status = "completed"
         except RunInterrupted as exc:
             status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
@@ -253,36 +288,96 @@ class Driver:
         return written
 
     def _start(self) -> None:
+        from ftkit.train.checkpointing import RunCheckpoints
+        from ftkit.train.engine_pool import EnginePool
+        from ftkit.train.placement import Placer
 
+        cfg, plan = self.cfg, self.plan
+        placer = Placer(self.device, cfg.tp * cfg.pp, self.events)
+        spread = placer.plan_start(cfg.cells, cfg.engines)
+        epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
+        cells = self._spawn_cells(placer, spread.cells, epoch, incarnation)
+        cfg_dict = self.cfg.model_dump(mode="json")
+        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines, self.events)
+        self._join_cells(cells)
+        self.engines.ready()
+        self._restore()
+        self._push_weights(version=self.first_rollout)
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
+
+    def _spawn_cells(self, placer: Any, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Any]:
+        """A new cell book (from ``epoch``), the cells' actors (``incarnation``, on ``targets``),
+        the step coordinator and the healer; returns the cells (not started yet)."""
         from ftkit.train.cell_state import CellBook, CellState
         from ftkit.train.cells import start_cells
         from ftkit.train.coordinator import StepCoordinator
-        from ftkit.train.engine_pool import EnginePool
         from ftkit.train.healing import Healer
 
         cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
         indices = list(range(cfg.cells))
         book = CellBook(cfg.cells, self._emit_cell_event)
+        book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
         for c in indices:
             book.transition(c, CellState.starting, "run start")
-        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device)
+        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, incarnation, targets)
+        for cell in cells:
+            placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
-        store = (self.store.host, self.store.port)
+        self.coord.placer = placer
         if cfg.heal:
+            store = (self.store.host, self.store.port)
             self.coord.healer = Healer(self.coord, cfg_dict, str(self.run_dir), self.device, store)
-        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device)
+        return cells
+
+    def _join_cells(self, cells: list[Any]) -> None:
+        """``init_cell`` on every cell, then the first membership of the session."""
+        from ftkit.train.cell_state import CellState
+
+        store = (self.store.host, self.store.port)
         answers = self.coord.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
-        for c in indices:
-            if c in answers.values:
-                book.transition(c, CellState.alive, "started")
+        for cell in cells:
+            if cell.index in answers.values:
+                self.coord.book.transition(cell.index, CellState.alive, "started")
         for c, cause in answers.failed.items():
             self.coord.fail(c, f"at start: {cause}")
         self.coord.reconfigure("run start")
-        self.engines.ready()
-        self._push_weights(version=0)
-        from ftkit.train.checkpointing import RunCheckpoints
 
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
+    def _restore(self) -> None:
+        """Load the session plan's checkpoint into the cells (resume, recovery); without one
+        the cells hold the seed's initial state and training starts at rollout 0."""
+        plan = self.plan
+        if plan is None:
+            return
+        self.first_rollout, self.steps_committed = 0, 0
+        if plan.checkpoint is not None:
+            from ftkit.train.resume import restore_cells
+
+            rollout, step = restore_cells(self.coord, plan.checkpoint)
+            self.first_rollout, self.steps_committed = rollout + 1, step + 1
+
+    def _recover(self, lost: Exception) -> None:
+        """Every live cell was lost (``CellsLost``): with healing on, at most ``max_retries + 1``
+        times per run, stop what is left of the cells and start them all again in this process
+        from the newest checkpoint that verifies, else from the seed's initial state
+        (``ftkit.train.recovery``; logged as ``run_resumed``). Otherwise ``lost`` is raised."""
+        from ftkit.train.recovery import recovery_plan
+
+        self.recoveries += 1
+        if self.coord.healer is None or self.recoveries > self.cfg.max_retries + 1:
+            raise lost
+        old = self.coord
+        self._stop_cells("every live cell was lost: restarting all cells", flush_s=0.0)
+        self.plan = recovery_plan(self.run_dir, self.cfg, old, self.on_warning)
+        self.on_warning(
+            f"every live cell was lost; restarting the cells from {self.plan.fields()['checkpoint'] or 'the seed'}"
+        )
+        self.events.emit("run_resumed", **self.head, **self.plan.fields())
+        spread = old.placer.plan_cells(self.cfg.cells)
+        self._join_cells(self._spawn_cells(old.placer, spread, self.plan.last_epoch, self.plan.incarnation))
+        self._restore()
+        del self.rewards[self.first_rollout :], self.engine_totals[self.first_rollout :]
+        self._push_weights(version=self.first_rollout)
+        self.checkpoints.coord = self.coord
 
     def _rollout(self, rollout: int) -> None:
         import ray
@@ -373,26 +468,30 @@ class Driver:
     # --- helpers ------------------------------------------------------------------------
     def _shutdown(self, interrupted: bool) -> None:
         """Flush every actor's event log (briefly when interrupted), then kill the actors."""
+        flush_s = 5.0 if interrupted else 60.0
+        if self.coord is not None:
+            self._stop_cells("interrupted" if interrupted else "run end", flush_s)
+        if self.engines is not None:
+            self.engines.shutdown(flush_s)
+
+    def _stop_cells(self, reason: str, flush_s: float) -> None:
+        """Flush the live cells' event logs (at most ``flush_s``), kill every cell, and move
+        each cell that is not stopped to ``stopped`` with ``reason``."""
         import ray
 
         from ftkit.train.cell_state import CellState
 
-        flush_s = 5.0 if interrupted else 60.0
         coord = self.coord
-        if coord is not None:
-            if coord.healer is not None:
-                coord.healer.give_up()
-            live = [cell for c, cell in coord.cells.items() if coord.book.state[c] == CellState.alive]
-            with contextlib.suppress(Exception):  # an actor or group already gone is fine
-                ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
-            for cell in coord.cells.values():
-                cell.kill()
-            reason = "interrupted" if interrupted else "run end"
-            left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
-            for c in coord.book.in_state(*left):
-                coord.book.transition(c, CellState.stopped, reason)
-        if self.engines is not None:
-            self.engines.shutdown(flush_s)
+        if coord.healer is not None:
+            coord.healer.give_up(reason)
+        live = [cell for c, cell in coord.cells.items() if coord.book.state[c] == CellState.alive]
+        with contextlib.suppress(Exception):  # an actor or group already gone is fine
+            ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
+        for cell in coord.cells.values():
+            cell.kill()
+        left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
+        for c in coord.book.in_state(*left):
+            coord.book.transition(c, CellState.stopped, reason)
 
 
 def _cuda_available() -> bool:
@@ -420,9 +519,13 @@ def run_training(
     cfg: TrainConfig,
     on_step: Callable[[StepReport], None] | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    resume: bool = False,
+    on_warning: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run ``cfg`` to the end (see the module docstring); raises ``ConfigError`` /
     ``UsageError`` for a bad run directory, Ray address or layout. ``on_step`` hears every
     step, ``on_event(type, fields)`` every cell-state change and reconfiguration the driver logs
-    (for a live view)."""
-    return Driver(cfg, on_step, on_event).run()
+    (for a live view). ``resume``: continue the run in ``cfg.out`` from its newest checkpoint
+    that verifies (``ftkit.train.resume``); ``on_warning`` hears why a newer one was skipped
+    (default: a ``Warning:`` line on stderr)."""
+    return Driver(cfg, on_step, on_event, resume, on_warning).run()

@@ -11,6 +11,12 @@ the same version, fingerprinted like the first) and, in ``generate``, asked agai
 the samples it owed. A sample's response depends only on (weights, prompt, seed, rollout,
 sample index), so the rollout's data does not depend on the fault. Each engine is restarted
 at most ``MAX_RESTARTS`` times per call; beyond that the run fails (``RunFailed``).
+
+With a ``Placer`` (``ftkit.train.placement``), each engine asks for the node the plan gave it
+(soft node affinity), a replacement for a live node with the fewest engines (a lost node's
+engines move), and every engine's node is logged (``placement``) once it answers. With an
+event writer, each replacement is logged first (``engine_failed``: the analyzer then excuses
+the dead engine's log for ending without ``log_closed``).
 """
 
 from __future__ import annotations
@@ -27,25 +33,59 @@ MAX_RESTARTS = 3
 class EnginePool:
     """The engine actors of a run (see the module docstring)."""
 
-    def __init__(self, cfg: Any, cfg_dict: dict[str, Any], run_dir: str, device: str) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        cfg_dict: dict[str, Any],
+        run_dir: str,
+        device: str,
+        placer: Any = None,
+        targets: dict[int, str | None] | None = None,
+        events: Any = None,
+    ) -> None:
         import ray
 
         from ftkit.train.cells import actor_resources
         from ftkit.train.engines import InferenceEngine
 
-        self.cfg, self.cfg_dict, self.run_dir = cfg, cfg_dict, run_dir
+        self.cfg, self.cfg_dict, self.run_dir, self.placer, self.events = cfg, cfg_dict, run_dir, placer, events
         res = actor_resources(device)
         self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
-        self.actors: list[Any] = [self.cls.remote(cfg_dict, run_dir, e) for e in range(cfg.engines)]
+        self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engines)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
         self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
         self.restarts = 0
+        self.engine_restarts: dict[int, int] = {}  # engine -> its restarts (placement incarnation)
+        self.unplaced: set[int] = set(range(cfg.engines))  # engines whose node is not logged yet
+
+    def _spawn(self, e: int, target: str | None) -> Any:
+        """A new actor for engine ``e``, asking for node ``target`` (soft) when given."""
+        if target is None:
+            return self.cls.remote(self.cfg_dict, self.run_dir, e)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
+        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg_dict, self.run_dir, e)
 
     def ready(self) -> None:
-        """Wait until every engine is constructed."""
+        """Wait until every engine is constructed (and log where they run)."""
         import ray
 
         ray.get([a.ready.remote() for a in self.actors])
+        for e in range(len(self.actors)):
+            self._placed(e)
+
+    def _placed(self, e: int) -> None:
+        """Log engine ``e``'s node once per actor (after it answered a call)."""
+        import ray
+
+        if self.placer is not None and e in self.unplaced:
+            try:
+                node = ray.get(self.actors[e].node.remote(), timeout=60)
+            except ray.exceptions.RayError:  # died since it answered: its replacement is logged
+                return
+            self.unplaced.discard(e)
+            self.placer.placed_engine(e, self.engine_restarts.get(e, 0), node)
 
     def load(self, state: dict[str, Any], version: int) -> list[str]:
         """Every engine loads ``state`` as ``version``; their fingerprint totals, in engine order."""
@@ -88,7 +128,9 @@ class EnginePool:
                     self.sends[(e, version)] = attempt + 1
                     total = ray.get(self.actors[e].load_weights.remote(ref, version, version, attempt))
                 reload = False
-                return total if what == "load" else ray.get(self.actors[e].generate.remote(*args))
+                out = total if what == "load" else ray.get(self.actors[e].generate.remote(*args))
+                self._placed(e)
+                return out
             except ray.exceptions.RayError as exc:
                 self._restart(e, exc)
                 reload = True
@@ -105,10 +147,15 @@ class EnginePool:
 
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write(f"engine {e} failed ({type(exc).__name__}: {first[:200]}); restarting it\n")
+        if self.events is not None:
+            reason = f"{type(exc).__name__}: {first[:300]}"
+            self.events.emit("engine_failed", engine=e, incarnation=self.engine_restarts.get(e, 0), reason=reason)
         with contextlib.suppress(Exception):  # already gone is fine
             ray.kill(self.actors[e], no_restart=True)
         self.restarts += 1
-        self.actors[e] = self.cls.remote(self.cfg_dict, self.run_dir, e)
+        self.engine_restarts[e] = self.engine_restarts.get(e, 0) + 1
+        self.unplaced.add(e)
+        self.actors[e] = self._spawn(e, self.placer.engine_target(e) if self.placer is not None else None)
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush the engines' logs (at most ``timeout_s``), then kill them."""

@@ -79,6 +79,12 @@ class InferenceEngine:
         """Returns the engine index once constructed (lets the driver wait for startup)."""
         return self.engine
 
+    def node(self) -> str:
+        """The Ray node id (hex) this engine runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def load_weights(self, state: dict[str, Any], version: int, rollout: int, attempt: int = 0) -> str:
         """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
         emit ``engine_weights`` and return the fingerprint total of what the model holds.

@@ -1,8 +1,9 @@
 """Healing, the driver's side: restart failed cells in the background, heal them at a step boundary.
 
 ``Healer.restart(cell)`` (called when a cell is marked failed): ``failed -> restarting``, new
-actors with ``incarnation + 1`` in a new placement group (``cells.spawn_cell``) and their
-``init_cell`` started; nothing waits for them, the survivors keep training.
+actors with ``incarnation + 1`` in a new placement group (``cells.spawn_cell``, on the live
+node with the fewest live cells: ``Placer.cell_target``) and their ``init_cell`` started;
+nothing waits for them, the survivors keep training.
 
 ``Healer.at_boundary(step, wait)`` (called by the coordinator before every step attempt;
 ``wait`` before the run's last step, see below): for each
@@ -55,7 +56,9 @@ class Healer:
         book = self.coord.book
         book.transition(cell, CellState.restarting, f"restarting as incarnation {old.incarnation + 1}")
         ranks = self.cfg.tp * self.cfg.pp
-        new = spawn_cell(self.cfg_dict, self.run_dir, cell, ranks, self.device, old.incarnation + 1)
+        placer = self.coord.placer
+        target = placer.cell_target(cell) if placer is not None else None
+        new = spawn_cell(self.cfg_dict, self.run_dir, cell, ranks, self.device, old.incarnation + 1, target)
         self.coord.cells[cell] = new
         self.starting[cell] = (new.init(*self.store), time.monotonic())
 
@@ -86,6 +89,9 @@ class Healer:
                 self.restart(cell)
                 continue
             self.ready.add(cell)
+            if self.coord.placer is not None:
+                new = self.coord.cells[cell]
+                self.coord.placer.placed_cell(cell, new.incarnation, new.placement_group)
         for cell in sorted(self.ready):
             self._heal(cell, step)
 
@@ -139,10 +145,10 @@ class Healer:
                 f"the donor {r.donor_total[:16]}",
             )
 
-    def give_up(self) -> None:
-        """At the run's end: stop every cell still starting."""
+    def give_up(self, reason: str = "run end") -> None:
+        """At the run's end (or when every cell restarts at once): stop every cell still starting."""
         for cell in sorted(set(self.starting) | self.ready):
             self.coord.cells[cell].kill()
-            self.coord.book.transition(cell, CellState.stopped, "run end")
+            self.coord.book.transition(cell, CellState.stopped, reason)
         self.starting.clear()
         self.ready.clear()

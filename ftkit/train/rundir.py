@@ -37,6 +37,7 @@ from ftkit.errors import UsageError
 
 RUN_SCHEMA = "ftkit.run/1"
 RUN_JSON = "run.json"
+STATUS_JSON = "status.json"  # ftkit.train.run_end.STATUS_FILE (written at the end of every run)
 # What ftkit writes below a run directory: area -> file name endings found there.
 RUN_AREAS: dict[str, tuple[str, ...]] = {
     "events": (".jsonl", ".jsonl.gz"),
@@ -90,7 +91,7 @@ def not_a_run(path: Path) -> str | None:
     ):
         return f"{RUN_JSON} was not written by ftkit"
     for entry in path.iterdir():
-        if entry.name == RUN_JSON or _is_temp(entry.name):
+        if entry.name in (RUN_JSON, STATUS_JSON) or _is_temp(entry.name):
             continue
         if entry.name not in RUN_AREAS or entry.is_symlink() or not entry.is_dir():
             return f"it holds {entry.name!r}, which ftkit does not write there"

@@ -10,6 +10,7 @@ fault handling docs/faults.md)::
     w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
     w.discard(step, attempt)                           # phase 2, when anything failed
     w.donor_state() / w.load_state(...)    # heal: the state codec, from a live donor to a restarted rank
+    w.restore_checkpoint(files, meta)      # resume: a published checkpoint into this rank
     w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
 
 ``compute_reduce`` is collective twice over: inside the cell (megatron TP all-reduces) and
@@ -492,6 +493,51 @@ class RankWorker:
             extra["witness"] = state.witness
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
         return {"params": state.params, "optimizer": state.optimizer, "extra": extra, "total": total}
+
+    def restore_checkpoint(self, files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+        """Load a TP=1/PP=1 checkpoint into this rank (resume; cells of one rank only).
+
+        ``files``: ``ftkit.checkpoint.restore.load``'s tensors (``model.safetensors``,
+        ``optimizer.safetensors``, ``extra.safetensors``); ``meta``: ``{"step", "rollout",
+        "state_fingerprint"}`` from its manifest. Parameters, optimizer moments and steps
+        (replaced whole), the witness table and the counters are copied in (``state_codec.restore``;
+        the RNG is left alone: every micro-shard reseeds it); any step held is dropped and the
+        non-finite guard starts at ``step + 1``. Returns the state fingerprint of what this rank
+        now holds; raises ``ValueError`` when it differs from ``meta["state_fingerprint"]`` or
+        when the checkpoint does not fit the model."""
+        import torch
+
+        from ftkit.checkpoint.guard import NonFiniteGuard
+        from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER
+        from ftkit.train.rank_state import fingerprint_state
+        from ftkit.train.state_codec import RankState, restore
+
+        if self.cfg.tp * self.cfg.pp != 1:
+            raise RuntimeError("restore_checkpoint loads only cells of one rank (tp = pp = 1)")
+        extra = files[EXTRA]
+        if (self.witness is None) != ("witness" not in extra):
+            raise ValueError("the checkpoint's witness table does not match this run's bookkeeping")
+        step, rollout = (int(v) for v in extra["counters"].tolist())
+        if (step, rollout) != (int(meta["step"]), int(meta["rollout"])):
+            raise ValueError(f"checkpoint counters (step {step}, rollout {rollout}) disagree with its manifest")
+        state = RankState(
+            params=files[MODEL],
+            optimizer=files[OPTIMIZER],
+            witness=extra.get("witness"),
+            rng=torch.default_generator.get_state(),
+            counters={"step": step, "rollout": rollout},
+        )
+        restore(state, self.params, self.optimizer, None if self.witness is None else self.witness.param)
+        self.counters = dict(state.counters)
+        self._pending = self._started = None
+        self.guard = NonFiniteGuard(first_step=step + 1)
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        if total != meta["state_fingerprint"]:
+            raise ValueError(
+                f"cell {self.cell} rank {self.rank}: state fingerprint after restore {total} differs from the "
+                f"checkpoint's {meta['state_fingerprint']}"
+            )
+        return total
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec

@@ -184,3 +184,24 @@ def test_a_fifo_is_exit_2_not_a_hang(tmp_path, capsys):
 def test_a_fifo_inside_a_directory_is_skipped(run, capsys):
     os.mkfifo(run / "pipe.jsonl")
     assert cli.main(["analyze", str(run)]) == 0
+
+
+def test_an_engine_log_cut_is_excused_only_by_the_drivers_engine_failed(run):
+    engine = run / "engine-r0-i0.jsonl"
+    _write(engine, _events(engine)[:-1])  # the engine's process died with its node: no log_closed
+    assert any("ends without log_closed" in f.message for f in analyze_paths([run]).findings)
+    driver = run / "driver-i0.jsonl"
+    events = _events(driver)
+    at = next(i for i, e in enumerate(events) if e["type"] == "run_finished")
+    failed = {**events[at - 1], "type": "engine_failed", "engine": 0, "incarnation": 0, "reason": "node lost"}
+    for key in [k for k in failed if k not in ("schema", "run", "time", "source", "seq", "type")]:
+        if key not in ("engine", "incarnation", "reason"):
+            del failed[key]
+    events.insert(at, failed)
+    for seq, e in enumerate(events):
+        e["seq"] = seq
+    events[-1]["lines"] = events[-1]["seq"]
+    _write(driver, events)
+    result = analyze_paths([run])
+    assert not any("ends without log_closed" in f.message for f in result.findings), result.findings
+    assert result.verdict() == "pass"

@@ -13,74 +13,25 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from pathlib import Path
 
+import clusterkit
 import pytest
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def ray_head():
-    port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="ftr", dir="/tmp")  # short: Ray's socket paths must fit
     token = os.path.join(temp_dir, "auth_token")
     with open(token, "w") as fh:
         fh.write(secrets.token_hex(32))
-    env = {
-        **os.environ,
-        "RAY_AUTH_MODE": "token",
-        "RAY_AUTH_TOKEN_PATH": token,
-        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-    }  # SIGTERM stops the head at once, no drain
-    log = open(os.path.join(temp_dir, "head.log"), "w+")  # noqa: SIM115 - the head writes it until the end
-    head = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ray.scripts.scripts",
-            "start",
-            "--head",
-            "--block",
-            f"--port={port}",
-            "--node-ip-address=127.0.0.1",
-            "--num-cpus=4",
-            "--include-dashboard=false",
-            f"--temp-dir={temp_dir}",
-            "--disable-usage-stats",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-    )
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token}
     try:
-        deadline = time.monotonic() + 120
-        while "Ray runtime started" not in Path(log.name).read_text():
-            assert head.poll() is None, Path(log.name).read_text()
-            assert time.monotonic() < deadline, "the Ray head did not start in 120 s"
-            time.sleep(0.5)
-        yield f"127.0.0.1:{port}", temp_dir, env
+        with clusterkit.ray_head(env, os.path.join(temp_dir, "head.log"), temp_dir) as address:
+            yield address, temp_dir, env
     finally:
-        try:
-            os.killpg(head.pid, signal.SIGTERM)  # the head and the processes it spawned
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait()
-        except ProcessLookupError:
-            pass
-        log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 

@@ -17,13 +17,16 @@ class CommitInconsistent(Rule):
         "(or on some ranks of a cell), or a step committed twice"
     )
     fix = "the commit protocol broke: every live cell must commit an attempt, or none may"
-    events = ("step_outcome",)
+    events = ("step_outcome", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.last: dict[tuple[int, int | None], tuple[int, int]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] == "run_resumed":  # steps after its checkpoint are trained (and committed) again
+            self.last = {k: v for k, v in self.last.items() if v[0] <= ev["checkpoint_step"]}
+            return
         if ev["outcome"] != "committed":
             return
         rank = ev.get("rank", ev["source"].get("rank"))
@@ -98,7 +101,7 @@ class MembershipInconsistent(Rule):
         "reconfigure / cell_state, or a cell_state transition starts from a state the cell was not in"
     )
     fix = "the driver's cell state machine and the cross-cell groups disagree: check reconfigure and heal ordering"
-    events = ("cell_state", "reconfigure")
+    events = ("cell_state", "reconfigure", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
@@ -107,6 +110,9 @@ class MembershipInconsistent(Rule):
         self.alive: frozenset[int] | None = None
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] == "run_resumed":  # a new session: its cells start from pending, no members yet
+            self.state, self.alive = {}, frozenset()
+            return
         where = self.replay.where(fi, line)
         self.check()
         if ev["type"] == "cell_state":

@@ -1,0 +1,38 @@
+"""Where a run that lost every live cell starts again, inside the same ``ftkit train``.
+
+When a fault (typically the loss of the one node holding every live cell) leaves no live
+cell, no donor is left to heal from. With healing on, the driver (``Driver._recover``) stops
+what is left of the cells, logs ``run_resumed`` (the analyzer's mark of a new session of the
+same run: steps after its checkpoint are trained again and may be logged again) and starts
+every cell again, on the live nodes, from ``recovery_plan``:
+
+* the newest checkpoint of the run that verifies (``ftkit.train.resume.plan_resume``: the
+  checkpoint directory reconciled through its journal, newer checkpoints that do not verify
+  skipped with a warning), restored into every cell: training goes on after its rollout;
+* without one (none published yet, none verifies, or cells of more than one rank, whose
+  checkpoints ``resume`` cannot load), the seed's initial state that new cells hold anyway:
+  training starts again at rollout 0.
+
+Either way the steps are the same steps over the same data (rollouts depend only on the
+seed and the weights), so the run still ends bitwise equal to the fault-free run. Epochs and
+incarnations go on from the session that was lost, so no event file is reopened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ftkit.train.resume import ResumePlan, plan_resume
+
+
+def recovery_plan(run_dir: Path, cfg: Any, coord: Any, warn: Callable[[str], None]) -> ResumePlan:
+    """What the cells of ``run_dir`` start again from after ``coord`` (the session that lost
+    every cell) is stopped; see the module docstring."""
+    epoch = coord.book.epoch
+    incarnation = max(cell.incarnation for cell in coord.cells.values()) + 1
+    if cfg.tp * cfg.pp != 1:
+        return ResumePlan(None, [], epoch, incarnation)
+    plan = plan_resume(run_dir, cfg, warn)
+    return ResumePlan(plan.checkpoint, plan.skipped, max(epoch, plan.last_epoch), max(incarnation, plan.incarnation))

@@ -1,0 +1,260 @@
+"""Resuming training from a published checkpoint: the in-process primitive and its checks.
+
+``restore_cells(coord, checkpoint) -> (rollout, step)`` is what ``ftkit train --resume`` does
+after its cells started, and what a run that lost every cell reuses: it reads a checkpoint
+that verifies (``ftkit.checkpoint.restore.load``, fail-closed), puts its tensors in Ray's
+object store once and has every rank of every live cell load them
+(``RankWorker.restore_checkpoint``: parameters, optimizer moments and steps, counters,
+witness table). Each rank then fingerprints what it holds; a total other than the manifest's
+``state_fingerprint`` raises in the rank and ``RestoreFailed`` here. A cell that dies while
+restoring is failed through the coordinator (``coord.fail``: restarted and healed from a live
+peer at the next step boundary, like any failure); no live cell left is ``RunFailed``.
+The returned ``(rollout, step)`` is the checkpoint's: training continues with step
+``step + 1`` of rollout ``rollout + 1`` (a checkpoint is published at the end of a rollout).
+
+``check_restorable(tp, pp)`` is the one place that refuses a layout this module cannot load
+(cells of more than one rank: the TP/PP reshard lives elsewhere); ``next_incarnation`` gives
+the first incarnation number no trainer of the run has used, so a resumed session's event
+files never reopen the earlier session's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ftkit.errors import ConfigError
+from ftkit.train.run_end import RunFailed
+
+
+class RestoreFailed(RunFailed):
+    """A checkpoint could not be loaded into the cells (exit 1): a rank's state after the
+    restore does not match the checkpoint's fingerprint, or the checkpoint does not fit."""
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """A checkpoint read into memory: its tensors per file and what the ranks check them by."""
+
+    path: Path
+    step: int
+    rollout: int
+    state_fingerprint: str
+    files: dict[str, dict[str, Any]]
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What ``RankWorker.restore_checkpoint`` checks the loaded state against."""
+        return {"step": self.step, "rollout": self.rollout, "state_fingerprint": self.state_fingerprint}
+
+
+def check_restorable(tp: int, pp: int) -> None:
+    """Refuse (``ConfigError``, exit 2) to resume cells of more than one rank."""
+    if tp * pp != 1:
+        raise ConfigError(
+            f"resume of tp/pp>1 checkpoints is not supported yet (this run has tp {tp}, pp {pp})",
+            hint="resume with --tp 1 --pp 1: a checkpoint holds the TP=1/PP=1 layout",
+        )
+
+
+def read_checkpoint(checkpoint: Path) -> CheckpointState:
+    """Verify and read ``checkpoint`` (``InputError`` when it does not verify)."""
+    from ftkit.checkpoint.layout import MANIFEST
+    from ftkit.checkpoint.manifest import load as load_manifest
+    from ftkit.checkpoint.restore import load
+
+    files, _ = load(checkpoint)
+    man, _ = load_manifest(checkpoint / MANIFEST)
+    if man.rollout is None or man.state_fingerprint is None:
+        raise RestoreFailed(
+            f"checkpoint {checkpoint} has no rollout or no state fingerprint: it is not a training checkpoint",
+            hint="resume from a checkpoint that `ftkit train` published",
+        )
+    return CheckpointState(Path(checkpoint), man.step, man.rollout, man.state_fingerprint, files)
+
+
+def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, int]:
+    """Load ``checkpoint`` into every live cell of ``coord`` (see the module docstring);
+    returns the checkpoint's ``(rollout, step)``."""
+    import ray
+
+    state = checkpoint if isinstance(checkpoint, CheckpointState) else read_checkpoint(checkpoint)
+    check_restorable(coord.cfg.tp, coord.cfg.pp)
+    ref = ray.put(state.files)
+    while True:
+        coord.require_cells()
+        alive = coord.book.alive()
+        answers = coord.wait(
+            {c: coord.cells[c].restore_checkpoint(ref, state.meta) for c in alive}, coord.cfg.step_timeout
+        )
+        wrong = {c: cause for c, cause in answers.failed.items() if cause.startswith("exception")}
+        if wrong:
+            c, cause = min(wrong.items())
+            raise RestoreFailed(
+                f"cell {c} could not restore checkpoint {state.path.name}: {cause}",
+                hint=f"run 'ftkit verify-checkpoint {state.path}'; a checkpoint of another model or "
+                "bookkeeping setting cannot be resumed here",
+            )
+        for c, cause in sorted(answers.failed.items()):
+            coord.fail(c, f"while restoring {state.path.name}: {cause}")
+        if all(c in answers.values for c in coord.book.alive()):
+            return state.rollout, state.step
+
+
+_TRAINER = re.compile(r"trainer-c\d+-r\d+-i(\d+)\.jsonl(\.gz)?$")
+
+
+def next_incarnation(events_dir: Path) -> int:
+    """One more than the highest trainer incarnation with an event file in ``events_dir``."""
+    found = [int(m.group(1)) for p in Path(events_dir).glob("trainer-*") if (m := _TRAINER.match(p.name))]
+    return max(found, default=-1) + 1
+
+
+# --- a resumed session ----------------------------------------------------------------
+@dataclass
+class ResumePlan:
+    """What a resumed session starts from: the checkpoint (None: the seed's initial state),
+    the newer checkpoints skipped and why, the last membership epoch and the first free
+    trainer incarnation of the earlier sessions."""
+
+    checkpoint: CheckpointState | None
+    skipped: list[str]
+    last_epoch: int
+    incarnation: int
+
+    def fields(self) -> dict[str, Any]:
+        """The ``run_resumed`` fields beyond ``run_started``'s."""
+        ck = self.checkpoint
+        return {
+            "checkpoint": None if ck is None else ck.path.name,
+            "checkpoint_step": -1 if ck is None else ck.step,
+            "checkpoint_rollout": -1 if ck is None else ck.rollout,
+            "skipped": list(self.skipped),
+        }
+
+
+def check_resume_dir(run_dir: Path) -> None:
+    """Refuse (``UsageError``, exit 2) a ``--resume`` path that is not an ftkit run directory."""
+    from ftkit.errors import UsageError
+    from ftkit.train.rundir import not_a_run
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or run_dir.is_symlink():
+        raise UsageError(f"--resume {run_dir}: no such run directory", hint="pass the --out of an earlier ftkit train")
+    reason = not_a_run(run_dir)
+    if reason:
+        raise UsageError(
+            f"--resume {run_dir} is not an ftkit run directory ({reason})",
+            hint="pass the --out of an earlier ftkit train",
+        )
+
+
+def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumePlan:
+    """Reconcile ``run_dir/checkpoints`` through its journal and read the newest checkpoint
+    that verifies (each newer one skipped is passed to ``warn`` and kept in the plan).
+    ``ConfigError`` (exit 2) for a layout ``check_restorable`` refuses, a journal or retention
+    record that cannot be read, or a checkpoint of another run's configuration."""
+    from ftkit.checkpoint.restore import newest_verified
+
+    check_restorable(cfg.tp, cfg.pp)
+    skipped: list[str] = []
+
+    def note(message: str) -> None:
+        skipped.append(message)
+        warn(message)
+
+    state = None
+    checkpoints = Path(run_dir) / "checkpoints"
+    if checkpoints.is_dir():
+        try:
+            newest = newest_verified(checkpoints, on_warning=note)
+        except ValueError as exc:
+            raise ConfigError(
+                f"cannot reconcile {checkpoints}: {exc}",
+                hint=f"run 'ftkit verify-checkpoint {run_dir}' to see what is wrong",
+            ) from None
+        if newest is None and any(checkpoints.glob("step_*")):
+            note("no checkpoint verifies: training again from the seed's initial state")
+        state = None if newest is None else read_checkpoint(newest)
+    if state is not None:
+        _check_same_run(state.path, cfg)
+    events = Path(run_dir) / "events"
+    return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events))
+
+
+# Config fields that do not change a run's result: a resumed session may set them anew.
+FREE_FIELDS = frozenset(
+    {
+        "out", "overwrite", "cells", "tp", "pp", "engines", "rollouts", "ray_address", "collective_timeout",
+        "step_timeout", "min_cells", "max_retries", "heal", "heal_timeout", "inject", "chaos",
+        "checkpoint_every", "keep_last", "keep_best", "dump_rollouts", "dump_what", "dump_cells",
+    }
+)  # fmt: skip
+
+
+def resume_config(run_dir: Path, given: dict[str, Any]) -> Any:
+    """The ``TrainConfig`` of resuming ``run_dir``: its ``run.json`` config with the values
+    ``given`` (options and ``--config`` values the user set) on top. A given value of a field
+    outside ``FREE_FIELDS`` that differs from the recorded one, or fewer ``rollouts`` than
+    recorded, is a ``ConfigError`` (exit 2): the resumed run would not be the same run.
+    Injections and chaos of the earlier session are not carried over."""
+    import json
+
+    from ftkit.train.config import load_config
+
+    check_resume_dir(run_dir)
+    recorded = dict(json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    base = load_config(recorded).model_dump(mode="json")
+    asked = load_config({**recorded, **given}).model_dump(mode="json")
+    changed = sorted(k for k in given if k not in FREE_FIELDS and asked[k] != base[k])
+    if changed:
+        k = changed[0]
+        raise ConfigError(
+            f"--resume: {k} is {base[k]!r} in {run_dir}/run.json, not {asked[k]!r}: that would be another run",
+            hint="drop the option to resume the run as recorded, or start a new run with --out",
+        )
+    if asked["rollouts"] < base["rollouts"]:
+        raise ConfigError(
+            f"--resume: rollouts {asked['rollouts']} is fewer than the {base['rollouts']} recorded",
+            hint="--rollouts may only be raised when resuming",
+        )
+    values = {**recorded, "inject": [], "chaos": None, **given, "out": str(run_dir), "overwrite": False}
+    return load_config(values)
+
+
+def _check_same_run(checkpoint: Path, cfg: Any) -> None:
+    """The checkpoint's recorded seed and model must be this run's (a copied-in foreign one is refused)."""
+    import json
+
+    from ftkit.checkpoint.layout import META
+
+    meta = json.loads((checkpoint / META).read_text())
+    for key in ("seed", "model"):
+        if key in meta and meta[key] != getattr(cfg, key):
+            raise ConfigError(
+                f"checkpoint {checkpoint.name} was written with {key} {meta[key]!r}, "
+                f"this run has {getattr(cfg, key)!r}",
+                hint="resume the run that published it",
+            )
+
+
+def last_epoch(events_dir: Path) -> int:
+    """The highest membership epoch the drivers' ``reconfigure`` events hold (-1: none)."""
+    import json
+
+    epoch = -1
+    for path in sorted(Path(events_dir).glob("driver-i*.jsonl")):
+        with open(path, "rb") as f:
+            for line in f:
+                if b'"reconfigure"' not in line:
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:  # the torn last line of a killed driver
+                    continue
+                if ev.get("type") == "reconfigure":
+                    epoch = max(epoch, int(ev["epoch"]))
+    return epoch
