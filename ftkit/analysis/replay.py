@@ -57,8 +57,9 @@ class Replay(EventHandlers):
         line ``line`` -- calling ``tick()`` every ``TICK`` events (progress).
 
         Per event (the hot path, one function for all of it): the structural check, then the
-        envelope -- source, ``seq`` chain, time order, run name, lines after ``log_closed`` or
-        ``run_finished`` -- then the handlers of its type (the core one first, then the rules).
+        envelope -- source, ``seq`` chain, time order, run name, an incarnation reopened after its
+        ``log_closed``, lines after ``run_finished`` -- then the handlers of its type (the core one
+        first, then the rules).
         Anything unusual leaves the loop for a method that reports it."""
         checks, handlers, by_type = CHECKS, self.handlers, self.by_type
         file_source, seq_next, last_time, runs = self.file_source, self.seq_next, self.last_time, self.runs

@@ -210,7 +210,7 @@ def read_blocks(
                     on_issue(name, lineno, "too_long", f"line longer than {MAX_LINE} bytes, skipped")
                     pending, skipping = b"", True
                 continue
-            lines = pending + chunk[:end] if pending else chunk[:end]
+            lines = pending + memoryview(chunk)[:end] if pending else chunk[:end]  # one copy, not two
             pending = chunk[end + 1 :]
             n = lines.count(b"\n") + 1
             if len(lines) > MAX_LINE:
