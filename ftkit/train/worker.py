@@ -522,7 +522,10 @@ class RankWorker:
         return report
 
     def save_final(self, run_dir: str) -> list[str]:
-        """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
+        """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank,
+        named model-wide, its TP shards marked in the metadata: ``rank_state.save_final``)."""
+        from ftkit.model.gpt import stage_position
+        from ftkit.train.canonical_state import rank_shardings
         from ftkit.train.rank_state import save_final
         from ftkit.train.state_codec import capture
 
@@ -535,7 +538,9 @@ class RankWorker:
             "seed": str(self.cfg.seed),
         }
         state = capture(self.params, self.optimizer, None, self.counters)
-        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta))]
+        offset, _ = stage_position(self.model)
+        shardings = rank_shardings(self.params, self.tp_rank, self.cfg.tp, offset)
+        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta, offset, shardings))]
 
     def shutdown(self) -> None:
         """Close the event log and leave the cell's world (idempotent)."""

@@ -8,10 +8,10 @@ from safetensors.torch import load_file
 from test_driver import BASE, events_of, fingerprints, tensors_of
 
 from ftkit.cli import main
-from ftkit.model.gpt import global_param_name
-from ftkit.model.presets import get_preset
+from ftkit.model.gpt import global_param_name, local_param_name
 from ftkit.train.config import TrainConfig
 from ftkit.train.driver import run_training
+from ftkit.train.rank_dumps import capture_name
 
 RUNS = {
     "pp1": dict(cells=1),
@@ -33,13 +33,12 @@ def step_metrics(run_dir, key):
 
 
 def merged_final(run_dir, tp=0, pp=2):
-    """The final state of the TP rank ``tp`` with its stage files joined, layers numbered model-wide."""
+    """The final state of the TP rank ``tp`` with its stage files joined (named model-wide)."""
     out = {}
-    layers_per_stage = get_preset("tiny").num_layers // pp
     for stage in range(pp):
-        for key, t in load_file(run_dir / "final" / f"tp{tp}-pp{stage}.safetensors").items():
-            kind, name = key.split(".", 1)
-            out[f"{kind}.{global_param_name(name, stage * layers_per_stage)}"] = t
+        part = load_file(run_dir / "final" / f"tp{tp}-pp{stage}.safetensors")
+        assert not set(part) & set(out), "two stages wrote the same tensor name"
+        out.update(part)
     return out
 
 
@@ -52,6 +51,22 @@ def test_global_param_name_renumbers_only_decoder_layers():
     assert global_param_name("decoder.final_layernorm.weight", 1) == "decoder.final_layernorm.weight"
     assert global_param_name("embedding.word_embeddings.weight", 1) == "embedding.word_embeddings.weight"
     assert global_param_name("decoder.layers.1.mlp.linear_fc2.weight", 0) == "decoder.layers.1.mlp.linear_fc2.weight"
+    # module paths and capture names too, a repeated call's "#n" included; local_param_name inverts it
+    assert global_param_name("decoder.layers.1#1.output_grad.0", 2) == "decoder.layers.3#1.output_grad.0"
+    assert global_param_name("decoder.layers.1", 2) == "decoder.layers.3"
+    assert global_param_name("decoder.layers_x.1.w", 2) == "decoder.layers_x.1.w"
+    assert local_param_name("decoder.layers.3.mlp.output", 2) == "decoder.layers.1.mlp.output"
+    with pytest.raises(ValueError):
+        local_param_name("decoder.layers.1.mlp.output", 2)
+
+
+def test_capture_names_of_a_stage_are_model_wide_and_non_last_stages_drop_top_level_outputs():
+    assert capture_name("decoder.layers.0.mlp.output.0", 2, last_stage=False) == "decoder.layers.2.mlp.output.0"
+    assert capture_name("embedding.output", 0, last_stage=False) == "embedding.output"
+    for top in ("output", "output_grad", "output.0", "decoder.output", "decoder#1.output_grad.1", "#1.output"):
+        assert capture_name(top, 2, last_stage=False) is None, top
+        assert capture_name(top, 2, last_stage=True) == top, top
+    assert capture_name("decoder.final_layernorm.output", 2, last_stage=True) == "decoder.final_layernorm.output"
 
 
 @pytest.mark.slow
@@ -84,6 +99,10 @@ def test_pp2_cells_analyze_clean_and_end_bitwise_at_the_pp1_state(runs):
     assert any(p.endswith("-ms003-tp0-pp1.safetensors") for p in t1)
     assert t1 == tensors_of(two)
     assert fingerprints(one) == fingerprints(two) and all(len(v) == 1 for v in fingerprints(two).values())
+    # dumps and final state are named model-wide: 1 vs 2 PP cells, and PP=2 vs PP=1, compare
+    # exactly (stage 1's layers never collide with stage 0's, non-last stages dump no top-level output)
+    assert main(["compare-dumps", "--exact", str(one), str(two)]) == 0
+    assert main(["compare-dumps", "--exact", str(one), str(ref.run_dir)]) == 0
 
 
 @pytest.mark.slow
