@@ -473,25 +473,45 @@ class RankWorker:
         return verdict, guard
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """The state a checkpoint holds, in the TP=1/PP=1 layout (cells of one rank only):
-        ``{"params", "optimizer", "extra", "total"}`` from the rank-state codec's ``capture``
-        (the state a heal sends); ``extra`` holds the counters and the witness table. The RNG
-        is not saved: every micro-shard reseeds it from (seed, rollout, step, micro-shard), and
-        its leftover state depends on which cell ran the last micro-shard."""
-        import torch
+        """The state a checkpoint holds, in the TP=1/PP=1 layout, for any ``--tp`` / ``--pp``.
 
+        Collective inside the cell (``canonical_state.gather``): every rank calls it. Rank 0
+        returns ``{"params", "optimizer", "extra", "rank_totals", "ranks"}``: the canonical
+        parameters and optimizer moments and steps (model-wide names, TP shards assembled,
+        stages joined); ``extra`` holds the counters and the witness table (rank 0 is on the
+        first stage, which holds it); ``rank_totals`` every rank's ``state_fingerprint`` total
+        of this state (``{rank: total}``, what the rank logged at this step) and ``ranks`` every
+        rank's ``canonical_state.rank_spec`` (how to slice its shard back out). Every other rank
+        returns ``{}``. The RNG is not saved: every micro-shard reseeds it from (seed, rollout,
+        step, micro-shard), and its leftover state depends on which cell ran the last micro-shard."""
+        import torch
+        import torch.distributed as dist
+
+        from ftkit.model.gpt import stage_position
+        from ftkit.train.canonical_state import gather, rank_spec
         from ftkit.train.rank_state import fingerprint_state
         from ftkit.train.state_codec import capture
 
-        if self.cfg.tp * self.cfg.pp != 1:
-            raise RuntimeError("checkpoint_state gathers only cells of one rank (tp = pp = 1)")
+        offset, _ = stage_position(self.model)
         witness = None if self.witness is None else self.witness.param
         state = capture(self.params, self.optimizer, witness, self.counters)
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        params, optimizer = gather(self.params, state.optimizer, offset)
+        mine = (total, rank_spec(self.params, self.tp_rank, self.pp_rank, self.cfg.tp, offset))
+        ranks: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(mine, ranks, dst=0)
+        if ranks is None:
+            return {}
         extra = {"counters": torch.tensor([self.counters["step"], self.counters["rollout"]], dtype=torch.int64)}
         if state.witness is not None:
-            extra["witness"] = state.witness
-        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
-        return {"params": state.params, "optimizer": state.optimizer, "extra": extra, "total": total}
+            extra["witness"] = state.witness.detach().cpu().clone()
+        return {
+            "params": params,
+            "optimizer": optimizer,
+            "extra": extra,
+            "rank_totals": {str(r): t for r, (t, _) in enumerate(ranks)},
+            "ranks": {str(r): spec for r, (_, spec) in enumerate(ranks)},
+        }
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec
