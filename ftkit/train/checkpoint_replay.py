@@ -21,7 +21,8 @@ the recorded batch, every micro-shard, with dumps on. It writes, under ``DIR``:
 Nothing is written back: the optimizer steps between the rollout's steps happen in the ranks'
 memory only (the live run's later steps started from them, so the replay must too); the last
 step's update is discarded with the processes. Fault injection and chaos of the recorded
-config are off.
+config are off. On CUDA each rank gets its own GPU (exit 2 when there are fewer GPUs than
+ranks).
 """
 
 from __future__ import annotations
@@ -101,6 +102,17 @@ def plan_replay(checkpoint: Path, rollout: int, out: Path, tp: int | None = None
         raise UsageError(f"--out {out} exists and is not an empty directory", "choose a new directory")
     overrides = {"cells": 1, "tp": tp or cfg.tp, "pp": pp or cfg.pp, "out": str(out), "inject": (), "chaos": None}
     replay_cfg = TrainConfig.model_validate({**cfg.model_dump(mode="json"), **overrides, "checkpoint_every": 0})
+    device = replay_cfg.resolved_device()
+    if device == "cuda":
+        import torch
+
+        world, gpus = replay_cfg.tp * replay_cfg.pp, torch.cuda.device_count()
+        if gpus < world:  # NCCL needs one GPU per rank
+            raise UsageError(
+                f"a replay of {world} rank(s) on CUDA needs {world} GPUs, this machine has {gpus}",
+                "pass a smaller --tp / --pp",
+            )
+    replay_cfg = replay_cfg.model_copy(update={"device": device})
     sha = hashlib.sha256((ckpt / MANIFEST).read_bytes()).hexdigest()
     steps = list(range(rollout * spr, (rollout + 1) * spr))
     return ReplayPlan(ckpt, rollout, batch, out, replay_cfg.model_dump(mode="json"), sha, steps)
@@ -140,6 +152,9 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
 
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    if plan.config["device"] == "cuda":  # one GPU per rank (RankWorker uses device 0), as Ray gives each
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[rank] if visible else str(rank)
     warnings.filterwarnings("ignore", category=UserWarning)  # megatron's import-time notices
     import torch
     from safetensors.torch import load_file
