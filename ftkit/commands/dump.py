@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         path: Annotated[
             Path | None,
             typer.Argument(
-                metavar="[PATH]",
+                metavar="PATH",
                 help="Run directory, dump directory (any level), directory of .safetensors files, or one file "
                 "(not with --from-checkpoint).",
                 show_default=False,
