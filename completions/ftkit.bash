@@ -24,9 +24,10 @@ _ftkit() {
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
-                --filter|-k) COMPREPLY=(); return;;
+                --from-checkpoint|--out) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+                --filter|-k|--rollout|--tp|--pp) COMPREPLY=(); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--filter -k --stats --no-stats --follow-symlinks --format -f --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--filter -k --stats --no-stats --follow-symlinks --from-checkpoint --rollout --out --tp --pp --format -f --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
         compare-dumps)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;

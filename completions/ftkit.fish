@@ -5,7 +5,7 @@ function __ftkit_prev_in --description 'is the previous word one of the argument
     test (count $tokens) -gt 0; and contains -- $tokens[-1] $argv
 end
 complete -c ftkit -n '__fish_use_subcommand' -a train -d 'Train: cells of megatron-core ranks under Ray, exact steps, full forensics.'
-complete -c ftkit -n '__fish_use_subcommand' -a dump -d 'Inspect a dump: prefixes, phases, rollouts, writers, tensors and their statistics.'
+complete -c ftkit -n '__fish_use_subcommand' -a dump -d 'Inspect a dump: prefixes, phases, rollouts, writers, tensors and their statistics; or'
 complete -c ftkit -n '__fish_use_subcommand' -a compare-dumps -d 'Compare two runs tensor by tensor and report where they first diverge.'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze-events -d 'Replay a run\'s event log and apply the forensic rules (FT101-FT113).'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze -d 'Alias of analyze-events.'
@@ -40,7 +40,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l heal -l no-heal -d '
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l heal-timeout -x -d 'Seconds a restarted cell may take to be placed and start before it is given up'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l inject -x -d 'Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l chaos -x -d 'Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md).'
-complete -c ftkit -n '__fish_seen_subcommand_from train' -l checkpoint-every -x -d 'Publish a checkpoint every N rollouts (0: never; cells of one rank only, docs/checkpoints.md)'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l checkpoint-every -x -d 'Publish a checkpoint every N rollouts (0: never; any --tp/--pp, stored in the TP=1/PP=1 layout; docs/checkpoints.md)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l keep-last -x -d 'Checkpoints kept: the newest N ..'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l keep-best -x -d '..'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l best-metric -x -a 'reward eval_reward' -d 'What ranks checkpoints: reward (the rollout\'s mean reward) or eval_reward (mean reward of the run\'s fixed held-out prompts, greedy decoding on the engines, at each publication)'
@@ -53,10 +53,15 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l merged-log -r -F -d 
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l fail-on -x -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l help -s h -d 'Show this message and exit.'
-complete -c ftkit -n '__fish_seen_subcommand_from dump; and not __ftkit_prev_in --filter -k --format -f' -F
+complete -c ftkit -n '__fish_seen_subcommand_from dump; and not __ftkit_prev_in --filter -k --from-checkpoint --rollout --out --tp --pp --format -f' -F
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l filter -s k -x -d 'Only tensors whose id matches REGEX (re.search), e.g'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l stats -l no-stats -d 'Read the data for statistics and verify fingerprints (--no-stats lists headers only).'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l follow-symlinks -d 'Read symlinked files whose target lies outside the tree given (refused by default).'
+complete -c ftkit -n '__fish_seen_subcommand_from dump' -l from-checkpoint -r -F -d 'Write a dump offline: replay --rollout N\'s recorded batch (forward and backward) through the model of this checkpoint, the one taken just before N (RUN/checkpoints/step_NNNNNN).'
+complete -c ftkit -n '__fish_seen_subcommand_from dump' -l rollout -x -d 'With --from-checkpoint: the rollout to replay.'
+complete -c ftkit -n '__fish_seen_subcommand_from dump' -l out -r -F -d 'With --from-checkpoint: a new directory for the dump (DIR/dumps/actor/fwd_bwd/rollout_N/).'
+complete -c ftkit -n '__fish_seen_subcommand_from dump' -l tp -x -d 'With --from-checkpoint: tensor-parallel ranks of the replay (default: the run\'s).'
+complete -c ftkit -n '__fish_seen_subcommand_from dump' -l pp -x -d 'With --from-checkpoint: pipeline stages of the replay (default: the run\'s).'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l format -s f -x -a 'human json' -d 'Output format: human (Rich tables) or json (machine readable, carries schema_version).'
 complete -c ftkit -n '__fish_seen_subcommand_from dump' -l help -s h -d 'Show this message and exit.'
 complete -c ftkit -n '__fish_seen_subcommand_from compare-dumps; and not __ftkit_prev_in --rtol --atol --rules --top --html --format -f --junit-xml --fail-on' -F

@@ -152,6 +152,11 @@ def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector)
         if not compared:
             col.add("FT214", f"{r.name}: the event log holds no committed state_fingerprint for step {man.step}",
                     checkpoint=r.name, step=man.step)  # fmt: skip
+        elif len(man.rank_totals) > 1:  # a cell of several ranks: every rank's total must be in the log
+            logged = {str(rank) for _, rank, _ in fps.get(man.step, [])}
+            for rank in sorted(set(man.rank_totals) - logged):
+                col.add("FT214", f"{r.name}: the event log holds no state_fingerprint of rank {rank} for step "
+                        f"{man.step}", checkpoint=r.name, step=man.step)  # fmt: skip
         col.check("FT215")
         inside = sorted(s for s in bad if man.guard.from_step <= s <= man.guard.to_step)
         if inside:

@@ -9,7 +9,9 @@ only input that is not a checkpoint at all raises ``InputError`` (exit 2).
 Per checkpoint: the manifest parses and agrees with itself; every file on disk is listed and
 every listed file is present, a regular file, of the listed size and sha256; safetensors files
 pass the structural reader and hold exactly the listed tensors with the listed dtype, shape and
-fingerprint, all finite; no pickle anywhere (by name or by content); the guard interval is clean.
+fingerprint, all finite; no pickle anywhere (by name or by content); the guard interval is clean;
+for a checkpoint of a cell of several ranks, every rank's recorded total is the fingerprint of
+its shard of the stored state (``ftkit.checkpoint.rank_totals``).
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def verify_path(
 ) -> VerifyResult:
     """Verify ``path`` (see the module docstring); ``events`` None means: on for a run directory."""
     from ftkit.checkpoint.bookkeeping import check_bookkeeping, check_events, events_dir
+    from ftkit.checkpoint.rank_totals import check_rank_totals
 
     t0 = time.perf_counter()
     kind, root, dirs = resolve(Path(path))
@@ -102,7 +105,10 @@ def verify_path(
     if on_start is not None:
         on_start(sum(f.size for r in results if r.manifest for f in r.manifest.files.values()))
     for r in results:
-        rows += check_files(r, col, progress)
+        mine = check_files(r, col, progress)
+        rows += mine
+        if r.manifest is not None and all(row.status == "ok" for row in mine):
+            check_rank_totals(r.name, r.path, r.manifest, col)  # per-rank shards of the stored state
     if root is not None:
         check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
     if log is not None:

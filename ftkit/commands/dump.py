@@ -4,7 +4,12 @@ Lists prefixes, phases, rollouts and writers (dumps) or files, and every tensor 
 dtype, sharding and statistics (min, max, mean, std over finite values, NaN/Inf counts).
 ``--filter REGEX`` keeps tensors whose id matches (ids as in compare-dumps). Exit 0, or 2 for
 unreadable or malformed input (including data that does not match its index fingerprint).
-(Writing a dump offline from a checkpoint comes with checkpoints.)
+
+``ftkit dump --from-checkpoint CKPT --rollout N --out DIR [--tp T] [--pp P]`` writes a dump
+offline instead: rollout N's recorded batch replayed through the model of the checkpoint taken
+just before it (``ftkit.train.checkpoint_replay``), in the standard layout under DIR. Exit 0,
+or 2 for a missing or unverifiable checkpoint, a rollout not recorded, a checkpoint that is not
+the one just before N, or an --out that is not new.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -32,13 +37,14 @@ def register(app: typer.Typer) -> None:
     @app.command("dump")
     def dump(
         path: Annotated[
-            Path,
+            Path | None,
             typer.Argument(
                 metavar="PATH",
-                help="Run directory, dump directory (any level), directory of .safetensors files, or one file.",
+                help="Run directory, dump directory (any level), directory of .safetensors files, or one file "
+                "(not with --from-checkpoint).",
                 show_default=False,
             ),
-        ],
+        ] = None,
         filter_: Annotated[
             str | None,
             typer.Option(
@@ -62,6 +68,47 @@ def register(app: typer.Typer) -> None:
                 help="Read symlinked files whose target lies outside the tree given (refused by default).",
             ),
         ] = False,
+        from_checkpoint: Annotated[
+            Path | None,
+            typer.Option(
+                "--from-checkpoint",
+                metavar="CKPT",
+                help="Write a dump offline: replay --rollout N's recorded batch (forward and backward) through "
+                "the model of this checkpoint, the one taken just before N (RUN/checkpoints/step_NNNNNN).",
+            ),
+        ] = None,
+        rollout: Annotated[
+            int | None,
+            typer.Option("--rollout", metavar="N", min=0, help="With --from-checkpoint: the rollout to replay."),
+        ] = None,
+        out_dir: Annotated[
+            Path | None,
+            typer.Option(
+                "--out",
+                metavar="DIR",
+                help="With --from-checkpoint: a new directory for the dump (DIR/dumps/actor/fwd_bwd/rollout_N/).",
+            ),
+        ] = None,
+        tp: Annotated[
+            int | None,
+            typer.Option(
+                "--tp",
+                metavar="T",
+                min=1,
+                max=8,
+                help="With --from-checkpoint: tensor-parallel ranks of the replay (default: the run's).",
+            ),  # fmt: skip
+        ] = None,
+        pp: Annotated[
+            int | None,
+            typer.Option(
+                "--pp",
+                metavar="P",
+                min=1,
+                max=8,
+                help="With --from-checkpoint: pipeline stages of the replay (default: the run's).",
+            ),  # fmt: skip
+        ] = None,
         fmt: Annotated[
             DumpFormat,
             typer.Option(
@@ -72,8 +119,16 @@ def register(app: typer.Typer) -> None:
             ),
         ] = DumpFormat.human,
     ) -> None:
-        """Inspect a dump: prefixes, phases, rollouts, writers, tensors and their statistics."""
+        """Inspect a dump: prefixes, phases, rollouts, writers, tensors and their statistics; or
+        write one from a checkpoint (--from-checkpoint CKPT --rollout N --out DIR)."""
         from ftkit.dumps.inspect import inspect_path
+
+        if from_checkpoint is not None or path is None:
+            _from_checkpoint(path, from_checkpoint, rollout, out_dir, tp, pp, Output(Format(fmt.value)))
+        offline = {"--rollout": rollout, "--out": out_dir, "--tp": tp, "--pp": pp}
+        if any(v is not None for v in offline.values()):
+            given = ", ".join(k for k, v in offline.items() if v is not None)
+            raise UsageError(f"{given} only apply with --from-checkpoint", "drop them to inspect PATH")
 
         if filter_ is not None:
             try:
@@ -101,6 +156,34 @@ def register(app: typer.Typer) -> None:
         else:
             _human(out, inv, filter_)
         raise typer.Exit(0)
+
+
+def _from_checkpoint(
+    path: Path | None, ckpt: Path | None, rollout: int | None, out_dir: Path | None,
+    tp: int | None, pp: int | None, out: Output,
+) -> NoReturn:  # fmt: skip
+    """``--from-checkpoint``: check, replay, report; always exits (``typer.Exit(0)``) or raises."""
+    if ckpt is None:
+        raise UsageError("missing PATH", "pass a run or dump directory to inspect, or --from-checkpoint CKPT")
+    if path is not None:
+        raise UsageError(f"PATH ({path}) and --from-checkpoint exclude each other", "pass one of them")
+    if rollout is None or out_dir is None:
+        raise UsageError("--from-checkpoint needs --rollout N and --out DIR", "e.g. --rollout 2 --out replay/")
+    from ftkit.train.checkpoint_replay import plan_replay, replay
+
+    plan = plan_replay(ckpt, rollout, out_dir, tp, pp)
+    out.info(
+        f"replaying rollout {rollout} (steps {plan.steps[0]}-{plan.steps[-1]}) from {ckpt} "
+        f"with tp {plan.config['tp']} x pp {plan.config['pp']} -> {out_dir}"
+    )
+    doc = replay(plan)
+    if out.format is Format.json:
+        out.json({"command": "dump", **doc})
+    else:
+        out.data(f"{doc['dumps']}: {len(doc['files'])} file(s)")
+        live = ckpt.resolve().parent.parent / "dumps" / "actor" / "fwd_bwd" / f"rollout_{rollout:06d}"
+        out.info(f"compare with the live dump: ftkit compare-dumps --exact {doc['dumps']} {live}")
+    raise typer.Exit(0)
 
 
 def _human(out: Output, inv: Inventory, pattern: str | None) -> None:

@@ -322,8 +322,6 @@ def register(app: typer.Typer) -> None:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
 
-        if cfg.checkpoint_every and cfg.tp * cfg.pp > 1:
-            output.warn("checkpoints are published for cells of one rank only (tp = pp = 1); none this run")
         from ftkit.commands.train_report import report
         from ftkit.train.driver import run_training
 

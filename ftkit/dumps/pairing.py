@@ -2,10 +2,13 @@
 
 Dump tensors pair by (prefix, phase, rollout, step, micro_shard, name), never by writer: all
 entries of one key on one side (TP shards, copies from several cells or TP ranks) form one
-side of one item. Plain safetensors files pair by relative path, tensors by name.
+side of one item. Plain safetensors files pair by relative path, tensors by name, except a
+run's ``final/`` files (one per TP/PP rank): they form one group and pair by tensor name, TP
+shards as their ``sharding`` metadata says (``Source.shardings``), so the final state of a
+TP=2 or PP=2 run pairs tensor for tensor with a TP=1/PP=1 run's (item ids ``final:<name>``).
 
-Rollouts (prefix, phase, rollout) and files present on one side only are reported whole
-(``missing_rollouts`` / ``missing_files``), not tensor by tensor.
+Rollouts (prefix, phase, rollout) and files (groups) present on one side only are reported
+whole (``missing_rollouts`` / ``missing_files``, by relative path), not tensor by tensor.
 
 Capture order (the order of ``items``): dump items first, by rollout, step, stage
 (parameters before the step's captures, parameter gradients after them), micro-shard, and
@@ -17,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftkit.dumps.sources import DumpEntry, Source, TensorRef
+from ftkit.dumps.sources import DumpEntry, Source, TensorRef, file_group
 from ftkit.tensors.sharding import Sharding
 
 _STAGE = {"param": 0, "grad": 2}
@@ -75,19 +78,34 @@ def pair(a: Source, b: Source) -> Pairing:
         [(rollout_label(*r), "B") for r in a.rollouts - b.rollouts]
         + [(rollout_label(*r), "A") for r in b.rollouts - a.rollouts]
     )
+    groups_a, groups_b = _groups(a), _groups(b)
     missing_files = sorted(
-        [(f, "B") for f in a.files.keys() - b.files.keys()] + [(f, "A") for f in b.files.keys() - a.files.keys()]
+        [(f, "B") for g in groups_a.keys() - groups_b.keys() for f in groups_a[g]]
+        + [(f, "A") for g in groups_b.keys() - groups_a.keys() for f in groups_b[g]]
     )
-    for rel in sorted(a.files.keys() & b.files.keys()):
-        for side, src in (("a", a), ("b", b)):
-            for info in src.files[rel].tensors.values():
-                item = items.get(("f", rel, info.name))
-                if item is None:
-                    item = items[("f", rel, info.name)] = Item(
-                        file_id(rel, info.name), (1, rel, info.start), rel, info.name, "tensor"
-                    )
-                getattr(item, side).append(Piece(Sharding.replicated(), TensorRef(src.files[rel].path, info), rel))
+    for group in sorted(groups_a.keys() & groups_b.keys()):
+        for side, src, rels in (("a", a, groups_a[group]), ("b", b, groups_b[group])):
+            for rel in rels:
+                split = src.shardings.get(rel, {})
+                for info in src.files[rel].tensors.values():
+                    item = items.get(("f", group, info.name))
+                    if item is None:
+                        order = (1, group, info.start if group == rel else info.name)
+                        item = items[("f", group, info.name)] = Item(
+                            file_id(group, info.name), order, group, info.name, "tensor"
+                        )
+                    sharding = split.get(info.name, Sharding.replicated())
+                    getattr(item, side).append(Piece(sharding, TensorRef(src.files[rel].path, info), rel))
     return Pairing(sorted(items.values(), key=lambda i: i.order), missing_rollouts, missing_files)
+
+
+def _groups(src: Source) -> dict[str, list[str]]:
+    """``{pairing group: [relative paths]}`` of a source's plain files (``file_group`` in a run
+    directory; elsewhere each file is its own group)."""
+    out: dict[str, list[str]] = {}
+    for rel in sorted(src.files):
+        out.setdefault(file_group(rel) if src.kind == "run" else rel, []).append(rel)
+    return out
 
 
 def file_id(rel: str, name: str) -> str:

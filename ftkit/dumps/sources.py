@@ -5,7 +5,10 @@
 
 - ``run``: a directory with ``run.json``, ``events/`` or ``dumps/``. Its ``dumps/`` tree gives
   dump entries; every other ``*.safetensors`` below it (rollouts/, final/, ...) is a plain file
-  keyed by its relative path, except under ``checkpoints/``: which checkpoints a run holds
+  keyed by its relative path (the files of ``final/``, one per TP/PP rank, pair as one group by
+  tensor name, their TP shards described by the ``sharding`` metadata key that
+  ``ftkit.train.rank_state.save_final`` writes, read into ``Source.shardings``), except under
+  ``checkpoints/``: which checkpoints a run holds
   depends on its non-finite guard (a faulted interval publishes none), and what they hold is
   the state ``final/`` and the dumps already show; compare two checkpoint directories
   directly, and check them with ``ftkit verify-checkpoint``.
@@ -80,6 +83,7 @@ class Source:
     orphans: list[str] = field(default_factory=list)  # data files in a dump tree without an index
     skipped: list[str] = field(default_factory=list)  # special files (FIFOs, sockets, devices) not read
     config: dict[str, Any] | None = None  # run.json's "config" (run directories)
+    shardings: dict[str, dict[str, Sharding]] = field(default_factory=dict)  # final/ file -> split tensors
 
     @property
     def empty(self) -> bool:
@@ -122,6 +126,8 @@ def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> 
             _read_dump_tree(dumps, src, walker)
         for rel in walker.files(p, DATA_SUFFIX, skip=(dumps, p / "checkpoints")):
             src.files[rel] = read_header(p / rel)
+            if file_group(rel) == FINAL_GROUP:
+                src.shardings[rel] = _final_shardings(src.files[rel])
     else:
         indexes = walker.files(p, INDEX_SUFFIX)
         src = Source(p, "dumps" if indexes else "files")
@@ -132,6 +138,35 @@ def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> 
                 src.files[rel] = read_header(p / rel)
     src.skipped = sorted(set(walker.skipped))
     return src
+
+
+FINAL_GROUP = "final"
+
+
+def file_group(rel: str) -> str:
+    """The pairing group of a run's plain file: ``final`` for the final state files (one per
+    TP/PP rank, paired by tensor name across files), else the relative path itself."""
+    return FINAL_GROUP if rel.startswith(f"{FINAL_GROUP}/") else rel
+
+
+def _final_shardings(header: Header) -> dict[str, Sharding]:
+    """``{tensor: Sharding}`` of a final state file's TP split tensors (metadata ``sharding``)."""
+    raw = header.metadata.get("sharding")
+    if raw is None:
+        return {}
+    bad = "its 'sharding' metadata is not {tensor: sharding} over its own tensors"
+    try:
+        doc = load_json(raw.encode())
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        out: dict[str, Sharding] = {}
+        for name, value in doc.items():
+            if name not in header.tensors or not isinstance(value, dict):
+                raise ValueError(f"entry {short_repr(name)}")
+            out[name] = Sharding.from_dict(value)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"malformed final state {header.path}: {bad} ({exc})", "re-create it (re-run)") from exc
+    return out
 
 
 def _run_config(path: Path, walker: TreeWalker) -> dict[str, Any] | None:

@@ -16,8 +16,11 @@ Contract:
   With PP > 1 each rank builds its stage (megatron's ``pre_process`` / ``post_process`` and
   its even layer split) and copies its weights from the PP=1 model of the same seed, built
   once on every rank, so a PP cell holds exactly the weights of the PP=1 model.
-* ``global_param_name(name, offset)`` renames a stage-local parameter
-  (``decoder.layers.<i>.``) to the model-wide layer numbering (``<i + offset>``).
+* ``global_param_name(name, offset)`` renames a stage-local parameter, module path or capture
+  name (``decoder.layers.<i>.``) to the model-wide layer numbering (``<i + offset>``);
+  ``local_param_name`` is its inverse. Dumps, the final state and checkpoints use the
+  model-wide names, so a PP run pairs tensor for tensor with a PP=1 run.
+* ``stage_position(model)``: ``(layer offset, is last stage)`` of this rank's pipeline stage.
 * ``configure_determinism(threads)`` is called by every rank before it builds or trains:
   deterministic kernels, a fixed intra-op thread count (never derived from the host), and
   on CUDA deterministic cuBLAS / Transformer Engine attention and a pinned NCCL algorithm.
@@ -27,9 +30,12 @@ Heavy imports (torch, megatron) stay inside the functions.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ftkit.model.presets import get_preset
+
+_LAYER = re.compile(r"^(decoder\.layers\.)(\d+)(?=[.#]|$)")
 
 
 def configure_determinism(threads: int) -> None:
@@ -173,10 +179,31 @@ def stage_layer_offset(config: Any) -> int:
     return int(get_transformer_layer_offset(config))
 
 
+def stage_position(model: Any) -> tuple[int, bool]:
+    """``(layer offset, is the last stage)`` of this rank's pipeline stage; ``(0, True)`` without
+    pipeline parallelism."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps.get_pipeline_model_parallel_world_size() == 1:
+        return 0, True
+    return stage_layer_offset(model.config), ps.is_pipeline_last_stage()
+
+
 def global_param_name(name: str, offset: int) -> str:
-    """``decoder.layers.<i>.rest`` -> ``decoder.layers.<i + offset>.rest``; other names unchanged."""
-    prefix = "decoder.layers."
-    if not offset or not name.startswith(prefix):
+    """``decoder.layers.<i>.rest`` -> ``decoder.layers.<i + offset>.rest``; other names unchanged.
+
+    Also renames module paths and capture names (``decoder.layers.<i>#1.output``,
+    ``decoder.layers.<i>``): anything whose layer index is followed by ``.``, ``#`` or nothing.
+    """
+    match = _LAYER.match(name)
+    if not offset or match is None:
         return name
-    index, rest = name[len(prefix) :].split(".", 1)
-    return f"{prefix}{int(index) + offset}.{rest}"
+    index = int(match.group(2)) + offset
+    if index < 0:
+        raise ValueError(f"{name!r} is not a layer of a stage starting at layer {-offset}")
+    return f"{match.group(1)}{index}{name[match.end(2) :]}"
+
+
+def local_param_name(name: str, offset: int) -> str:
+    """The inverse of ``global_param_name``: a model-wide name to this stage's numbering."""
+    return global_param_name(name, -offset)

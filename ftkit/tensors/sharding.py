@@ -7,7 +7,9 @@ A ``Sharding`` says how a tensor held by one TP rank relates to the full tensor:
   TP rank ``r`` holds blocks ``r, r + tp_size, r + 2*tp_size, ...`` concatenated (megatron's
   ``partition_stride``; ``stride == 1`` is the plain contiguous split).
 
-``assemble`` inverts that, so a TP=2 dump compares with a TP=1 one. Megatron is imported
+``assemble`` inverts that, so a TP=2 dump compares with a TP=1 one; ``shard_of`` is its
+inverse (a rank's shard of the full tensor), so a TP=1 state loads into a TP=2 rank.
+``entry_sharding`` says how an optimizer entry of a parameter is sharded. Megatron is imported
 lazily; for plain torch modules and parameters everything is ``replicated``.
 """
 
@@ -192,6 +194,34 @@ def assemble(pieces: Sequence[tuple[Sharding, Any]]) -> Any:
             n = shards[r].shape[dim] // stride
             blocks.append(shards[r][(slice(None),) * dim + (slice(j * n, (j + 1) * n),)])
     return _concatenate(blocks if stride > 1 else shards, dim)
+
+
+def shard_of(full: Any, sharding: Sharding) -> Any:
+    """The piece of ``full`` that TP rank ``sharding.tp_rank`` holds (``assemble``'s inverse).
+
+    Works on numpy arrays and torch tensors (the result is a copy for strided splits, else a
+    view). Replicated: ``full`` itself. ``ValueError`` when ``full`` cannot be split that way.
+    """
+    if not sharding.is_split:
+        return full
+    dim, tp, stride = sharding.dim, sharding.tp_size, sharding.stride
+    assert dim is not None  # a split sharding always has one
+    if dim >= len(full.shape) or full.shape[dim] % (tp * stride):
+        raise ValueError(f"a tensor of shape {list(full.shape)} cannot be split {tp * stride} ways along dim {dim}")
+    n = full.shape[dim] // (tp * stride)
+    blocks = [
+        full[(slice(None),) * dim + (slice(b * n, (b + 1) * n),)] for b in range(sharding.tp_rank, tp * stride, tp)
+    ]
+    return blocks[0] if stride == 1 else _concatenate(blocks, dim)
+
+
+def entry_sharding(param: Sharding, param_shape: Sequence[int], shape: Sequence[int]) -> Sharding:
+    """The sharding of an optimizer entry (AdamW ``exp_avg``, ``step``) of a parameter sharded
+    as ``param`` whose local shape is ``param_shape``: the parameter's when the entry has that
+    shape (the moments), else replicated (the 0-d step)."""
+    if tuple(shape) == tuple(param_shape):
+        return param
+    return Sharding.replicated(param.tp_rank, param.tp_size)
 
 
 def _concatenate(parts: list[Any], dim: int) -> Any:

@@ -86,8 +86,8 @@ class Cell:
         return [w.checkpoint_preflight.remote(step, checkpoints_dir) for w in self.workers]
 
     def checkpoint_state(self) -> list[Any]:
-        """Rank 0's state for a checkpoint (cells of one rank)."""
-        return [self.workers[0].checkpoint_state.remote()]
+        """The cell's state for a checkpoint: collective, every rank; rank 0's ref holds it."""
+        return [w.checkpoint_state.remote() for w in self.workers]
 
     def restore_checkpoint(self, files: Any, meta: dict[str, Any]) -> list[Any]:
         """Every rank loads the checkpoint ``files`` (an object ref, passed unresolved)."""

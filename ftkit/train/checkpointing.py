@@ -8,9 +8,10 @@ At the end of every ``checkpoint_every``-th rollout (``due``), ``publish``:
    failure) and counts as a failed verdict;
 2. ``agree``: one failing rank means nobody serialises; the publication is rejected with every
    reason (``checkpoint_rejected``) and training goes on;
-3. otherwise fetches the state of the first live cell (``checkpoint_state``: parameters,
-   optimizer moments and steps, counters, witness table; TP=1/PP=1 cells) and publishes it in
-   this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
+3. otherwise fetches the state of the first live cell (``checkpoint_state``, collective inside
+   the cell: parameters, optimizer moments and steps gathered to the TP=1/PP=1 layout, counters,
+   witness table, every rank's logged fingerprint total and its ``rank_spec``) and publishes it
+   in this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
 
 The checkpoint's step is the rollout's last step. Its metric (``--best-metric``) is the
 rollout's mean reward, or with ``eval_reward`` the mean reward of the run's fixed held-out
@@ -18,8 +19,11 @@ prompts (``AdditionTask.heldout_prompts``) answered by greedy decoding on the en
 hold exactly the checkpoint's weights at that moment; it is computed at every boundary and
 logged as a ``metric`` event (``values: {"eval_reward": ...}``); a non-finite logit makes it
 NaN, which retention never ranks best. The publication fault points run here (the writer is
-the driver), except ``publish_preflight``, which every rank runs. Cells of more than one rank
-(TP or PP > 1) are not checkpointed yet.
+the driver), except ``publish_preflight``, which every rank runs. Any layout is checkpointed:
+the checkpoint holds the TP=1/PP=1 state, its manifest ``rank_totals`` every rank's total
+(``{rank: total}``) and ``meta.json`` ``ranks`` every rank's spec, from which
+``verify-checkpoint`` recomputes each total from the stored tensors
+(``ftkit.checkpoint.rank_totals``) before comparing them with the event log.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from ftkit.checkpoint.publish import Outcome
 
 
 class RunCheckpoints:
-    """Publication of checkpoints for one run (``enabled`` only for cells of one rank)."""
+    """Publication of checkpoints for one run (``enabled`` when ``checkpoint_every > 0``)."""
 
     def __init__(self, cfg: Any, run_dir: Path, coord: Any, events: Any, engines: Any, task: Any) -> None:
         from ftkit.checkpoint.publish import Publisher
@@ -39,7 +43,7 @@ class RunCheckpoints:
         from ftkit.train.fault_points import injector_for
 
         self.cfg, self.coord, self.events, self.engines, self.task = cfg, coord, events, engines, task
-        self.enabled = cfg.checkpoint_every > 0 and cfg.tp * cfg.pp == 1
+        self.enabled = cfg.checkpoint_every > 0
         self.dir = Path(run_dir) / "checkpoints"
         self.step = -1
         self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
@@ -104,11 +108,12 @@ class RunCheckpoints:
             "run": Path(self.dir).parent.name,
             "cells": len(alive),
             "layout": {"tp": cfg.tp, "pp": cfg.pp},
+            "ranks": state["ranks"],
             "seed": cfg.seed,
             "model": cfg.model,
             "config": cfg.model_dump(mode="json"),
         }
-        payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, {"0": state["total"]})
+        payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, state["rank_totals"])
         return self._note(self.publisher.publish(step, payload, guard, agreed, metric=metric, rollout=rollout))
 
     def _note(self, out: Outcome) -> Outcome:

@@ -104,7 +104,8 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(
         1,
         ge=0,
-        description="Publish a checkpoint every N rollouts (0: never; cells of one rank only, docs/checkpoints.md).",
+        description="Publish a checkpoint every N rollouts (0: never; any --tp/--pp, stored in the TP=1/PP=1 "
+        "layout; docs/checkpoints.md).",
     )
     keep_last: int = Field(2, ge=1, description="Checkpoints kept: the newest N ...")
     keep_best: int = Field(1, ge=0, description="... plus the best K by --best-metric (finite, untainted).")

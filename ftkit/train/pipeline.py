@@ -93,28 +93,8 @@ class StagePipeline:
 
 def export_cell(model: Any) -> dict[str, Any]:
     """The cell's weights in the TP=1/PP=1 layout (see the module doc); rank 0 gets them."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
+    from ftkit.model.gpt import stage_position
+    from ftkit.train.canonical_state import gather
 
-    from ftkit.model.gpt import global_param_name, stage_layer_offset
-    from ftkit.train.rank_state import export
-
-    weights = export(model)  # TP-gathered (collective over the TP group)
-    if ps.get_pipeline_model_parallel_world_size() == 1:
-        return weights if dist.get_rank() == 0 else {}
-    if ps.get_tensor_model_parallel_rank() != 0:  # its TP peer on rank 0's side has it all
-        return {}
-    offset = stage_layer_offset(model.config)
-    weights = {global_param_name(n, offset): t for n, t in weights.items()}
-    first = ps.is_pipeline_first_stage()
-    parts: list[Any] | None = [None] * ps.get_pipeline_model_parallel_world_size() if first else None
-    dist.gather_object(
-        weights, parts, dst=ps.get_pipeline_model_parallel_first_rank(), group=ps.get_pipeline_model_parallel_group()
-    )
-    if not first or dist.get_rank() != 0:
-        return {}
-    assert parts is not None  # gathered on the first stage
-    merged: dict[str, Any] = {}
-    for part in parts:  # stage order = model order
-        merged.update(part)
-    return merged
+    params, _ = gather(list(model.named_parameters()), {}, stage_position(model)[0])
+    return params

@@ -13,14 +13,25 @@ Everything goes under ``dumps/actor/fwd_bwd/rollout_XXXXXX/`` (prefix ``actor``,
   written once, after the rollout's last step.
 
 Each written file is announced with a ``dump_written`` event. The witness is never dumped.
+
+Pipeline stages (``pp > 1``) dump under model-wide names (``ftkit.model.gpt.global_param_name``
+with the stage's layer offset: stage 1 of a 4-layer model writes ``decoder.layers.2...``, never
+its local ``decoder.layers.0``), so a PP run pairs tensor for tensor with a PP=1 run and the
+stages never collide. A non-last stage's top-level captures (``output``, ``decoder.output``
+and their gradients) are hidden states handed to the next stage, not the model's output or
+the decoder's (after the final layernorm), so they are not dumped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# captures of the model's and the decoder's own outputs (``output``, ``decoder#1.output_grad.0``)
+_TOP_LEVEL = re.compile(r"^(?:(?:decoder)?(?:#\d+)?\.)?output(?:_grad)?(?:\.\d+)*$")
 
 
 class RankDumps:
@@ -29,8 +40,11 @@ class RankDumps:
     def __init__(self, worker: Any) -> None:
         self.w = worker
         self.what = set(worker.cfg.dump_what)
+        from ftkit.model.gpt import stage_position
+
         self.root = Path(worker.run_dir) / "dumps"
         self._replicated: dict[int, Any] = {}  # rollout -> open DumpWriter
+        self.offset, self.last_stage = stage_position(worker.model)
 
     def _cell_suffix(self) -> int | None:
         return self.w.cell if self.w.cfg.dump_cells == "all" else None
@@ -70,7 +84,10 @@ class RankDumps:
             writer=microshard_writer(step, shard, self.w.tp_rank, self.w.pp_rank, self._cell_suffix()),
             meta=self._meta(),
         )
-        cap.write_to(dw, step=step, micro_shard=shard)
+        for r in cap.take():
+            name = capture_name(r.name, self.offset, self.last_stage)
+            if name is not None:
+                dw.add(name, r.tensor, step=step, micro_shard=shard, sharding=r.sharding, copy=False)
         self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
         self._announce(rollout, dw.write())
 
@@ -82,6 +99,7 @@ class RankDumps:
         record: every live cell records, the driver picks one that saw the whole rollout)."""
         if not enabled:
             return
+        from ftkit.model.gpt import global_param_name
         from ftkit.tensors.sharding import param_sharding
 
         cfg = self.w.cfg
@@ -89,7 +107,8 @@ class RankDumps:
         if before_step:
             dw = self._writer(rollout)
             tp_size = cfg.tp
-            for name, p in self.w.params:
+            for local, p in self.w.params:
+                name = global_param_name(local, self.offset)
                 sh = param_sharding(p, self.w.tp_rank, tp_size)
                 if k == 0 and "weights" in self.what:
                     dw.add(f"{name}.param", p, step=step, sharding=sh)
@@ -116,3 +135,13 @@ class RankDumps:
                 meta=self._meta(),
             )
         return self._replicated[rollout]
+
+
+def capture_name(name: str, offset: int, last_stage: bool) -> str | None:
+    """The dump name of a stage's capture ``name`` (model-wide layer numbers), or None when a
+    non-last stage must not dump it (its top-level ``output`` / ``decoder.output`` captures)."""
+    from ftkit.model.gpt import global_param_name
+
+    if not last_stage and _TOP_LEVEL.match(name):
+        return None
+    return global_param_name(name, offset)

@@ -1,4 +1,4 @@
-"""The state of one rank: naming, fingerprints, TP-gathered export and the final state file
+"""The state of one rank: naming, fingerprints and the final state file
 (the state itself is read by ``ftkit.train.state_codec.capture``).
 
 Names (shared by fingerprints, the final state and dumps):
@@ -7,8 +7,9 @@ Names (shared by fingerprints, the final state and dumps):
 * optimizer state: ``<param name>.<state key>`` (``...weight.exp_avg``, ``...weight.exp_avg_sq``,
   ``...weight.step``) for every tensor in ``optimizer.state[param]``.
 
-The witness table is not a model parameter and not in the optimizer, so it appears in none
-of these. ``export`` is a collective over the cell's tensor-parallel group; the rest is local.
+Fingerprints and heal use the rank's own (stage-local) names; the final state file, dumps and
+checkpoints use model-wide names (``ftkit.train.canonical_state``). The witness table is not a
+model parameter and not in the optimizer, so it appears in none of these.
 """
 
 from __future__ import annotations
@@ -42,55 +43,48 @@ def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[st
     return total, params, optim
 
 
-def export(model: Any) -> dict[str, Any]:
-    """The TP=1 state dict of the cell's model, gathered over the tensor-parallel group.
-
-    Collective inside the cell: every TP rank must call it. Split parameters are
-    all-gathered and concatenated along their ``partition_dim`` (megatron's fused QKV and
-    vocab shards are contiguous per rank with stride 1, so concatenation is the TP=1 layout).
-    Returns CPU tensors, named as this rank's model names them: with PP > 1 that is this
-    stage's part (stage-local layer numbers); ``ftkit.train.pipeline.export_cell`` joins the stages.
-    """
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    from ftkit.tensors.sharding import Sharding, assemble, param_sharding
-
-    tp_rank = ps.get_tensor_model_parallel_rank()
-    tp_size = ps.get_tensor_model_parallel_world_size()
-    group = ps.get_tensor_model_parallel_group()
-    out: dict[str, Any] = {}
-    for name, p in model.named_parameters():
-        sh = param_sharding(p, tp_rank, tp_size)
-        if not sh.is_split:
-            out[name] = p.detach().cpu().clone()
-            continue
-        assert sh.dim is not None  # a split sharding has a dim
-        local = p.detach().contiguous()
-        parts = [torch.empty_like(local) for _ in range(tp_size)]
-        dist.all_gather(parts, local, group=group)
-        pieces = [(Sharding.split(sh.dim, r, tp_size, sh.stride), t.cpu()) for r, t in enumerate(parts)]
-        out[name] = assemble(pieces)
-    return out
-
-
 def final_path(run_dir: str | Path, tp: int, pp: int) -> Path:
     """``<run_dir>/final/tp{t}-pp{p}.safetensors``."""
     return Path(run_dir) / "final" / f"tp{tp}-pp{pp}.safetensors"
 
 
-def save_final(run_dir: str | Path, state: Any, tp: int, pp: int, meta: dict[str, str]) -> Path:
+def save_final(
+    run_dir: str | Path,
+    state: Any,
+    tp: int,
+    pp: int,
+    meta: dict[str, str],
+    offset: int = 0,
+    shardings: dict[str, Any] | None = None,
+) -> Path:
     """Write a rank's ``RankState`` (``ftkit.train.state_codec``: the one definition of a rank's
     state) atomically to ``final_path``: its parameters as ``model.<name>`` and its optimizer
-    state as ``optimizer.<param>.<key>``, its step and rollout counters in the metadata
-    (``step``, ``rollout``); returns the path. The witness table and the RNG state are not
-    part of the final state (they carry no learned value)."""
-    from ftkit.tensors.st import write_safetensors_atomic
+    state as ``optimizer.<param>.<key>``, named model-wide (``offset``: the stage's first layer,
+    see ``ftkit.train.canonical_state``), its step and rollout counters in the metadata
+    (``step``, ``rollout``); returns the path. ``shardings`` (``{canonical parameter name:
+    Sharding}``): the TP split tensors are listed in the metadata key ``sharding`` (JSON
+    ``{tensor key: sharding}``), so ``compare-dumps`` reassembles them and pairs ``final/`` of
+    any layout tensor for tensor with a TP=1/PP=1 run. The witness table and the RNG state are
+    not part of the final state (they carry no learned value)."""
+    import json
 
-    tensors = {f"model.{n}": t for n, t in state.params.items()}
-    tensors.update({f"optimizer.{n}": t for n, t in state.optimizer.items()})
+    from ftkit.tensors.sharding import entry_sharding
+    from ftkit.tensors.st import write_safetensors_atomic
+    from ftkit.train.canonical_state import canonical_names
+
+    params, optimizer = canonical_names(state, offset)
+    tensors = {f"model.{n}": t for n, t in params.items()}
+    tensors.update({f"optimizer.{n}": t for n, t in optimizer.items()})
+    shardings = shardings or {}
+    split = {f"model.{n}": sh.to_dict() for n, sh in shardings.items() if sh.is_split}
+    for key, t in optimizer.items():
+        owner = key.rsplit(".", 1)[0]
+        sh = shardings.get(owner)
+        if sh is not None and entry_sharding(sh, tuple(params[owner].shape), tuple(t.shape)).is_split:
+            split[f"optimizer.{key}"] = sh.to_dict()
     counters = {k: str(v) for k, v in state.counters.items()}
+    if split:
+        meta = {**meta, "sharding": json.dumps(split, sort_keys=True)}
     path = final_path(run_dir, tp, pp)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_safetensors_atomic(path, tensors, metadata={"schema": FINAL_SCHEMA, **meta, **counters})

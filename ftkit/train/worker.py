@@ -497,25 +497,45 @@ class RankWorker:
         return verdict, guard
 
     def checkpoint_state(self) -> dict[str, Any]:
-        """The state a checkpoint holds, in the TP=1/PP=1 layout (cells of one rank only):
-        ``{"params", "optimizer", "extra", "total"}`` from the rank-state codec's ``capture``
-        (the state a heal sends); ``extra`` holds the counters and the witness table. The RNG
-        is not saved: every micro-shard reseeds it from (seed, rollout, step, micro-shard), and
-        its leftover state depends on which cell ran the last micro-shard."""
-        import torch
+        """The state a checkpoint holds, in the TP=1/PP=1 layout, for any ``--tp`` / ``--pp``.
 
+        Collective inside the cell (``canonical_state.gather``): every rank calls it. Rank 0
+        returns ``{"params", "optimizer", "extra", "rank_totals", "ranks"}``: the canonical
+        parameters and optimizer moments and steps (model-wide names, TP shards assembled,
+        stages joined); ``extra`` holds the counters and the witness table (rank 0 is on the
+        first stage, which holds it); ``rank_totals`` every rank's ``state_fingerprint`` total
+        of this state (``{rank: total}``, what the rank logged at this step) and ``ranks`` every
+        rank's ``canonical_state.rank_spec`` (how to slice its shard back out). Every other rank
+        returns ``{}``. The RNG is not saved: every micro-shard reseeds it from (seed, rollout,
+        step, micro-shard), and its leftover state depends on which cell ran the last micro-shard."""
+        import torch
+        import torch.distributed as dist
+
+        from ftkit.model.gpt import stage_position
+        from ftkit.train.canonical_state import gather, rank_spec
         from ftkit.train.rank_state import fingerprint_state
         from ftkit.train.state_codec import capture
 
-        if self.cfg.tp * self.cfg.pp != 1:
-            raise RuntimeError("checkpoint_state gathers only cells of one rank (tp = pp = 1)")
+        offset, _ = stage_position(self.model)
         witness = None if self.witness is None else self.witness.param
         state = capture(self.params, self.optimizer, witness, self.counters)
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        params, optimizer = gather(self.params, state.optimizer, offset)
+        mine = (total, rank_spec(self.params, self.tp_rank, self.pp_rank, self.cfg.tp, offset))
+        ranks: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
+        dist.gather_object(mine, ranks, dst=0)
+        if ranks is None:
+            return {}
         extra = {"counters": torch.tensor([self.counters["step"], self.counters["rollout"]], dtype=torch.int64)}
         if state.witness is not None:
-            extra["witness"] = state.witness
-        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
-        return {"params": state.params, "optimizer": state.optimizer, "extra": extra, "total": total}
+            extra["witness"] = state.witness.detach().cpu().clone()
+        return {
+            "params": params,
+            "optimizer": optimizer,
+            "extra": extra,
+            "rank_totals": {str(r): t for r, (t, _) in enumerate(ranks)},
+            "ranks": {str(r): spec for r, (_, spec) in enumerate(ranks)},
+        }
 
     def restore_checkpoint(self, files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         """Load a TP=1/PP=1 checkpoint into this rank (resume; cells of one rank only).
@@ -620,7 +640,10 @@ class RankWorker:
         return report
 
     def save_final(self, run_dir: str) -> list[str]:
-        """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank)."""
+        """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank,
+        named model-wide, its TP shards marked in the metadata: ``rank_state.save_final``)."""
+        from ftkit.model.gpt import stage_position
+        from ftkit.train.canonical_state import rank_shardings
         from ftkit.train.rank_state import save_final
         from ftkit.train.state_codec import capture
 
@@ -633,7 +656,9 @@ class RankWorker:
             "seed": str(self.cfg.seed),
         }
         state = capture(self.params, self.optimizer, None, self.counters)
-        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta))]
+        offset, _ = stage_position(self.model)
+        shardings = rank_shardings(self.params, self.tp_rank, self.cfg.tp, offset)
+        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta, offset, shardings))]
 
     def shutdown(self) -> None:
         """Close the event log and leave the cell's world (idempotent)."""

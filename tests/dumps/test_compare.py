@@ -235,7 +235,7 @@ def test_run_directories_compare_dumps_and_every_other_safetensors_file(tmp_path
     assert r.kind == "run" and r.findings == []
     assert [p.id for p in r.pairs] == [
         "actor/fwd_bwd/rollout_000000/step000000/ms000:h.output",
-        "final/tp0-pp0.safetensors:w",
+        "final:w",  # final/ files pair by tensor name, whatever the TP/PP rank that wrote them
         "rollouts/rollout_000000.safetensors:tokens",
     ]
     changed = tokens.clone()
@@ -246,6 +246,49 @@ def test_run_directories_compare_dumps_and_every_other_safetensors_file(tmp_path
     assert r.first_divergence.id == "rollouts/rollout_000000.safetensors:tokens"
     assert r.first_divergence.metrics.argmax == [2, 1]
     assert "file final/tp0-pp0.safetensors is missing in B" in [f.message for f in r.findings]
+
+
+def _final_run(root, files):
+    """A run directory holding only ``final/<file>`` = (tensors, {tensor: Sharding})."""
+    (root / "final").mkdir(parents=True)
+    (root / "run.json").write_text("{}")
+    for name, (tensors, split) in files.items():
+        meta = {"sharding": json.dumps({k: sh.to_dict() for k, sh in split.items()})} if split else None
+        write_safetensors_atomic(root / "final" / name, tensors, metadata=meta)
+
+
+def test_final_state_pairs_by_tensor_name_across_tp_and_pp_files(tmp_path):
+    w, b, ln, step = torch.arange(12.0).reshape(4, 3), torch.arange(4.0), torch.ones(3), torch.tensor(5.0)
+    _final_run(tmp_path / "tp1pp1", {"tp0-pp0.safetensors": ({"w": w, "b": b, "ln": ln, "step": step}, {})})
+    # TP=2 x PP=2: stage 0 holds w and b split on dim 0 and the replicated step; stage 1 holds ln
+    _final_run(
+        tmp_path / "tp2pp2",
+        {
+            f"tp{r}-pp0.safetensors": (
+                {"w": w[2 * r : 2 * r + 2], "b": b[2 * r : 2 * r + 2], "step": step},
+                {"w": Sharding.split(0, r, 2), "b": Sharding.split(0, r, 2)},
+            )
+            for r in (0, 1)
+        }
+        | {f"tp{r}-pp1.safetensors": ({"ln": ln}, {}) for r in (0, 1)},
+    )
+    r = compare_paths(tmp_path / "tp2pp2", tmp_path / "tp1pp1", EXACT)
+    assert r.findings == [] and sorted(p.id for p in r.pairs) == ["final:b", "final:ln", "final:step", "final:w"]
+    # a TP shard that differs is found on the assembled tensor, at its full-tensor position
+    _final_run(tmp_path / "bad", {"tp0-pp0.safetensors": ({"w": w + (w == 7), "b": b, "ln": ln, "step": step}, {})})
+    r = compare_paths(tmp_path / "tp2pp2", tmp_path / "bad", EXACT)
+    assert _codes(r) == ["CD001"] and r.first_divergence.id == "final:w" and r.first_divergence.metrics.argmax == [2, 1]
+
+
+def test_final_state_with_malformed_sharding_metadata_is_unusable(tmp_path):
+    _final_run(tmp_path / "a", {"tp0-pp0.safetensors": ({"w": torch.ones(2)}, {})})
+    _final_run(tmp_path / "b", {"tp0-pp0.safetensors": ({"w": torch.ones(2)}, {})})
+    for bad in ('{"nope": {"kind": "split", "dim": 0}}', '["w"]', '{"w": {"kind": "split", "dim": 1e999}}', "{"):
+        write_safetensors_atomic(
+            tmp_path / "b" / "final" / "tp0-pp0.safetensors", {"w": torch.ones(2)}, {"sharding": bad}
+        )
+        with pytest.raises(InputError, match="malformed final state"):
+            compare_paths(tmp_path / "a", tmp_path / "b", EXACT)
 
 
 def test_plain_directories_and_single_files(tmp_path):

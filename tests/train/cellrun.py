@@ -8,6 +8,10 @@ sample (attempt 0, which must be discarded everywhere), then retries it clean (a
 Cell ``c`` writes its final state under
 ``<run_dir>/cell{c}/final/`` and rank 0 its TP-gathered export to
 ``<run_dir>/cell{c}/export.safetensors``; events and dumps go to ``<run_dir>`` as in a run.
+Then every rank checks the canonical state round trip: rank 0 writes the cell's
+``checkpoint_state`` (TP shards and stages gathered) to ``<run_dir>/cell{c}/canonical.safetensors``,
+and every rank slices its own state back out of that file (``canonical_state.local_state``) and
+records in ``roundtrip-r{rank}.json`` whether it equals what it holds, bit for bit.
 """
 
 from __future__ import annotations
@@ -73,7 +77,37 @@ def _proc(index: int, jobs: list) -> None:
     if weights:
         write_safetensors_atomic(out / "export.safetensors", weights)
     (out / f"results-r{rank}.json").write_text(json.dumps(results))
+    _roundtrip(w, out)
     w.shutdown()
+
+
+def _roundtrip(w, out: Path) -> None:
+    from safetensors.torch import load_file
+
+    from ftkit.model.gpt import stage_position
+    from ftkit.tensors.st import write_safetensors_atomic
+    from ftkit.train.canonical_state import local_state
+    from ftkit.train.state_codec import capture
+
+    state = w.checkpoint_state()  # collective inside the cell
+    if state:
+        full = {f"model.{n}": t for n, t in state["params"].items()}
+        full.update({f"optimizer.{n}": t for n, t in state["optimizer"].items()})
+        write_safetensors_atomic(out / "canonical.safetensors", full)
+    dist.barrier()
+    full = load_file(out / "canonical.safetensors")
+    params = {k.removeprefix("model."): t for k, t in full.items() if k.startswith("model.")}
+    optim = {k.removeprefix("optimizer."): t for k, t in full.items() if k.startswith("optimizer.")}
+    mine = capture(w.params, w.optimizer, None, w.counters)
+    got_params, got_optim = local_state(params, optim, w.params, w.tp_rank, w.cfg.tp, stage_position(w.model)[0])
+    same = (
+        sorted(got_params) == sorted(mine.params)
+        and sorted(got_optim) == sorted(mine.optimizer)
+        and all(torch.equal(got_params[n], t) for n, t in mine.params.items())
+        and all(torch.equal(got_optim[n], t) for n, t in mine.optimizer.items())
+    )
+    doc = {"equal": same, "params": len(mine.params), "optimizer": len(mine.optimizer), "canonical": len(full)}
+    (out / f"roundtrip-r{w.rank}.json").write_text(json.dumps(doc))
 
 
 def run_cells(tmp: Path, runs: dict[str, tuple]) -> dict[str, Path]:

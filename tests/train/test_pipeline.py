@@ -2,16 +2,19 @@
 real gloo send/recv between stages. A PP=2 cell runs each micro-shard's exact PP=1 operations,
 so it must end bitwise where the PP=1 run of the same seed ends, for any cell count."""
 
+import json
+import os
+
 import pytest
 import torch
 from safetensors.torch import load_file
 from test_driver import BASE, events_of, fingerprints, tensors_of
 
 from ftkit.cli import main
-from ftkit.model.gpt import global_param_name
-from ftkit.model.presets import get_preset
+from ftkit.model.gpt import global_param_name, local_param_name
 from ftkit.train.config import TrainConfig
 from ftkit.train.driver import run_training
+from ftkit.train.rank_dumps import capture_name
 
 RUNS = {
     "pp1": dict(cells=1),
@@ -33,13 +36,12 @@ def step_metrics(run_dir, key):
 
 
 def merged_final(run_dir, tp=0, pp=2):
-    """The final state of the TP rank ``tp`` with its stage files joined, layers numbered model-wide."""
+    """The final state of the TP rank ``tp`` with its stage files joined (named model-wide)."""
     out = {}
-    layers_per_stage = get_preset("tiny").num_layers // pp
     for stage in range(pp):
-        for key, t in load_file(run_dir / "final" / f"tp{tp}-pp{stage}.safetensors").items():
-            kind, name = key.split(".", 1)
-            out[f"{kind}.{global_param_name(name, stage * layers_per_stage)}"] = t
+        part = load_file(run_dir / "final" / f"tp{tp}-pp{stage}.safetensors")
+        assert not set(part) & set(out), "two stages wrote the same tensor name"
+        out.update(part)
     return out
 
 
@@ -52,6 +54,22 @@ def test_global_param_name_renumbers_only_decoder_layers():
     assert global_param_name("decoder.final_layernorm.weight", 1) == "decoder.final_layernorm.weight"
     assert global_param_name("embedding.word_embeddings.weight", 1) == "embedding.word_embeddings.weight"
     assert global_param_name("decoder.layers.1.mlp.linear_fc2.weight", 0) == "decoder.layers.1.mlp.linear_fc2.weight"
+    # module paths and capture names too, a repeated call's "#n" included; local_param_name inverts it
+    assert global_param_name("decoder.layers.1#1.output_grad.0", 2) == "decoder.layers.3#1.output_grad.0"
+    assert global_param_name("decoder.layers.1", 2) == "decoder.layers.3"
+    assert global_param_name("decoder.layers_x.1.w", 2) == "decoder.layers_x.1.w"
+    assert local_param_name("decoder.layers.3.mlp.output", 2) == "decoder.layers.1.mlp.output"
+    with pytest.raises(ValueError):
+        local_param_name("decoder.layers.1.mlp.output", 2)
+
+
+def test_capture_names_of_a_stage_are_model_wide_and_non_last_stages_drop_top_level_outputs():
+    assert capture_name("decoder.layers.0.mlp.output.0", 2, last_stage=False) == "decoder.layers.2.mlp.output.0"
+    assert capture_name("embedding.output", 0, last_stage=False) == "embedding.output"
+    for top in ("output", "output_grad", "output.0", "decoder.output", "decoder#1.output_grad.1", "#1.output"):
+        assert capture_name(top, 2, last_stage=False) is None, top
+        assert capture_name(top, 2, last_stage=True) == top, top
+    assert capture_name("decoder.final_layernorm.output", 2, last_stage=True) == "decoder.final_layernorm.output"
 
 
 @pytest.mark.slow
@@ -84,6 +102,10 @@ def test_pp2_cells_analyze_clean_and_end_bitwise_at_the_pp1_state(runs):
     assert any(p.endswith("-ms003-tp0-pp1.safetensors") for p in t1)
     assert t1 == tensors_of(two)
     assert fingerprints(one) == fingerprints(two) and all(len(v) == 1 for v in fingerprints(two).values())
+    # dumps and final state are named model-wide: 1 vs 2 PP cells, and PP=2 vs PP=1, compare
+    # exactly (stage 1's layers never collide with stage 0's, non-last stages dump no top-level output)
+    assert main(["compare-dumps", "--exact", str(one), str(two)]) == 0
+    assert main(["compare-dumps", "--exact", str(one), str(ref.run_dir)]) == 0
 
 
 @pytest.mark.slow
@@ -98,3 +120,72 @@ def test_tp2_pp2_cell_ends_bitwise_at_the_tp2_state(runs):
         assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want), tp
     # megatron's rank order puts TP innermost: ranks 0 and 1 are stage 0, the witness stage
     assert {e["rank"] for e in events_of(both.run_dir, "witness_counts")} == {0, 1}
+
+
+def checkpoint_files(run_dir):
+    """``{checkpoint/file: {tensor: tensor}}`` of every published checkpoint's payload."""
+    root = run_dir / "checkpoints"
+    return {
+        f"{d.name}/{f.name}": load_file(f) for d in sorted(root.glob("step_*")) for f in sorted(d.glob("*.safetensors"))
+    }
+
+
+@pytest.mark.slow
+def test_tp_and_pp_cells_publish_checkpoints_in_the_tp1_pp1_layout_that_verify(runs):
+    for name, ranks in (("pp2_c1", 2), ("pp2_c2", 2), ("tp2", 2), ("tp2pp2", 4)):
+        run_dir = runs[name].run_dir
+        published = events_of(run_dir, "checkpoint_published")
+        assert [e["step"] for e in published] == [1, 3], name
+        # the event log included: every rank's total, recomputed from the stored canonical state,
+        # is the total that rank logged at the checkpoint's step
+        assert main(["verify-checkpoint", str(run_dir)]) == 0, name
+        for step in (1, 3):
+            man = json.loads((run_dir / "checkpoints" / f"step_{step:06d}" / "MANIFEST.json").read_text())
+            assert sorted(man["rank_totals"]) == [str(r) for r in range(ranks)], name
+    # PP is layout-exact: the PP=2 checkpoints hold the PP=1 checkpoints' bits (model, optimizer,
+    # counters and witness), and TP=2 x PP=2 those of TP=2
+    for name, ref in (("pp2_c1", "pp1"), ("pp2_c2", "pp1"), ("tp2pp2", "tp2")):
+        got, want = checkpoint_files(runs[name].run_dir), checkpoint_files(runs[ref].run_dir)
+        assert sorted(got) == sorted(want) and got, name
+        for f in want:
+            assert sorted(got[f]) == sorted(want[f]), (name, f)
+            assert all(torch.equal(got[f][k], want[f][k]) for k in want[f]), (name, f)
+    # TP=2 is not bitwise TP=1 (its all-reduces sum in another order): the same canonical
+    # tensors (names, dtypes, shapes) all the same
+    tp2, pp1 = checkpoint_files(runs["tp2"].run_dir), checkpoint_files(runs["pp1"].run_dir)
+    assert {f: {k: (v.dtype, v.shape) for k, v in t.items()} for f, t in tp2.items()} == {
+        f: {k: (v.dtype, v.shape) for k, v in t.items()} for f, t in pp1.items()
+    }
+
+
+def _replay(run_dir, out, *layout):
+    """``ftkit dump --from-checkpoint`` of rollout 1 (from the checkpoint of rollout 0); the dump dir."""
+    ckpt = run_dir / "checkpoints" / "step_000001"
+    assert main(["dump", "--from-checkpoint", str(ckpt), "--rollout", "1", "--out", str(out), *layout]) == 0
+    return out / "dumps" / "actor" / "fwd_bwd" / "rollout_000001"
+
+
+def _live(run_dir):
+    return run_dir / "dumps" / "actor" / "fwd_bwd" / "rollout_000001"
+
+
+@pytest.mark.slow
+def test_dump_from_checkpoint_replays_a_live_rollout_bitwise(runs, tmp_path):
+    """Rollout 1's recorded batch through the model of the checkpoint taken just before it: the
+    replay's dump is the live dump of rollout 1, bit for bit, in the run's layout (TP=1, and a
+    PP=2 run replayed as PP=2)."""
+    for name in ("pp1", "pp2_c1"):
+        replayed = _replay(runs[name].run_dir, tmp_path / name)
+        assert main(["compare-dumps", "--exact", str(replayed), str(_live(runs[name].run_dir))]) == 0, name
+        doc = json.loads((tmp_path / name / "replay.json").read_text())
+        assert doc["steps"] == [2, 3] and doc["layout"]["pp"] == (2 if name == "pp2_c1" else 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("FTKIT_FULL_FAULT_MATRIX") != "1", reason="set FTKIT_FULL_FAULT_MATRIX=1")
+def test_dump_from_checkpoint_in_another_layout_pairs_tensor_for_tensor(runs, tmp_path):
+    """A TP=2 replay of a TP=1 run: every tensor pairs (TP shards reassembled); TP=2 sums its
+    all-reduces in another order, so the values agree within a tolerance, not bitwise."""
+    replayed = _replay(runs["pp1"].run_dir, tmp_path / "tp2", "--tp", "2")
+    live = str(_live(runs["pp1"].run_dir))
+    assert main(["compare-dumps", "--rtol", "1e-3", "--atol", "1e-5", str(replayed), live]) == 0

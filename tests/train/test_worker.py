@@ -58,6 +58,7 @@ def runs(tmp_path_factory):
             "tp2_init": (_cfg(cells=1, tp=2, dump_rollouts="none"), [0], 0),
             "tp2": (_cfg(cells=2, tp=2, dump_rollouts="none"), [0, 1], 2),
             "nan": (_cfg(cells=2), [0, 1], 2, 1),
+            "pp2": (_cfg(cells=1, pp=2, dump_rollouts="none"), [0], 1),
         },
     )
 
@@ -153,3 +154,19 @@ def test_tp2_cells_export_the_tp1_layout_and_train_like_tp1(runs):
     assert moved == len(one)  # training changed every tensor
     assert _losses(runs["tp2"], 0) == pytest.approx(_losses(runs["one"], 0), rel=1e-4, abs=1e-6)
     assert {e["counts"] == [1] * 12 for e in events(runs["tp2"], "witness_counts")} == {True}
+
+
+@pytest.mark.slow
+def test_local_state_of_the_gathered_canonical_state_is_each_ranks_own_state(runs):
+    """``canonical_state.local_state(gather(x))`` is ``x`` on every rank, bit for bit, after
+    training (optimizer moments and steps included): TP=1, TP=2 (two cells) and PP=2."""
+    one = load_file(runs["one"] / "cell0" / "canonical.safetensors")
+    for name, cells, ranks in (("one", [0], 1), ("tp2", [0, 1], 2), ("pp2", [0], 2)):
+        for cell in cells:
+            out = runs[name] / f"cell{cell}"
+            for rank in range(ranks):
+                doc = json.loads((out / f"roundtrip-r{rank}.json").read_text())
+                assert doc["equal"] and doc["optimizer"] == 3 * doc["params"], (name, cell, rank, doc)
+            canonical = load_file(out / "canonical.safetensors")
+            # every layout gathers the same canonical names and shapes as the TP=1 cell
+            assert {k: v.shape for k, v in canonical.items()} == {k: v.shape for k, v in one.items()}, name
