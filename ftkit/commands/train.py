@@ -271,8 +271,10 @@ def register(app: typer.Typer) -> None:
         own event log through the analyzer and prints the verdict. Faults (a dead, hung or
         erring rank, a failed collective, a dead engine) are detected, the step is discarded
         everywhere and retried over the survivors, and failed cells are restarted and healed:
-        the result is bitwise that of the fault-free run. Exit 1 also when the run cannot go
-        on (--min-cells, --max-retries); 130 / 143 on SIGINT / SIGTERM.
+        the result is bitwise that of the fault-free run. --resume RUN_DIR continues a stopped
+        (even SIGKILLed) run from its newest checkpoint that verifies, to the same bits as if it
+        had never stopped. Exit 1 also when the run cannot go on (--min-cells, --max-retries);
+        130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config
 

@@ -27,6 +27,13 @@
 6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
 7. ``analyze_paths`` over ``events/``.
 
+Resumed (``resume=True``, ``ftkit train --resume``; ``ftkit.train.resume``): ``cfg.out`` is an
+existing run directory, kept; step 2 reconciles its checkpoints and picks the newest that
+verifies and logs ``run_resumed`` instead of ``run_started``; step 4 starts the cells with
+incarnations and epochs after the earlier sessions', loads the checkpoint into every cell
+(``restore_cells``) and gives the engines its weights (version = the next rollout); step 5
+begins at the rollout after the checkpoint's (at 0 without one).
+
 SIGINT / SIGTERM raise ``RunInterrupted`` (exit 130 / 143); a run that cannot go on raises
 ``RunFailed`` (exit 1); in both cases the log ends with ``run_finished`` (``interrupted`` /
 ``failed`` and the reason), every actor is killed and the local Ray is shut down.
@@ -92,10 +99,11 @@ class RunResult:
     steps_total: int
     seconds: float
     final_files: list[str]
-    rewards: list[float] = field(default_factory=list)  # mean reward per rollout
-    engine_totals: list[list[str]] = field(default_factory=list)  # per version, per engine
+    rewards: list[float] = field(default_factory=list)  # mean reward per rollout (of this session)
+    engine_totals: list[list[str]] = field(default_factory=list)  # per version from first_rollout, per engine
     analysis: Any = None  # ftkit.analysis.engine result
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
+    first_rollout: int = 0  # the first rollout this session trained (> 0: resumed from a checkpoint)
 
 
 def connect_ray(cfg: TrainConfig) -> bool:
@@ -264,6 +272,7 @@ class Driver:
             self.engine_totals,
             analyze(self.run_dir),
             self.checkpoints.summary if self.checkpoints is not None else [],
+            self.first_rollout,
         )
 
     def _emit_cell_event(self, type_: str, **fields: Any) -> bool:

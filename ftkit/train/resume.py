@@ -154,7 +154,8 @@ def check_resume_dir(run_dir: Path) -> None:
 
 def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumePlan:
     """Reconcile ``run_dir/checkpoints`` through its journal and read the newest checkpoint
-    that verifies (each newer one skipped is passed to ``warn`` and kept in the plan).
+    that verifies (each newer one skipped is passed to ``warn`` and kept in the plan); the
+    records newer than it are retired (``retire_newer``).
     ``ConfigError`` (exit 2) for a layout ``check_restorable`` refuses, a journal or retention
     record that cannot be read, or a checkpoint of another run's configuration."""
     from ftkit.checkpoint.restore import newest_verified
@@ -171,18 +172,43 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
     if checkpoints.is_dir():
         try:
             newest = newest_verified(checkpoints, on_warning=note)
-        except ValueError as exc:
+            if newest is None and any(checkpoints.glob("step_*")):
+                note("no checkpoint verifies: training again from the seed's initial state")
+            if newest is not None:
+                _check_same_run(newest, cfg)
+                state = read_checkpoint(newest)
+            for name in retire_newer(checkpoints, -1 if state is None else state.step, cfg):
+                note(f"retired {name}: newer than the checkpoint resumed from, its steps are trained again")
+        except (OSError, ValueError) as exc:
             raise ConfigError(
                 f"cannot reconcile {checkpoints}: {exc}",
                 hint=f"run 'ftkit verify-checkpoint {run_dir}' to see what is wrong",
             ) from None
-        if newest is None and any(checkpoints.glob("step_*")):
-            note("no checkpoint verifies: training again from the seed's initial state")
-        state = None if newest is None else read_checkpoint(newest)
-    if state is not None:
-        _check_same_run(state.path, cfg)
     events = Path(run_dir) / "events"
     return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events))
+
+
+def retire_newer(checkpoints: Path, step: int, cfg: Any) -> list[str]:
+    """Drop every recorded checkpoint newer than ``step`` (none of them verified: the resumed
+    session publishes those steps again) in one journal transaction (``journal.begin`` /
+    ``apply``: a crash in between is rolled forward by the next ``reconcile``); returns their
+    names. Retention is re-applied with ``cfg``'s policy over the records that stay."""
+    import json
+
+    from ftkit.checkpoint import journal
+    from ftkit.checkpoint.layout import RETENTION
+    from ftkit.checkpoint.retention import RetentionPolicy, load_records, select
+
+    records, _ = load_records(checkpoints)
+    newer = [r.name for r in records if r.step > step]
+    if not newer:
+        return []
+    policy = RetentionPolicy(cfg.keep_last, cfg.keep_best, cfg.best_metric)
+    retained = select([r for r in records if r.step <= step], policy)
+    before = json.loads((checkpoints / RETENTION).read_bytes())
+    doc = journal.begin(checkpoints, None, before, retained.to_json(policy), newer + retained.dropped)
+    journal.apply(checkpoints, doc)
+    return newer
 
 
 # Config fields that do not change a run's result: a resumed session may set them anew.

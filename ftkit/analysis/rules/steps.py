@@ -17,13 +17,17 @@ class CommitInconsistent(Rule):
         "(or on some ranks of a cell), or a step committed twice"
     )
     fix = "the commit protocol broke: every live cell must commit an attempt, or none may"
-    events = ("step_outcome",)
+    events = ("step_outcome", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.last: dict[tuple[int, int | None], tuple[int, int]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] == "run_resumed":  # commits after the checkpoint are superseded: trained again
+            ckpt = ev["checkpoint_step"]
+            self.last = {k: (min(step, ckpt), attempt) for k, (step, attempt) in self.last.items()}
+            return
         if ev["outcome"] != "committed":
             return
         rank = ev.get("rank", ev["source"].get("rank"))
