@@ -133,7 +133,7 @@ def _resume_config(run_dir: Path, values: dict[str, Any]) -> Any:
     """The config of ``--resume RUN_DIR`` (``ftkit.train.resume.resume_config``); ``--out`` and
     ``--overwrite`` do not go with it."""
     from ftkit.errors import UsageError
-    from ftkit.train.resume import resume_config
+    from ftkit.train.resume_plan import resume_config
 
     for name in ("out", "overwrite"):
         if name in values:

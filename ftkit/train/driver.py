@@ -202,7 +202,7 @@ class Driver:
                 hint="use --device cpu (or auto), or run on a machine with a GPU",
             )
         if self.resume:
-            from ftkit.train.resume import check_resume_dir
+            from ftkit.train.resume_plan import check_resume_dir
 
             check_resume_dir(cfg.out)
         else:
@@ -213,7 +213,7 @@ class Driver:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             self.plan = None
             if self.resume:
-                from ftkit.train.resume import plan_resume
+                from ftkit.train.resume_plan import plan_resume
 
                 self.run_dir = Path(cfg.out).resolve()
                 self.plan = plan_resume(self.run_dir, cfg, self.on_warning)

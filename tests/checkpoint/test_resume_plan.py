@@ -12,7 +12,8 @@ from ftkit.cli import main
 from ftkit.errors import ConfigError, UsageError
 from ftkit.events.writer import EventWriter
 from ftkit.train.config import TrainConfig
-from ftkit.train.resume import check_restorable, last_epoch, next_incarnation, plan_resume, resume_config
+from ftkit.train.resume import check_restorable
+from ftkit.train.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
 
 
 def _run_dir(tmp_path: Path, **kw: object) -> Path:
@@ -98,7 +99,7 @@ def test_plan_without_checkpoints_starts_from_the_seed_after_the_earlier_session
 
 
 def test_resume_dir_must_be_a_run(tmp_path: Path) -> None:
-    from ftkit.train.resume import check_resume_dir
+    from ftkit.train.resume_plan import check_resume_dir
 
     with pytest.raises(UsageError, match="no such run directory"):
         check_resume_dir(tmp_path / "missing")
