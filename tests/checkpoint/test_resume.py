@@ -2,7 +2,7 @@
 the same run uninterrupted (slow: real ``ftkit train`` processes, Ray actors, megatron ranks).
 
 A is the uninterrupted reference (4 rollouts x 2 steps, 2 cells, a checkpoint at the end of
-every rollout, every rollout dumped). Each test stops a run B somehow, resumes it with
+every rollout, rollouts 0 and 3 dumped). Each test stops a run B somehow, resumes it with
 ``ftkit train --resume B`` and then requires ``compare-dumps --exact A B`` (final state,
 rollouts, dumps), ``analyze-events B`` (the combined log of both sessions) and
 ``verify-checkpoint B`` (every checkpoint, cross-checked with the log) to exit 0:
@@ -12,8 +12,9 @@ rollouts, dumps), ``analyze-events B`` (the combined log of both sessions) and
   untouched (new incarnations only);
 - B SIGKILLed from outside at a random moment (its whole process group: Ray included),
   resumed with one cell instead of two;
-- B killed by an injected ``sigkill`` inside a publication phase (one phase here, all seven
-  with ``FTKIT_FULL_FAULT_MATRIX=1``).
+- B killed by an injected ``sigkill`` inside a publication phase (``publish_rename`` here, all
+  seven with ``FTKIT_FULL_FAULT_MATRIX=1``; at ``publish_preflight`` a rank dies instead and the
+  resume finds the run complete).
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = (
     "--cells", "2", "--samples-per-rollout", "16", "--micro-shards", "4", "--group-size", "4",
-    "--reward", "deterministic_random", "--dump-rollouts", "all", "--seed", "3", "--step-timeout", "60",
+    "--reward", "deterministic_random", "--dump-rollouts", "0,3", "--seed", "3", "--step-timeout", "60",
 )  # fmt: skip
 FULL = os.environ.get("FTKIT_FULL_FAULT_MATRIX") == "1"
-PHASES = list(FAULT_POINTS[1:]) if FULL else ["publish_rename"]  # publish_preflight runs in the ranks
+PHASES = list(FAULT_POINTS) if FULL else ["publish_rename"]
 
 
 def _ftkit(*args: str) -> subprocess.CompletedProcess[str]:
@@ -161,16 +162,25 @@ def test_sigkill_from_outside_at_a_random_moment_then_resume(uninterrupted: Path
 
 @pytest.mark.parametrize("phase", PHASES)
 def test_sigkill_in_a_publication_phase_then_resume(uninterrupted: Path, tmp_path: Path, phase: str) -> None:
+    """The driver-side phases kill ``ftkit train`` itself. ``publish_preflight`` runs in the
+    ranks: there a rank dies, the run heals and completes (step 3 rejected), and the resume
+    starts from the final checkpoint with nothing left to train."""
     run = tmp_path / "B"
-    proc = _start("--out", str(run), "--rollouts", "4", *CONFIG, "--inject", f"kind=sigkill,point={phase},step=3")
-    assert _reap(proc) == -signal.SIGKILL
+    cell = "cell=0," if phase == "publish_preflight" else ""
+    proc = _start("--out", str(run), "--rollouts", "4", *CONFIG, "--inject", f"kind=sigkill,point={phase},{cell}step=3")
+    code = _reap(proc)
     published = {e["step"] for e in _events(run, "checkpoint_published")}
-    assert published == {1}  # step 3's publication never finished
+    if phase == "publish_preflight":
+        assert code == 0 and published == {1, 5, 7}
+        expected = 7
+    else:
+        assert code == -signal.SIGKILL and published == {1}  # step 3's publication never finished
+        # killed after the journal's commit point (cleanup), step 3 is published by the roll-forward
+        expected = 3 if phase == "publish_cleanup" else 1
 
     resumed = _ftkit("train", "--resume", str(run), "--format", "json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     (event,) = _events(run, "run_resumed")
-    # killed after the journal's commit point (cleanup), step 3 is published by the roll-forward
-    assert event["checkpoint_step"] == (3 if phase == "publish_cleanup" else 1)
+    assert event["checkpoint_step"] == expected
     assert not event["config"]["inject"]  # the injection is not carried into the resumed session
     _assert_same_run(uninterrupted, run, f"({phase}) ")
