@@ -27,7 +27,8 @@
 6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
 7. ``analyze_paths`` over ``events/``.
 
-Resumed (``resume=True``, ``ftkit train --resume``; ``ftkit.train.resume``): ``cfg.out`` is an
+Resumed (``resume=True``, ``ftkit train --resume``; ``ftkit.train.resume_plan`` and
+``ftkit.train.resume``, docs/checkpoints.md "Resume"): ``cfg.out`` is an
 existing run directory, kept; step 2 reconciles its checkpoints and picks the newest that
 verifies and logs ``run_resumed`` instead of ``run_started``; step 4 starts the cells with
 incarnations and epochs after the earlier sessions', loads the checkpoint into every cell
@@ -180,6 +181,7 @@ class Driver:
         self.rewards: list[float] = []
         self.steps_committed = 0
         self.first_rollout = 0  # > 0 when resumed from a checkpoint
+        self.plan: Any = None  # ftkit.train.resume_plan.ResumePlan when resumed
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -211,7 +213,6 @@ class Driver:
         arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
-            self.plan = None
             if self.resume:
                 from ftkit.train.resume_plan import plan_resume
 
