@@ -90,12 +90,16 @@ def _events(run: Path, type_: str) -> list[dict]:
 
 
 def _assert_same_run(a: Path, b: Path, context: str = "") -> None:
-    same = _ftkit("compare-dumps", "--exact", str(a), str(b))
-    assert same.returncode == 0, context + same.stdout[-3000:] + same.stderr[-2000:]
-    analysis = _ftkit("analyze-events", str(b), "--format", "json")
-    assert analysis.returncode == 0, context + analysis.stdout[-4000:]
-    verify = _ftkit("verify-checkpoint", str(b), "--format", "json")
-    assert verify.returncode == 0, context + verify.stdout[-3000:]
+    """compare-dumps --exact, analyze-events and verify-checkpoint (in this process) exit 0."""
+    from ftkit.cli import main
+
+    for args in (
+        ["compare-dumps", "--exact", str(a), str(b)],
+        ["analyze-events", str(b)],
+        ["verify-checkpoint", str(b)],
+    ):
+        code = main([*args, "--format", "json"])
+        assert code == 0, f"{context}{' '.join(args[:1])} exited {code}"
     status = json.loads((b / "status.json").read_text())
     assert (status["status"], status["steps_committed"], status["steps_total"]) == ("completed", 8, 8)
 
