@@ -6,11 +6,10 @@ what is left of the cells, logs ``run_resumed`` (the analyzer's mark of a new se
 same run: steps after its checkpoint are trained again and may be logged again) and starts
 every cell again, on the live nodes, from ``recovery_plan``:
 
-* the newest checkpoint of the run that verifies (``ftkit.train.resume.plan_resume``: the
+* the newest checkpoint of the run that verifies (``ftkit.train.resume_plan.plan_resume``: the
   checkpoint directory reconciled through its journal, newer checkpoints that do not verify
   skipped with a warning), restored into every cell: training goes on after its rollout;
-* without one (none published yet, none verifies, or cells of more than one rank, whose
-  checkpoints ``resume`` cannot load), the seed's initial state that new cells hold anyway:
+* without one (none published yet, or none verifies), the seed's initial state that new cells hold anyway:
   training starts again at rollout 0.
 
 Either way the steps are the same steps over the same data (rollouts depend only on the
@@ -24,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ftkit.train.resume import ResumePlan, plan_resume
+from ftkit.train.resume_plan import ResumePlan, plan_resume
 
 
 def recovery_plan(run_dir: Path, cfg: Any, coord: Any, warn: Callable[[str], None]) -> ResumePlan:
@@ -32,7 +31,5 @@ def recovery_plan(run_dir: Path, cfg: Any, coord: Any, warn: Callable[[str], Non
     every cell) is stopped; see the module docstring."""
     epoch = coord.book.epoch
     incarnation = max(cell.incarnation for cell in coord.cells.values()) + 1
-    if cfg.tp * cfg.pp != 1:
-        return ResumePlan(None, [], epoch, incarnation)
     plan = plan_resume(run_dir, cfg, warn)
     return ResumePlan(plan.checkpoint, plan.skipped, max(epoch, plan.last_epoch), max(incarnation, plan.incarnation))

@@ -12,9 +12,10 @@ peer at the next step boundary, like any failure); no live cell left is ``RunFai
 The returned ``(rollout, step)`` is the checkpoint's: training continues with step
 ``step + 1`` of rollout ``rollout + 1`` (a checkpoint is published at the end of a rollout).
 
-``check_restorable(tp, pp)`` is the one place that refuses a layout this module cannot load
-(cells of more than one rank: the TP/PP reshard lives elsewhere). What a resumed session
-starts from (config, checkpoint, epochs, incarnations) is ``ftkit.train.resume_plan``.
+A checkpoint holds the TP=1/PP=1 state whatever layout trained it, so any ``--tp`` / ``--pp``
+resumes from it: each rank slices its own shard out (``ftkit.train.canonical_state.local_state``).
+What a resumed session starts from (config, checkpoint, epochs, incarnations) is
+``ftkit.train.resume_plan``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ftkit.errors import ConfigError
 from ftkit.train.run_end import RunFailed
 
 
@@ -41,20 +41,19 @@ class CheckpointState:
     rollout: int
     state_fingerprint: str
     files: dict[str, dict[str, Any]]
+    rank_totals: dict[str, str]  # {rank: total} the ranks logged, in the layout it was taken in
+    layout: dict[str, Any]  # meta.json's {"tp", "pp"} of that layout
 
     @property
     def meta(self) -> dict[str, Any]:
         """What ``RankWorker.restore_checkpoint`` checks the loaded state against."""
-        return {"step": self.step, "rollout": self.rollout, "state_fingerprint": self.state_fingerprint}
-
-
-def check_restorable(tp: int, pp: int) -> None:
-    """Refuse (``ConfigError``, exit 2) to resume cells of more than one rank."""
-    if tp * pp != 1:
-        raise ConfigError(
-            f"resume of tp/pp>1 checkpoints is not supported yet (this run has tp {tp}, pp {pp})",
-            hint="resume with --tp 1 --pp 1: a checkpoint holds the TP=1/PP=1 layout",
-        )
+        return {
+            "step": self.step,
+            "rollout": self.rollout,
+            "state_fingerprint": self.state_fingerprint,
+            "rank_totals": dict(self.rank_totals),
+            "layout": dict(self.layout),
+        }
 
 
 def read_checkpoint(checkpoint: Path) -> CheckpointState:
@@ -63,14 +62,17 @@ def read_checkpoint(checkpoint: Path) -> CheckpointState:
     from ftkit.checkpoint.manifest import load as load_manifest
     from ftkit.checkpoint.restore import load
 
-    files, _ = load(checkpoint)
+    files, meta = load(checkpoint)
     man, _ = load_manifest(checkpoint / MANIFEST)
     if man.rollout is None or man.state_fingerprint is None:
         raise RestoreFailed(
             f"checkpoint {checkpoint} has no rollout or no state fingerprint: it is not a training checkpoint",
             hint="resume from a checkpoint that `ftkit train` published",
         )
-    return CheckpointState(Path(checkpoint), man.step, man.rollout, man.state_fingerprint, files)
+    layout: dict[str, Any] = meta["layout"] if isinstance(meta.get("layout"), dict) else {}
+    return CheckpointState(
+        Path(checkpoint), man.step, man.rollout, man.state_fingerprint, files, dict(man.rank_totals), layout
+    )
 
 
 def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, int]:
@@ -79,7 +81,6 @@ def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, 
     import ray
 
     state = checkpoint if isinstance(checkpoint, CheckpointState) else read_checkpoint(checkpoint)
-    check_restorable(coord.cfg.tp, coord.cfg.pp)
     ref = ray.put(state.files)
     while True:
         coord.require_cells()

@@ -3,7 +3,7 @@
 ``resume_config(run_dir, given)`` is the config: ``run.json``'s, with the options given now
 on top; an option outside ``FREE_FIELDS`` that differs from the recorded value, or fewer
 rollouts, is exit 2 (docs/checkpoints.md, "Resume"). ``plan_resume(run_dir, cfg, warn)`` runs
-before any cell starts: ``check_resume_dir``, ``check_restorable``, ``reconcile`` and the
+before any cell starts: ``check_resume_dir``, ``reconcile`` and the
 newest checkpoint that verifies (``ftkit.checkpoint.restore.newest_verified``), the records
 newer than it retired (``retire_newer``), and what the new session must not collide with in
 the event log: the last membership epoch (``last_epoch``) and the first free trainer
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.errors import ConfigError
-from ftkit.train.resume import CheckpointState, check_restorable, read_checkpoint
+from ftkit.train.resume import CheckpointState, read_checkpoint
 
 
 @dataclass
@@ -65,11 +65,10 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
     """Reconcile ``run_dir/checkpoints`` through its journal and read the newest checkpoint
     that verifies (each newer one skipped is passed to ``warn`` and kept in the plan); the
     records newer than it are retired (``retire_newer``).
-    ``ConfigError`` (exit 2) for a layout ``check_restorable`` refuses, a journal or retention
-    record that cannot be read, or a checkpoint of another run's configuration."""
+    ``ConfigError`` (exit 2) for a journal or retention record that cannot be read, or a
+    checkpoint of another run's configuration."""
     from ftkit.checkpoint.restore import newest_verified
 
-    check_restorable(cfg.tp, cfg.pp)
     skipped: list[str] = []
 
     def note(message: str) -> None:

@@ -538,35 +538,40 @@ class RankWorker:
         }
 
     def restore_checkpoint(self, files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
-        """Load a TP=1/PP=1 checkpoint into this rank (resume; cells of one rank only).
+        """Load a checkpoint (the TP=1/PP=1 state, any layout it was trained in) into this rank.
 
         ``files``: ``ftkit.checkpoint.restore.load``'s tensors (``model.safetensors``,
         ``optimizer.safetensors``, ``extra.safetensors``); ``meta``: ``{"step", "rollout",
-        "state_fingerprint"}`` from its manifest. Parameters, optimizer moments and steps
-        (replaced whole), the witness table and the counters are copied in (``state_codec.restore``;
-        the RNG is left alone: every micro-shard reseeds it); any step held is dropped and the
-        non-finite guard starts at ``step + 1``. Returns the state fingerprint of what this rank
-        now holds; raises ``ValueError`` when it differs from ``meta["state_fingerprint"]`` or
-        when the checkpoint does not fit the model."""
+        "state_fingerprint", "rank_totals", "layout"}`` from its manifest and ``meta.json``. This
+        rank's shard is sliced out (``canonical_state.local_state``: its stage's layers, its TP
+        shards); parameters, optimizer moments and steps (replaced whole), the witness table and
+        the counters are copied in (``state_codec.restore``; the RNG is left alone: every
+        micro-shard reseeds it); any step held is dropped and the non-finite guard starts at
+        ``step + 1``. Returns the state fingerprint of what this rank now holds, which must equal
+        the one expected (``_expected_total``); ``ValueError`` when it does not, or when the
+        checkpoint does not fit the model."""
         import torch
 
         from ftkit.checkpoint.guard import NonFiniteGuard
         from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER
+        from ftkit.model.gpt import stage_position
+        from ftkit.train.canonical_state import local_state
         from ftkit.train.rank_state import fingerprint_state
         from ftkit.train.state_codec import RankState, restore
 
-        if self.cfg.tp * self.cfg.pp != 1:
-            raise RuntimeError("restore_checkpoint loads only cells of one rank (tp = pp = 1)")
         extra = files[EXTRA]
-        if (self.witness is None) != ("witness" not in extra):
-            raise ValueError("the checkpoint's witness table does not match this run's bookkeeping")
+        if self.witness is not None and "witness" not in extra:
+            raise ValueError("the checkpoint holds no witness table, this run keeps one (bookkeeping)")
         step, rollout = (int(v) for v in extra["counters"].tolist())
         if (step, rollout) != (int(meta["step"]), int(meta["rollout"])):
             raise ValueError(f"checkpoint counters (step {step}, rollout {rollout}) disagree with its manifest")
+        offset = stage_position(self.model)[0]
+        params, optim = local_state(files[MODEL], files[OPTIMIZER], self.params, self.tp_rank, self.cfg.tp, offset)
+        expected = self._expected_total(params, optim, meta)
         state = RankState(
-            params=files[MODEL],
-            optimizer=files[OPTIMIZER],
-            witness=extra.get("witness"),
+            params=params,
+            optimizer=optim,
+            witness=extra.get("witness") if self.witness is not None else None,
             rng=torch.default_generator.get_state(),
             counters={"step": step, "rollout": rollout},
         )
@@ -575,12 +580,29 @@ class RankWorker:
         self._pending = self._started = None
         self.guard = NonFiniteGuard(first_step=step + 1)
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
-        if total != meta["state_fingerprint"]:
+        if total != expected:
             raise ValueError(
                 f"cell {self.cell} rank {self.rank}: state fingerprint after restore {total} differs from the "
-                f"checkpoint's {meta['state_fingerprint']}"
+                f"expected {expected}"
             )
         return total
+
+    def _expected_total(self, params: dict[str, Any], optim: dict[str, Any], meta: dict[str, Any]) -> str:
+        """The state fingerprint this rank must hold after a restore: the manifest's
+        ``state_fingerprint`` for a cell of one rank; the total this rank position logged when
+        the checkpoint was taken in the same layout (``rank_totals``); else (another layout) the
+        total of the shard sliced out of the verified checkpoint, which checks the copy."""
+        from ftkit.tensors.fingerprint import combine, fingerprint
+
+        if self.cfg.tp * self.cfg.pp == 1:
+            return str(meta["state_fingerprint"])
+        layout = meta.get("layout") or {}
+        logged = (meta.get("rank_totals") or {}).get(str(self.rank))
+        if logged is not None and (layout.get("tp"), layout.get("pp")) == (self.cfg.tp, self.cfg.pp):
+            return str(logged)
+        named = {f"param/{n}": fingerprint(t) for n, t in params.items()}
+        named |= {f"optimizer/{n}": fingerprint(t) for n, t in optim.items()}
+        return combine(named)
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec
