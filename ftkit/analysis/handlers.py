@@ -109,6 +109,8 @@ class EventHandlers(Watermark):
         rec.outcomes.setdefault(ev["cell"], {})[self._rank(ev)] = (ev["outcome"], self.where(fi, line))
         if ev["outcome"] != "committed":
             self.recovery.detected(ev["time"])
+        else:
+            self.recovery.committed(ev["time"])
 
     def _fingerprint(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
@@ -163,7 +165,7 @@ class EventHandlers(Watermark):
         self.recovery.fault(ev, self.where(fi, line))
 
     def _heal(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        self.recovery.healed(ev["time"], ev["cell"])
+        self.recovery.healed(ev["time"], ev["cell"], ev["bytes"], ev["epoch"])
         self.healed.add(ev["cell"])
 
     def _checkpoint_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:

@@ -7,8 +7,10 @@ every rollout, rollouts 0 and 3 dumped). Each test stops a run B somehow, resume
 rollouts, dumps), ``analyze-events B`` (the combined log of both sessions) and
 ``verify-checkpoint B`` (every checkpoint, cross-checked with the log) to exit 0:
 
-- B trained 2 rollouts, its newest checkpoint corrupted, resumed with ``--rollouts 4``: the
-  resume warns and falls back to the older checkpoint; the first session's event files are
+- B trained 2 rollouts with two pipeline stages per cell (``--pp 2``), its newest checkpoint
+  corrupted, resumed with ``--rollouts 4 --pp 1``: the resume warns and falls back to the older
+  checkpoint, each rank slices its shard of the layout-free state, and the run still equals A
+  (pipeline stages do not change the arithmetic); the first session's event files are
   untouched (new incarnations only);
 - B SIGKILLed from outside at a random moment (its whole process group: Ray included),
   resumed with one cell instead of two;
@@ -116,7 +118,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
     uninterrupted: Path, tmp_path: Path
 ) -> None:
     run = tmp_path / "B"
-    first = _ftkit("train", "--out", str(run), "--rollouts", "2", *CONFIG, "--format", "json")
+    first = _ftkit("train", "--out", str(run), "--rollouts", "2", *CONFIG, "--pp", "2", "--format", "json")
     assert first.returncode == 0, first.stderr[-3000:]
     before = {p.name: p.read_bytes() for p in (run / "events").iterdir()}
     newest = run / "checkpoints" / "step_000003" / "model.safetensors"
@@ -124,7 +126,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
     data[-1] ^= 0x01  # one bit of the last tensor: the manifest's sha256 no longer matches
     newest.write_bytes(bytes(data))
 
-    resumed = _ftkit("train", "--resume", str(run), "--rollouts", "4", "--format", "json")
+    resumed = _ftkit("train", "--resume", str(run), "--rollouts", "4", "--pp", "1", "--format", "json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Warning:" in resumed.stderr and "step_000003 does not verify" in resumed.stderr
     (event,) = _events(run, "run_resumed")
@@ -136,7 +138,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
         p.name for p in (run / "events").iterdir()
     }
     run_json = json.loads((run / "run.json").read_text())
-    assert run_json["config"]["rollouts"] == 4
+    assert (run_json["config"]["rollouts"], run_json["config"]["pp"]) == (4, 1)
     # the corrupt checkpoint was retired by retention; what is left verifies
     _assert_same_run(uninterrupted, run)
 
