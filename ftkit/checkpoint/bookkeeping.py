@@ -112,24 +112,42 @@ def _same(a: float | None, b: float | None) -> bool:
 
 
 def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector) -> None:
-    """FT214 against committed ``state_fingerprint`` events, FT215 against non-finite evidence."""
+    """FT214 against committed ``state_fingerprint`` events, FT215 against non-finite evidence.
+
+    In a resumed run (``run_resumed``), the evidence an earlier session logged for a step that
+    a later session trained again (a step after the later session's checkpoint) is superseded:
+    only the latest session's is checked (it may be of another layout, with other rank totals).
+    """
     from ftkit.events.reader import iter_events
 
-    fps: dict[int, list[tuple[Any, Any, Any]]] = {}
-    bad: dict[int, str] = {}
+    seen: list[tuple[str, int, float, Any]] = []  # (kind, step, time, evidence)
+    resumed: list[tuple[float, int]] = []  # (time, checkpoint_step) of each later session
     for ev in iter_events([log]):
-        t, step = ev.get("type"), ev.get("step")
+        t, step, when = ev.get("type"), ev.get("step"), ev.get("time")
+        if t == "run_resumed" and isinstance(ev.get("checkpoint_step"), int) and isinstance(when, (int, float)):
+            resumed.append((float(when), ev["checkpoint_step"]))
         if not isinstance(step, int):
             continue
+        when = float(when) if isinstance(when, (int, float)) else math.inf
         if t == "state_fingerprint":
             rank = ev.get("rank") if ev.get("rank") is not None else (ev.get("source") or {}).get("rank")
-            fps.setdefault(step, []).append((ev.get("cell"), rank, ev.get("total")))
+            seen.append(("fp", step, when, (ev.get("cell"), rank, ev.get("total"))))
         elif t == "grad_nonfinite":
-            bad.setdefault(step, f"grad_nonfinite on cell {ev.get('cell')} rank {ev.get('rank')} ({ev.get('where')})")
+            where = f"grad_nonfinite on cell {ev.get('cell')} rank {ev.get('rank')} ({ev.get('where')})"
+            seen.append(("bad", step, when, where))
         elif t == "metric":
             for name, v in (ev.get("values") or {}).items():
                 if isinstance(v, float) and not math.isfinite(v):
-                    bad.setdefault(step, f"metric {name}={v}")
+                    seen.append(("bad", step, when, f"metric {name}={v}"))
+    fps: dict[int, list[tuple[Any, Any, Any]]] = {}
+    bad: dict[int, str] = {}
+    for kind, step, when, evidence in seen:
+        if any(when < at and ckpt < step for at, ckpt in resumed):
+            continue  # trained again by a later session
+        if kind == "fp":
+            fps.setdefault(step, []).append(evidence)
+        else:
+            bad.setdefault(step, evidence)
     for r in results:
         man = r.manifest
         if man is None:

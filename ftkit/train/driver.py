@@ -472,6 +472,11 @@ class Driver:
         self.engine_totals.append(self.engines.load(state, version))
 
     def _save_final(self) -> list[str]:
+        """Write ``final/`` from the first live cell; a resumed run's earlier ``final/`` (maybe of
+        another layout: other ``tp{t}-pp{p}`` files) is removed first, so it holds this state only."""
+        import shutil
+
+        shutil.rmtree(self.run_dir / "final", ignore_errors=True)
         paths = self.coord.on_first_cell("the final save", lambda cell: cell.save_final(str(self.run_dir)))
         return sorted(p for rank_paths in paths for p in rank_paths)
 
