@@ -146,7 +146,7 @@ def test_losing_the_node_of_one_cell_and_the_engine_is_survived_and_equal(baseli
 @full_matrix
 def test_losing_a_node_that_holds_only_the_engine(baseline, tmp_path):
     out = tmp_path / "lose-engine"
-    with clusterkit.node_cluster([1, 1, 1, 0.5]) as (cluster, nodes):  # the 0.5-CPU node: the engine alone
+    with clusterkit.node_cluster([1, 1, 1, 1]) as (cluster, nodes):  # one cell per node, the engine alone
         proc = clusterkit.start_train(cluster.address, out, *ARGS)
         victim = kill_when(nodes, out, proc, 1, lambda run: placements(run)[("engine", 0, 0)][0])
         result = finish(proc)
