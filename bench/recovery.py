@@ -186,6 +186,8 @@ def node_loss_run(base: dict[str, Any], out: Path, node_cpus: float) -> dict[str
     reconfigures = [e for e in evs if e["type"] == "reconfigure"]
     full = next((e for e in reconfigures if len(e["alive_after"]) == cfg["cells"]), None)
     return {
+        "node_loss_cells": cfg["cells"],
+        "node_cpus": node_cpus,
         "node_cells_lost": len(cells_on[victim]),
         "node_kill_to_detect_s": detected["time"] - t,
         "node_kill_to_next_commit_s": survivor["time"] - t,
