@@ -243,13 +243,15 @@ class Driver:
             lost: CellsLost | None = None
             while True:
                 try:
-                    if lost is not None:  # every live cell was lost: all of them again, or raise
-                        self._recover(lost)
+                    if lost is not None:  # every live cell was lost: all of them again
+                        self._recover()
                     for rollout in range(self.first_rollout, cfg.rollouts):
                         self._rollout(rollout)
                     final = self._save_final()
                     break
                 except CellsLost as exc:
+                    if self.coord.healer is None or self.recoveries > cfg.max_retries:
+                        raise  # --no-heal, or lost again too often: the run fails (exit 1)
                     lost = exc
             status = "completed"
         except RunInterrupted as exc:
@@ -355,16 +357,14 @@ class Driver:
             rollout, step = restore_cells(self.coord, plan.checkpoint)
             self.first_rollout, self.steps_committed = rollout + 1, step + 1
 
-    def _recover(self, lost: Exception) -> None:
-        """Every live cell was lost (``CellsLost``): with healing on, at most ``max_retries + 1``
-        times per run, stop what is left of the cells and start them all again in this process
-        from the newest checkpoint that verifies, else from the seed's initial state
-        (``ftkit.train.recovery``; logged as ``run_resumed``). Otherwise ``lost`` is raised."""
+    def _recover(self) -> None:
+        """Every live cell was lost (``CellsLost``; the run loop calls this with healing on, at
+        most ``max_retries + 1`` times per run): stop what is left of the cells and start them
+        all again in this process from the newest checkpoint that verifies, else from the
+        seed's initial state (``ftkit.train.recovery``; logged as ``run_resumed``)."""
         from ftkit.train.recovery import recovery_plan
 
         self.recoveries += 1
-        if self.coord.healer is None or self.recoveries > self.cfg.max_retries + 1:
-            raise lost
         old = self.coord
         self._stop_cells("every live cell was lost: restarting all cells", flush_s=0.0)
         self.plan = recovery_plan(self.run_dir, self.cfg, old, self.on_warning)
