@@ -7,14 +7,16 @@ lost by ``SIGKILL`` to its raylet process. Every run must exit 0, analyze clean,
 bitwise equal (``compare-dumps --exact``) to a local fault-free run of the same seed.
 
 Two tests run by default (the spread, and the loss of the node holding one cell and the
-engine); the loss of a node holding only an engine and of the only node holding cells run
-with ``FTKIT_FULL_FAULT_MATRIX=1``.
+engine); the loss of a node holding only an engine, of the only node holding cells, and of
+every cell before any checkpoint (a local run: restart from the seed) run with
+``FTKIT_FULL_FAULT_MATRIX=1``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import clusterkit
 import pytest
-from faultkit import all_events, rank_events
+from faultkit import Trigger, all_events, rank_events
 
 from ftkit.cli import main
 
@@ -173,3 +175,26 @@ def test_losing_the_only_node_with_cells_restarts_them_all_on_a_new_node(baselin
     assert resumed["checkpoint"] is not None and resumed["checkpoint_step"] >= 1  # from rollout 0's checkpoint
     where = placements(out)
     assert all(where[("trainer", c, 0)][0] == victim and where[("trainer", c, 0)][-1] != victim for c in range(3))
+
+
+@full_matrix
+def test_losing_every_cell_before_any_checkpoint_restarts_from_the_seed(baseline, tmp_path):
+    """A local run of one cell, no checkpoints, whose rank is SIGKILLed after step 0: the cell
+    is started again in the same process from the seed's initial state, the run is equal."""
+    out = tmp_path / "seed"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    args = [a if a != "3" or i != 1 else "1" for i, a in enumerate(ARGS)] + ["--checkpoint-every", "0"]  # 1 cell
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    trigger = Trigger(out, cell=0, step=0, action=lambda pid: os.kill(pid, signal.SIGKILL))
+    trigger.start()
+    result = finish(proc)
+    assert trigger.fired is not None
+    check_run(result, out, baseline)
+    (resumed,) = all_events(out, "run_resumed")
+    assert resumed["checkpoint"] is None and resumed["checkpoint_step"] == -1
