@@ -5,7 +5,8 @@
 rest. What the combined log of all sessions means to the replay (``on_run_resumed``):
 
 - the run goes on: an earlier ``run_finished`` is no longer its end, and the resumed session's
-  layout (cells, engines, tp, pp) is the run's from here on (``run_started`` is replaced);
+  layout (cells, engines, tp, pp) is the run's from here on (``run_started`` is replaced; the
+  cells' states start again from ``pending``);
 - the earlier sessions are over: a stream that began before the resume and ended without
   ``log_closed`` belongs to a session killed as a whole (its driver too), not to a cut log
   (``Closure.resumed``);
@@ -32,6 +33,7 @@ def on_run_resumed(replay: Any, ev: dict[str, Any], fi: int, line: int) -> None:
         )
     replay.run_started = ev
     replay.run_finished = None
+    replay.cell_status = {}  # the new session's cells start from pending
     replay.closure.resumed(ev["time"])
     step, rollout = ev["checkpoint_step"], ev["checkpoint_rollout"]
     for key in [k for k in replay.pending if k[1] > step]:

@@ -133,7 +133,7 @@ def _resume_config(run_dir: Path, values: dict[str, Any]) -> Any:
     """The config of ``--resume RUN_DIR`` (``ftkit.train.resume.resume_config``); ``--out`` and
     ``--overwrite`` do not go with it."""
     from ftkit.errors import UsageError
-    from ftkit.train.resume import resume_config
+    from ftkit.train.resume_plan import resume_config
 
     for name in ("out", "overwrite"):
         if name in values:
@@ -273,7 +273,9 @@ def register(app: typer.Typer) -> None:
         cluster) are detected, the step is discarded everywhere and retried over the
         survivors, and failed cells are restarted and healed (on a cluster, cells and engines
         are spread over the nodes; docs/clusters.md): the result is bitwise that of the
-        fault-free run. Exit 1 also when the run cannot go on (--min-cells, --max-retries);
+        fault-free run. --resume RUN_DIR continues a stopped (even SIGKILLed) run from its
+        newest checkpoint that verifies, to the same bits as if it had never stopped. Exit 1
+        also when the run cannot go on (--min-cells, --max-retries);
         130 / 143 on SIGINT / SIGTERM.
         """
         from ftkit.train.config import load_config

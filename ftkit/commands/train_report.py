@@ -25,7 +25,10 @@ def run_summary(result: Any) -> dict[str, Any]:
         "seconds": round(result.seconds, 3),
         "rewards": result.rewards,
         "final_files": result.final_files,
-        "engine_fingerprints": [{"version": v, "engines": totals} for v, totals in enumerate(result.engine_totals)],
+        "first_rollout": result.first_rollout,
+        "engine_fingerprints": [
+            {"version": v, "engines": totals} for v, totals in enumerate(result.engine_totals, result.first_rollout)
+        ],
         "checkpoints": result.checkpoints,
     }
 
@@ -59,9 +62,11 @@ def report(result: Any, outcome: str) -> Report:
 
 def _summary_text(result: Any) -> str:
     rewards = " -> ".join(f"{r:.3f}" for r in result.rewards)
+    if result.first_rollout:
+        rewards = f"(resumed at rollout {result.first_rollout}) {rewards}"
     last = result.engine_totals[-1] if result.engine_totals else []
     engines = (
-        f"engines hold weights version {len(result.engine_totals) - 1} ({last[0][:16]}"
+        f"engines hold weights version {result.first_rollout + len(result.engine_totals) - 1} ({last[0][:16]}"
         f"{'' if len(set(last)) == 1 else ', ENGINES DIFFER'})"
         if last
         else "no engine weights"

@@ -32,6 +32,14 @@
 6. the final state (``save_final`` on the first live cell), ``run_finished``, shutdown;
 7. ``analyze_paths`` over ``events/``.
 
+Resumed (``resume=True``, ``ftkit train --resume``; ``ftkit.train.resume_plan`` and
+``ftkit.train.resume``, docs/checkpoints.md "Resume"): ``cfg.out`` is an
+existing run directory, kept; step 2 reconciles its checkpoints and picks the newest that
+verifies and logs ``run_resumed`` instead of ``run_started``; step 4 starts the cells with
+incarnations and epochs after the earlier sessions', loads the checkpoint into every cell
+(``restore_cells``) and gives the engines its weights (version = the next rollout); step 5
+begins at the rollout after the checkpoint's (at 0 without one).
+
 SIGINT / SIGTERM raise ``RunInterrupted`` (exit 130 / 143); a run that cannot go on raises
 ``RunFailed`` (exit 1); in both cases the log ends with ``run_finished`` (``interrupted`` /
 ``failed`` and the reason), every actor is killed and the local Ray is shut down.
@@ -97,10 +105,11 @@ class RunResult:
     steps_total: int
     seconds: float
     final_files: list[str]
-    rewards: list[float] = field(default_factory=list)  # mean reward per rollout
-    engine_totals: list[list[str]] = field(default_factory=list)  # per version, per engine
+    rewards: list[float] = field(default_factory=list)  # mean reward per rollout (of this session)
+    engine_totals: list[list[str]] = field(default_factory=list)  # per version from first_rollout, per engine
     analysis: Any = None  # ftkit.analysis.engine result
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
+    first_rollout: int = 0  # the first rollout this session trained (> 0: resumed from a checkpoint)
 
 
 def connect_ray(cfg: TrainConfig) -> bool:
@@ -177,7 +186,9 @@ class Driver:
         self.rewards: list[float] = []
         self.steps_committed = 0
         self.first_rollout = 0  # > 0 when resumed from a checkpoint
+        self.start_rollout = 0  # the first rollout this process reports (``RunResult.first_rollout``)
         self.recoveries = 0  # times every cell was restarted at once (``_recover``)
+        self.plan: Any = None  # ftkit.train.resume_plan.ResumePlan when resumed
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -201,7 +212,7 @@ class Driver:
                 hint="use --device cpu (or auto), or run on a machine with a GPU",
             )
         if self.resume:
-            from ftkit.train.resume import check_resume_dir
+            from ftkit.train.resume_plan import check_resume_dir
 
             check_resume_dir(cfg.out)
         else:
@@ -210,9 +221,8 @@ class Driver:
         arm_signals()  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
-            self.plan = None
             if self.resume:
-                from ftkit.train.resume import plan_resume
+                from ftkit.train.resume_plan import plan_resume
 
                 self.run_dir = Path(cfg.out).resolve()
                 self.plan = plan_resume(self.run_dir, cfg, self.on_warning)
@@ -281,6 +291,7 @@ class Driver:
             self.engine_totals,
             analyze(self.run_dir),
             self.checkpoints.summary if self.checkpoints is not None else [],
+            self.start_rollout,
         )
 
     def _emit_cell_event(self, type_: str, **fields: Any) -> bool:
@@ -304,6 +315,7 @@ class Driver:
         self._join_cells(cells)
         self.engines.ready()
         self._restore()
+        self.start_rollout = self.first_rollout
         self._push_weights(version=self.first_rollout)
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events)
 
@@ -375,7 +387,9 @@ class Driver:
         spread = old.placer.plan_cells(self.cfg.cells)
         self._join_cells(self._spawn_cells(old.placer, spread, self.plan.last_epoch, self.plan.incarnation))
         self._restore()
-        del self.rewards[self.first_rollout :], self.engine_totals[self.first_rollout :]
+        self.start_rollout = min(self.start_rollout, self.first_rollout)  # back to the seed: report from 0
+        keep = self.first_rollout - self.start_rollout  # rewards and weights of rollouts still valid
+        del self.rewards[keep:], self.engine_totals[keep:]
         self._push_weights(version=self.first_rollout)
         self.checkpoints.coord = self.coord
 

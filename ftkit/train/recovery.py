@@ -6,7 +6,7 @@ what is left of the cells, logs ``run_resumed`` (the analyzer's mark of a new se
 same run: steps after its checkpoint are trained again and may be logged again) and starts
 every cell again, on the live nodes, from ``recovery_plan``:
 
-* the newest checkpoint of the run that verifies (``ftkit.train.resume.plan_resume``: the
+* the newest checkpoint of the run that verifies (``ftkit.train.resume_plan.plan_resume``: the
   checkpoint directory reconciled through its journal, newer checkpoints that do not verify
   skipped with a warning), restored into every cell: training goes on after its rollout;
 * without one (none published yet, none verifies, or cells of more than one rank, whose
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ftkit.train.resume import ResumePlan, plan_resume
+from ftkit.train.resume_plan import ResumePlan, plan_resume
 
 
 def recovery_plan(run_dir: Path, cfg: Any, coord: Any, warn: Callable[[str], None]) -> ResumePlan:

@@ -44,7 +44,7 @@ class RunInterrupted(FtkitError):
         name = signal.Signals(signum).name
         super().__init__(
             f"interrupted by {name}: the run stopped, its log ends with run_finished 'interrupted'",
-            hint="rerun the command to train again (the run directory needs --overwrite)",
+            hint="continue it with `ftkit train --resume RUN_DIR`, or train again with --overwrite",
         )
         self.signum = signum
         self.exit_code = 128 + signum

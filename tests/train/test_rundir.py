@@ -40,6 +40,7 @@ def _a_run(path: Path) -> Path:
         "checkpoints/step_000002/MANIFEST.json",
         "checkpoints/retention.json",
         "checkpoints/.step_000004.tmp-x/model.safetensors",
+        "status.json",
     ):
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
         (path / rel).write_bytes(b"x")

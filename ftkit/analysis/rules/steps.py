@@ -24,8 +24,9 @@ class CommitInconsistent(Rule):
         self.last: dict[tuple[int, int | None], tuple[int, int]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        if ev["type"] == "run_resumed":  # steps after its checkpoint are trained (and committed) again
-            self.last = {k: v for k, v in self.last.items() if v[0] <= ev["checkpoint_step"]}
+        if ev["type"] == "run_resumed":  # commits after the checkpoint are superseded: trained again
+            ckpt = ev["checkpoint_step"]
+            self.last = {k: (min(step, ckpt), attempt) for k, (step, attempt) in self.last.items()}
             return
         if ev["outcome"] != "committed":
             return

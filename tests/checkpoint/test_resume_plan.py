@@ -1,0 +1,154 @@
+"""``--resume`` without training: the config it resumes with, what it refuses (exit 2), the
+plan it starts from (checkpoint, epoch, incarnation) and the analyzer's ``run_resumed``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ftkit.cli import main
+from ftkit.errors import ConfigError, UsageError
+from ftkit.events.writer import EventWriter
+from ftkit.train.config import TrainConfig
+from ftkit.train.resume import check_restorable
+from ftkit.train.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
+
+
+def _run_dir(tmp_path: Path, **kw: object) -> Path:
+    from ftkit.train.rundir import write_run_json
+    from ftkit.train.task import AdditionTask
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = TrainConfig(out=run, rollouts=2, seed=5, inject=("kind=exit,point=before_forward,cell=0,step=1",), **kw)
+    write_run_json(run, cfg, "cpu", AdditionTask(cfg.response_len))
+    return run
+
+
+def test_resume_config_keeps_the_recorded_run_and_takes_free_options(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    cfg = resume_config(run, {"rollouts": 6, "cells": 1, "engines": 2, "step_timeout": 30.0})
+    assert (cfg.seed, cfg.rollouts, cfg.cells, cfg.engines, cfg.step_timeout) == (5, 6, 1, 2, 30.0)
+    assert cfg.inject == () and cfg.chaos is None  # the earlier session's faults are not replayed
+    assert cfg.out == run and not cfg.overwrite
+    assert resume_config(run, {"seed": 5}).seed == 5  # the recorded value, given again, is fine
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"seed": 6}, "seed is 5"),
+        ({"model": "small"}, "model is 'tiny'"),
+        ({"lr": 1e-4}, "lr is"),
+        ({"rollouts": 1}, "fewer than the 2 recorded"),
+    ],
+)
+def test_resume_config_refuses_what_would_make_another_run(tmp_path: Path, given: dict, message: str) -> None:
+    run = _run_dir(tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        resume_config(run, given)
+
+
+def test_cli_resume_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run_dir(tmp_path)
+    assert main(["train", "--resume", str(run), "--rollouts", "3", "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["rollouts"] == 3
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "notes.txt").write_text("x")
+    for args, text in (
+        (["--resume", str(run), "--seed", "1"], "seed is 5"),
+        (["--resume", str(run), "--out", str(tmp_path / "x")], "--resume does not take --out"),
+        (["--resume", str(run), "--overwrite"], "--resume does not take --overwrite"),
+        (["--resume", str(tmp_path / "nope")], "no such run directory"),
+        (["--resume", str(tmp_path / "plain")], "not an ftkit run directory"),
+    ):
+        assert main(["train", *args]) == 2, args
+        captured = capsys.readouterr()
+        errors = [line for line in captured.err.splitlines() if line.startswith("Error: ")]
+        assert captured.out == "" and len(errors) == 1 and text in errors[0], captured.err
+        assert "Hint: " in captured.err and "Traceback" not in captured.err
+
+
+def test_layout_refusal_is_one_check() -> None:
+    check_restorable(1, 1)
+    for tp, pp in ((2, 1), (1, 2)):
+        with pytest.raises(ConfigError, match="resume of tp/pp>1 checkpoints"):
+            check_restorable(tp, pp)
+
+
+def test_plan_without_checkpoints_starts_from_the_seed_after_the_earlier_sessions(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    events = run / "events"
+    driver = EventWriter(events, run="run", role="driver")
+    for epoch in (0, 1, 2):
+        driver.emit("reconfigure", epoch=epoch, alive_before=[], alive_after=[0], reason="x")
+    driver.close()
+    for cell, inc in ((0, 0), (0, 1), (1, 0)):
+        EventWriter(events, run="run", role="trainer", cell=cell, rank=0, incarnation=inc).close()
+    with open(events / "driver-i0.jsonl", "ab") as f:
+        f.write(b'{"type": "reconfigure", "epoch": 9')  # a killed driver's torn last line is skipped
+    warnings: list[str] = []
+    plan = plan_resume(run, TrainConfig(out=run), warnings.append)
+    assert plan.checkpoint is None and plan.skipped == [] == warnings
+    assert (plan.last_epoch, plan.incarnation) == (2, 2) == (last_epoch(events), next_incarnation(events))
+    assert plan.fields() == {"checkpoint": None, "checkpoint_step": -1, "checkpoint_rollout": -1, "skipped": []}
+    with pytest.raises(ConfigError, match="resume of tp/pp>1"):
+        plan_resume(run, TrainConfig(out=run, tp=2), warnings.append)
+
+
+def test_resume_dir_must_be_a_run(tmp_path: Path) -> None:
+    from ftkit.train.resume_plan import check_resume_dir
+
+    with pytest.raises(UsageError, match="no such run directory"):
+        check_resume_dir(tmp_path / "missing")
+
+
+def test_analyzer_wants_the_earlier_sessions_before_run_resumed(tmp_path: Path) -> None:
+    from ftkit.analysis.engine import analyze_paths
+
+    cfg = TrainConfig().model_dump(mode="json")
+    driver = EventWriter(tmp_path / "events", run="run", role="driver")
+    driver.emit(
+        "run_resumed",
+        config=cfg,
+        num_cells=2,
+        tp=1,
+        pp=1,
+        num_engines=1,
+        ftkit_version="0",
+        checkpoint=None,
+        checkpoint_step=-1,
+        checkpoint_rollout=-1,
+        skipped=[],
+    )
+    driver.emit("run_finished", status="completed", reason=None)
+    driver.close()
+    result = analyze_paths([tmp_path / "events"])
+    assert any(f.code == "FT111" and "earlier sessions' log is missing" in f.message for f in result.findings)
+
+
+def test_plan_falls_back_and_retires_the_newer_checkpoints(tmp_path: Path) -> None:
+    """The newest checkpoint does not verify: the plan takes the older one, warns, and retires
+    the newer through the journal, so what is left verifies and the resumed session can publish
+    that step again (the corrupt one was the best by metric: retention alone would keep it)."""
+    from ckpt_helpers import publish
+
+    from ftkit.checkpoint.publish import Publisher
+    from ftkit.checkpoint.retention import RetentionPolicy, load_records
+    from ftkit.checkpoint.verify import verify_path
+
+    run = _run_dir(tmp_path)
+    ck = run / "checkpoints"
+    publisher = Publisher(ck, RetentionPolicy(keep_last=2, keep_best=1))
+    assert publish(publisher, 3, metric=0.5).published and publish(publisher, 7, metric=0.9).published
+    model = ck / "step_000007" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-1] + bytes([model.read_bytes()[-1] ^ 1]))
+    warnings: list[str] = []
+    plan = plan_resume(run, TrainConfig(out=run), warnings.append)
+    assert plan.checkpoint is not None and (plan.checkpoint.step, plan.checkpoint.rollout) == (3, 0)
+    assert "step_000007 does not verify" in warnings[0] and warnings[1].startswith("retired step_000007")
+    assert plan.skipped == warnings and plan.fields()["checkpoint"] == "step_000003"
+    assert [r.name for r in load_records(ck)[0]] == ["step_000003"] and not (ck / "step_000007").exists()
+    assert not [f for f in verify_path(ck).findings if f.severity.value == "error"]

@@ -1,0 +1,81 @@
+"""``RankWorker.restore_checkpoint`` without Ray: a real megatron rank in a spawned process.
+
+The rank trains steps 0-1, its state goes through a real checkpoint (``checkpoint_state`` ->
+``state_payload`` -> ``Publisher`` -> ``restore.load``), it trains step 2, then the checkpoint
+is restored into it: its fingerprint is the manifest's again, and step 2 trained once more
+commits the same state as the first time. A checkpoint whose manifest fingerprint or counters
+do not match what the rank ends up holding is refused (``ValueError``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from cellrun import synthetic_batch
+
+pytestmark = pytest.mark.slow
+
+
+def _proc(index: int, run_dir: str, port: int) -> None:
+    from ftkit.checkpoint.guard import GuardVerdict
+    from ftkit.checkpoint.preflight import agree, preflight
+    from ftkit.checkpoint.publish import Publisher
+    from ftkit.checkpoint.restore import state_payload
+    from ftkit.checkpoint.retention import RetentionPolicy
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.resume import read_checkpoint
+    from ftkit.train.step_types import StepTask
+    from ftkit.train.worker import RankWorker
+
+    cfg = TrainConfig(cells=1, samples_per_rollout=36, steps_per_rollout=3, micro_shards=6, group_size=4, seed=7)
+    cfg_dict = cfg.model_dump(mode="json")
+    batch = synthetic_batch(cfg)
+    w = RankWorker(cfg_dict, run_dir, 0, 0, 0)
+    w.init_cell("127.0.0.1", port)
+    w.configure(0, [0])
+    shards = tuple(range(cfg.micro_shards))
+
+    def train(step: int) -> str:
+        w.compute_reduce(StepTask(0, step, 0, 0, shards), batch)
+        return str(w.commit(step, 0).total)
+
+    out: dict[str, object] = {"first": [train(0), train(1)]}
+    state = w.checkpoint_state()
+    payload = state_payload(state["params"], state["optimizer"], state["extra"], {}, {"0": state["total"]})
+    ck = Path(run_dir) / "checkpoints"
+    guard = GuardVerdict(0, 1, False)
+    verdict = agree([preflight(ck, 1, payload.nbytes, guard, "cell0-rank0")])
+    published = Publisher(ck, RetentionPolicy()).publish(1, payload, guard, verdict, metric=0.5, rollout=0)
+    assert published.published, published.reason
+    out["step2"] = train(2)
+    ckpt = read_checkpoint(published.path)
+    out["manifest"] = ckpt.state_fingerprint
+    out["restored"] = w.restore_checkpoint(ckpt.files, ckpt.meta)
+    out["counters"] = dict(w.counters)
+    out["step2_again"] = train(2)
+    for name, meta in (
+        ("wrong_fingerprint", {**ckpt.meta, "state_fingerprint": "0" * 32}),
+        ("wrong_counters", {**ckpt.meta, "step": 5}),
+    ):
+        try:
+            w.restore_checkpoint(ckpt.files, meta)
+            out[name] = "accepted"
+        except ValueError as exc:
+            out[name] = str(exc)
+    w.shutdown()
+    (Path(run_dir) / "out.json").write_text(json.dumps(out))
+
+
+def test_restore_checkpoint_reloads_the_state_bitwise(tmp_path: Path) -> None:
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    mp.start_processes(_proc, args=(str(tmp_path), store.port), nprocs=1, start_method="spawn", join=True)
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["restored"] == out["manifest"] == out["first"][1]
+    assert out["counters"] == {"step": 1, "rollout": 0}
+    assert out["step2_again"] == out["step2"]
+    assert "differs from the checkpoint's" in out["wrong_fingerprint"]
+    assert "disagree with its manifest" in out["wrong_counters"]
