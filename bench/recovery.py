@@ -214,12 +214,12 @@ def node_loss_run(base: dict[str, Any], out: Path, node_cpus: float) -> dict[str
         cmd = [sys.executable, "-m", "ftkit", "train", "--ray-address", cluster.address, "--out", str(run), *args]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         first = cfg["steps_per_rollout"]
-        while not any(e["type"] == "state_fingerprint" and e["step"] >= first for e in events(run)):
+        while not any(e["type"] == "state_fingerprint" and e["step"] >= first for e in _events_so_far(run)):
             if proc.poll() is not None:
                 raise SystemExit(f"node-loss run failed (exit {proc.returncode}):\n{proc.stderr.read()[-3000:]}")
             time.sleep(0.1)
         cells_on: dict[str, set[int]] = {}
-        for e in events(run):
+        for e in _events_so_far(run):
             if e["type"] == "placement" and e["role"] == "trainer":
                 cells_on.setdefault(e["node_id"], set()).add(e["cell"])
         victim = min(cells_on, key=lambda n: len(cells_on[n]))
@@ -234,12 +234,22 @@ def node_loss_run(base: dict[str, Any], out: Path, node_cpus: float) -> dict[str
     reconfigures = [e for e in evs if e["type"] == "reconfigure"]
     full = next((e for e in reconfigures if len(e["alive_after"]) == cfg["cells"]), None)
     return {
+        "node_loss_cells": cfg["cells"],
+        "node_cpus": node_cpus,
         "node_cells_lost": len(cells_on[victim]),
         "node_kill_to_detect_s": detected["time"] - t,
         "node_kill_to_next_commit_s": survivor["time"] - t,
         "node_kill_to_full_cells_s": None if full is None else full["time"] - t,
         "node_reconfigures_to_full": None if full is None else reconfigures.index(full) + 1,
     }
+
+
+def _events_so_far(run: Path) -> list[dict[str, Any]]:
+    """``events(run)`` of a run still writing: empty while a line is torn (read again later)."""
+    try:
+        return events(run) if (run / "events").is_dir() else []
+    except ValueError:
+        return []
 
 
 def overhead(base: dict[str, Any], out: Path, repeats: int, baseline: Path | None) -> dict[str, Any]:

@@ -186,6 +186,7 @@ class Driver:
         self.rewards: list[float] = []
         self.steps_committed = 0
         self.first_rollout = 0  # > 0 when resumed from a checkpoint
+        self.start_rollout = 0  # the first rollout this process reports (``RunResult.first_rollout``)
         self.recoveries = 0  # times every cell was restarted at once (``_recover``)
         self.plan: Any = None  # ftkit.train.resume_plan.ResumePlan when resumed
 
@@ -252,13 +253,15 @@ class Driver:
             lost: CellsLost | None = None
             while True:
                 try:
-                    if lost is not None:  # every live cell was lost: all of them again, or raise
-                        self._recover(lost)
+                    if lost is not None:  # every live cell was lost: all of them again
+                        self._recover()
                     for rollout in range(self.first_rollout, cfg.rollouts):
                         self._rollout(rollout)
                     final = self._save_final()
                     break
                 except CellsLost as exc:
+                    if self.coord.healer is None or self.recoveries > cfg.max_retries:
+                        raise  # --no-heal, or lost again too often: the run fails (exit 1)
                     lost = exc
             status = "completed"
         except RunInterrupted as exc:
@@ -288,7 +291,7 @@ class Driver:
             self.engine_totals,
             analyze(self.run_dir),
             self.checkpoints.summary if self.checkpoints is not None else [],
-            self.first_rollout,
+            self.start_rollout,
         )
 
     def _emit_cell_event(self, type_: str, **fields: Any) -> bool:
@@ -312,6 +315,7 @@ class Driver:
         self._join_cells(cells)
         self.engines.ready()
         self._restore()
+        self.start_rollout = self.first_rollout
         self._push_weights(version=self.first_rollout)
         self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events, self.engines, self.task)
 
@@ -365,16 +369,14 @@ class Driver:
             rollout, step = restore_cells(self.coord, plan.checkpoint)
             self.first_rollout, self.steps_committed = rollout + 1, step + 1
 
-    def _recover(self, lost: Exception) -> None:
-        """Every live cell was lost (``CellsLost``): with healing on, at most ``max_retries + 1``
-        times per run, stop what is left of the cells and start them all again in this process
-        from the newest checkpoint that verifies, else from the seed's initial state
-        (``ftkit.train.recovery``; logged as ``run_resumed``). Otherwise ``lost`` is raised."""
+    def _recover(self) -> None:
+        """Every live cell was lost (``CellsLost``; the run loop calls this with healing on, at
+        most ``max_retries + 1`` times per run): stop what is left of the cells and start them
+        all again in this process from the newest checkpoint that verifies, else from the
+        seed's initial state (``ftkit.train.recovery``; logged as ``run_resumed``)."""
         from ftkit.train.recovery import recovery_plan
 
         self.recoveries += 1
-        if self.coord.healer is None or self.recoveries > self.cfg.max_retries + 1:
-            raise lost
         old = self.coord
         self._stop_cells("every live cell was lost: restarting all cells", flush_s=0.0)
         self.plan = recovery_plan(self.run_dir, self.cfg, old, self.on_warning)
@@ -385,7 +387,9 @@ class Driver:
         spread = old.placer.plan_cells(self.cfg.cells)
         self._join_cells(self._spawn_cells(old.placer, spread, self.plan.last_epoch, self.plan.incarnation))
         self._restore()
-        del self.rewards[self.first_rollout :], self.engine_totals[self.first_rollout :]
+        self.start_rollout = min(self.start_rollout, self.first_rollout)  # back to the seed: report from 0
+        keep = self.first_rollout - self.start_rollout  # rewards and weights of rollouts still valid
+        del self.rewards[keep:], self.engine_totals[keep:]
         self._push_weights(version=self.first_rollout)
         self.checkpoints.coord = self.coord
 

@@ -123,12 +123,18 @@ class Placer:
 
     def plan_start(self, cells: int, engines: int) -> Plan:
         """The plan of a run's start; its warnings go to stderr."""
-        plan = spread(live_nodes(self.device), list(range(cells)), self.ranks, list(range(engines)))
+        plan = spread(self._nodes(), list(range(cells)), self.ranks, list(range(engines)))
         for w in plan.warnings:
             sys.stderr.write(f"warning: placement: {w}\n")
         self.planned.update({("trainer", c): t for c, t in plan.cells.items()})
         self.planned.update({("engine", e): t for e, t in plan.engines.items()})
         return plan
+
+    def _nodes(self) -> list[Node]:
+        """``live_nodes``, remembering each node's address for the ``placement`` events."""
+        nodes = live_nodes(self.device)
+        self.addresses.update({n.node_id: n.address for n in nodes})
+        return nodes
 
     def _loads(self, skip_cell: int | None = None, skip_engine: int | None = None) -> tuple[dict[str, int], ...]:
         used: dict[str, int] = {}
@@ -151,7 +157,7 @@ class Placer:
         live nodes, around the engines."""
         self.cell_nodes.clear()
         used, cload, eload = self._loads()
-        plan = spread(live_nodes(self.device), list(range(cells)), self.ranks, [], used, cload, eload)
+        plan = spread(self._nodes(), list(range(cells)), self.ranks, [], used, cload, eload)
         for w in plan.warnings:
             sys.stderr.write(f"warning: placement: {w}\n")
         self.planned.update({("trainer", c): t for c, t in plan.cells.items()})
@@ -161,7 +167,7 @@ class Placer:
         """The node a restarted ``cell`` asks for: a live one, fewest live cells first."""
         self.cell_nodes.pop(cell, None)
         used, cload, eload = self._loads()
-        target = spread(live_nodes(self.device), [cell], self.ranks, [], used, cload, eload).cells[cell]
+        target = spread(self._nodes(), [cell], self.ranks, [], used, cload, eload).cells[cell]
         self.planned[("trainer", cell)] = target
         return target
 
@@ -169,7 +175,7 @@ class Placer:
         """The node a restarted ``engine`` asks for: a live one, fewest engines first."""
         self.engine_nodes.pop(engine, None)
         used, cload, eload = self._loads()
-        target = spread(live_nodes(self.device), [], self.ranks, [engine], used, cload, eload).engines[engine]
+        target = spread(self._nodes(), [], self.ranks, [engine], used, cload, eload).engines[engine]
         self.planned[("engine", engine)] = target
         return target
 

@@ -7,14 +7,16 @@ lost by ``SIGKILL`` to its raylet process. Every run must exit 0, analyze clean,
 bitwise equal (``compare-dumps --exact``) to a local fault-free run of the same seed.
 
 Two tests run by default (the spread, and the loss of the node holding one cell and the
-engine); the loss of a node holding only an engine and of the only node holding cells run
-with ``FTKIT_FULL_FAULT_MATRIX=1``.
+engine); the loss of a node holding only an engine, of the only node holding cells, and of
+every cell before any checkpoint (a local run: restart from the seed) run with
+``FTKIT_FULL_FAULT_MATRIX=1``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import clusterkit
 import pytest
-from faultkit import all_events, rank_events
+from faultkit import Trigger, all_events, rank_events
 
 from ftkit.cli import main
 
@@ -146,7 +148,7 @@ def test_losing_the_node_of_one_cell_and_the_engine_is_survived_and_equal(baseli
 @full_matrix
 def test_losing_a_node_that_holds_only_the_engine(baseline, tmp_path):
     out = tmp_path / "lose-engine"
-    with clusterkit.node_cluster([1, 1, 1, 0.5]) as (cluster, nodes):  # the 0.5-CPU node: the engine alone
+    with clusterkit.node_cluster([1, 1, 1, 1]) as (cluster, nodes):  # one cell per node, the engine alone
         proc = clusterkit.start_train(cluster.address, out, *ARGS)
         victim = kill_when(nodes, out, proc, 1, lambda run: placements(run)[("engine", 0, 0)][0])
         result = finish(proc)
@@ -166,10 +168,34 @@ def test_losing_the_only_node_with_cells_restarts_them_all_on_a_new_node(baselin
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         cluster.add_node(num_cpus=2)  # a node to start again on, joined after the placement
-        victim = kill_when(nodes, out, proc, 2, lambda run: nodes[0].node_id)
+        victim = kill_when(nodes, out, proc, 1, lambda run: nodes[0].node_id)  # early: an idle machine is fast
         result = finish(proc)
     check_run(result, out, baseline)
     (resumed,) = all_events(out, "run_resumed")
-    assert resumed["checkpoint"] is not None and resumed["checkpoint_step"] >= 1  # from rollout 0's checkpoint
+    # from rollout 0's checkpoint when it was published before the loss, else from the seed
+    assert (resumed["checkpoint"] is None) == (resumed["checkpoint_step"] == -1) and resumed["checkpoint_step"] <= 1
     where = placements(out)
     assert all(where[("trainer", c, 0)][0] == victim and where[("trainer", c, 0)][-1] != victim for c in range(3))
+
+
+@full_matrix
+def test_losing_every_cell_before_any_checkpoint_restarts_from_the_seed(baseline, tmp_path):
+    """A local run of one cell, no checkpoints, whose rank is SIGKILLed after step 0: the cell
+    is started again in the same process from the seed's initial state, the run is equal."""
+    out = tmp_path / "seed"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    args = [a if a != "3" or i != 1 else "1" for i, a in enumerate(ARGS)] + ["--checkpoint-every", "0"]  # 1 cell
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    trigger = Trigger(out, cell=0, step=0, action=lambda pid: os.kill(pid, signal.SIGKILL))
+    trigger.start()
+    result = finish(proc)
+    assert trigger.fired is not None
+    check_run(result, out, baseline)
+    (resumed,) = all_events(out, "run_resumed")
+    assert resumed["checkpoint"] is None and resumed["checkpoint_step"] == -1
