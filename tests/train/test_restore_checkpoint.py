@@ -45,7 +45,7 @@ def _proc(index: int, run_dir: str, port: int) -> None:
 
     out: dict[str, object] = {"first": [train(0), train(1)]}
     state = w.checkpoint_state()
-    payload = state_payload(state["params"], state["optimizer"], state["extra"], {}, {"0": state["total"]})
+    payload = state_payload(state["params"], state["optimizer"], state["extra"], {}, state["rank_totals"])
     ck = Path(run_dir) / "checkpoints"
     guard = GuardVerdict(0, 1, False)
     verdict = agree([preflight(ck, 1, payload.nbytes, guard, "cell0-rank0")])
@@ -77,5 +77,5 @@ def test_restore_checkpoint_reloads_the_state_bitwise(tmp_path: Path) -> None:
     assert out["restored"] == out["manifest"] == out["first"][1]
     assert out["counters"] == {"step": 1, "rollout": 0}
     assert out["step2_again"] == out["step2"]
-    assert "differs from the checkpoint's" in out["wrong_fingerprint"]
+    assert "differs from the expected" in out["wrong_fingerprint"]
     assert "disagree with its manifest" in out["wrong_counters"]
