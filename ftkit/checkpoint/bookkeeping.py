@@ -3,7 +3,6 @@ and (``--events``) the event log's committed fingerprints and non-finite observa
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from ftkit.checkpoint.layout import DELETING, RETENTION
 from ftkit.checkpoint.retention import Record, RetentionPolicy, records_from_json, select
 from ftkit.checkpoint.verify import CheckpointResult
 from ftkit.errors import InputError
+from ftkit.tensors.untrusted import load_json
 
 
 def events_dir(path: Path, kind: str) -> Path:
@@ -75,7 +75,7 @@ def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collect
             col.add("FT211", f"{RETENTION} is missing but {len(results)} checkpoint(s) exist", **where)
         return records
     try:
-        doc: Any = json.loads(path.read_bytes())
+        doc: Any = load_json(path.read_bytes())
         records, latest = records_from_json(doc)
         policy = RetentionPolicy(**doc["policy"])
     except (ValueError, KeyError, TypeError) as exc:

@@ -33,6 +33,7 @@ from ftkit.checkpoint.layout import DELETING, JOURNAL, JOURNAL_SCHEMA, LATEST, M
 from ftkit.checkpoint.retention import records_from_json
 from ftkit.fsutil import fsync_dir
 from ftkit.tensors.st import remove_stale_temps, temp_path, write_bytes_atomic
+from ftkit.tensors.untrusted import load_json
 
 OnFailure = Callable[[str, str], None]  # (checkpoint name, error)
 
@@ -62,7 +63,7 @@ def read_journal(checkpoints: Path) -> dict[str, Any] | None:
     path = checkpoints / JOURNAL
     if not path.exists():
         return None
-    doc = json.loads(path.read_bytes())
+    doc = load_json(path.read_bytes())
     if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA or doc.get("state") not in ("pending", "done"):
         raise ValueError(f"not a {JOURNAL_SCHEMA} document in state pending or done")
     return doc
@@ -231,7 +232,7 @@ def reconcile(checkpoints: Path, on_failure: OnFailure | None = None) -> Reconci
                 _write_json(checkpoints / RETENTION, before)
             finish(checkpoints, doc, "rolled_back", [])
     records, latest = (
-        records_from_json(json.loads((checkpoints / RETENTION).read_bytes()))
+        records_from_json(load_json((checkpoints / RETENTION).read_bytes()))
         if (checkpoints / RETENTION).exists()
         else ([], None)
     )

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftkit.checkpoint.layout import PROTOCOL
 from ftkit.checkpoint.stfile import FileRecord
+from ftkit.tensors.untrusted import load_json
 
 _HEX64 = r"^[0-9a-f]{64}$"
 _HEX32 = r"^[0-9a-f]{32}$"
@@ -156,8 +157,8 @@ def load(path: Path) -> tuple[Manifest, bytes]:
     except OSError as exc:
         raise ManifestError(f"MANIFEST.json unreadable: {exc.strerror or exc}") from exc
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = load_json(raw)
+    except ValueError as exc:  # invalid UTF-8 or JSON, or nested too deeply
         raise ManifestError(f"MANIFEST.json is not JSON ({exc})") from exc
     try:
         return Manifest.model_validate(doc), raw

@@ -23,13 +23,13 @@ numpy over a memory map (no torch).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.layout import META
 from ftkit.errors import InputError
+from ftkit.tensors.untrusted import load_json
 
 
 def check_rank_totals(name: str, path: Path, manifest: Any, col: Collector) -> None:
@@ -40,7 +40,7 @@ def check_rank_totals(name: str, path: Path, manifest: Any, col: Collector) -> N
     col.check("FT202", len(manifest.rank_totals))
     where = {"checkpoint": name, "file": str(path / META)}
     try:
-        specs = _specs(json.loads((path / META).read_bytes()), set(manifest.rank_totals))
+        specs = _specs(load_json((path / META).read_bytes()), set(manifest.rank_totals))
         totals = _recompute(path, manifest.fingerprint_prefixes, specs)
     except (OSError, ValueError, KeyError, TypeError, InputError) as exc:
         message = exc.message if isinstance(exc, InputError) else str(exc)

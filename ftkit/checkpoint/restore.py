@@ -28,6 +28,7 @@ from typing import Any
 
 from ftkit.checkpoint.publish import Payload
 from ftkit.errors import InputError
+from ftkit.tensors.untrusted import load_json
 
 MODEL, OPTIMIZER, EXTRA = "model.safetensors", "optimizer.safetensors", "extra.safetensors"
 PREFIXES = {MODEL: "param/", OPTIMIZER: "optimizer/"}
@@ -82,7 +83,6 @@ def newest_verified(checkpoints: Path, on_warning: Callable[[str], None] | None 
 
 def load(checkpoint: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """``({file: {name: torch tensor}}, meta)`` of a checkpoint that verifies; ``InputError`` else."""
-    import json
 
     from safetensors.torch import load_file
 
@@ -98,4 +98,4 @@ def load(checkpoint: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         )
     man, _ = load_manifest(checkpoint / "MANIFEST.json")
     files = {name: load_file(str(checkpoint / name)) for name, e in man.files.items() if e.tensors is not None}
-    return files, json.loads((checkpoint / META).read_text())
+    return files, load_json((checkpoint / META).read_bytes())

@@ -9,7 +9,6 @@ through the journal (``ftkit.checkpoint.journal``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.layout import RETENTION, RETENTION_SCHEMA
+from ftkit.tensors.untrusted import load_json
 
 
 @dataclass(frozen=True)
@@ -125,4 +125,4 @@ def load_records(checkpoints: Path) -> tuple[list[Record], str | None]:
     path = checkpoints / RETENTION
     if not path.exists():
         return [], None
-    return records_from_json(json.loads(path.read_bytes()))
+    return records_from_json(load_json(path.read_bytes()))

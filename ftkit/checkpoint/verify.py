@@ -16,7 +16,6 @@ its shard of the stored state (``ftkit.checkpoint.rank_totals``).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.layout import MANIFEST, META, RETENTION, checkpoint_dirs, parse_step
 from ftkit.checkpoint.stfile import FileRecord
 from ftkit.errors import InputError
+from ftkit.tensors.untrusted import load_json
 
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -275,7 +275,7 @@ def _check_tensors(r: CheckpointResult, fname: str, listed: dict[str, mf.TensorE
 
 def _check_meta(r: CheckpointResult, p: Path, col: Collector) -> None:
     try:
-        meta = json.loads(p.read_bytes())
+        meta = load_json(p.read_bytes())
     except ValueError as exc:
         col.add("FT202", f"{r.name}/{META}: not JSON ({exc})", checkpoint=r.name, file=str(p))
         return

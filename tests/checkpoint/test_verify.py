@@ -97,11 +97,28 @@ def test_ft201_no_manifest(run) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["{not json", '{"protocol": "ftkit.checkpoint/2"}', "[]", '{"protocol": "ftkit.checkpoint/1", "x": 1}']
+    "text",
+    [
+        "{not json",
+        '{"protocol": "ftkit.checkpoint/2"}',
+        "[]",
+        '{"protocol": "ftkit.checkpoint/1", "x": 1}',
+        "[" * 100_000,
+    ],
 )
 def test_ft202_malformed_manifest(run, text) -> None:
     (ck(run) / "MANIFEST.json").write_text(text)
     assert codes(ck(run)) == {"FT202"}
+
+
+def test_json_nested_100k_deep_is_a_finding_not_a_crash(run) -> None:
+    """meta.json and the retention records nested 100,000 deep: findings, never a RecursionError."""
+    from ftkit.checkpoint.layout import META, RETENTION
+
+    (ck(run) / META).write_text("[" * 100_000)
+    assert "FT203" in codes(ck(run))  # its sha256 no longer matches the manifest
+    (run / "checkpoints" / RETENTION).write_text("{" * 100_000)
+    assert "FT211" in codes(run / "checkpoints")
 
 
 def test_ft202_manifest_disagrees_with_itself(run) -> None:
