@@ -244,6 +244,35 @@ def test_two_cells_die_in_one_step_one_survives(reference: Path, out: Path) -> N
     assert [1] in alive
 
 
+def test_two_recipients_heal_from_two_donors_in_parallel(reference: Path, out: Path) -> None:
+    """Cells 1 and 2 of 4 die in step 4 (the last but one). Their restarts start together once
+    cells 0 and 3 committed the retry, and the boundary before the last step waits for both, so
+    one heal round serves them: each from its own donor, the two transfers at the same time."""
+    res = train(
+        out,
+        *QUICK,
+        *specs("kind=sigkill,point=before_forward,cell=1,step=4", "kind=sigkill,point=before_forward,cell=2,step=4"),
+        cells=4,
+    )
+    assert_survived(out, res, reference, faults=2)
+    heals: dict[int, list[dict[str, Any]]] = {}
+    for e in events(out):
+        if e["type"] == "heal":
+            heals.setdefault(e["cell"], []).append(e)  # one event per rank of the healed cell
+    assert sorted(heals) == [1, 2], heals
+    donors = {cell: {e["donor"] for e in evs} for cell, evs in heals.items()}
+    assert donors[1] | donors[2] == {0, 3} and not donors[1] & donors[2], donors
+    # [start, end] of each heal: its event is written at the end, ``seconds["total"]`` after its start
+    spans = {cell: (min(e["time"] - e["seconds"]["total"] for e in evs), max(e["time"] for e in evs))
+             for cell, evs in heals.items()}  # fmt: skip
+    assert max(s for s, _ in spans.values()) < min(e for _, e in spans.values()), (
+        f"heals ran one after the other: {spans}"
+    )
+    assert {e["epoch"] for evs in heals.values() for e in evs} == {max(e["epoch"] for e in heals[1])}
+    alive = [e["alive_after"] for e in events(out) if e["type"] == "reconfigure"]
+    assert alive[-1] == [0, 1, 2, 3], alive
+
+
 def test_last_cell_dying_is_a_clean_failure(out: Path) -> None:
     res = train(out, *specs("kind=sigkill,point=before_forward,cell=0,step=1"), cells=1)
     assert res.returncode == 1, explain(res)
