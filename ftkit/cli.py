@@ -13,6 +13,7 @@ Subcommands live in ``ftkit.commands``; each module exposes ``register(app)``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 from collections.abc import Sequence
@@ -77,10 +78,13 @@ _register_commands()
 
 def _error(message: str, hint: str | None = None) -> None:
     """``Error: <message>`` and ``Hint: <hint>``, one line each; text from the inputs (paths,
-    tensor names) cannot break the lines or reach the terminal as control sequences."""
-    sys.stderr.write(f"Error: {_one_line(message)}\n")
-    if hint:
-        sys.stderr.write(f"Hint: {_one_line(hint)}\n")
+    tensor names) cannot break the lines or reach the terminal as control sequences. A stderr
+    that is gone (a hung-up terminal, a closed pipe) loses the lines, not the exit code."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"Error: {_one_line(message)}\n")
+        if hint:
+            sys.stderr.write(f"Hint: {_one_line(hint)}\n")
+        sys.stderr.flush()
 
 
 def _one_line(text: str) -> str:

@@ -238,6 +238,7 @@ def render_exit_codes_md() -> str:
             "`Error: <what>` and a `Hint:` on stderr, nothing on stdout, no traceback",
         ),
         (cli.EXIT_INTERNAL, "internal error (a bug): any uncaught exception; `--debug` shows the traceback"),
+        (129, "hung up (SIGHUP: the terminal or ssh session closed): as 130"),
         (130, "interrupted (Ctrl-C, SIGINT): `ftkit train` stops at once, logs `interrupted`, leaves no actor"),
         (143, "terminated (SIGTERM): as 130"),
     ]

@@ -6,8 +6,8 @@ the resulting config as JSON and exits. Live progress (one line per optimizer st
 stderr; the final report (run summary, analyzer verdict and findings) is the command's data
 on stdout in ``--format human|json|github``. Exit 0 when the analyzer finds nothing at or
 above ``--fail-on``, 1 when it does or when the run could not go on (``RunFailed``: too few
-live cells, retries exhausted), 2 for a bad config, run directory or layout, 130 / 143 when
-SIGINT / SIGTERM stopped it (``RunInterrupted``; docs/faults.md).
+live cells, retries exhausted), 2 for a bad config, run directory or layout, 130 / 143 / 129 when
+SIGINT / SIGTERM / SIGHUP stopped it (``RunInterrupted``; docs/faults.md).
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def register(app: typer.Typer) -> None:
         fault-free run. --resume RUN_DIR continues a stopped (even SIGKILLed) run from its
         newest checkpoint that verifies, to the same bits as if it had never stopped. Exit 1
         also when the run cannot go on (--min-cells, --max-retries);
-        130 / 143 on SIGINT / SIGTERM.
+        130 / 143 / 129 on SIGINT / SIGTERM / SIGHUP.
         """
         from ftkit.train.config import load_config
 

@@ -23,6 +23,7 @@ The view never raises into training: a rendering error turns it into plain lines
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from types import TracebackType
 from typing import Any, Protocol, TextIO
@@ -139,15 +140,19 @@ class LiveView:
 
     # ------------------------------------------------------------------ output
     def _show(self, line: str) -> None:
+        """Show ``line`` (plain mode) or the new frame; progress lost to a stderr that went away
+        (a hung-up terminal, a closed pipe) never stops training."""
         if self._live is None:
-            self.stream.write(line + "\n")
-            self.stream.flush()
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write(line + "\n")
+                self.stream.flush()
             return
         try:
             self._live.update(self._render(), refresh=True)
         except Exception:  # noqa: BLE001 - a broken terminal must not stop training
             self.close()
-            self.stream.write(line + "\n")
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write(line + "\n")
 
     def _render(self) -> Group:
         bar = ProgressBar(total=self.total, completed=self.done, width=40)
@@ -177,7 +182,8 @@ class LiveView:
         """Leave the last frame on screen and give the terminal back (idempotent)."""
         live, self._live = self._live, None
         if live is not None and live.is_started:
-            live.stop()
+            with contextlib.suppress(OSError, ValueError):  # the terminal may be gone (SIGHUP)
+                live.stop()
 
     def __enter__(self) -> LiveView:
         if self._live is not None:

@@ -201,7 +201,7 @@ class Driver:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
         from ftkit.train.coordinator import CellsLost
-        from ftkit.train.run_end import RunInterrupted, write_status
+        from ftkit.train.run_end import RunInterrupted, interruption, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
@@ -271,6 +271,10 @@ class Driver:
             reason, code = plain_line(exc.message), exc.exit_code
             raise
         except BaseException as exc:
+            stopped = interruption(exc)  # the signal landed inside Ray's C code, which wrapped it
+            if stopped is not None:
+                status, reason, code = "interrupted", stopped.message.split(":")[0], stopped.exit_code
+                raise stopped from None
             reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
         finally:

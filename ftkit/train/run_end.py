@@ -2,14 +2,15 @@
 
 * ``RunFailed`` (exit 1): the run could not go on (fewer live cells than ``--min-cells``, a
   step failed more than ``--max-retries`` times, no cell left to export or save from);
-* ``RunInterrupted`` (exit 128 + signal: 130 for SIGINT, 143 for SIGTERM): the user stopped it.
+* ``RunInterrupted`` (exit 128 + signal: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP): the user
+  stopped it, or the terminal it ran in went away.
 
 Both are ``FtkitError``s: the CLI prints one ``Error:`` line and a hint, never a traceback and
 never "bug". Whatever the end, the driver writes ``<run_dir>/status.json`` last
 (``write_status``): ``{"status": "completed" | "failed" | "interrupted", "reason": str | null,
 "exit_code": int | null, "steps_committed": int, "steps_total": int, "finished": unix seconds}``
 (``exit_code`` is that of ``ftkit train`` when the driver knows it: 1 for ``RunFailed``, 2
-for a configuration problem found while starting, 3 for a bug, 130 / 143 when interrupted;
+for a configuration problem found while starting, 3 for a bug, 130 / 143 / 129 when interrupted;
 ``null`` for completed, whose exit code the analyzer's verdict decides).
 The same status and reason end the event log (``run_finished``).
 """
@@ -38,7 +39,7 @@ class RunFailed(FtkitError):
 
 
 class RunInterrupted(FtkitError):
-    """SIGINT / SIGTERM stopped the run (exit 128 + the signal number)."""
+    """SIGINT / SIGTERM / SIGHUP stopped the run (exit 128 + the signal number)."""
 
     def __init__(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -48,6 +49,21 @@ class RunInterrupted(FtkitError):
         )
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+def interruption(exc: BaseException) -> RunInterrupted | None:
+    """The ``RunInterrupted`` behind ``exc``: ``exc`` itself, or the exception it was raised
+    from or during. A signal that lands while a C extension runs comes out wrapped: inside Ray's
+    Cython ``CoreWorker.wait`` the handler's exception surfaces as a ``SystemError`` ("returned a
+    result with an exception set") whose ``__cause__`` it is."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, RunInterrupted):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def write_status(
@@ -75,7 +91,9 @@ def write_status(
 
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[Callable[[], None]]:
-    """Inside the block, SIGINT and SIGTERM raise ``RunInterrupted`` in the main thread (once:
+    """Inside the block, SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session: by default
+    it would kill the driver at once and orphan the local Ray's processes) raise
+    ``RunInterrupted`` in the main thread (once:
     a second signal during the cleanup is ignored, so the cleanup finishes). The block gets
     ``arm()``, which installs the handlers again: call it after anything that installs its
     own (``ray.init`` sets a SIGTERM handler that exits). The previous handlers come back
@@ -91,7 +109,7 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
         fired.append(signum)
         raise RunInterrupted(signum)
 
-    signals = (signal.SIGINT, signal.SIGTERM)
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.getsignal(s) for s in signals}
 
     def arm() -> None:

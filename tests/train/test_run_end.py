@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from ftkit.train.run_end import RunFailed, RunInterrupted, signals_interrupt, write_status
+from ftkit.train.run_end import RunFailed, RunInterrupted, interruption, signals_interrupt, write_status
 
 
 def test_exit_codes_are_1_and_128_plus_the_signal():
@@ -14,6 +14,7 @@ def test_exit_codes_are_1_and_128_plus_the_signal():
     assert RunInterrupted(signal.SIGINT).exit_code == 130
     err = RunInterrupted(signal.SIGTERM)
     assert err.exit_code == 143 and "SIGTERM" in err.message and "bug" not in err.message
+    assert RunInterrupted(signal.SIGHUP).exit_code == 129
 
 
 def test_status_json(tmp_path):
@@ -29,7 +30,7 @@ def test_status_json(tmp_path):
     assert not list(tmp_path.glob(".*tmp"))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_inside_the_block_raises_once_and_handlers_come_back(sig):
     before = signal.getsignal(sig)
     with pytest.raises(RunInterrupted) as info, signals_interrupt():
@@ -37,3 +38,16 @@ def test_a_signal_inside_the_block_raises_once_and_handlers_come_back(sig):
         signal.pause()
     assert info.value.signum == sig
     assert signal.getsignal(sig) is before
+
+
+def test_an_interruption_wrapped_by_a_c_extension_is_still_one():
+    """What Ray's Cython ``CoreWorker.wait`` does with an exception a signal handler raised in it."""
+    stop = RunInterrupted(signal.SIGHUP)
+    try:
+        try:
+            raise stop
+        except RunInterrupted as exc:
+            raise SystemError("<cyfunction CoreWorker.wait> returned a result with an exception set") from exc
+    except SystemError as wrapped:
+        assert interruption(wrapped) is stop
+    assert interruption(ValueError("x")) is None
