@@ -44,6 +44,7 @@ class EventHandlers(Watermark):
             "log_closed": self._log_closed,
             "placement": self._placement,
             "engine_failed": self._engine_failed,
+            "engine_restart": self._engine_restart,
         }
 
     def _run_started(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -62,6 +63,10 @@ class EventHandlers(Watermark):
 
     def _engine_failed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.closure.engine_failed(ev["engine"], ev["time"])
+        self.recovery.engine_failed(ev["time"], ev["engine"])
+
+    def _engine_restart(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self.recovery.engine_restarted(ev["time"], ev["engine"])
 
     def placement_summary(self) -> dict[str, Any] | None:
         """Where each cell's ranks and each engine ran last (``None``: no placement logged):

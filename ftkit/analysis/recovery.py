@@ -17,6 +17,12 @@
   (``publish_*``), ``rejected`` or ``published``: the publication ended and training went on;
   ``None`` means unrecovered (FT113).
 
+A fault that struck an inference engine (``engine`` set) is the engine's alone: detected by the
+driver's ``engine_failed`` for that engine, recovered by that engine's ``engine_restart`` (the
+replacement loaded the weights), or ``absorbed`` (``slow``) by the next committed step; the
+cells' signs (a failed cell, a discarded attempt, a reconfigure, a heal, a retry) neither
+detect nor recover it.
+
 All times are seconds after the fault's own ``time``. Memory is one row per fault.
 """
 
@@ -39,6 +45,7 @@ class FaultRow:
     step: int | None
     time: float
     where: tuple[str, int] = field(repr=False)
+    engine: int | None = None
     detect_s: float | None = None
     reconfigure_s: float | None = None
     next_commit_s: float | None = None
@@ -87,11 +94,13 @@ class RecoveryTracker:
             ev.get("step"),
             float(ev["time"]),
             where,
+            ev.get("engine"),
         )
         self.rows.append(row)
         self._times.append(max(row.time, self._times[-1]) if self._times else row.time)
-        for waiting in self._waiting.values():
-            waiting.append(row)
+        for what, waiting in self._waiting.items():
+            if row.engine is None or what not in ("reconfigure", "heal"):
+                waiting.append(row)
         self._by_rollout.setdefault(row.rollout, []).append(row)
 
     def _take(self, what: str, t: float, match: Callable[[FaultRow], bool] = lambda r: True) -> list[FaultRow]:
@@ -109,10 +118,22 @@ class RecoveryTracker:
         self._waiting["recover"] = [r for r in self._waiting["recover"] if r.recovered_by is None]
 
     def detected(self, t: float, cell: int | None = None) -> None:
-        """A failure sign at ``t`` (for ``cell`` when it names one)."""
+        """A failure sign of the cells at ``t`` (for ``cell`` when it names one)."""
         if self._waiting["detect"]:
-            for r in self._take("detect", t, lambda r: cell is None or r.cell is None or r.cell == cell):
+            for r in self._take(
+                "detect", t, lambda r: r.engine is None and (cell is None or r.cell is None or r.cell == cell)
+            ):
                 r.detect_s = t - r.time
+
+    def engine_failed(self, t: float, engine: int) -> None:
+        """The driver found ``engine`` failed at ``t`` (``engine_failed``)."""
+        if self._waiting["detect"]:
+            for r in self._take("detect", t, lambda r: r.engine == engine):
+                r.detect_s = t - r.time
+
+    def engine_restarted(self, t: float, engine: int) -> None:
+        """A replacement of ``engine`` started at ``t`` (``engine_restart``)."""
+        self._recovered([r for r in self._waiting["recover"] if r.engine == engine and r.time <= t], "engine_restart")
 
     def reconfigured(self, t: float) -> None:
         rows = self._take("reconfigure", t)
@@ -125,6 +146,8 @@ class RecoveryTracker:
         if self._waiting["commit"]:
             for r in self._take("commit", t, lambda r: r.time < t):
                 r.next_commit_s = t - r.time
+                if r.engine is not None and r.kind in ABSORBABLE:
+                    self._recovered([r], "absorbed")
 
     def healed(self, t: float, cell: int, nbytes: int | None = None, epoch: int | None = None) -> None:
         """A rank of ``cell`` logged ``heal`` at ``t`` (``nbytes`` moved, joining ``epoch``)."""
@@ -156,7 +179,7 @@ class RecoveryTracker:
         if not committed:
             self.rows[n - 1].steps_discarded += 1
         elif attempt > 0 and self._waiting["recover"]:
-            self._recovered([r for r in self._waiting["recover"] if r.time <= t0], "retry")
+            self._recovered([r for r in self._waiting["recover"] if r.time <= t0 and r.engine is None], "retry")
 
     def rollout_closed(self, rollout: int, deficit: int | None) -> None:
         for r in self._by_rollout.get(rollout, ()):

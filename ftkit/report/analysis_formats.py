@@ -15,6 +15,7 @@ RECOVERY_COLUMNS = (
     "index",
     "kind",
     "cell",
+    "engine",
     "step",
     "detect_s",
     "reconfigure_s",
