@@ -52,8 +52,22 @@ class RunCheckpoints:
             self.dir,
             RetentionPolicy(cfg.keep_last, cfg.keep_best, cfg.best_metric),
             on_event=lambda type_, fields: events.emit(type_, **fields),
-            at=lambda point: injector.at(point, step=self.step),
+            at=lambda point: self._strike(injector, point),
         )
+
+    def _strike(self, injector: Any, point: str) -> None:
+        """The injector's hook at a writer phase. An injected ``exception`` there is an error of
+        that phase, handled like the I/O errors it stands for: the publication is rejected with
+        the reason and training goes on (``sigkill``, ``exit`` and ``hang`` strike the driver
+        itself: docs/faults.md, what remains unprotected)."""
+        import errno
+
+        from ftkit.train.faults import InjectedFault
+
+        try:
+            injector.at(point, step=self.step)
+        except InjectedFault as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
 
     def due(self, rollout: int) -> bool:
         """Whether the end of ``rollout`` is a publication boundary."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from ftkit.train.faults import KIND_POINTS, TRAINER_POINTS
+from ftkit.train.faults import KIND_POINTS, TRAINER_POINTS, WRITER_POINTS
 
 pytestmark = pytest.mark.slow
 
@@ -316,13 +316,21 @@ def test_short_chaos_run(reference: Path, out: Path) -> None:
 # ----------------------------------------------------------------------------- full matrix
 def _matrix() -> Iterator[Any]:
     """Every kind at every point where it applies, striking cell 1 (or engine 0) at step 1
-    (rollout 0), or at the heal of cell 1 after a SIGKILL at step 1."""
+    (rollout 0), at the heal of cell 1 after a SIGKILL at step 1, or at the first checkpoint
+    publication (step 1: rank 0 of cell 1 in its preflight, the writer in the other phases).
+    ``sigkill``, ``exit`` and ``hang`` at a writer phase strike ``ftkit train`` itself: a killed
+    writer is ``tests/checkpoint/test_resume.py``'s (kill, then ``--resume``), a hung one is
+    not protected (docs/faults.md)."""
     for kind, points in KIND_POINTS.items():
         for point in points:
             if kind in ("corrupt-engine", "corrupt-transfer"):
                 continue  # their own tests above
-            if point in TRAINER_POINTS or point == "during_dump_write":
+            if point in WRITER_POINTS and kind in ("sigkill", "exit", "hang"):
+                continue
+            if point in TRAINER_POINTS or point in ("during_dump_write", "publish_preflight"):
                 cases = [[f"kind={kind},point={point},cell=1,step=1"]]
+            elif point in WRITER_POINTS:
+                cases = [[f"kind={kind},point={point},step=1"]]
             elif point == "during_weight_sync":
                 cases = [[f"kind={kind},point={point},engine=0,step=2"], [f"kind={kind},point={point},cell=0,step=2"]]
             else:  # during_heal
