@@ -13,6 +13,11 @@ the samples it owed. A sample's response depends only on (weights, prompt, seed,
 sample index), so the rollout's data does not depend on the fault. Each engine is restarted
 at most ``MAX_RESTARTS`` times per call; beyond that the run fails (``RunFailed``).
 
+An engine that does not answer is as failed as one that died: every call waits at most
+``--step-timeout`` seconds (a ``hang``, a ``SIGSTOP``ped process), plus ``--heal-timeout`` for
+an actor that has not answered anything yet (its process start and imports), then the engine
+is killed and replaced like a dead one.
+
 With a ``Placer`` (``ftkit.train.placement``), each engine asks for the node the plan gave it
 (soft node affinity), a replacement for a live node with the fewest engines (a lost node's
 engines move), and every engine's node is logged (``placement``) once it answers. With an
@@ -58,6 +63,7 @@ class EnginePool:
         self.restarts = 0
         self.engine_restarts: dict[int, int] = {}  # engine -> its restarts (placement incarnation)
         self.unplaced: set[int] = set(range(cfg.engines))  # engines whose node is not logged yet
+        self.fresh: set[int] = set(range(cfg.engines))  # engines that have not answered a call yet
 
     def _spawn(self, e: int, target: str | None, restarted: tuple[str, str] | None = None) -> Any:
         """A new actor for engine ``e``, asking for node ``target`` (soft) when given;
@@ -76,6 +82,23 @@ class EnginePool:
         ray.get([a.ready.remote() for a in self.actors])
         for e in range(len(self.actors)):
             self._placed(e)
+
+    def _get(self, e: int, ref: Any) -> Any:
+        """``ray.get(ref)`` of a call on engine ``e``, within its deadline (the module
+        docstring); a missed deadline raises ``GetTimeoutError`` (a ``RayError``), which the
+        callers handle like a dead engine."""
+        import ray
+
+        wait = self.cfg.step_timeout + (self.cfg.heal_timeout if e in self.fresh else 0.0)
+        try:
+            out = ray.get(ref, timeout=wait)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ray.exceptions.GetTimeoutError(
+                f"engine {e} did not answer within {wait:g}s (--step-timeout"
+                f"{' + --heal-timeout: its first call' if e in self.fresh else ''})"
+            ) from exc
+        self.fresh.discard(e)
+        return out
 
     def _placed(self, e: int) -> None:
         """Log engine ``e``'s node once per actor (after it answered a call)."""
@@ -109,7 +132,7 @@ class EnginePool:
         parts = []
         for e, a, b in ranges:
             try:
-                parts.append(ray.get(refs[e]))
+                parts.append(self._get(e, refs[e]))
             except ray.exceptions.RayError as exc:
                 self._restart(e, exc, "generate")
                 parts.append(self._call(e, "generate", prompts[a:b], rollout, a, greedy, reload=True))
@@ -129,9 +152,9 @@ class EnginePool:
                     ref, version = self.weights
                     attempt = self.sends.get((e, version), 0)
                     self.sends[(e, version)] = attempt + 1
-                    total = ray.get(self.actors[e].load_weights.remote(ref, version, version, attempt))
+                    total = self._get(e, self.actors[e].load_weights.remote(ref, version, version, attempt))
                 reload = False
-                out = total if what == "load" else ray.get(self.actors[e].generate.remote(*args))
+                out = total if what == "load" else self._get(e, self.actors[e].generate.remote(*args))
                 self._placed(e)
                 return out
             except ray.exceptions.RayError as exc:
@@ -159,6 +182,7 @@ class EnginePool:
         self.restarts += 1
         self.engine_restarts[e] = self.engine_restarts.get(e, 0) + 1
         self.unplaced.add(e)
+        self.fresh.add(e)
         target = self.placer.engine_target(e) if self.placer is not None else None
         self.actors[e] = self._spawn(e, target, (f"{type(exc).__name__}: {first[:200]}", during))
 

@@ -140,3 +140,31 @@ def test_greedy_decoding_is_fixed_and_leaves_sampling_alone(engines):
     ray.get(b.load_weights.remote(broken, 21, 21))
     assert (ray.get(b.generate.remote(prompts, 3, 0, True)) == -1).all()  # no answer: eval_reward is NaN
     ray.get(b.load_weights.remote(states[0], 22, 22))
+
+
+def test_an_engine_that_does_not_answer_in_time_is_failed_like_a_dead_one(monkeypatch):
+    """``EnginePool._get``: --step-timeout per call, plus --heal-timeout until the engine first
+    answered; a missed deadline is a ``RayError`` (the pool replaces the engine)."""
+    import ray
+
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.engine_pool import EnginePool
+
+    asked: list[float] = []
+
+    def never(ref, timeout=None):
+        asked.append(timeout)
+        raise ray.exceptions.GetTimeoutError("Get timed out: some object(s) not ready.")
+
+    pool = EnginePool.__new__(EnginePool)  # the deadline logic only: no actors
+    pool.cfg = TrainConfig(step_timeout=7, heal_timeout=50)
+    pool.fresh = {0}
+    monkeypatch.setattr(ray, "get", never)
+    with pytest.raises(ray.exceptions.RayError, match=r"engine 0 did not answer within 57s"):
+        pool._get(0, object())
+    monkeypatch.setattr(ray, "get", lambda ref, timeout=None: asked.append(timeout) or "ok")
+    assert pool._get(0, object()) == "ok" and 0 not in pool.fresh  # answered: the start-up bound is spent
+    monkeypatch.setattr(ray, "get", never)
+    with pytest.raises(ray.exceptions.GetTimeoutError, match=r"within 7s \(--step-timeout\)"):
+        pool._get(0, object())
+    assert asked == [57, 57, 7]
