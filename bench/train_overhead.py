@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = {n: STANDARD[n] for n in args.only.split(",")}
     import ray
 
-    from ftkit.train.driver import LOCAL_RAY_CPUS
+    from ftkit.train.ray_session import LOCAL_RAY_CPUS
 
     ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, log_to_driver=False)
     docs = []

@@ -47,6 +47,7 @@ from ftkit.events.reader import (
     SAFE_LEN,
     STDIN,
     IssueCallback,
+    ReadCounts,
     decode,
     fast_loads,
     merge_by_time,
@@ -61,7 +62,7 @@ _SIDS_BLOCK = 1 << 18
 UNKEYED_LABEL = "(lines without a source)"
 
 
-class DemuxStream:
+class DemuxStream(ReadCounts):
     """Per-source streams of ``files`` (any line order), merged by time; see the module docstring."""
 
     def __init__(
@@ -87,18 +88,6 @@ class DemuxStream:
         self.names = [""] * len(self._index)
         for sid, si in enumerate(self._index):
             self.names[si] = self.table.labels[sid]
-
-    @property
-    def lines(self) -> int:
-        return self.counts[0]
-
-    @property
-    def bytes_read(self) -> int:
-        return self.counts[1]
-
-    def position(self) -> int:
-        """Bytes read so far by the last pass (uncompressed), for progress bars."""
-        return self.counts[1]
 
     def locate(self, stream: int, loc: int) -> tuple[str, int]:
         """(input file, line number) of an item this stream yielded."""

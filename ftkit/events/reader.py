@@ -275,14 +275,11 @@ def merge_by_time(gens: list[Iterator[tuple[float, int, Any, int]]]) -> Iterator
             yield event, i, loc
 
 
-class EventStream:
-    """Merge the events of ``files`` by time; see the module docstring for the contract."""
+class ReadCounts:
+    """What a stream of event lines has read so far: ``counts`` is ``[lines, bytes]``
+    (uncompressed), the list ``read_blocks`` / ``read_lines`` add to as they go."""
 
-    def __init__(self, files: list[Path], on_issue: IssueCallback) -> None:
-        self.files = files
-        self.names = [str(p) for p in files]
-        self.on_issue = on_issue
-        self.counts = [0, 0]  # lines, bytes (uncompressed) read so far
+    counts: list[int]
 
     @property
     def lines(self) -> int:
@@ -295,6 +292,16 @@ class EventStream:
     def position(self) -> int:
         """Bytes read so far (uncompressed), for progress bars."""
         return self.counts[1]
+
+
+class EventStream(ReadCounts):
+    """Merge the events of ``files`` by time; see the module docstring for the contract."""
+
+    def __init__(self, files: list[Path], on_issue: IssueCallback) -> None:
+        self.files = files
+        self.names = [str(p) for p in files]
+        self.on_issue = on_issue
+        self.counts = [0, 0]  # lines, bytes (uncompressed) read so far
 
     def _file_events(self, index: int) -> Iterator[tuple[float, int, Any, int]]:
         """Heap items ``(time, index, event, line)`` of one file, in file order (``read_blocks``:

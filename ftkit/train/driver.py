@@ -51,9 +51,6 @@ the rollout it generates (version ``rollouts`` is the final state, generating no
 from __future__ import annotations
 
 import contextlib
-import datetime
-import logging
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -64,12 +61,10 @@ from typing import TYPE_CHECKING, Any
 from ftkit import __version__
 from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
+from ftkit.train.ray_session import connect_ray, cuda_available, disconnect, host_store, plain_line
 
 if TYPE_CHECKING:
     from ftkit.train.coordinator import StepOutcome
-
-#: Logical CPUs of the local Ray instance (more than the cores: actors ask for fractions).
-LOCAL_RAY_CPUS = 8
 
 
 @dataclass
@@ -110,52 +105,6 @@ class RunResult:
     analysis: Any = None  # ftkit.analysis.engine result
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
     first_rollout: int = 0  # the first rollout this session trained (> 0: resumed from a checkpoint)
-
-
-def connect_ray(cfg: TrainConfig) -> bool:
-    """Make sure Ray is initialised; returns whether this call did it (and must shut it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if cfg.ray_address:  # a dead address is exit 2 within seconds, not a minute of retries
-        from ftkit.train.ray_probe import probe_ray_address
-
-        probe_ray_address(cfg.ray_address, timeout_s=5.0)
-    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
-    try:
-        if cfg.ray_address:
-            ray.init(address=cfg.ray_address, **quiet)
-        else:
-            ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = cfg.ray_address or "a local Ray instance"
-        raise ConfigError(
-            plain_line(f"cannot connect to {where}: {exc}"),
-            hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
-            "with token authentication also needs RAY_AUTH_MODE=token here",
-        ) from None
-    return True
-
-
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-
-
-def plain_line(text: str) -> str:
-    """The first line of ``text`` without terminal colour codes (Ray colours its exception
-    texts; the event log and status.json hold plain text)."""
-    lines = _ANSI.sub("", text).splitlines()
-    return lines[0] if lines else ""
-
-
-def host_store() -> Any:
-    """A ``TCPStore`` server on this node's Ray IP and a free port (``.host``, ``.port``)."""
-    import ray
-    import torch.distributed as dist
-
-    host = ray.util.get_node_ip_address()
-    timeout = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
 class Driver:
@@ -206,7 +155,7 @@ class Driver:
 
         cfg, started = self.cfg, time.perf_counter()
         self.device = cfg.resolved_device()
-        if self.device == "cuda" and not _cuda_available():
+        if self.device == "cuda" and not cuda_available():
             raise ConfigError(
                 "--device cuda, but torch sees no CUDA device here",
                 hint="use --device cpu (or auto), or run on a machine with a GPU",
@@ -231,7 +180,7 @@ class Driver:
             write_run_json(self.run_dir, cfg, self.device, self.task)
             self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
         except BaseException:
-            _disconnect(own_ray)
+            disconnect(own_ray)
             raise
         # From here on the run exists: whatever happens, its log says how it ended.
         self.head = head = {
@@ -283,7 +232,7 @@ class Driver:
             self.events.close()
             total = cfg.rollouts * cfg.steps_per_rollout
             write_status(self.run_dir, status, reason, code, self.steps_committed, total)
-            _disconnect(own_ray)
+            disconnect(own_ray)
         return RunResult(
             self.run_dir,
             self.run_dir.name,
@@ -515,20 +464,6 @@ class Driver:
         left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
         for c in coord.book.in_state(*left):
             coord.book.transition(c, CellState.stopped, reason)
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-def _disconnect(own_ray: bool) -> None:
-    """Shut Ray down if this run started (or joined) it."""
-    if own_ray:
-        import ray
-
-        ray.shutdown()
 
 
 def analyze(run_dir: Path) -> Any:

@@ -111,7 +111,7 @@ def test_train_with_a_dead_address_is_exit_2_before_anything_starts(tmp_path: Pa
 
 
 def test_reasons_are_plain_text() -> None:
-    from ftkit.train.driver import plain_line
+    from ftkit.train.ray_session import plain_line
 
     assert plain_line("\x1b[36mray::Worker\x1b[39m died\nsecond line") == "ray::Worker died"
     assert plain_line("") == ""

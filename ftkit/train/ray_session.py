@@ -1,0 +1,81 @@
+"""The driver's Ray session and its rendezvous: connect (or start a local Ray), the TCPStore
+the cells meet at, shut down; plus ``plain_line`` for Ray's coloured error texts.
+
+``connect_ray(cfg)`` joins ``cfg.ray_address`` (probed first: a dead address is exit 2 within
+seconds) or starts a local instance with ``LOCAL_RAY_CPUS`` logical CPUs, Ray's logs kept
+off the driver's stderr (that is ftkit's progress); it returns whether this call initialised
+Ray, which ``disconnect`` then shuts down.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import re
+from typing import Any
+
+from ftkit.errors import ConfigError
+from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
+
+#: Logical CPUs of the local Ray instance (more than the cores: actors ask for fractions).
+LOCAL_RAY_CPUS = 8
+
+
+def connect_ray(cfg: TrainConfig) -> bool:
+    """Make sure Ray is initialised; returns whether this call did it (and must shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if cfg.ray_address:  # a dead address is exit 2 within seconds, not a minute of retries
+        from ftkit.train.ray_probe import probe_ray_address
+
+        probe_ray_address(cfg.ray_address, timeout_s=5.0)
+    quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
+    try:
+        if cfg.ray_address:
+            ray.init(address=cfg.ray_address, **quiet)
+        else:
+            ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        where = cfg.ray_address or "a local Ray instance"
+        raise ConfigError(
+            plain_line(f"cannot connect to {where}: {exc}"),
+            hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
+            "with token authentication also needs RAY_AUTH_MODE=token here",
+        ) from None
+    return True
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def plain_line(text: str) -> str:
+    """The first line of ``text`` without terminal colour codes (Ray colours its exception
+    texts; the event log and status.json hold plain text)."""
+    lines = _ANSI.sub("", text).splitlines()
+    return lines[0] if lines else ""
+
+
+def host_store() -> Any:
+    """A ``TCPStore`` server on this node's Ray IP and a free port (``.host``, ``.port``)."""
+    import ray
+    import torch.distributed as dist
+
+    host = ray.util.get_node_ip_address()
+    timeout = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def disconnect(own_ray: bool) -> None:
+    """Shut Ray down if this run started (or joined) it."""
+    if own_ray:
+        import ray
+
+        ray.shutdown()
