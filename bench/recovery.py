@@ -304,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node-loss", action="store_true", help="also lose a node of a two-node Ray cluster")
     ap.add_argument("--node-cpus", type=float, default=2.0, help="CPUs of each worker node (--node-loss)")
     ap.add_argument("--only-node-loss", action="store_true", help="measure the node loss only")
+    ap.add_argument("--only-kill", action="store_true", help="measure the kill run only (no fault-free runs)")
     args = ap.parse_args(argv)
     base: dict[str, Any] = {
         "model": args.model,
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.only_node_loss:
             print("kill run ...", file=sys.stderr)
             figures["ftkit"] |= kill_run({**base, "rollouts": args.kill_rollouts}, Path(tmp))
+        if not (args.only_node_loss or args.only_kill):
             print("fault-free runs ...", file=sys.stderr)
             with baseline_tree(args.baseline, Path(tmp)) as tree:
                 figures["ftkit"] |= overhead(base, Path(tmp), args.repeats, tree)
