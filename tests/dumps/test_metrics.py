@@ -174,3 +174,20 @@ def test_bfloat16_pairs_measure_like_their_float32_values(chunk):
     ref = _reference(a.astype(np.float32), b.astype(np.float32), 1e-3, 1e-6)
     for k, v in ref.items():
         assert getattr(m, k) == pytest.approx(v, rel=1e-5, abs=1e-12), k
+
+
+@pytest.mark.parametrize("rtol", [1e-2, 1e-5, 1e-7])
+def test_tolerance_count_is_exact_around_the_relative_bound(chunk, rtol):
+    """Dense pairs whose relative differences sit just under, around and just over ``rtol``:
+    the count never depends on whether the no-failure shortcut of a chunk was taken."""
+    rng = np.random.default_rng(int(-np.log10(rtol)))
+    b = rng.standard_normal(20000)
+    for scale in (0.1, 0.45, 0.9, 1.1, 3.0):
+        a = b * (1 + scale * rtol * rng.uniform(-1, 1, b.size))
+        a[::5000] = b[::5000] * (1 + 2 * rtol)  # a few failures in some runs' chunks
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        m = diff_metrics(a32, b32, rtol, 0.0)
+        d = np.abs(a32.astype(np.float64) - b32.astype(np.float64))
+        limit = rtol * np.abs(b32.astype(np.float64))
+        sure_fail, sure_pass = d > limit * (1 + 1e-5), d < limit * (1 - 1e-5)  # away from float32 rounding
+        assert int(sure_fail.sum()) <= m.tol_fail <= int((~sure_pass).sum()), scale
