@@ -19,13 +19,16 @@ Definitions (over the flattened arrays; A is the first argument, B the reference
   (-0.0 vs 0.0, NaN payloads); ``a_at`` / ``b_at`` are the values there.
 
 Arithmetic: values are converted per chunk to float32 when both dtypes convert to it exactly
-(float32, float16, bfloat16, float8), else to float64; sums are accumulated in float64
-across chunks. A chunk holding non-finite values, or whose float32 arithmetic overflows, is
-redone in float64 with explicit masks. Chunks whose bits mostly agree measure only the
-differing positions. Work is split into stripes over ``ftkit.tensors.parallel``'s pool and
-merged in order, so the result does not depend on the thread count.
+(float32, float16, bfloat16 by a bit shift, float8), else to float64; sums are accumulated in
+float64 across chunks. A chunk holding non-finite values, or whose float32 arithmetic
+overflows, is redone in float64 with explicit masks. Chunks whose bits mostly agree measure
+only the differing positions; chunks whose max relative difference proves every element within
+``rtol`` skip the tolerance test. Work is split into stripes (at least four per thread, from
+``CHUNK`` up to ``STRIPE`` elements) over ``ftkit.tensors.parallel``'s pool and merged in order,
+so the result does not depend on the thread count.
 
-Memory: a few chunk-sized temporaries per thread on top of the inputs.
+Memory: a few chunk-sized buffers per stripe in work (allocated once per stripe, reused by its
+chunks) on top of the inputs.
 """
 
 from __future__ import annotations
