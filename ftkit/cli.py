@@ -64,16 +64,29 @@ def root(
     _state["debug"] = debug
 
 
-def _register_commands() -> None:
+_registered: list[str] = []
+
+
+def register_commands(args: Sequence[str] | None = None) -> None:
+    """Register the subcommands on ``app``: when ``args`` (a command line without the program
+    name) names a known command, only that command's module is imported (start-up); otherwise
+    (no args, help, an unknown name) all of them, in ``COMMAND_MODULES`` order. Idempotent."""
     import importlib
 
-    from ftkit.commands import COMMAND_MODULES
+    from ftkit.commands import COMMAND_MODULES, COMMAND_NAMES
 
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"ftkit.commands.{name}").register(app)
-
-
-_register_commands()
+    first = next((a for a in args if not a.startswith("-")), None) if args is not None else None
+    if first in COMMAND_NAMES:
+        wanted = [COMMAND_NAMES[first]]
+    else:
+        wanted = COMMAND_MODULES
+        if _registered != COMMAND_MODULES[: len(_registered)]:  # some, out of order: start over (help order)
+            app.registered_commands.clear()
+            _registered.clear()
+    for name in wanted:
+        if name not in _registered:
+            importlib.import_module(f"ftkit.commands.{name}").register(app)
+            _registered.append(name)
 
 
 def _error(message: str, hint: str | None = None) -> None:
@@ -96,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     try:
+        register_commands(args)
         with guard_stdout():  # stdout carries the command's data only (see ftkit.report.sink)
             code = app(args=args, prog_name="ftkit", standalone_mode=False)
         code = EXIT_OK if code is None else int(code)

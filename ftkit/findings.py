@@ -10,15 +10,21 @@ A *rule summary* says how many things a rule checked and how many findings it pr
 report can show that a rule ran and found nothing (as opposed to not running at all).
 
 ``verdict`` maps findings to the command's outcome for a ``--fail-on`` threshold.
+
+Both are plain dataclasses (no pydantic: every forensic command imports this module, and its
+start-up matters). ``model_dump(mode="json")`` gives the JSON form the reports embed, the
+same as the pydantic models it replaced: enums as values, paths as strings, tuples and sets as
+lists, non-finite floats as ``null``; ``severity`` given as a string is converted to ``Severity``.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
-
-from pydantic import BaseModel, Field
 
 
 class Severity(str, Enum):
@@ -46,13 +52,45 @@ class FailOn(str, Enum):
         return severity.rank >= Severity(self.value).rank
 
 
-class Finding(BaseModel):
+def _json_value(v: Any) -> Any:
+    """``v`` in the JSON form pydantic's ``model_dump(mode="json")`` gives for an ``Any`` field."""
+    if v is None or isinstance(v, (str, bool, int)) and not isinstance(v, Enum):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, Enum):
+        return _json_value(v.value)
+    if isinstance(v, dict):
+        return {str(k): _json_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_json_value(x) for x in v]
+    if isinstance(v, os.PathLike):
+        return os.fspath(v)
+    if hasattr(v, "model_dump"):
+        return v.model_dump(mode="json")
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
+
+
+class _Model:
+    """``model_dump`` for the dataclasses below (the pydantic method name their callers use)."""
+
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        """The fields as a dict; ``mode="json"``: JSON-ready (see the module docstring)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        return _json_value(out) if mode == "json" else out
+
+
+@dataclass
+class Finding(_Model):
     code: str
     rule: str
     severity: Severity
     message: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
-    fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
+    evidence: dict[str, Any] = field(default_factory=dict)
+    fix: str = ""  # the rule's one-line 'how to fix' (every renderer shows it)
+
+    def __post_init__(self) -> None:
+        self.severity = Severity(self.severity)
 
     def where(self) -> str | None:
         """``file:line`` (or ``file``, or the evidence's ``path``) when the evidence locates it."""
@@ -65,14 +103,18 @@ class Finding(BaseModel):
         return None
 
 
-class RuleSummary(BaseModel):
+@dataclass
+class RuleSummary(_Model):
     code: str
     rule: str
     severity: Severity
     description: str = ""
-    fix: str = Field(default="", description="the rule's one-line 'how to fix' (every renderer shows it)")
+    fix: str = ""  # the rule's one-line 'how to fix' (every renderer shows it)
     checked: int = 0
     findings: int = 0
+
+    def __post_init__(self) -> None:
+        self.severity = Severity(self.severity)
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:

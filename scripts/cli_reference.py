@@ -119,6 +119,7 @@ def _describe(param: Any) -> Opt:
 def collect() -> tuple[list[Opt], list[Cmd]]:
     """The root options and every visible command; a hidden command that shares a visible
     command's callback is listed as that command's alias."""
+    cli.register_commands()
     group = typer.main.get_command(cli.app)
     assert isinstance(group, typer.core.TyperGroup), "ftkit's app has several commands, so typer builds a group"
     root_opts = [

@@ -69,3 +69,37 @@ def test_console_script_exit_code_and_streams():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.startswith("Error: No such option")
+
+
+def test_command_names_map_to_the_modules_that_register_them():
+    from ftkit.commands import COMMAND_MODULES, COMMAND_NAMES
+
+    cli.register_commands()
+    group = typer.main.get_command(cli.app)
+    assert set(group.commands) == set(COMMAND_NAMES)  # type: ignore[attr-defined]
+    assert set(COMMAND_NAMES.values()) == set(COMMAND_MODULES)
+
+
+def test_a_forensic_command_imports_only_its_own_command_module(tmp_path):
+    """Start-up (issue 10): ``compare-dumps`` does not import train's module (nor its config)."""
+    header = b'{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    (tmp_path / "a.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    code = (
+        "import sys\nfrom ftkit.cli import main\n"
+        "code = main(['--debug', 'compare-dumps', sys.argv[1], sys.argv[1]])\n"
+        "print(code, sorted(m for m in sys.modules if m.startswith(('ftkit.commands.', 'ftkit.train', 'torch'))))"
+    )
+    argv = [sys.executable, "-c", code, str(tmp_path / "a.safetensors")]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    last = out.stdout.splitlines()[-1]  # after the command's own report
+    assert last == "0 ['ftkit.commands.compare_dumps', 'ftkit.commands.options']"
+
+
+def test_help_after_a_single_command_lists_every_command_in_order(capsys):
+    assert cli.main(["dump", "--help"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    names = ["train", "dump", "compare-dumps", "analyze-events", "verify-checkpoint"]
+    assert all(f" {n} " in out for n in names)
+    assert [out.index(f" {n} ") for n in names] == sorted(out.index(f" {n} ") for n in names)

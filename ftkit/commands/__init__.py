@@ -6,3 +6,15 @@ listed here.
 """
 
 COMMAND_MODULES: list[str] = ["train", "dump", "compare_dumps", "analyze_events", "verify_checkpoint"]
+
+# The module that registers each command name (aliases included): ``ftkit.cli`` imports only
+# the module of the command being run, so one command's start-up never pays for another's
+# imports (train's options are built from its pydantic config, for example).
+COMMAND_NAMES: dict[str, str] = {
+    "train": "train",
+    "dump": "dump",
+    "compare-dumps": "compare_dumps",
+    "analyze-events": "analyze_events",
+    "analyze": "analyze_events",
+    "verify-checkpoint": "verify_checkpoint",
+}

@@ -15,7 +15,7 @@ and orphan files get one case each.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.dumps.compare import CompareResult, PairResult
 from ftkit.dumps.metrics import Metrics
@@ -24,6 +24,9 @@ from ftkit.report.emit import Report
 from ftkit.report.escaping import md_text
 from ftkit.report.github import markdown_table
 from ftkit.report.junit import Case, Failure, finding_failure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
 
 SUITE = "ftkit.compare-dumps"
 
@@ -73,9 +76,18 @@ def summary_line(result: CompareResult, verdict: str) -> str:
 
 
 def report(result: CompareResult, verdict: str, top: int) -> Report:
-    """The ``Report`` of ``ftkit compare-dumps`` for ``emit``."""
-    from ftkit.report.compare_human import render_human
-    from ftkit.report.html import render_html
+    """The ``Report`` of ``ftkit compare-dumps`` for ``emit``. The human and HTML renderers
+    (Rich tables, the heatmap) are imported only when their format is asked for."""
+
+    def human(console: Console) -> None:
+        from ftkit.report.compare_human import render_human
+
+        render_human(console, result, verdict, top)
+
+    def html() -> str:
+        from ftkit.report.html import render_html
+
+        return render_html(result, verdict, max(top, 50))
 
     return Report(
         command="compare-dumps",
@@ -84,10 +96,10 @@ def report(result: CompareResult, verdict: str, top: int) -> Report:
         rules=result.rules,
         summary=summary_line(result, verdict),
         document=lambda: json_document(result, verdict, top),
-        human=lambda console: render_human(console, result, verdict, top),
+        human=human,
         step_summary=lambda: step_summary(result, verdict, top),
         junit_cases=lambda: junit_cases(result),
-        html=lambda: render_html(result, verdict, max(top, 50)),
+        html=html,
     )
 
 

@@ -51,9 +51,11 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
-def stripes(n: int, stripe: int = STRIPE) -> list[tuple[int, int]]:
-    """``[(start, stop), ...]`` covering ``range(n)`` in order, each at most ``stripe`` long."""
-    return [(i, min(i + stripe, n)) for i in range(0, n, max(1, stripe))]
+def stripes(n: int, stripe: int | None = None) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``range(n)`` in order, each at most ``stripe`` long
+    (default: ``STRIPE``, read when called)."""
+    step = max(1, STRIPE if stripe is None else stripe)
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def map_ordered(fn: Callable[[T], R], args: Sequence[T] | Iterable[T]) -> list[R]:

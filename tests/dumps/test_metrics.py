@@ -11,7 +11,6 @@ from hypothesis.extra.numpy import arrays
 
 from ftkit.dumps import metrics
 from ftkit.dumps.metrics import diff_metrics, equal_metrics, nonfinite_counts
-from ftkit.tensors import parallel
 
 
 @pytest.fixture(params=[metrics.CHUNK, 7], ids=["one-chunk", "chunk-7"])
@@ -60,14 +59,14 @@ floats = st.floats(-1e6, 1e6, allow_nan=False, width=32) | st.sampled_from(
 def test_matches_reference(a, data):
     noise = data.draw(arrays(np.float32, a.shape, elements=floats))
     b = np.where(data.draw(arrays(np.bool_, a.shape)), a, noise).astype(np.float32)
-    default, stripe = metrics.CHUNK, parallel.STRIPE
+    default, stripe = metrics.CHUNK, metrics.STRIPE
     for chunk, stripe_len in ((default, stripe), (7, 7), (3, 12)):  # stripes of several chunks run threaded
         metrics.CHUNK = chunk
-        parallel.STRIPE = stripe_len
+        metrics.STRIPE = stripe_len
         try:
             m = diff_metrics(a.copy(), b.copy(), 1e-3, 1e-6)
         finally:
-            metrics.CHUNK, parallel.STRIPE = default, stripe
+            metrics.CHUNK, metrics.STRIPE = default, stripe
         ref = _reference(a, b, 1e-3, 1e-6)
         for k, v in ref.items():  # float32 arithmetic for float32 inputs: a few ulps
             assert getattr(m, k) == pytest.approx(v, rel=1e-5, abs=1e-12), k
@@ -152,3 +151,43 @@ def test_nonfinite_counts_fast_and_exact_paths():
     assert nonfinite_counts(np.array([1 + 1j, complex("nan+1j")], np.complex64)) == (1, 0)
     m = equal_metrics(x)
     assert m.bitwise_equal and (m.nan_a, m.nan_b, m.inf_a, m.inf_b) == (1, 1, 2, 2)
+
+
+def test_bfloat16_widens_to_the_exact_float32_values_for_every_bit_pattern():
+    src = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
+    out = np.full(src.size, -1.0, np.float32)
+    got = metrics._convert(src, np.dtype(np.float32), out)
+    want = src.astype(np.float32)
+    assert got.base is out or got is out  # written into the buffer given
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])  # -0.0, Inf, subnormals too
+
+
+def test_bfloat16_pairs_measure_like_their_float32_values(chunk):
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(5000).astype(ml_dtypes.bfloat16)
+    b = a.copy()
+    b[::3] = (b[::3].astype(np.float32) * 1.01).astype(ml_dtypes.bfloat16)
+    b[7], a[11] = np.nan, np.inf
+    m = diff_metrics(a, b, 1e-3, 1e-6)
+    ref = _reference(a.astype(np.float32), b.astype(np.float32), 1e-3, 1e-6)
+    for k, v in ref.items():
+        assert getattr(m, k) == pytest.approx(v, rel=1e-5, abs=1e-12), k
+
+
+@pytest.mark.parametrize("rtol", [1e-2, 1e-5, 1e-7])
+def test_tolerance_count_is_exact_around_the_relative_bound(chunk, rtol):
+    """Dense pairs whose relative differences sit just under, around and just over ``rtol``:
+    the count never depends on whether the no-failure shortcut of a chunk was taken."""
+    rng = np.random.default_rng(int(-np.log10(rtol)))
+    b = rng.standard_normal(20000)
+    for scale in (0.1, 0.45, 0.9, 1.1, 3.0):
+        a = b * (1 + scale * rtol * rng.uniform(-1, 1, b.size))
+        a[::5000] = b[::5000] * (1 + 2 * rtol)  # a few failures in some runs' chunks
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        m = diff_metrics(a32, b32, rtol, 0.0)
+        d = np.abs(a32.astype(np.float64) - b32.astype(np.float64))
+        limit = rtol * np.abs(b32.astype(np.float64))
+        sure_fail, sure_pass = d > limit * (1 + 1e-5), d < limit * (1 - 1e-5)  # away from float32 rounding
+        assert int(sure_fail.sum()) <= m.tol_fail <= int((~sure_pass).sum()), scale

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ftkit.dumps import metrics
 from ftkit.dumps.metrics import diff_metrics
-from ftkit.tensors import parallel, xxh3
+from ftkit.tensors import xxh3
 from ftkit.tensors.fingerprint import fingerprint_array, fingerprint_hasher
 
 
@@ -32,7 +32,7 @@ def test_streaming_digest_equals_python_xxhash(data, cuts, seed):
 
 
 def test_fused_hashing_in_diff_metrics_gives_the_fingerprints(monkeypatch):
-    monkeypatch.setattr(parallel, "STRIPE", 1000)  # many stripes on two threads, hashed in order
+    monkeypatch.setattr(metrics, "STRIPE", 1000)  # many stripes on two threads, hashed in order
     monkeypatch.setattr(metrics, "CHUNK", 300)
     rng = np.random.default_rng(3)
     for dtype in (np.float32, ml_dtypes.bfloat16, np.float64, np.int64):
@@ -46,18 +46,18 @@ def test_fused_hashing_in_diff_metrics_gives_the_fingerprints(monkeypatch):
 
 
 def test_a_failing_stripe_never_leaves_the_others_waiting(monkeypatch):
-    monkeypatch.setattr(parallel, "STRIPE", 100)
+    monkeypatch.setattr(metrics, "STRIPE", 100)
     monkeypatch.setattr(metrics, "CHUNK", 50)
     a = np.arange(1000, dtype=np.float32)
     b = a + 1
     calls = {"n": 0}
     real = metrics._Kernel.chunk
 
-    def flaky(self, p, i, j):
+    def flaky(self, p, i, j, scratch):
         calls["n"] += 1
         if i == 300:
             raise MemoryError("injected")
-        return real(self, p, i, j)
+        return real(self, p, i, j, scratch)
 
     monkeypatch.setattr(metrics._Kernel, "chunk", flaky)
     hashers = [fingerprint_hasher("float32", a.shape) for _ in range(2)]
