@@ -10,6 +10,8 @@ A *rule summary* says how many things a rule checked and how many findings it pr
 report can show that a rule ran and found nothing (as opposed to not running at all).
 
 ``verdict`` maps findings to the command's outcome for a ``--fail-on`` threshold.
+``RuleTable`` is a command's table of codes (``compare-dumps``' CDxxx, ``verify-checkpoint``'s
+FT2xx): it makes their findings, their rule summaries and the docs' rules table.
 
 Both are plain dataclasses (no pydantic: every forensic command imports this module, and its
 start-up matters). ``model_dump(mode="json")`` gives the JSON form the reports embed, the
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -125,3 +127,44 @@ def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
 def verdict(findings: Iterable[Finding], fail_on: FailOn) -> str:
     """``"fail"`` if any finding is at or above ``fail_on``, ``"pass"`` otherwise."""
     return "fail" if any(fail_on.fails(f.severity) for f in findings) else "pass"
+
+
+@dataclass(frozen=True)
+class RuleTable:
+    """A command's finding codes: ``code -> (rule name, severity, what makes it fail)``."""
+
+    codes: Mapping[str, tuple[str, Severity, str]]
+
+    def finding(self, code: str, message: str, **evidence: Any) -> Finding:
+        """A finding of ``code``; evidence that is ``None`` is left out."""
+        rule, severity, _ = self.codes[code]
+        return Finding(
+            code=code,
+            rule=rule,
+            severity=severity,
+            message=message,
+            evidence={k: v for k, v in evidence.items() if v is not None},
+        )
+
+    def summaries(self, checked: Mapping[str, int], findings: Iterable[Finding]) -> list[RuleSummary]:
+        """One summary per code, in table order: what it checked and how many findings it made."""
+        counts: dict[str, int] = {}
+        for f in findings:
+            counts[f.code] = counts.get(f.code, 0) + 1
+        return [
+            RuleSummary(
+                code=code,
+                rule=rule,
+                severity=sev,
+                description=desc,
+                checked=checked.get(code, 0),
+                findings=counts.get(code, 0),
+            )
+            for code, (rule, sev, desc) in self.codes.items()
+        ]
+
+    def markdown(self) -> str:
+        """The rules table of the command's doc page."""
+        lines = ["| code | rule | severity | fails when |", "|---|---|---|---|"]
+        lines += [f"| {c} | {r} | {s.value} | {d} |" for c, (r, s, d) in self.codes.items()]
+        return "\n".join(lines)
