@@ -166,8 +166,7 @@ class Driver:
             check_resume_dir(cfg.out)
         else:
             check_run_dir(cfg.out, cfg.overwrite)
-        own_ray = connect_ray(cfg)
-        arm_signals()  # ray.init installs its own SIGTERM handler
+        own_ray = connect_ray(cfg, rearm=arm_signals)  # ray.init installs its own SIGTERM handler
         try:
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             if self.resume:

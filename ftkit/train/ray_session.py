@@ -9,9 +9,12 @@ Ray, which ``disconnect`` then shuts down.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import re
+import signal
+from collections.abc import Callable
 from typing import Any
 
 from ftkit.errors import ConfigError
@@ -21,8 +24,13 @@ from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 LOCAL_RAY_CPUS = 8
 
 
-def connect_ray(cfg: TrainConfig) -> bool:
-    """Make sure Ray is initialised; returns whether this call did it (and must shut it down)."""
+def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> bool:
+    """Make sure Ray is initialised; returns whether this call did it (and must shut it down).
+
+    ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``); ``rearm`` is called right
+    after it to put the caller's back, and a SIGTERM that lands while Ray starts is the
+    caller's ``RunInterrupted`` (exit 143), not Ray's bare exit status 15: the half-started Ray
+    is shut down first."""
     import ray
 
     if ray.is_initialized():
@@ -37,6 +45,15 @@ def connect_ray(cfg: TrainConfig) -> bool:
             ray.init(address=cfg.ray_address, **quiet)
         else:
             ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+        rearm()
+    except SystemExit as exc:
+        if exc.code != signal.SIGTERM:
+            raise
+        from ftkit.train.run_end import RunInterrupted
+
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        raise RunInterrupted(signal.SIGTERM, started=False) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.ray_address or "a local Ray instance"
         raise ConfigError(

@@ -41,11 +41,16 @@ class RunFailed(FtkitError):
 class RunInterrupted(FtkitError):
     """SIGINT / SIGTERM / SIGHUP stopped the run (exit 128 + the signal number)."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, started: bool = True) -> None:
+        """``started``: the run directory and its log exist (False: stopped while Ray started)."""
         name = signal.Signals(signum).name
         super().__init__(
-            f"interrupted by {name}: the run stopped, its log ends with run_finished 'interrupted'",
-            hint="continue it with `ftkit train --resume RUN_DIR`, or train again with --overwrite",
+            f"interrupted by {name}: the run stopped, its log ends with run_finished 'interrupted'"
+            if started
+            else f"interrupted by {name} while Ray was starting: nothing was written",
+            hint="continue it with `ftkit train --resume RUN_DIR`, or train again with --overwrite"
+            if started
+            else "run the same command again",
         )
         self.signum = signum
         self.exit_code = 128 + signum

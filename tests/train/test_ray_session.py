@@ -1,0 +1,43 @@
+"""``connect_ray``: a SIGTERM while Ray starts is an interruption (exit 143), not Ray's exit 15."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from ftkit.train.config import TrainConfig
+from ftkit.train.ray_session import connect_ray
+from ftkit.train.run_end import RunInterrupted
+
+
+def test_ray_init_s_own_sigterm_exit_becomes_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    shut: list[bool] = []
+
+    def init(**kwargs: object) -> None:
+        raise SystemExit(signal.SIGTERM)  # what ray.init's handler does (sys.exit(signum))
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shut.append(True))
+    with pytest.raises(RunInterrupted) as info:
+        connect_ray(TrainConfig(), rearm=lambda: pytest.fail("rearmed after a failed start"))
+    assert info.value.exit_code == 143 and "while Ray was starting" in info.value.message and shut == [True]
+
+
+def test_other_exits_and_a_started_ray_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    rearmed: list[bool] = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    assert connect_ray(TrainConfig(), rearm=lambda: rearmed.append(True)) is True and rearmed == [True]
+
+    def init(**kwargs: object) -> None:
+        raise SystemExit(3)
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(SystemExit):
+        connect_ray(TrainConfig())
