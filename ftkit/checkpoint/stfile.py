@@ -38,6 +38,7 @@ __all__ = [
     "StLayout",
     "layout_st",
     "payload_nbytes",
+    "tensor_nbytes",
     "write_files",
     "write_st",
     "write_json",
@@ -73,12 +74,14 @@ def layout_st(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = N
     return StLayout(struct.pack("<Q", len(raw)) + raw, items)
 
 
+def tensor_nbytes(t: Any) -> int:
+    """Bytes of data of one tensor (torch tensor or numpy array)."""
+    return int(t.nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size())
+
+
 def payload_nbytes(tensors: Mapping[str, Any]) -> int:
     """Bytes of tensor data a file of ``tensors`` holds (without the header)."""
-    total = 0
-    for t in tensors.values():
-        total += int(t.nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size())
-    return total
+    return sum(tensor_nbytes(t) for t in tensors.values())
 
 
 def write_files(files: Mapping[Path, StLayout], fsync: bool = True) -> dict[Path, FileRecord]:
