@@ -6,10 +6,10 @@ TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
 
 ``publish_write``    stage ``checkpoints/.step_N.tmp-*`` (same file system) and write the
                      safetensors files (each payload group cut into shard files of at most
-                     ``shard_bytes`` of tensor data, ``ftkit.checkpoint.shards``) and ``meta.json`` straight from the tensors' memory,
-                     each fsynced once as soon as it is written; meanwhile every file's
-                     sha256 and every tensor's fingerprint and NaN/Inf count run on every
-                     core (``stfile.write_files``)
+                     ``shard_bytes`` of tensor data, ``ftkit.checkpoint.shards``) and
+                     ``meta.json`` straight from the tensors' memory, each fsynced once as
+                     soon as it is written; meanwhile every file's sha256 and every tensor's
+                     fingerprint and NaN/Inf count run on every core (``stfile.write_files``)
 ``publish_scan``     reject on any NaN/Inf (optimizer state included); fsync ``meta.json``
 ``publish_manifest`` write ``MANIFEST.json`` last, fsync it and the staging directory
 ``publish_rename``   rename to ``checkpoints/step_N`` and fsync ``checkpoints/``
