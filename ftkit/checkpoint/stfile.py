@@ -7,17 +7,15 @@ tensors' memory (no copy, one ``write`` per tensor) and fsynced once by that thr
 it is written, while the ``ftkit.checkpoint.digest`` jobs (sha256 per file, fingerprint + NaN/Inf
 scan per tensor) run over the same memory on every core.
 
-``digest_files`` (the verifier) opens each file once: ``ftkit.tensors.st.read_header``
-validates its structure, then the file is mapped (``mmap``) and the same jobs run over the
-mapped bytes, the disk reading a bounded window ahead of each file's sha256
-(``MADV_WILLNEED``). No pickle anywhere.
+``digest_files`` (the verifier): ``ftkit.tensors.st.read_header`` validates each file's
+structure, then each file is read once, sequentially, its sha256, fingerprints and scan fed
+from the same 1 MiB pieces (``digest.FileDigest``), the files in parallel. No pickle anywhere.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
@@ -28,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ftkit.checkpoint.digest import AHEAD, Digest, FileRecord, TensorRecord, advisor, run_digests
+from ftkit.checkpoint.digest import READERS, Digest, FileDigest, FileRecord, TensorRecord, run_digests
 from ftkit.checkpoint.scan import CHUNK_BYTES, host_bytes
 from ftkit.errors import InputError
 
@@ -145,50 +143,31 @@ def sha256_file(path: Path) -> str:
 def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, FileRecord | InputError]]:
     """Re-derive the records of ``(path, is_safetensors)`` files from disk, yielding each as it
     is done: a safetensors file's header is validated first (``read_header`` fails closed on
-    every structural error; its ``InputError`` is yielded instead of a record); an unreadable
-    file yields an ``InputError`` too."""
+    every structural error; its ``InputError`` is yielded instead of a record); then each file
+    is read once (``digest.FileDigest``), all files at once on ``READERS`` threads, the largest
+    first. An unreadable file yields an ``InputError`` too."""
     from ftkit.tensors.st import read_header
 
-    maps: list[mmap.mmap] = []
-    views: list[memoryview] = []
-    todo: list[tuple[Path, Digest]] = []
-    try:
-        for path, is_st in files:
-            try:
-                header = read_header(path) if is_st else None
-                with open(path, "rb") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-            except InputError as exc:
-                yield path, exc
-                continue
-            except (OSError, ValueError) as exc:
-                yield path, InputError(f"cannot read {path}: {exc}", "check the path and permissions")
-                continue
-            view = memoryview(mm if mm is not None else b"")
-            advise = None
-            if mm is not None:
-                maps.append(mm)
-                views.append(view)
-                advise = advisor(mm)
-                if advise is not None:
-                    advise(0, AHEAD)  # the first window; the sha256 job keeps asking ahead
-            tensors = None
-            if header is not None:
-                tensors = [(t.name, t.code, t.shape, view[t.start : t.end]) for t in header.tensors.values()]
-            todo.append((path, Digest(size, [view], tensors, advise)))
-        for i in run_digests([d for _, d in todo]):
-            yield todo[i][0], todo[i][1].record()
-    finally:
-        for _, d in todo:
-            d.release()
+    todo: list[FileDigest] = []
+    for path, is_st in files:
         try:
-            for view in views:
-                view.release()
-            for mm in maps:
-                mm.close()
-        except BufferError:  # a slice is still referenced (an error mid-job): the collector closes it
-            pass
+            header = read_header(path) if is_st else None
+            size = path.stat().st_size
+        except InputError as exc:
+            yield path, exc
+            continue
+        except (OSError, ValueError) as exc:
+            yield path, InputError(f"cannot read {path}: {exc}", "check the path and permissions")
+            continue
+        if header is not None and header.size != size:
+            yield path, InputError(f"{path} changed while it was read", "verify again")
+            continue
+        todo.append(FileDigest(path, size, None if header is None else list(header.tensors.values())))
+    for i in run_digests(todo, workers=READERS):
+        try:
+            yield todo[i].path, todo[i].record()
+        except OSError as exc:
+            yield todo[i].path, InputError(f"cannot read {todo[i].path}: {exc}", "check the file and verify again")
 
 
 def digest_st(path: Path) -> FileRecord:
