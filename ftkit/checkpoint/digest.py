@@ -187,7 +187,7 @@ class FileDigest:
                 found[t.name] = TensorRecord(dtype_of(t.code), t.shape, h.hexdigest(), bad)
             while pos < self.size:  # nothing for a valid safetensors file (the header check)
                 read(min(PIECE, self.size - pos))
-            if fh.read(1):
+            if pos != self.size or fh.read(1):
                 raise OSError(f"{self.path}: file longer than its {self.size} bytes")
         names = None if self._tensors is None else [t.name for t in self._tensors]
         return FileRecord(self.size, sha.hexdigest(), None if names is None else {n: found[n] for n in names})
