@@ -1,33 +1,35 @@
-"""The record of a checkpoint file, computed as jobs that keep every core busy.
+"""The record of a checkpoint file, computed in the same pass that writes or reads it.
 
 A file's record (``FileRecord``: size, sha256, and for safetensors each tensor's
-``TensorRecord``: dtype, shape, fingerprint, NaN/Inf count) comes from jobs over its bytes:
+``TensorRecord``: dtype, shape, fingerprint, NaN/Inf count) is fed piece by piece
+(``Recorder``): the header bytes, then each tensor's bytes in pieces of at most ``PIECE``
+(1 MiB; pieces never straddle a tensor, so no element is split), each piece going to the
+sha256, the tensor's fingerprint and the NaN/Inf scan while it is in the core's cache.
 
-* ``Digest`` (the publisher: bytes already in memory, the tensors being written): the sha256 of
-  the whole file is one job (it is sequential), each tensor's fingerprint + scan another, in one
-  pass over each 1 MiB piece;
-* ``FileDigest`` (the verifier: a file on disk): ONE job reads the file once, sequentially, in
-  1 MiB pieces into a reused buffer (``readinto``; the disk is asked ``WILLNEED`` a window
-  ahead), and feeds each piece, while it is in the core's cache, to the sha256, the fingerprint
-  of the tensor it belongs to and the NaN/Inf scan. Pieces never straddle a tensor boundary.
-  Measured against mapping the file (``mmap`` + ``MADV_WILLNEED``, jobs over the mapping):
-  ~15-20 % less CPU per GB, warm and cold (no page faults, every byte read from memory once);
-  files run in parallel, so a checkpoint's parallelism comes from its shard files.
+* ``FileWriter`` (the publisher): ONE job per file writes each piece straight from the tensor's
+  memory, feeds it to the recorder, and fsyncs the file at the end.
+* ``FileReader`` (the verifier): ONE job per file reads it once, sequentially, into a reused
+  buffer (``readinto``; the disk is asked ``WILLNEED`` a window ahead).
 
-sha256 is fed ``SHA_SLICE`` (32 KiB) at a time: OpenSSL's SHA-NI sha256 runs at ~1.35-1.4 GB/s
-per core here on 8-32 KiB slices against ~1.05 GB/s on 1 MiB or larger ones (measured, CPU
-time, same bytes). ``run_digests`` runs the jobs of many files together, longest first, on
-threads: hashlib's sha256 on a buffer over 2 KiB, xxh3 through ctypes (``ftkit.tensors.xxh3``),
-numpy's ufuncs and ``readinto`` all release the GIL.
+``run_digests`` runs the jobs of many files together on threads, the largest file first; the
+parallelism comes from the files (a checkpoint's payload groups are sharded,
+``ftkit.checkpoint.shards``). hashlib's sha256 on a buffer over 2 KiB, xxh3 through ctypes
+(``ftkit.tensors.xxh3``), numpy's ufuncs, ``write`` and ``readinto`` all release the GIL.
+
+Why this shape (measured on the 2-core VM, CPU seconds per GB, min of interleaved runs; see
+docs/checkpoints.md "Speed"): fusing the passes per piece cut publication from ~2.4 (one writer
+thread per file beside separate sha256 and per-tensor jobs over the same memory) to ~1.25, and
+verification from ~1.2 (jobs over an ``mmap`` of each file) to ~1.0; sha256 is fed ``SHA_SLICE``
+(32 KiB) at a time, where OpenSSL's SHA-NI sha256 runs at ~1.35-1.4 GB/s per core against
+~1.05 GB/s on 1 MiB or larger buffers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +38,7 @@ from typing import Any
 from ftkit.checkpoint.scan import count_nonfinite, dtype_of
 from ftkit.tensors.fingerprint import fingerprint_hasher
 
-WORKERS = max(1, min(16, os.cpu_count() or 1))  # digest threads (the work releases the GIL)
-READERS = 2 * WORKERS  # verifier threads: one may wait on the disk while another hashes
+THREADS = 2 * max(1, min(16, os.cpu_count() or 1))  # one may wait on the disk while another hashes
 Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
 PIECE = 1 << 20  # fingerprint + scan (and read) granularity: stays in the core's cache for all passes
 SHA_SLICE = 32 << 10  # what sha256 is fed at a time (module docstring)
@@ -78,60 +79,84 @@ class FileRecord:
     tensors: dict[str, TensorRecord] | None = None
 
 
-class Digest:
-    """The record of one file computed from its bytes in memory, as independent jobs.
+class Recorder:
+    """A file's record, fed in order: ``header(bytes)``, then each tensor's pieces."""
 
-    ``whole`` are the file's bytes in order (its sha256); ``tensors`` are ``(name, code, shape,
-    bytes)`` (fingerprint and NaN/Inf count each), or None for a file that is not safetensors.
-    """
-
-    def __init__(
-        self, size: int, whole: Sequence[Any], tensors: Sequence[tuple[str, str, tuple[int, ...], Any]] | None
-    ) -> None:
+    def __init__(self, size: int, safetensors: bool) -> None:
         self.size = size
-        self._whole = whole
-        self._tensors = tensors
-        self._sha = ""
-        self._found: dict[str, TensorRecord] = {}
+        self._sha = hashlib.sha256()
+        self._found: dict[str, TensorRecord] | None = {} if safetensors else None
 
-    def jobs(self) -> list[Job]:
-        out: list[Job] = [(self.size, self._hash)]
-        for name, code, shape, buf in self._tensors or ():
-            out.append((len(buf), functools.partial(self._tensor, name, code, shape, buf)))
-        return out
+    def header(self, buf: Any) -> None:
+        """Bytes that belong to no tensor (a safetensors header; a whole non-tensor file)."""
+        sha_update(self._sha, buf)
 
-    def _hash(self) -> None:
-        sha = hashlib.sha256()
-        for buf in self._whole:
-            sha_update(sha, buf)
-        self._sha = sha.hexdigest()
-
-    def _tensor(self, name: str, code: str, shape: tuple[int, ...], buf: Any) -> None:
-        h = fingerprint_hasher(dtype_of(code), shape)
-        bad = 0
-        for i in range(0, len(buf), PIECE):  # fingerprint and scan each piece while it is in cache
-            piece = buf[i : i + PIECE]
+    def tensor(self, name: str, code: str, shape: tuple[int, ...], pieces: Iterable[Any]) -> None:
+        """One tensor's bytes, in order, in pieces whose sizes are multiples of its item size."""
+        h, bad = fingerprint_hasher(dtype_of(code), shape), 0
+        for piece in pieces:
+            sha_update(self._sha, piece)
             h.update(piece)
             bad += count_nonfinite(code, piece)
+        assert self._found is not None
         self._found[name] = TensorRecord(dtype_of(code), shape, h.hexdigest(), bad)
 
     def record(self) -> FileRecord:
-        """The record, once every job ran."""
-        names = None if self._tensors is None else [t[0] for t in self._tensors]
-        return FileRecord(self.size, self._sha, None if names is None else {n: self._found[n] for n in names})
-
-    def release(self) -> None:
-        """Drop the references to the bytes (before the memory they view goes away)."""
-        self._whole, self._tensors = (), None
+        return FileRecord(self.size, self._sha.hexdigest(), None if self._found is None else dict(self._found))
 
 
-class FileDigest:
-    """The record of one file on disk from ONE sequential read (module docstring).
+def pieces(flat: Any) -> Iterator[memoryview]:
+    """``flat`` (a tensor's bytes) in ``PIECE`` slices."""
+    view = memoryview(flat).cast("B")
+    for i in range(0, len(view), PIECE):
+        yield view[i : i + PIECE]
+
+
+class FileWriter:
+    """Writes one safetensors file from memory and computes its record in the same pass.
+
+    ``head`` is the header bytes, ``items`` ``(name, code, shape, flat uint8 bytes)`` in file
+    order. An ``OSError`` (e.g. ENOSPC) propagates out of the job (``run_digests`` raises it)."""
+
+    def __init__(self, path: Path, head: bytes, items: Sequence[tuple[str, str, tuple[int, ...], Any]],
+                 size: int, fsync: bool) -> None:  # fmt: skip
+        self.path, self.size = path, size
+        self._head, self._items, self._fsync = head, items, fsync
+        self._record: FileRecord | None = None
+
+    def jobs(self) -> list[Job]:
+        return [(self.size, self._run)]
+
+    def _run(self) -> None:
+        rec = Recorder(self.size, True)
+        with open(self.path, "wb", buffering=0) as fh:
+
+            def written(views: Iterable[memoryview]) -> Iterator[memoryview]:
+                for view in views:
+                    rest = view
+                    while rest:
+                        rest = rest[fh.write(rest) :]
+                    yield view
+
+            rec.header(next(written([memoryview(self._head)])))
+            for name, code, shape, flat in self._items:
+                rec.tensor(name, code, shape, written(pieces(flat)))
+            if self._fsync:
+                os.fsync(fh.fileno())
+        self._record = rec.record()
+
+    def record(self) -> FileRecord:
+        assert self._record is not None, "record() before the job ran"
+        return self._record
+
+
+class FileReader:
+    """Reads one file on disk once and computes its record (module docstring).
 
     ``tensors`` is the validated safetensors header's tensors (``TensorInfo``: absolute
     ``start`` / ``end``, contiguous, covering the file after the header) or None for a file
-    that is not safetensors. An ``OSError`` while reading (the file changed under us) is kept
-    and raised by ``record``.
+    that is not safetensors. An ``OSError`` while reading (e.g. the file changed under us) is
+    kept and raised by ``record``.
     """
 
     def __init__(self, path: Path, size: int, tensors: Sequence[Any] | None) -> None:
@@ -149,48 +174,36 @@ class FileDigest:
             self._error = exc
 
     def _read(self) -> FileRecord:
-        sha = hashlib.sha256()
+        rec = Recorder(self.size, self._tensors is not None)
         buf = memoryview(bytearray(PIECE))
-        found: dict[str, TensorRecord] = {}
         with open(self.path, "rb", buffering=0) as fh:
             fd = fh.fileno()
-            with contextlib.suppress(OSError, AttributeError):  # hints only
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                os.posix_fadvise(fd, 0, AHEAD, os.POSIX_FADV_WILLNEED)
+            _advise(fd, 0, 0, "POSIX_FADV_SEQUENTIAL")
+            _advise(fd, 0, AHEAD, "POSIX_FADV_WILLNEED")
             pos = 0
 
-            def read(n: int) -> memoryview:  # the next n <= PIECE bytes, hashed
+            def read(end: int) -> Iterator[memoryview]:  # the bytes up to ``end``, piece by piece
                 nonlocal pos
-                got = 0
-                while got < n:
-                    k = fh.readinto(buf[got:n])
-                    if not k:
-                        raise OSError(f"{self.path}: file shorter than its {self.size} bytes")
-                    got += k
-                if pos // AHEAD != (pos + n) // AHEAD and pos + n + AHEAD < self.size:
-                    with contextlib.suppress(OSError, AttributeError):
-                        os.posix_fadvise(fd, pos + n + AHEAD, AHEAD, os.POSIX_FADV_WILLNEED)
-                pos += n
-                sha_update(sha, buf[:n])
-                return buf[:n]
+                while pos < end:
+                    n, got = min(PIECE, end - pos), 0
+                    while got < n:
+                        k = fh.readinto(buf[got:n])
+                        if not k:
+                            raise OSError(f"{self.path}: file shorter than its {self.size} bytes")
+                        got += k
+                    if pos // AHEAD != (pos + n) // AHEAD and pos + n + AHEAD < self.size:
+                        _advise(fd, pos + n + AHEAD, AHEAD, "POSIX_FADV_WILLNEED")
+                    pos += n
+                    yield buf[:n]
 
             tensors = sorted(self._tensors or (), key=lambda t: t.start)
-            end = tensors[0].start if tensors else self.size
-            while pos < end:  # the header (everything, for a file that is not safetensors)
-                read(min(PIECE, end - pos))
+            for piece in read(tensors[0].start if tensors else self.size):
+                rec.header(piece)
             for t in tensors:
-                h, bad = fingerprint_hasher(dtype_of(t.code), t.shape), 0
-                while pos < t.end:
-                    piece = read(min(PIECE, t.end - pos))
-                    h.update(piece)
-                    bad += count_nonfinite(t.code, piece)
-                found[t.name] = TensorRecord(dtype_of(t.code), t.shape, h.hexdigest(), bad)
-            while pos < self.size:  # nothing for a valid safetensors file (the header check)
-                read(min(PIECE, self.size - pos))
+                rec.tensor(t.name, t.code, t.shape, read(t.end))
             if pos != self.size or fh.read(1):
                 raise OSError(f"{self.path}: file longer than its {self.size} bytes")
-        names = None if self._tensors is None else [t.name for t in self._tensors]
-        return FileRecord(self.size, sha.hexdigest(), None if names is None else {n: found[n] for n in names})
+        return rec.record()
 
     def record(self) -> FileRecord:
         """The record, once the job ran; the ``OSError`` it met, if any."""
@@ -199,11 +212,15 @@ class FileDigest:
         assert self._record is not None, "record() before the job ran"
         return self._record
 
-    def release(self) -> None:
-        """Nothing to release (the buffer belongs to the job)."""
+
+def _advise(fd: int, offset: int, length: int, what: str) -> None:
+    """A ``posix_fadvise`` hint, where the platform has it (never fails)."""
+    if hasattr(os, what):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, getattr(os, what))
 
 
-def run_digests(digests: Sequence[Digest | FileDigest], workers: int = WORKERS) -> Iterator[int]:
+def run_digests(digests: Sequence[FileWriter | FileReader], workers: int = THREADS) -> Iterator[int]:
     """Run every job of ``digests`` on ``workers`` threads, longest first; yield the index of
     each digest as its last job ends. The first job error is raised once nothing runs."""
     jobs = sorted(((cost, i, fn) for i, d in enumerate(digests) for cost, fn in d.jobs()), key=lambda j: -j[0])

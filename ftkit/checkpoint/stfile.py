@@ -2,14 +2,14 @@
 
 ``write_files`` serialises ``{name: tensor}`` maps in the safetensors format (8-byte header
 length, JSON header padded to 8 bytes, data in header order; tensors sorted by name, so the
-same state gives the same bytes). Each file is written by its own thread straight from the
-tensors' memory (no copy, one ``write`` per tensor) and fsynced once by that thread as soon as
-it is written, while the ``ftkit.checkpoint.digest`` jobs (sha256 per file, fingerprint + NaN/Inf
-scan per tensor) run over the same memory on every core.
+same state gives the same bytes). Each file is one job (``digest.FileWriter``): it is written
+straight from the tensors' memory (no copy) in 1 MiB pieces, each piece fed to the file's
+sha256, the tensor's fingerprint and the NaN/Inf scan while it is in cache, and fsynced once as
+soon as it is written; the files run in parallel on every core.
 
 ``digest_files`` (the verifier): ``ftkit.tensors.st.read_header`` validates each file's
 structure, then each file is read once, sequentially, its sha256, fingerprints and scan fed
-from the same 1 MiB pieces (``digest.FileDigest``), the files in parallel. No pickle anywhere.
+from the same 1 MiB pieces (``digest.FileReader``), the files in parallel. No pickle anywhere.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import json
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ftkit.checkpoint.digest import READERS, Digest, FileDigest, FileRecord, TensorRecord, run_digests
+from ftkit.checkpoint.digest import FileReader, FileRecord, FileWriter, TensorRecord, run_digests
 from ftkit.checkpoint.scan import CHUNK_BYTES, host_bytes
 from ftkit.errors import InputError
 
@@ -83,38 +82,23 @@ def payload_nbytes(tensors: Mapping[str, Any]) -> int:
 
 
 def write_files(files: Mapping[Path, StLayout], fsync: bool = True) -> dict[Path, FileRecord]:
-    """Write every file, fsync it (once, by its writer, as soon as it is written, while the
-    digest jobs of the others go on) and return their records.
+    """Write every file and return their records: one job per file (``digest.FileWriter``)
+    writes it straight from the tensors' memory in 1 MiB pieces, feeds each piece to its
+    sha256, fingerprint and scan, and fsyncs it (once, as soon as it is written); the files in
+    parallel, the largest first.
 
-    Raises the first ``OSError`` of a writer (e.g. ENOSPC) once every writer and job ended, so
+    Raises the first ``OSError`` of a writer (e.g. ENOSPC) once no job runs any more, so
     nothing touches the files after it returns or raises.
     """
-    paths = list(files)
-    digests = [Digest(files[p].size, [files[p].head, *(f for *_, f in files[p].items)], files[p].items) for p in paths]
-    with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="ftkit-ckpt-write") as writers:
-        written = [writers.submit(_write_file, p, files[p], fsync) for p in paths]
-        try:
-            for _ in run_digests(digests):
-                pass
-        finally:
-            errors = [e for e in (w.exception() for w in written) if e is not None]
-        if errors:
-            raise errors[0]
-    return {p: d.record() for p, d in zip(paths, digests)}
+    writers = [FileWriter(p, files[p].head, files[p].items, files[p].size, fsync) for p in files]
+    for _ in run_digests(writers):
+        pass
+    return {w.path: w.record() for w in writers}
 
 
 def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> FileRecord:
     """Write one safetensors file (no fsync); returns its record."""
     return write_files({path: layout_st(tensors, metadata)}, fsync=False)[path]
-
-
-def _write_file(path: Path, layout: StLayout, fsync: bool) -> None:
-    with open(path, "wb", buffering=0) as fh:
-        for view in [memoryview(layout.head), *(flat.data for *_, flat in layout.items)]:
-            while view:  # one system call per tensor unless the kernel writes less
-                view = view[fh.write(view) :]
-        if fsync:
-            os.fsync(fh.fileno())
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> FileRecord:
@@ -144,11 +128,11 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
     """Re-derive the records of ``(path, is_safetensors)`` files from disk, yielding each as it
     is done: a safetensors file's header is validated first (``read_header`` fails closed on
     every structural error; its ``InputError`` is yielded instead of a record); then each file
-    is read once (``digest.FileDigest``), all files at once on ``READERS`` threads, the largest
+    is read once (``digest.FileReader``), all files at once, the largest
     first. An unreadable file yields an ``InputError`` too."""
     from ftkit.tensors.st import read_header
 
-    todo: list[FileDigest] = []
+    todo: list[FileReader] = []
     for path, is_st in files:
         try:
             header = read_header(path) if is_st else None
@@ -162,8 +146,8 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
         if header is not None and header.size != size:
             yield path, InputError(f"{path} changed while it was read", "verify again")
             continue
-        todo.append(FileDigest(path, size, None if header is None else list(header.tensors.values())))
-    for i in run_digests(todo, workers=READERS):
+        todo.append(FileReader(path, size, None if header is None else list(header.tensors.values())))
+    for i in run_digests(todo):
         try:
             yield todo[i].path, todo[i].record()
         except OSError as exc:

@@ -84,14 +84,14 @@ def test_nonfinite_count_is_exact_for_every_float_type(dtype) -> None:
 
 
 def test_a_file_that_changed_under_the_reader_is_an_error_not_a_record(tmp_path) -> None:
-    from ftkit.checkpoint.digest import FileDigest, run_digests
+    from ftkit.checkpoint.digest import FileReader, run_digests
     from ftkit.tensors.st import read_header
 
     p = tmp_path / "a.safetensors"
     write_files({p: layout_st({"x": torch.arange(1000.0)})}, fsync=False)
     tensors = list(read_header(p).tensors.values())
     for size in (p.stat().st_size + 8, p.stat().st_size - 8):  # the file grew, or was cut, after its header check
-        d = FileDigest(p, size, tensors)
+        d = FileReader(p, size, tensors)
         list(run_digests([d]))
         with pytest.raises(OSError, match="shorter|longer"):
             d.record()
