@@ -1,10 +1,11 @@
 """``RankWorker.restore_checkpoint`` without Ray: a real megatron rank in a spawned process.
 
 The rank trains steps 0-1, its state goes through a real checkpoint (``checkpoint_state`` ->
-``state_payload`` -> ``Publisher``, its groups sharded into 64 KiB files -> ``restore.load``), it trains step 2, then the checkpoint
-is restored into it: its fingerprint is the manifest's again, and step 2 trained once more
-commits the same state as the first time. A checkpoint whose manifest fingerprint or counters
-do not match what the rank ends up holding is refused (``ValueError``).
+``state_payload`` -> ``Publisher``, its groups sharded into 64 KiB files -> ``restore.load``),
+it trains step 2, then the checkpoint is restored into it: its fingerprint is the manifest's
+again, and step 2 trained once more commits the same state as the first time. A checkpoint
+whose manifest fingerprint or counters do not match what the rank ends up holding is refused
+(``ValueError``).
 """
 
 from __future__ import annotations
