@@ -7,9 +7,10 @@ TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
 ``publish_write``    stage ``checkpoints/.step_N.tmp-*`` (same file system) and write the
                      safetensors files (each payload group cut into shard files of at most
                      ``shard_bytes`` of tensor data, ``ftkit.checkpoint.shards``) and
-                     ``meta.json`` straight from the tensors' memory, each fsynced once as
-                     soon as it is written; meanwhile every file's sha256 and every tensor's
-                     fingerprint and NaN/Inf count run on every core (``stfile.write_files``)
+                     ``meta.json`` straight from the tensors' memory, one job per file that
+                     feeds each piece it writes to the file's sha256 and the tensor's
+                     fingerprint and NaN/Inf count, and fsyncs the file at its end; the files
+                     in parallel on every core (``stfile.write_files``)
 ``publish_scan``     reject on any NaN/Inf (optimizer state included); fsync ``meta.json``
 ``publish_manifest`` write ``MANIFEST.json`` last, fsync it and the staging directory
 ``publish_rename``   rename to ``checkpoints/step_N`` and fsync ``checkpoints/``
@@ -246,8 +247,7 @@ class Publisher:
         meta: Mapping[str, Any],
     ) -> dict[str, FileRecord]:
         """Write the payload files and ``meta.json``; every file's sha256 and every tensor's
-        fingerprint and NaN/Inf count are computed meanwhile from the same memory
-        (``stfile.write_files``)."""
+        fingerprint and NaN/Inf count are computed in the same pass (``stfile.write_files``)."""
         meta_st = {"protocol": PROTOCOL, "step": str(step)}
         layouts = {stage / f: layout_st(tensors, meta_st) for f, tensors in files.items()}
         records = {p.name: r for p, r in write_files(layouts).items()}
