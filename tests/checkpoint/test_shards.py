@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ftkit.checkpoint import manifest as mf
 from ftkit.checkpoint.guard import GuardVerdict
@@ -204,3 +206,18 @@ def test_payload_names_may_not_look_like_shards(tmp_path) -> None:
     gv = GuardVerdict(0, 3, False)
     with pytest.raises(ValueError, match="shard"):
         pub.publish(3, p, gv, agree([preflight(pub.dir, 3, p.nbytes, gv, "r0")]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.dictionaries(st.text("abcdefgh.", min_size=1, max_size=6), st.integers(0, 300), max_size=30),
+    limit=st.integers(1, 256),
+)
+def test_split_then_merge_is_the_identity_and_follows_the_rule(sizes, limit) -> None:
+    parts = split("g.safetensors", {n: n for n in sizes}, sizes, limit)
+    assert merge(parts) == ({"g.safetensors": {n: n for n in sizes}})
+    assert group_problems({f: list(p) for f, p in parts.items()}) == []
+    for p in parts.values():  # bounded, or one tensor alone
+        assert sum(sizes[n] for n in p) <= limit or len(p) == 1
+    names = [n for p in parts.values() for n in p]
+    assert names == sorted(sizes)  # whole tensors, name order, each once
