@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 SUFFIX = ".safetensors"
-DEFAULT_SHARD_BYTES = 64 << 20  # docs/checkpoints.md "Speed": measured; a 2048 MiB state gives ~32 files
+DEFAULT_SHARD_BYTES = 64 << 20  # measured against 16 and 256 MiB: docs/checkpoints.md "Layout"
 _SHARD_RE = re.compile(r"(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.safetensors")
 MAX_SHARDS = 99999
 T = TypeVar("T")
