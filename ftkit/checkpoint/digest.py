@@ -9,7 +9,7 @@ sha256, the tensor's fingerprint and the NaN/Inf scan while it is in the core's 
 * ``FileWriter`` (the publisher): ONE job per file writes each piece straight from the tensor's
   memory, feeds it to the recorder, and fsyncs the file at the end.
 * ``FileReader`` (the verifier): ONE job per file reads it once, sequentially, into a reused
-  buffer (``readinto``; the disk is asked ``WILLNEED`` a window ahead).
+  buffer (``readinto``; the disk is asked ``WILLNEED`` 64 MiB ahead, 16 MiB at a time).
 
 ``run_digests`` runs the jobs of many files together on threads, the largest file first; the
 parallelism comes from the files (a checkpoint's payload groups are sharded,
@@ -42,7 +42,8 @@ THREADS = 2 * max(1, min(16, os.cpu_count() or 1))  # one may wait on the disk w
 Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
 PIECE = 1 << 20  # fingerprint + scan (and read) granularity: stays in the core's cache for all passes
 SHA_SLICE = 32 << 10  # what sha256 is fed at a time (module docstring)
-AHEAD = 32 << 20  # how far ahead of the reader the disk is asked to read (``POSIX_FADV_WILLNEED``)
+AHEAD = 64 << 20  # how far ahead of the reader the disk is asked to read (``POSIX_FADV_WILLNEED``) ...
+AHEAD_STEP = 16 << 20  # ... in requests of this size
 
 
 def sha_update(sha: Any, buf: Any) -> None:
@@ -179,20 +180,20 @@ class FileReader:
         with open(self.path, "rb", buffering=0) as fh:
             fd = fh.fileno()
             _advise(fd, 0, 0, "POSIX_FADV_SEQUENTIAL")
-            _advise(fd, 0, AHEAD, "POSIX_FADV_WILLNEED")
-            pos = 0
+            pos = asked = 0
 
             def read(end: int) -> Iterator[memoryview]:  # the bytes up to ``end``, piece by piece
-                nonlocal pos
+                nonlocal pos, asked
                 while pos < end:
+                    while asked < min(self.size, pos + AHEAD):  # keep AHEAD bytes asked for
+                        _advise(fd, asked, AHEAD_STEP, "POSIX_FADV_WILLNEED")
+                        asked += AHEAD_STEP
                     n, got = min(PIECE, end - pos), 0
                     while got < n:
                         k = fh.readinto(buf[got:n])
                         if not k:
                             raise OSError(f"{self.path}: file shorter than its {self.size} bytes")
                         got += k
-                    if pos // AHEAD != (pos + n) // AHEAD and pos + n + AHEAD < self.size:
-                        _advise(fd, pos + n + AHEAD, AHEAD, "POSIX_FADV_WILLNEED")
                     pos += n
                     yield buf[:n]
 
