@@ -161,7 +161,7 @@ def test_plan_verifies_the_checkpoint_it_resumes_from_once(tmp_path: Path, monke
 
     def counted(path: Path, *args: object, **kw: object) -> object:
         seen.append(Path(path).name)
-        return real(path, *args, **kw)  # type: ignore[arg-type]
+        return real(path, *args, **kw)
 
     monkeypatch.setattr(verify, "verify_path", counted)
     plan = plan_resume(run, TrainConfig(out=run), lambda message: None)
