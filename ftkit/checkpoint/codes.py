@@ -58,6 +58,13 @@ CODES: dict[str, tuple[str, Severity, str]] = {
     ),
     "FT216": ("cleanup-pending", W, "a checkpoint retention dropped is still there (its deletion failed; journal)"),
     "FT217": ("stale-temp", W, "staging or deletion leftovers of a dead writer (reconcile / --resume removes them)"),
+    "FT218": (
+        "shard-set-broken",
+        E,
+        "the files of a payload group are not one plain file or the complete shard set 1..n of one n "
+        "(a shard missing, extra or duplicated, a plain file next to shards), a tensor is in two files "
+        "of a group, or a group's files disagree on their fingerprint prefix",
+    ),
 }
 
 

@@ -1,35 +1,56 @@
-"""The record of a checkpoint file, computed as jobs that keep every core busy.
+"""The record of a checkpoint file, computed in the same pass that writes or reads it.
 
 A file's record (``FileRecord``: size, sha256, and for safetensors each tensor's
-``TensorRecord``: dtype, shape, fingerprint, NaN/Inf count) comes from ``Digest`` jobs over
-bytes already in memory (the tensors being written, or a mapped file being verified): the
-sha256 of the whole file is one job (it is sequential), each tensor's fingerprint + scan
-another, in one pass over each 1 MiB piece. ``run_digests`` runs the jobs of many files
-together on ``WORKERS`` threads, longest first: hashlib's sha256 on a large buffer, xxh3
-through ctypes (``ftkit.tensors.xxh3``) and numpy's ufuncs all release the GIL, so the
-largest file's sha256 starts at once and the rest fills the other cores around it.
+``TensorRecord``: dtype, shape, fingerprint, NaN/Inf count) is fed piece by piece
+(``Recorder``): the header bytes, then each tensor's bytes in pieces of at most ``PIECE``
+(1 MiB; pieces never straddle a tensor, so no element is split), each piece going to the
+sha256, the tensor's fingerprint and the NaN/Inf scan while it is in the core's cache.
+
+* ``FileWriter`` (the publisher): ONE job per file writes each piece straight from the tensor's
+  memory, feeds it to the recorder, and fsyncs the file at the end.
+* ``FileReader`` (the verifier): ONE job per file reads it once, sequentially, into a reused
+  buffer (``readinto``; the disk is asked ``WILLNEED`` 64 MiB ahead, 16 MiB at a time).
+
+``run_digests`` runs the jobs of many files together on threads, the largest file first; the
+parallelism comes from the files (a checkpoint's payload groups are sharded,
+``ftkit.checkpoint.shards``). hashlib's sha256 on a buffer over 2 KiB, xxh3 through ctypes
+(``ftkit.tensors.xxh3``), numpy's ufuncs, ``write`` and ``readinto`` all release the GIL.
+
+Why this shape (measured on the 2-core VM, CPU seconds per GB, min of interleaved runs; see
+docs/checkpoints.md "Speed"): fusing the passes per piece cut publication from ~2.4 (one writer
+thread per file beside separate sha256 and per-tensor jobs over the same memory) to ~1.25, and
+verification from ~1.2 (jobs over an ``mmap`` of each file) to ~1.0; sha256 is fed ``SHA_SLICE``
+(32 KiB) at a time, where OpenSSL's SHA-NI sha256 runs at ~1.35-1.4 GB/s per core against
+~1.05 GB/s on 1 MiB or larger buffers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ftkit.checkpoint.scan import CHUNK_BYTES, count_nonfinite, dtype_of
+from ftkit.checkpoint.scan import count_nonfinite, dtype_of
 from ftkit.tensors.fingerprint import fingerprint_hasher
 
-WORKERS = max(1, min(16, os.cpu_count() or 1))  # digest threads (the work releases the GIL)
+THREADS = 2 * max(1, min(16, os.cpu_count() or 1))  # one may wait on the disk while another hashes
 Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
-_PIECE = 1 << 20  # fingerprint + scan granularity: the scan reads what the hash just read, from cache
-AHEAD = 64 << 20  # how far ahead of its sha256 a mapped file is read in (``MADV_WILLNEED``)
-Advise = Callable[[int, int], None]  # (offset, length) of a file's bytes about to be read
+PIECE = 1 << 20  # fingerprint + scan (and read) granularity: stays in the core's cache for all passes
+SHA_SLICE = 32 << 10  # what sha256 is fed at a time (module docstring)
+AHEAD = 64 << 20  # how far ahead of the reader the disk is asked to read (``POSIX_FADV_WILLNEED``) ...
+AHEAD_STEP = 16 << 20  # ... in requests of this size
+
+
+def sha_update(sha: Any, buf: Any) -> None:
+    """Feed ``buf`` to ``sha`` in ``SHA_SLICE`` slices (the fastest size measured)."""
+    view = memoryview(buf).cast("B")
+    for i in range(0, len(view), SHA_SLICE):
+        sha.update(view[i : i + SHA_SLICE])
 
 
 @dataclass(frozen=True)
@@ -59,74 +80,155 @@ class FileRecord:
     tensors: dict[str, TensorRecord] | None = None
 
 
-class Digest:
-    """The record of one file computed from its bytes in memory, as independent jobs.
+class Recorder:
+    """A file's record, fed in order: ``header(bytes)``, then each tensor's pieces."""
 
-    ``whole`` are the file's bytes in order (its sha256); ``tensors`` are ``(name, code, shape,
-    bytes)`` (fingerprint and NaN/Inf count each), or None for a file that is not safetensors.
-    ``advise(offset, length)`` (a mapped file) is told what the sha256 will read next, so the
-    disk works ahead of the hash in a bounded window whatever the file's size.
-    """
-
-    def __init__(
-        self,
-        size: int,
-        whole: Sequence[Any],
-        tensors: Sequence[tuple[str, str, tuple[int, ...], Any]] | None,
-        advise: Advise | None = None,
-    ) -> None:
+    def __init__(self, size: int, safetensors: bool) -> None:
         self.size = size
-        self._whole = whole
-        self._tensors = tensors
-        self._advise = advise
-        self._sha = ""
-        self._found: dict[str, TensorRecord] = {}
+        self._sha = hashlib.sha256()
+        self._found: dict[str, TensorRecord] | None = {} if safetensors else None
 
-    def jobs(self) -> list[Job]:
-        out: list[Job] = [(self.size, self._hash)]
-        for name, code, shape, buf in self._tensors or ():
-            out.append((len(buf), functools.partial(self._tensor, name, code, shape, buf)))
-        return out
+    def header(self, buf: Any) -> None:
+        """Bytes that belong to no tensor (a safetensors header; a whole non-tensor file)."""
+        sha_update(self._sha, buf)
 
-    def _hash(self) -> None:
-        sha = hashlib.sha256()
-        pos = 0
-        for buf in self._whole:
-            for i in range(0, len(buf), CHUNK_BYTES):
-                if self._advise is not None and pos + AHEAD < self.size:
-                    self._advise(pos + AHEAD, CHUNK_BYTES)
-                piece = buf[i : i + CHUNK_BYTES]
-                sha.update(piece)
-                pos += len(piece)
-        self._sha = sha.hexdigest()
-
-    def _tensor(self, name: str, code: str, shape: tuple[int, ...], buf: Any) -> None:
-        h = fingerprint_hasher(dtype_of(code), shape)
-        bad = 0
-        for i in range(0, len(buf), _PIECE):  # fingerprint and scan each piece while it is in cache
-            piece = buf[i : i + _PIECE]
+    def tensor(self, name: str, code: str, shape: tuple[int, ...], pieces: Iterable[Any]) -> None:
+        """One tensor's bytes, in order, in pieces whose sizes are multiples of its item size."""
+        h, bad = fingerprint_hasher(dtype_of(code), shape), 0
+        for piece in pieces:
+            sha_update(self._sha, piece)
             h.update(piece)
             bad += count_nonfinite(code, piece)
+        assert self._found is not None
         self._found[name] = TensorRecord(dtype_of(code), shape, h.hexdigest(), bad)
 
     def record(self) -> FileRecord:
-        """The record, once every job ran."""
-        names = None if self._tensors is None else [t[0] for t in self._tensors]
-        return FileRecord(self.size, self._sha, None if names is None else {n: self._found[n] for n in names})
-
-    def release(self) -> None:
-        """Drop the references to the bytes (before the memory they view goes away)."""
-        self._whole, self._tensors = (), None
+        return FileRecord(self.size, self._sha.hexdigest(), None if self._found is None else dict(self._found))
 
 
-def run_digests(digests: Sequence[Digest]) -> Iterator[int]:
-    """Run every job of ``digests`` on ``WORKERS`` threads, longest first; yield the index of
+def pieces(flat: Any) -> Iterator[memoryview]:
+    """``flat`` (a tensor's bytes) in ``PIECE`` slices."""
+    view = memoryview(flat).cast("B")
+    for i in range(0, len(view), PIECE):
+        yield view[i : i + PIECE]
+
+
+class FileWriter:
+    """Writes one safetensors file from memory and computes its record in the same pass.
+
+    ``head`` is the header bytes, ``items`` ``(name, code, shape, flat uint8 bytes)`` in file
+    order. An ``OSError`` (e.g. ENOSPC) propagates out of the job (``run_digests`` raises it)."""
+
+    def __init__(self, path: Path, head: bytes, items: Sequence[tuple[str, str, tuple[int, ...], Any]],
+                 size: int, fsync: bool) -> None:  # fmt: skip
+        self.path, self.size = path, size
+        self._head, self._items, self._fsync = head, items, fsync
+        self._record: FileRecord | None = None
+
+    def jobs(self) -> list[Job]:
+        return [(self.size, self._run)]
+
+    def _run(self) -> None:
+        rec = Recorder(self.size, True)
+        with open(self.path, "wb", buffering=0) as fh:
+
+            def written(views: Iterable[memoryview]) -> Iterator[memoryview]:
+                for view in views:
+                    rest = view
+                    while rest:
+                        rest = rest[fh.write(rest) :]
+                    yield view
+
+            rec.header(next(written([memoryview(self._head)])))
+            for name, code, shape, flat in self._items:
+                rec.tensor(name, code, shape, written(pieces(flat)))
+            if self._fsync:
+                os.fsync(fh.fileno())
+        self._record = rec.record()
+
+    def record(self) -> FileRecord:
+        assert self._record is not None, "record() before the job ran"
+        return self._record
+
+
+class FileReader:
+    """Reads one file on disk once and computes its record (module docstring).
+
+    ``tensors`` is the validated safetensors header's tensors (``TensorInfo``: absolute
+    ``start`` / ``end``, contiguous, covering the file after the header) or None for a file
+    that is not safetensors. An ``OSError`` while reading (e.g. the file changed under us) is
+    kept and raised by ``record``.
+    """
+
+    def __init__(self, path: Path, size: int, tensors: Sequence[Any] | None) -> None:
+        self.path, self.size, self._tensors = path, size, tensors
+        self._record: FileRecord | None = None
+        self._error: OSError | None = None
+
+    def jobs(self) -> list[Job]:
+        return [(self.size, self._run)]
+
+    def _run(self) -> None:
+        try:
+            self._record = self._read()
+        except OSError as exc:
+            self._error = exc
+
+    def _read(self) -> FileRecord:
+        rec = Recorder(self.size, self._tensors is not None)
+        buf = memoryview(bytearray(PIECE))
+        with open(self.path, "rb", buffering=0) as fh:
+            fd = fh.fileno()
+            _advise(fd, 0, 0, "POSIX_FADV_SEQUENTIAL")
+            pos = asked = 0
+
+            def read(end: int) -> Iterator[memoryview]:  # the bytes up to ``end``, piece by piece
+                nonlocal pos, asked
+                while pos < end:
+                    while asked < min(self.size, pos + AHEAD):  # keep AHEAD bytes asked for
+                        _advise(fd, asked, AHEAD_STEP, "POSIX_FADV_WILLNEED")
+                        asked += AHEAD_STEP
+                    n, got = min(PIECE, end - pos), 0
+                    while got < n:
+                        k = fh.readinto(buf[got:n])
+                        if not k:
+                            raise OSError(f"{self.path}: file shorter than its {self.size} bytes")
+                        got += k
+                    pos += n
+                    yield buf[:n]
+
+            tensors = sorted(self._tensors or (), key=lambda t: t.start)
+            for piece in read(tensors[0].start if tensors else self.size):
+                rec.header(piece)
+            for t in tensors:
+                rec.tensor(t.name, t.code, t.shape, read(t.end))
+            if pos != self.size or fh.read(1):
+                raise OSError(f"{self.path}: file longer than its {self.size} bytes")
+        return rec.record()
+
+    def record(self) -> FileRecord:
+        """The record, once the job ran; the ``OSError`` it met, if any."""
+        if self._error is not None:
+            raise self._error
+        assert self._record is not None, "record() before the job ran"
+        return self._record
+
+
+def _advise(fd: int, offset: int, length: int, what: str) -> None:
+    """A ``posix_fadvise`` hint, where the platform has it (never fails)."""
+    if hasattr(os, what):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, getattr(os, what))
+
+
+def run_digests(digests: Sequence[FileWriter | FileReader], workers: int = THREADS) -> Iterator[int]:
+    """Run every job of ``digests`` on ``workers`` threads, longest first; yield the index of
     each digest as its last job ends. The first job error is raised once nothing runs."""
     jobs = sorted(((cost, i, fn) for i, d in enumerate(digests) for cost, fn in d.jobs()), key=lambda j: -j[0])
     left = [0] * len(digests)
     for _, i, _ in jobs:
         left[i] += 1
-    with ThreadPoolExecutor(max_workers=min(WORKERS, len(jobs) or 1), thread_name_prefix="ftkit-ckpt-digest") as pool:
+    with ThreadPoolExecutor(max_workers=min(workers, len(jobs) or 1), thread_name_prefix="ftkit-ckpt-digest") as pool:
         futures: dict[Future[None], int] = {pool.submit(fn): i for _, i, fn in jobs}
         try:
             for fut in as_completed(futures):
@@ -138,15 +240,3 @@ def run_digests(digests: Sequence[Digest]) -> Iterator[int]:
         finally:
             for fut in futures:
                 fut.cancel()
-
-
-def advisor(mm: mmap.mmap) -> Advise | None:
-    """``MADV_WILLNEED`` over a range of ``mm`` (asynchronous read-ahead), where the platform has it."""
-    if not hasattr(mmap, "MADV_WILLNEED"):
-        return None
-
-    def advise(offset: int, length: int) -> None:
-        with contextlib.suppress(OSError, ValueError):  # a hint: the mapping may be closing
-            mm.madvise(mmap.MADV_WILLNEED, offset, length)
-
-    return advise

@@ -5,10 +5,12 @@ The caller (one process, after every rank's ``preflight`` verdict was gathered a
 TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
 
 ``publish_write``    stage ``checkpoints/.step_N.tmp-*`` (same file system) and write the
-                     safetensors files and ``meta.json`` straight from the tensors' memory,
-                     each fsynced once as soon as it is written; meanwhile every file's
-                     sha256 and every tensor's fingerprint and NaN/Inf count run on every
-                     core (``stfile.write_files``)
+                     safetensors files (each payload group cut into shard files of at most
+                     ``shard_bytes`` of tensor data, ``ftkit.checkpoint.shards``) and
+                     ``meta.json`` straight from the tensors' memory, one job per file that
+                     feeds each piece it writes to the file's sha256 and the tensor's
+                     fingerprint and NaN/Inf count, and fsyncs the file at its end; the files
+                     in parallel on every core (``stfile.write_files``)
 ``publish_scan``     reject on any NaN/Inf (optimizer state included); fsync ``meta.json``
 ``publish_manifest`` write ``MANIFEST.json`` last, fsync it and the staging directory
 ``publish_rename``   rename to ``checkpoints/step_N`` and fsync ``checkpoints/``
@@ -39,7 +41,16 @@ from ftkit.checkpoint.guard import GuardVerdict
 from ftkit.checkpoint.layout import MANIFEST, META, PROTOCOL, step_name
 from ftkit.checkpoint.preflight import Hook, PreflightVerdict, fire
 from ftkit.checkpoint.retention import Record, RetentionPolicy, load_records, select
-from ftkit.checkpoint.stfile import FileRecord, fsync_file, layout_st, payload_nbytes, write_files, write_json
+from ftkit.checkpoint.shards import DEFAULT_SHARD_BYTES, is_shard_name, split
+from ftkit.checkpoint.stfile import (
+    FileRecord,
+    fsync_file,
+    layout_st,
+    payload_nbytes,
+    tensor_nbytes,
+    write_files,
+    write_json,
+)
 from ftkit.fsutil import fsync_dir
 from ftkit.tensors.st import temp_path
 
@@ -49,8 +60,9 @@ TENSOR_OVERHEAD = 512  # bytes per tensor: its safetensors header entry and its 
 
 @dataclass(frozen=True)
 class Payload:
-    """What to publish: ``files`` (``"model.safetensors" -> {name: tensor}``), ``meta`` (step,
-    rollout, config hash, cells and layout; JSON-able), the files whose tensors make up the
+    """What to publish: ``files`` (payload groups, ``"model.safetensors" -> {name: tensor}``;
+    each stored as one file or as shards, ``ftkit.checkpoint.shards``), ``meta`` (step,
+    rollout, config hash, cells and layout; JSON-able), the groups whose tensors make up the
     state fingerprint and their name prefixes, and the totals the ranks logged at this step."""
 
     files: Mapping[str, Mapping[str, Any]]
@@ -88,7 +100,8 @@ class _Rejected(Exception):
 class Publisher:
     """Publishes checkpoints into ``checkpoints`` under ``policy``.
 
-    ``at`` is the fault hook (``preflight.fire`` semantics); ``on_event`` receives events.
+    ``at`` is the fault hook (``preflight.fire`` semantics); ``on_event`` receives events;
+    ``shard_bytes`` bounds the tensor data of one payload file (a larger group is sharded).
     """
 
     def __init__(
@@ -97,11 +110,13 @@ class Publisher:
         policy: RetentionPolicy,
         on_event: OnEvent | None = None,
         at: Hook | None = None,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
     ) -> None:
         self.dir = Path(checkpoints)
         self.policy = policy
         self.on_event = on_event
         self.at = at
+        self.shard_bytes = shard_bytes
 
     def _emit(self, type_: str, **fields: Any) -> None:
         if self.on_event is not None:
@@ -128,13 +143,14 @@ class Publisher:
         if guard.tainted:
             return self._reject(step, f"guard: steps [{guard.from_step}, {guard.to_step}] tainted", clock)
         _check_names(payload)
+        files, prefixes = self._shard(payload)
         target = self.dir / step_name(step)
         stage = temp_path(target)
         try:
             t0 = time.perf_counter()
             fire(self.at, "publish_write")
             stage.mkdir()
-            records = self._write(stage, step, rollout, payload)
+            records = self._write(stage, step, rollout, files, payload.meta)
             clock["write"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             fire(self.at, "publish_scan")
@@ -151,7 +167,7 @@ class Publisher:
                 guard=guard.to_json(),
                 metric_name=self.policy.best_metric,
                 metric=metric,
-                prefixes=dict(payload.fingerprint_prefixes),
+                prefixes=prefixes,
                 rank_totals=dict(payload.rank_totals),
             )
             raw = mf.dumps(man)
@@ -210,15 +226,32 @@ class Publisher:
         )
         return out
 
-    def _write(self, stage: Path, step: int, rollout: int | None, payload: Payload) -> dict[str, FileRecord]:
+    def _shard(self, payload: Payload) -> tuple[dict[str, Mapping[str, Any]], dict[str, str]]:
+        """The payload's files after sharding, and the fingerprint prefix of each shard (its group's)."""
+        files: dict[str, Mapping[str, Any]] = {}
+        prefixes: dict[str, str] = {}
+        for group, tensors in payload.files.items():
+            sizes = {n: tensor_nbytes(t) for n, t in tensors.items()}
+            for fname, part in split(group, tensors, sizes, self.shard_bytes).items():
+                files[fname] = part
+                if group in payload.fingerprint_prefixes:
+                    prefixes[fname] = payload.fingerprint_prefixes[group]
+        return files, prefixes
+
+    def _write(
+        self,
+        stage: Path,
+        step: int,
+        rollout: int | None,
+        files: Mapping[str, Mapping[str, Any]],
+        meta: Mapping[str, Any],
+    ) -> dict[str, FileRecord]:
         """Write the payload files and ``meta.json``; every file's sha256 and every tensor's
-        fingerprint and NaN/Inf count are computed meanwhile from the same memory
-        (``stfile.write_files``)."""
+        fingerprint and NaN/Inf count are computed in the same pass (``stfile.write_files``)."""
         meta_st = {"protocol": PROTOCOL, "step": str(step)}
-        layouts = {stage / f: layout_st(tensors, meta_st) for f, tensors in payload.files.items()}
+        layouts = {stage / f: layout_st(tensors, meta_st) for f, tensors in files.items()}
         records = {p.name: r for p, r in write_files(layouts).items()}
-        meta = {**payload.meta, "protocol": PROTOCOL, "step": step, "rollout": rollout}
-        records[META] = write_json(stage / META, meta)
+        records[META] = write_json(stage / META, {**meta, "protocol": PROTOCOL, "step": step, "rollout": rollout})
         return records
 
     @staticmethod
@@ -247,8 +280,8 @@ class Publisher:
 
 def _check_names(payload: Payload) -> None:
     for fname in payload.files:
-        if "/" in fname or fname.startswith(".") or not fname.endswith(".safetensors"):
-            raise ValueError(f"payload file name {fname!r} is not a plain *.safetensors name")
+        if "/" in fname or fname.startswith(".") or not fname.endswith(".safetensors") or is_shard_name(fname):
+            raise ValueError(f"payload file name {fname!r} is not a plain *.safetensors name (nor a shard's)")
 
 
 def _cleanup_hook(at: Hook | None) -> None:

@@ -80,13 +80,16 @@ def _recompute(path: Path, prefixes: dict[str, str], specs: dict[str, dict[str, 
     from ftkit.tensors.sharding import entry_sharding, shard_of
     from ftkit.tensors.st import read_header
 
-    by_prefix = {prefix: fname for fname, prefix in prefixes.items()}
+    by_prefix: dict[str, list[str]] = {}
+    for fname, prefix in sorted(prefixes.items()):  # a group's shards share its prefix
+        by_prefix.setdefault(prefix, []).append(fname)
     if set(by_prefix) != {"param/", "optimizer/"}:
         raise ValueError(f"fingerprint_prefixes {prefixes} do not name a model and an optimizer file")
-    arrays: dict[str, dict[str, Any]] = {}
-    for prefix, fname in by_prefix.items():
-        header, mapped = read_header(path / fname), MappedFile(path / fname)
-        arrays[prefix] = {n: mapped.array(info) for n, info in header.tensors.items()}
+    arrays: dict[str, dict[str, Any]] = {"param/": {}, "optimizer/": {}}
+    for prefix, fnames in by_prefix.items():
+        for fname in fnames:
+            header, mapped = read_header(path / fname), MappedFile(path / fname)
+            arrays[prefix].update({n: mapped.array(info) for n, info in header.tensors.items()})
     params, optim = arrays["param/"], arrays["optimizer/"]
     entries: dict[str, list[str]] = {}
     for key in optim:

@@ -1,6 +1,8 @@
 """From a rank's state to a checkpoint payload, and from a run's checkpoints back to a state.
 
-The training side stores a state in the TP=1/PP=1 layout as three files:
+The training side stores a state in the TP=1/PP=1 layout as three payload groups, each one
+file or, past the publisher's shard size, shard files (``optimizer-00001-of-00003.safetensors``,
+``ftkit.checkpoint.shards``; readers get the group back whole):
 
 * ``model.safetensors``: ``{parameter name: tensor}`` (fingerprint prefix ``param/``);
 * ``optimizer.safetensors``: ``{"<param>.<key>": tensor}`` (prefix ``optimizer/``);
@@ -17,7 +19,9 @@ slices a rank's state back out for a run of any layout).
 ``newest_verified(checkpoints)`` is what ``--resume`` does first: ``reconcile``, then the
 records newest first, each verified fail-closed (``verify_path`` on the checkpoint); the first
 that verifies wins, each one skipped is reported through ``on_warning`` with its first finding.
-``load(checkpoint)`` verifies again and reads the tensors with the safetensors reader.
+``load(checkpoint)`` verifies (unless the caller just did: ``verified=True``, so ``--resume``
+hashes the checkpoint once) and reads the tensors with the safetensors reader, each group's
+shards merged (``read_groups``).
 """
 
 from __future__ import annotations
@@ -81,21 +85,42 @@ def newest_verified(checkpoints: Path, on_warning: Callable[[str], None] | None 
     return None
 
 
-def load(checkpoint: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """``({file: {name: torch tensor}}, meta)`` of a checkpoint that verifies; ``InputError`` else."""
-
-    from safetensors.torch import load_file
-
+def load(checkpoint: Path, verified: bool = False) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``({group: {name: torch tensor}}, meta)`` of a checkpoint that verifies; ``InputError``
+    else. ``verified=True``: the caller verified it a moment ago (``newest_verified``); the
+    manifest's file list still passes the shard rule before anything is read."""
     from ftkit.checkpoint.layout import META
-    from ftkit.checkpoint.manifest import load as load_manifest
     from ftkit.checkpoint.verify import verify_path
 
-    errors = [f for f in verify_path(checkpoint).findings if f.severity.value == "error"]
-    if errors:
+    if not verified:
+        errors = [f for f in verify_path(checkpoint).findings if f.severity.value == "error"]
+        if errors:
+            raise InputError(
+                f"checkpoint {checkpoint} does not verify: {errors[0].code} {errors[0].message}",
+                f"run 'ftkit verify-checkpoint {checkpoint}' for every finding",
+            )
+    return read_groups(checkpoint), load_json((checkpoint / META).read_bytes())
+
+
+def read_groups(checkpoint: Path) -> dict[str, dict[str, Any]]:
+    """``{group: {name: torch tensor}}`` of the safetensors files the manifest of ``checkpoint``
+    lists, each group's shards merged (``shards.merge``). ``InputError`` when the list breaks
+    the shard rule (FT218). Reads only; verify the checkpoint first."""
+    from safetensors.torch import load_file
+
+    from ftkit.checkpoint.layout import MANIFEST
+    from ftkit.checkpoint.manifest import ManifestError
+    from ftkit.checkpoint.manifest import load as load_manifest
+    from ftkit.checkpoint.shards import group_problems, merge
+
+    try:
+        man, _ = load_manifest(checkpoint / MANIFEST)
+    except ManifestError as exc:
+        raise InputError(f"checkpoint {checkpoint}: {exc}", f"run 'ftkit verify-checkpoint {checkpoint}'") from None
+    listed = {name: list(e.tensors) for name, e in man.files.items() if e.tensors is not None}
+    problems = group_problems(listed)
+    if problems:
         raise InputError(
-            f"checkpoint {checkpoint} does not verify: {errors[0].code} {errors[0].message}",
-            f"run 'ftkit verify-checkpoint {checkpoint}' for every finding",
+            f"checkpoint {checkpoint}: FT218 {problems[0][1]}", f"run 'ftkit verify-checkpoint {checkpoint}'"
         )
-    man, _ = load_manifest(checkpoint / "MANIFEST.json")
-    files = {name: load_file(str(checkpoint / name)) for name, e in man.files.items() if e.tensors is not None}
-    return files, load_json((checkpoint / META).read_bytes())
+    return merge({name: load_file(str(checkpoint / name)) for name in listed})

@@ -18,9 +18,11 @@ from ftkit.tensors.st import ST_DTYPES, TORCH_TO_ST
 CHUNK_BYTES = 16 << 20  # scan/hash/write granularity: stays in cache, bounds temporaries
 
 # code -> (numpy view dtype, how to count non-finite elements of that view)
-_NUMPY_FLOATS = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "C64": np.float32}
+_NUMPY_FLOATS = {"F32": np.float32, "F64": np.float64, "C64": np.float32}
 # integer-view codes: (view dtype, exponent mask, value of the mask for NaN/Inf) or an exact NaN byte
+# (float16 too: numpy's isfinite on float16 runs at ~1.7 GB/s, the mask at ~5 GB/s, measured)
 _MASKED = {
+    "F16": (np.uint16, 0x7C00, 0x7C00),
     "BF16": (np.uint16, 0x7F80, 0x7F80),
     "F8_E4M3": (np.uint8, 0x7F, 0x7F),  # e4m3fn: no infinities, NaN = S.1111.111
     "F8_E5M2": (np.uint8, 0x7C, 0x7C),  # IEEE-like: exponent all ones

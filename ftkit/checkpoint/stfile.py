@@ -2,33 +2,30 @@
 
 ``write_files`` serialises ``{name: tensor}`` maps in the safetensors format (8-byte header
 length, JSON header padded to 8 bytes, data in header order; tensors sorted by name, so the
-same state gives the same bytes). Each file is written by its own thread straight from the
-tensors' memory (no copy, one ``write`` per tensor) and fsynced once by that thread as soon as
-it is written, while the ``ftkit.checkpoint.digest`` jobs (sha256 per file, fingerprint + NaN/Inf
-scan per tensor) run over the same memory on every core.
+same state gives the same bytes). Each file is one job (``digest.FileWriter``): it is written
+straight from the tensors' memory (no copy) in 1 MiB pieces, each piece fed to the file's
+sha256, the tensor's fingerprint and the NaN/Inf scan while it is in cache, and fsynced once as
+soon as it is written; the files run in parallel on every core.
 
-``digest_files`` (the verifier) opens each file once: ``ftkit.tensors.st.read_header``
-validates its structure, then the file is mapped (``mmap``) and the same jobs run over the
-mapped bytes, the disk reading a bounded window ahead of each file's sha256
-(``MADV_WILLNEED``). No pickle anywhere.
+``digest_files`` (the verifier): ``ftkit.tensors.st.read_header`` validates each file's
+structure, then each file is read once, sequentially, its sha256, fingerprints and scan fed
+from the same 1 MiB pieces (``digest.FileReader``), the files in parallel. No pickle anywhere.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ftkit.checkpoint.digest import AHEAD, Digest, FileRecord, TensorRecord, advisor, run_digests
+from ftkit.checkpoint.digest import FileReader, FileRecord, FileWriter, TensorRecord, run_digests
 from ftkit.checkpoint.scan import CHUNK_BYTES, host_bytes
 from ftkit.errors import InputError
 
@@ -38,6 +35,7 @@ __all__ = [
     "StLayout",
     "layout_st",
     "payload_nbytes",
+    "tensor_nbytes",
     "write_files",
     "write_st",
     "write_json",
@@ -73,47 +71,34 @@ def layout_st(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = N
     return StLayout(struct.pack("<Q", len(raw)) + raw, items)
 
 
+def tensor_nbytes(t: Any) -> int:
+    """Bytes of data of one tensor (torch tensor or numpy array)."""
+    return int(t.nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size())
+
+
 def payload_nbytes(tensors: Mapping[str, Any]) -> int:
     """Bytes of tensor data a file of ``tensors`` holds (without the header)."""
-    total = 0
-    for t in tensors.values():
-        total += int(t.nbytes) if isinstance(t, np.ndarray) else int(t.numel() * t.element_size())
-    return total
+    return sum(tensor_nbytes(t) for t in tensors.values())
 
 
 def write_files(files: Mapping[Path, StLayout], fsync: bool = True) -> dict[Path, FileRecord]:
-    """Write every file, fsync it (once, by its writer, as soon as it is written, while the
-    digest jobs of the others go on) and return their records.
+    """Write every file and return their records: one job per file (``digest.FileWriter``)
+    writes it straight from the tensors' memory in 1 MiB pieces, feeds each piece to its
+    sha256, fingerprint and scan, and fsyncs it (once, as soon as it is written); the files in
+    parallel, the largest first.
 
-    Raises the first ``OSError`` of a writer (e.g. ENOSPC) once every writer and job ended, so
+    Raises the first ``OSError`` of a writer (e.g. ENOSPC) once no job runs any more, so
     nothing touches the files after it returns or raises.
     """
-    paths = list(files)
-    digests = [Digest(files[p].size, [files[p].head, *(f for *_, f in files[p].items)], files[p].items) for p in paths]
-    with ThreadPoolExecutor(max_workers=max(1, len(paths)), thread_name_prefix="ftkit-ckpt-write") as writers:
-        written = [writers.submit(_write_file, p, files[p], fsync) for p in paths]
-        try:
-            for _ in run_digests(digests):
-                pass
-        finally:
-            errors = [e for e in (w.exception() for w in written) if e is not None]
-        if errors:
-            raise errors[0]
-    return {p: d.record() for p, d in zip(paths, digests)}
+    writers = [FileWriter(p, files[p].head, files[p].items, files[p].size, fsync) for p in files]
+    for _ in run_digests(writers):
+        pass
+    return {w.path: w.record() for w in writers}
 
 
 def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> FileRecord:
     """Write one safetensors file (no fsync); returns its record."""
     return write_files({path: layout_st(tensors, metadata)}, fsync=False)[path]
-
-
-def _write_file(path: Path, layout: StLayout, fsync: bool) -> None:
-    with open(path, "wb", buffering=0) as fh:
-        for view in [memoryview(layout.head), *(flat.data for *_, flat in layout.items)]:
-            while view:  # one system call per tensor unless the kernel writes less
-                view = view[fh.write(view) :]
-        if fsync:
-            os.fsync(fh.fileno())
 
 
 def write_json(path: Path, doc: Mapping[str, Any]) -> FileRecord:
@@ -142,50 +127,31 @@ def sha256_file(path: Path) -> str:
 def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, FileRecord | InputError]]:
     """Re-derive the records of ``(path, is_safetensors)`` files from disk, yielding each as it
     is done: a safetensors file's header is validated first (``read_header`` fails closed on
-    every structural error; its ``InputError`` is yielded instead of a record); an unreadable
-    file yields an ``InputError`` too."""
+    every structural error; its ``InputError`` is yielded instead of a record); then each file
+    is read once (``digest.FileReader``), all files at once, the largest
+    first. An unreadable file yields an ``InputError`` too."""
     from ftkit.tensors.st import read_header
 
-    maps: list[mmap.mmap] = []
-    views: list[memoryview] = []
-    todo: list[tuple[Path, Digest]] = []
-    try:
-        for path, is_st in files:
-            try:
-                header = read_header(path) if is_st else None
-                with open(path, "rb") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
-            except InputError as exc:
-                yield path, exc
-                continue
-            except (OSError, ValueError) as exc:
-                yield path, InputError(f"cannot read {path}: {exc}", "check the path and permissions")
-                continue
-            view = memoryview(mm if mm is not None else b"")
-            advise = None
-            if mm is not None:
-                maps.append(mm)
-                views.append(view)
-                advise = advisor(mm)
-                if advise is not None:
-                    advise(0, AHEAD)  # the first window; the sha256 job keeps asking ahead
-            tensors = None
-            if header is not None:
-                tensors = [(t.name, t.code, t.shape, view[t.start : t.end]) for t in header.tensors.values()]
-            todo.append((path, Digest(size, [view], tensors, advise)))
-        for i in run_digests([d for _, d in todo]):
-            yield todo[i][0], todo[i][1].record()
-    finally:
-        for _, d in todo:
-            d.release()
+    todo: list[FileReader] = []
+    for path, is_st in files:
         try:
-            for view in views:
-                view.release()
-            for mm in maps:
-                mm.close()
-        except BufferError:  # a slice is still referenced (an error mid-job): the collector closes it
-            pass
+            header = read_header(path) if is_st else None
+            size = path.stat().st_size
+        except InputError as exc:
+            yield path, exc
+            continue
+        except (OSError, ValueError) as exc:
+            yield path, InputError(f"cannot read {path}: {exc}", "check the path and permissions")
+            continue
+        if header is not None and header.size != size:
+            yield path, InputError(f"{path} changed while it was read", "verify again")
+            continue
+        todo.append(FileReader(path, size, None if header is None else list(header.tensors.values())))
+    for i in run_digests(todo):
+        try:
+            yield todo[i].path, todo[i].record()
+        except OSError as exc:
+            yield todo[i].path, InputError(f"cannot read {todo[i].path}: {exc}", "check the file and verify again")
 
 
 def digest_st(path: Path) -> FileRecord:

@@ -9,7 +9,8 @@ only input that is not a checkpoint at all raises ``InputError`` (exit 2).
 Per checkpoint: the manifest parses and agrees with itself; every file on disk is listed and
 every listed file is present, a regular file, of the listed size and sha256; safetensors files
 pass the structural reader and hold exactly the listed tensors with the listed dtype, shape and
-fingerprint, all finite; no pickle anywhere (by name or by content); the guard interval is clean;
+fingerprint, all finite; the payload files form complete shard sets, no tensor in two files of a
+group (``ftkit.checkpoint.shards``); no pickle anywhere (by name or by content); the guard interval is clean;
 for a checkpoint of a cell of several ranks, every rank's recorded total is the fingerprint of
 its shard of the stored state (``ftkit.checkpoint.rank_totals``).
 """
@@ -51,6 +52,7 @@ class CheckpointResult:
     path: Path
     manifest: mf.Manifest | None
     manifest_sha256: str | None
+    shards_ok: bool = True  # the payload files form complete shard sets (FT218)
 
 
 @dataclass
@@ -107,7 +109,7 @@ def verify_path(
     for r in results:
         mine = check_files(r, col, progress)
         rows += mine
-        if r.manifest is not None and all(row.status == "ok" for row in mine):
+        if r.manifest is not None and r.shards_ok and all(row.status == "ok" for row in mine):
             check_rank_totals(r.name, r.path, r.manifest, col)  # per-rank shards of the stored state
     if root is not None:
         check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
@@ -164,6 +166,7 @@ def _load(d: Path, col: Collector) -> CheckpointResult:
         problems.append(f"{META} is not listed")
     for p in problems:
         col.add("FT202", f"{d.name}: {p}", checkpoint=d.name, file=str(d / MANIFEST))
+    res.shards_ok = _check_shards(d.name, d, man, col)
     col.check("FT210")
     if not man.scan.clean or man.scan.nonfinite:
         col.add("FT210", f"{d.name}: manifest scan reports {man.scan.nonfinite} non-finite value(s)", checkpoint=d.name)
@@ -176,6 +179,23 @@ def _load(d: Path, col: Collector) -> CheckpointResult:
             checkpoint=d.name,
         )
     return res
+
+
+def _check_shards(name: str, d: Path, man: mf.Manifest, col: Collector) -> bool:
+    """FT218 for every way the listed payload files break the shard rule
+    (``shards.group_problems``), or a group whose files disagree on their fingerprint prefix."""
+    from ftkit.checkpoint.shards import group_problems, groups
+
+    listed = {f: list(e.tensors) for f, e in man.files.items() if e.tensors is not None}
+    problems = group_problems(listed)
+    for group, files in groups(listed).items():
+        prefixes = {man.fingerprint_prefixes.get(f) for f in files}
+        if len(prefixes) > 1:
+            problems.append((group, f"the files of {group} disagree on their fingerprint prefix"))
+    col.check("FT218", len(groups(listed)))
+    for group, problem in problems:
+        col.add("FT218", f"{name}: {problem}", checkpoint=name, file=str(d / group))
+    return not problems
 
 
 def check_files(r: CheckpointResult, col: Collector, progress: Progress | None) -> list[FileRow]:

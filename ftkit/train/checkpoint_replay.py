@@ -159,7 +159,7 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER
+    from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, read_groups
     from ftkit.model.gpt import stage_position
     from ftkit.train.canonical_state import local_state
     from ftkit.train.state_codec import RankState, restore
@@ -170,8 +170,8 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
     w.init_cell("127.0.0.1", port)
     try:
         w.configure(0, [0])
-        model, optim = load_file(plan.checkpoint / MODEL), load_file(plan.checkpoint / OPTIMIZER)
-        extra = load_file(plan.checkpoint / EXTRA)
+        groups = read_groups(plan.checkpoint)  # verified by plan_replay; shards merged
+        model, optim, extra = groups[MODEL], groups[OPTIMIZER], groups[EXTRA]
         params, entries = local_state(model, optim, w.params, w.tp_rank, w.cfg.tp, stage_position(w.model)[0])
         rng = torch.default_generator.get_state()  # every micro-shard reseeds it
         witness = None if w.witness is None else w.witness.param

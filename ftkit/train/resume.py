@@ -56,13 +56,14 @@ class CheckpointState:
         }
 
 
-def read_checkpoint(checkpoint: Path) -> CheckpointState:
-    """Verify and read ``checkpoint`` (``InputError`` when it does not verify)."""
+def read_checkpoint(checkpoint: Path, verified: bool = False) -> CheckpointState:
+    """Verify and read ``checkpoint`` (``InputError`` when it does not verify); ``verified``:
+    the caller verified it just before (``newest_verified``), so it is hashed once."""
     from ftkit.checkpoint.layout import MANIFEST
     from ftkit.checkpoint.manifest import load as load_manifest
     from ftkit.checkpoint.restore import load
 
-    files, meta = load(checkpoint)
+    files, meta = load(checkpoint, verified=verified)
     man, _ = load_manifest(checkpoint / MANIFEST)
     if man.rollout is None or man.state_fingerprint is None:
         raise RestoreFailed(

@@ -84,7 +84,7 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
                 note("no checkpoint verifies: training again from the seed's initial state")
             if newest is not None:
                 _check_same_run(newest, cfg)
-                state = read_checkpoint(newest)
+                state = read_checkpoint(newest, verified=True)  # newest_verified hashed it
             for name in retire_newer(checkpoints, -1 if state is None else state.step, cfg):
                 note(f"retired {name}: newer than the checkpoint resumed from, its steps are trained again")
         except (OSError, ValueError) as exc:

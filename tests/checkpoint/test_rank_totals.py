@@ -19,6 +19,7 @@ from ftkit.checkpoint.guard import GuardVerdict
 from ftkit.checkpoint.publish import Publisher
 from ftkit.checkpoint.restore import state_payload
 from ftkit.checkpoint.retention import RetentionPolicy
+from ftkit.checkpoint.shards import groups
 from ftkit.checkpoint.verify import verify_path
 from ftkit.events.writer import EventWriter
 from ftkit.tensors.fingerprint import combine, fingerprint
@@ -100,6 +101,11 @@ def test_local_state_slices_each_rank_exactly_its_shard() -> None:
 @pytest.fixture
 def run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     """A run directory with one checkpoint of a TP=2 x PP=2 cell and every rank's logged total."""
+    return publish_run(tmp_path)
+
+
+def publish_run(tmp_path: Path, shard_bytes: int | None = None) -> tuple[Path, dict[str, str]]:
+    """The ``run`` fixture's directory; ``shard_bytes``: the publisher's shard size."""
     params, optim = canonical()
     totals, specs = {}, {}
     for rank, (tp_rank, pp_rank) in RANKS.items():
@@ -109,7 +115,8 @@ def run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     meta = {"layout": {"tp": TP, "pp": PP}, "ranks": specs}
     p = state_payload(params, optim, {"counters": torch.tensor([STEP, 1])}, meta, totals)
     run = tmp_path / "run"
-    publish(Publisher(run / "checkpoints", RetentionPolicy(1, 1)), STEP, payload=p, guard=GuardVerdict(0, STEP, False))
+    pub = Publisher(run / "checkpoints", RetentionPolicy(1, 1), **({"shard_bytes": shard_bytes} if shard_bytes else {}))
+    publish(pub, STEP, payload=p, guard=GuardVerdict(0, STEP, False))
     with EventWriter(run / "events", run="run", role="trainer", cell=0, rank=0) as w:
         for rank, total in totals.items():
             w.emit("state_fingerprint", rollout=1, step=STEP, attempt=0, cell=0, rank=int(rank), total=total,
@@ -126,6 +133,21 @@ def test_a_tp2_pp2_checkpoint_verifies_with_every_rank_total_recomputed(run) -> 
     res = verify_path(path)
     assert res.findings == [] and len(set(totals.values())) == 4
     assert {r.code: r.checked for r in res.rules}["FT202"] >= 4  # one check per rank total
+
+
+def test_rank_totals_are_recomputed_across_shard_files(tmp_path) -> None:
+    """Model and optimizer state cut into shard files of 100 bytes: every rank's shard of the
+    state is sliced out of the right files and every total still checks (and a wrong one fails)."""
+    path, totals = publish_run(tmp_path, shard_bytes=100)
+    by_group = groups(p.name for p in ckpt(path).iterdir())
+    assert len(by_group["model.safetensors"]) >= 3 and len(by_group["optimizer.safetensors"]) >= 6
+    assert "model.safetensors" not in by_group["model.safetensors"]
+    res = verify_path(path)
+    assert res.findings == [] and {r.code: r.checked for r in res.rules}["FT202"] >= 4
+    man = json.loads((ckpt(path) / "MANIFEST.json").read_text())
+    man["rank_totals"]["1"] = "0" * 32
+    (ckpt(path) / "MANIFEST.json").write_text(json.dumps(man))
+    assert [f.code for f in verify_path(ckpt(path), events=False).findings] == ["FT202"]
 
 
 def test_ft202_a_rank_total_that_is_not_its_shard_of_the_stored_state(run) -> None:

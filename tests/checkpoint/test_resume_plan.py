@@ -143,3 +143,27 @@ def test_plan_falls_back_and_retires_the_newer_checkpoints(tmp_path: Path) -> No
     assert plan.skipped == warnings and plan.fields()["checkpoint"] == "step_000003"
     assert [r.name for r in load_records(ck)[0]] == ["step_000003"] and not (ck / "step_000007").exists()
     assert not [f for f in verify_path(ck).findings if f.severity.value == "error"]
+
+
+def test_plan_verifies_the_checkpoint_it_resumes_from_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--resume`` hashes the checkpoint once: ``newest_verified`` verifies it, loading it then
+    does not verify it again (it was verified a moment before)."""
+    from ckpt_helpers import publish
+
+    import ftkit.checkpoint.verify as verify
+    from ftkit.checkpoint.publish import Publisher
+    from ftkit.checkpoint.retention import RetentionPolicy
+
+    run = _run_dir(tmp_path)
+    assert publish(Publisher(run / "checkpoints", RetentionPolicy()), 3, metric=0.5).published
+    seen: list[str] = []
+    real = verify.verify_path
+
+    def counted(path: Path, *args: object, **kw: object) -> object:
+        seen.append(Path(path).name)
+        return real(path, *args, **kw)
+
+    monkeypatch.setattr(verify, "verify_path", counted)
+    plan = plan_resume(run, TrainConfig(out=run), lambda message: None)
+    assert plan.checkpoint is not None and plan.checkpoint.step == 3 and plan.checkpoint.files
+    assert seen == ["step_000003"]

@@ -68,3 +68,30 @@ def test_digest_files_yields_the_structural_error_of_a_malformed_file(tmp_path) 
     found = dict(digest_files([(bad, True), (empty, False)]))
     assert isinstance(found[bad], InputError) and "header" in found[bad].message
     assert found[empty].sha256 == hashlib.sha256(b"").hexdigest() and found[empty].size == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_nonfinite_count_is_exact_for_every_float_type(dtype) -> None:
+    """Every NaN / +-Inf counted, nothing else: the largest finite value, subnormals, -0."""
+    from ftkit.checkpoint.scan import count_nonfinite, host_bytes
+
+    info = torch.finfo(dtype)
+    values = [0.0, -0.0, 1.0, info.max, -info.max, info.tiny, info.tiny / 4, math.nan, math.inf, -math.inf]
+    t = torch.tensor(values, dtype=dtype)
+    t = torch.cat([t, -t.flip(0)])  # the NaN with its sign bit flipped too
+    code, _, flat = host_bytes(t)
+    assert count_nonfinite(code, flat) == int((~t.isfinite()).sum()) == 6
+
+
+def test_a_file_that_changed_under_the_reader_is_an_error_not_a_record(tmp_path) -> None:
+    from ftkit.checkpoint.digest import FileReader, run_digests
+    from ftkit.tensors.st import read_header
+
+    p = tmp_path / "a.safetensors"
+    write_files({p: layout_st({"x": torch.arange(1000.0)})}, fsync=False)
+    tensors = list(read_header(p).tensors.values())
+    for size in (p.stat().st_size + 8, p.stat().st_size - 8):  # the file grew, or was cut, after its header check
+        d = FileReader(p, size, tensors)
+        list(run_digests([d]))
+        with pytest.raises(OSError, match="shorter|longer"):
+            d.record()

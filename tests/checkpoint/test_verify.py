@@ -350,9 +350,9 @@ def test_cli_exit_codes_and_formats(run, tmp_path, capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert doc["schema_version"] == 1 and doc["verdict"] == "fail"
     assert [f["code"] for f in doc["findings"]] == ["FT204"]
-    assert {r["code"] for r in doc["rules"]} >= {f"FT2{i:02d}" for i in range(1, 18)}
+    assert {r["code"] for r in doc["rules"]} >= {f"FT2{i:02d}" for i in range(1, 19)}
     suite = ET.parse(junit).getroot().find("testsuite")
-    assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "17"
+    assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "18"
     assert cli.main(["verify-checkpoint", str(run), "-f", "github"]) == 1
     lines = capsys.readouterr().out.splitlines()
     # the shared output path: file= only inside the workspace (the run lies in a temp dir, so the

@@ -1,10 +1,11 @@
 """``RankWorker.restore_checkpoint`` without Ray: a real megatron rank in a spawned process.
 
 The rank trains steps 0-1, its state goes through a real checkpoint (``checkpoint_state`` ->
-``state_payload`` -> ``Publisher`` -> ``restore.load``), it trains step 2, then the checkpoint
-is restored into it: its fingerprint is the manifest's again, and step 2 trained once more
-commits the same state as the first time. A checkpoint whose manifest fingerprint or counters
-do not match what the rank ends up holding is refused (``ValueError``).
+``state_payload`` -> ``Publisher``, its groups sharded into 64 KiB files -> ``restore.load``),
+it trains step 2, then the checkpoint is restored into it: its fingerprint is the manifest's
+again, and step 2 trained once more commits the same state as the first time. A checkpoint
+whose manifest fingerprint or counters do not match what the rank ends up holding is refused
+(``ValueError``).
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ def _proc(index: int, run_dir: str, port: int) -> None:
     ck = Path(run_dir) / "checkpoints"
     guard = GuardVerdict(0, 1, False)
     verdict = agree([preflight(ck, 1, payload.nbytes, guard, "cell0-rank0")])
-    published = Publisher(ck, RetentionPolicy()).publish(1, payload, guard, verdict, metric=0.5, rollout=0)
+    # shards of 64 KiB: the model's state goes through many files and comes back whole
+    published = Publisher(ck, RetentionPolicy(), shard_bytes=64 << 10).publish(
+        1, payload, guard, verdict, metric=0.5, rollout=0
+    )
     assert published.published, published.reason
+    out["files"] = sorted(p.name for p in published.path.glob("*.safetensors"))
     out["step2"] = train(2)
     ckpt = read_checkpoint(published.path)
     out["manifest"] = ckpt.state_fingerprint
@@ -75,6 +80,7 @@ def test_restore_checkpoint_reloads_the_state_bitwise(tmp_path: Path) -> None:
     mp.start_processes(_proc, args=(str(tmp_path), store.port), nprocs=1, start_method="spawn", join=True)
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["restored"] == out["manifest"] == out["first"][1]
+    assert "optimizer-00001-of-" in " ".join(out["files"]) and "model-00002-of-" in " ".join(out["files"])
     assert out["counters"] == {"step": 1, "rollout": 0}
     assert out["step2_again"] == out["step2"]
     assert "differs from the expected" in out["wrong_fingerprint"]
