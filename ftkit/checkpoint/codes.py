@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftkit.findings import Finding, RuleSummary, Severity, sort_findings
+from ftkit.findings import Finding, RuleSummary, RuleTable, Severity, sort_findings
 
 E, W = Severity.error, Severity.warning
 CODES: dict[str, tuple[str, Severity, str]] = {
@@ -68,6 +68,9 @@ CODES: dict[str, tuple[str, Severity, str]] = {
 }
 
 
+TABLE = RuleTable(CODES)
+
+
 class Collector:
     """Findings plus a per-code count of what was checked."""
 
@@ -79,32 +82,10 @@ class Collector:
         self.checked[code] = self.checked.get(code, 0) + n
 
     def add(self, code: str, message: str, **evidence: Any) -> None:
-        rule, severity, _ = CODES[code]
-        self.findings.append(
-            Finding(
-                code=code,
-                rule=rule,
-                severity=severity,
-                message=message,
-                evidence={k: v for k, v in evidence.items() if v is not None},
-            )
-        )
+        self.findings.append(TABLE.finding(code, message, **evidence))
 
     def summaries(self) -> list[RuleSummary]:
-        counts: dict[str, int] = {}
-        for f in self.findings:
-            counts[f.code] = counts.get(f.code, 0) + 1
-        return [
-            RuleSummary(
-                code=code,
-                rule=rule,
-                severity=sev,
-                description=desc,
-                checked=self.checked.get(code, 0),
-                findings=counts.get(code, 0),
-            )
-            for code, (rule, sev, desc) in CODES.items()
-        ]
+        return TABLE.summaries(self.checked, self.findings)
 
     def sorted(self) -> list[Finding]:
         return sort_findings(self.findings)
@@ -112,6 +93,4 @@ class Collector:
 
 def rules_markdown() -> str:
     """The rules table of docs/checkpoints.md."""
-    lines = ["| code | rule | severity | fails when |", "|---|---|---|---|"]
-    lines += [f"| {c} | {r} | {s.value} | {d} |" for c, (r, s, d) in CODES.items()]
-    return "\n".join(lines)
+    return TABLE.markdown()
