@@ -352,20 +352,30 @@ def test_full_matrix(reference: Path, out: Path, inject: list[str]) -> None:
 
 @full_only
 def test_cell_dies_while_another_heals(reference: Path, out: Path) -> None:
-    """Cell 1 dies at step 1; its heal is slowed (8 s in during_heal) and cell 2 dies at step 3
-    while it lasts; cell 0 carries on and both are healed."""
+    """Cell 1 dies at step 1 and is restarted (its heal slowed 8 s in during_heal); cell 2 dies
+    at step 2, while cell 1 is still on its way back (restarting or healing: a restart takes
+    seconds, step 2 starts right after step 1's retry commits). Cell 0 carries on; both are
+    healed, and the run equals the fault-free one. (The ``slow`` room for the heals starts at
+    step 3: a survivor held 12 s in the step where another cell dies outlasts the deadline the
+    others get once a death is seen, and is failed too.)"""
     res = train(
         out,
         *QUICK,
         *specs(
             "kind=sigkill,point=during_reduce,cell=1,step=1",
             "kind=slow,point=during_heal,cell=1,seconds=8",
-            "kind=sigkill,point=before_forward,cell=2,step=3",
-            *heal_room(steps=(2, 3, 4, 5)),
+            "kind=sigkill,point=before_forward,cell=2,step=2",
+            *heal_room(steps=(3, 4, 5)),
         ),
         cells=3,
     )
-    assert_survived(out, res, reference, faults=3 + 4)
+    assert_survived(out, res, reference, faults=3 + 3)
+    moves = [(e["time"], e["cell"], e["new"]) for e in events(out) if e["type"] == "cell_state"]
+    t1_failed = min(t for t, c, new in moves if c == 1 and new == "failed")
+    t1_back = min(t for t, c, new in moves if c == 1 and new == "alive" and t > t1_failed)
+    t2_failed = min(t for t, c, new in moves if c == 2 and new == "failed")
+    assert t1_failed < t2_failed < t1_back, "cell 2 did not die while cell 1 was restarting or healing"
+    assert {c for t, c, new in moves if new == "alive" and t > t2_failed} >= {1, 2}
 
 
 @full_only
