@@ -55,8 +55,9 @@ class RunCheckpoints:
             at=lambda point: self._strike(injector, point),
         )
 
-    def _strike(self, injector: Any, point: str) -> None:
-        """The injector's hook at a writer phase. An injected ``exception`` there is an error of
+    def _strike(self, injector: Any, point: str) -> str | None:
+        """The injector's hook at a writer phase: the kind it returns (``enospc``, which the
+        publisher applies), or None. An injected ``exception`` there is an error of
         that phase, handled like the I/O errors it stands for: the publication is rejected with
         the reason and training goes on (``sigkill``, ``exit`` and ``hang`` strike the driver
         itself: docs/faults.md, what remains unprotected)."""
@@ -65,9 +66,10 @@ class RunCheckpoints:
         from ftkit.train.faults import InjectedFault
 
         try:
-            injector.at(point, step=self.step)
+            kind: str | None = injector.at(point, step=self.step)
         except InjectedFault as exc:
             raise OSError(errno.EIO, str(exc)) from exc
+        return kind
 
     def due(self, rollout: int) -> bool:
         """Whether the end of ``rollout`` is a publication boundary."""

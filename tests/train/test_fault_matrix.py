@@ -348,6 +348,10 @@ def _matrix() -> Iterator[Any]:
 def test_full_matrix(reference: Path, out: Path, inject: list[str]) -> None:
     res = train(out, *QUICK, *specs(*inject))
     assert_survived(out, res, reference, faults=len(inject))
+    kind, point = (inject[0].split(",")[i].split("=")[1] for i in (0, 1))
+    if kind in ("exception", "enospc") and point in ("publish_write", "publish_scan", "publish_manifest"):
+        rejected = [e for e in events(out) if e["type"] == "checkpoint_rejected"]
+        assert [e["step"] for e in rejected] == [1], "the faulted publication was not rejected"
 
 
 @full_only
