@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.publish import Outcome
+from ftkit.train.rundir import run_name
 
 
 class RunCheckpoints:
@@ -121,7 +122,7 @@ class RunCheckpoints:
             )
         state = coord.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
         meta = {
-            "run": Path(self.dir).parent.name,
+            "run": run_name(Path(self.dir).parent),
             "cells": len(alive),
             "layout": {"tp": cfg.tp, "pp": cfg.pp},
             "ranks": state["ranks"],

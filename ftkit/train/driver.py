@@ -151,7 +151,7 @@ class Driver:
         from ftkit.train.cells import check_resources
         from ftkit.train.coordinator import CellsLost
         from ftkit.train.run_end import RunInterrupted, interruption, write_status
-        from ftkit.train.rundir import check_run_dir, make_run_dir, write_run_json
+        from ftkit.train.rundir import check_run_dir, make_run_dir, run_name, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
         self.device = cfg.resolved_device()
@@ -177,7 +177,8 @@ class Driver:
             else:
                 self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
             write_run_json(self.run_dir, cfg, self.device, self.task)
-            self.events = EventWriter(self.run_dir / "events", run=self.run_dir.name, role="driver")
+            self.name = run_name(self.run_dir)
+            self.events = EventWriter(self.run_dir / "events", run=self.name, role="driver")
         except BaseException:
             disconnect(own_ray)
             raise
@@ -234,7 +235,7 @@ class Driver:
             disconnect(own_ray)
         return RunResult(
             self.run_dir,
-            self.run_dir.name,
+            self.name,
             self.steps_committed,
             cfg.rollouts * cfg.steps_per_rollout,
             time.perf_counter() - started,

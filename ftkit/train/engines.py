@@ -60,6 +60,7 @@ class InferenceEngine:
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
         from ftkit.train.config import TrainConfig
+        from ftkit.train.rundir import run_name
         from ftkit.train.task import AdditionTask
 
         self.cfg = TrainConfig.model_validate(cfg)
@@ -72,7 +73,7 @@ class InferenceEngine:
         self.version: int | None = None
         self.events = EventWriter(
             os.path.join(run_dir, "events"),
-            run=os.path.basename(os.path.abspath(run_dir)),
+            run=run_name(run_dir),
             role="engine",
             cell=None,
             rank=engine,

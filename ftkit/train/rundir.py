@@ -179,13 +179,25 @@ def make_run_dir(out: Path, overwrite: bool) -> Path:
     return out
 
 
+def run_name(run_dir: Path | str) -> str:
+    """The name a run's events and checkpoints carry: the one its ``run.json`` records, else the
+    directory's own name (a new run). A run directory that was copied or renamed keeps its name
+    across ``--resume``, so its old and new events stay one run's log."""
+    try:
+        name = json.loads((Path(run_dir) / RUN_JSON).read_text()).get("run")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name else Path(run_dir).resolve().name
+
+
 def write_run_json(run_dir: Path, cfg: Any, device: str, task: Any) -> None:
-    """``run.json``: what reproduces the run (config, version, layout, seed)."""
+    """``run.json``: what reproduces the run (config, version, layout, seed). A resumed run
+    keeps the name its ``run.json`` already records (``run_name``)."""
     from ftkit.tensors.st import write_bytes_atomic
 
     doc = {
         "schema": RUN_SCHEMA,
-        "run": run_dir.name,
+        "run": run_name(run_dir),
         "ftkit_version": __version__,
         "created": time.time(),
         "seed": cfg.seed,

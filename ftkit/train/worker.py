@@ -81,6 +81,7 @@ class RankWorker:
         from ftkit.train.crosscell import CrossCellLink
         from ftkit.train.fault_points import injector_for
         from ftkit.train.reducer import ExactReducer, GradLayout
+        from ftkit.train.rundir import run_name
         from ftkit.train.witness import WitnessTable
 
         cfg = self.cfg = TrainConfig.model_validate(self.cfg_dict)
@@ -118,7 +119,7 @@ class RankWorker:
         self.norm_ranges = _merge_ranges(counted)  # flat ranges the grad norm counts
         self.events = EventWriter(
             Path(self.run_dir) / "events",
-            run=Path(self.run_dir).name,
+            run=run_name(self.run_dir),
             role="trainer",
             cell=self.cell,
             rank=self.rank,

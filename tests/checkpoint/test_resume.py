@@ -8,7 +8,8 @@ rollouts, dumps), ``analyze-events B`` (the combined log of both sessions) and
 ``verify-checkpoint B`` (every checkpoint, cross-checked with the log) to exit 0:
 
 - B trained 2 rollouts with two pipeline stages per cell (``--pp 2``), its newest checkpoint
-  corrupted, resumed with ``--rollouts 4 --pp 1``: the resume warns and falls back to the older
+  corrupted, the directory moved, resumed with ``--rollouts 4 --pp 1``: the resume keeps the
+  run's recorded name (one run in the log), warns and falls back to the older
   checkpoint, each rank slices its shard of the layout-free state, and the run still equals A
   (pipeline stages do not change the arithmetic); the first session's event files are
   untouched (new incarnations only);
@@ -125,6 +126,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
     data = bytearray(newest.read_bytes())
     data[-1] ^= 0x01  # one bit of the last tensor: the manifest's sha256 no longer matches
     newest.write_bytes(bytes(data))
+    run = run.rename(tmp_path / "moved")  # a run directory moved before its resume keeps its name
 
     resumed = _ftkit("train", "--resume", str(run), "--rollouts", "4", "--pp", "1", "--format", "json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -139,6 +141,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
     }
     run_json = json.loads((run / "run.json").read_text())
     assert (run_json["config"]["rollouts"], run_json["config"]["pp"]) == (4, 1)
+    assert run_json["run"] == "B" and {e["run"] for e in _events(run, "run_resumed")} == {"B"}
     # the corrupt checkpoint was retired by retention; what is left verifies
     _assert_same_run(uninterrupted, run)
 
