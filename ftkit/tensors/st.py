@@ -56,6 +56,8 @@ ST_DTYPES: dict[str, tuple[str, int]] = {
     "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
 }
 TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
+# Valid in the safetensors format (0.6+) but not read by ftkit: a clear "not supported", not "corrupt".
+SPEC_ONLY_DTYPES = frozenset(["F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"])
 _MAX_HEADER = 100 << 20
 _MAX_DIMS = 64
 _TMP_MARK = ".tmp-"
@@ -257,6 +259,11 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
     if not isinstance(spec, dict):
         raise _bad(p, f"tensor {name!r}: entry is not an object")
     code = spec.get("dtype")
+    if isinstance(code, str) and code in SPEC_ONLY_DTYPES:
+        raise InputError(
+            f"{p}: tensor {name!r} has dtype {code}, which ftkit does not read (sub-byte and scale formats)",
+            f"ftkit reads {', '.join(ST_DTYPES)}; convert the tensor (e.g. to BF16) or leave the file out",
+        )
     if not isinstance(code, str) or code not in ST_DTYPES:
         raise _bad(p, f"tensor {name!r}: unsupported dtype {short_repr(code)}")
     shape, offsets = spec.get("shape"), spec.get("data_offsets")

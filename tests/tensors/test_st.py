@@ -145,3 +145,15 @@ def test_write_bytes_atomic(tmp_path):
     assert write_bytes_atomic(p, b"{}") == 2 and p.read_bytes() == b"{}"
     write_bytes_atomic(p, b"[1]")
     assert p.read_bytes() == b"[1]" and [x.name for x in tmp_path.iterdir()] == ["i.json"]
+
+
+@pytest.mark.parametrize("code", ["F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"])
+def test_valid_dtypes_ftkit_does_not_read_are_not_called_corrupt(tmp_path, code):
+    """The safetensors format's sub-byte and scale dtypes are valid files ftkit does not read: the
+    error says so (and what it reads), never that the file is malformed."""
+    p = tmp_path / "mx.safetensors"
+    _raw(p, {"w": {"dtype": code, "shape": [16], "data_offsets": [0, 16]}}, b"\0" * 16)
+    with pytest.raises(InputError) as err:
+        read_header(p)
+    assert f"dtype {code}, which ftkit does not read" in err.value.message
+    assert "malformed" not in err.value.message and "BF16" in err.value.hint
