@@ -102,17 +102,35 @@ class EngineWeights(Rule):
     name = "engine-weights"
     description = (
         "an engine loaded weights other than those sent for that version, engines disagree, "
-        "or an engine did not report a version that was sent"
+        "or an engine did not report a version that was sent (except the version in flight when "
+        "a session that was later resumed stopped)"
     )
     fix = "check the weight transfer to the engines (dtype casts, TP gather order, a stale version)"
-    events = ("weights_sent", "engine_weights")
+    events = ("weights_sent", "engine_weights", "run_finished", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.sent: OrderedDict[int, tuple[str, dict[str, str], tuple[str, int]]] = OrderedDict()
         self.loaded: OrderedDict[int, dict[int, str]] = OrderedDict()
+        self.completed = False  # the current session logged run_finished "completed"
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] == "run_finished":
+            self.completed = ev["status"] == "completed"
+            return
+        if ev["type"] == "run_resumed":
+            # A version in flight when a session was killed (no run_finished: its driver and
+            # engines died together, between the push and the loads) or stopped (failed,
+            # interrupted) could not be reported by every engine; the resumed session sends
+            # its weights again. Only a completed session still owes every report.
+            for old in list(self.sent):
+                if self.completed:
+                    self._close(old)
+                else:
+                    self.sent.pop(old)
+                    self.loaded.pop(old, None)
+            self.completed = False
+            return
         where = self.replay.where(fi, line)
         version = ev["version"]
         if ev["type"] == "weights_sent":
