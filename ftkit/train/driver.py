@@ -150,7 +150,7 @@ class Driver:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
         from ftkit.train.coordinator import CellsLost
-        from ftkit.train.run_end import RunInterrupted, interruption, write_status
+        from ftkit.train.run_end import RunInterrupted, interruption, ray_failure, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, run_name, write_run_json
 
         cfg, started = self.cfg, time.perf_counter()
@@ -224,6 +224,10 @@ class Driver:
             if stopped is not None:
                 status, reason, code = "interrupted", stopped.message.split(":")[0], stopped.exit_code
                 raise stopped from None
+            failed = ray_failure(exc)  # the cluster lost a node, a placement group, an object
+            if failed is not None:
+                reason, code = plain_line(failed.message), failed.exit_code
+                raise failed from None
             reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
         finally:

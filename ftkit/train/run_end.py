@@ -1,7 +1,8 @@
 """How a training run ends: the two non-bug failures and the status file for other tools.
 
 * ``RunFailed`` (exit 1): the run could not go on (fewer live cells than ``--min-cells``, a
-  step failed more than ``--max-retries`` times, no cell left to export or save from);
+  step failed more than ``--max-retries`` times, no cell left to export or save from, Ray
+  itself lost what the run needs: ``ray_failure``);
 * ``RunInterrupted`` (exit 128 + signal: 130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP): the user
   stopped it, or the terminal it ran in went away.
 
@@ -69,6 +70,23 @@ def interruption(exc: BaseException) -> RunInterrupted | None:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
+
+
+def ray_failure(exc: BaseException) -> RunFailed | None:
+    """A ``RunFailed`` for a failure of Ray itself that reached the driver: a Ray system error
+    (a placement group removed, an object lost, a node or the local raylet gone) is the
+    cluster losing what the run needs, not a bug in ftkit. An exception raised by ftkit's own
+    code inside an actor (``RayTaskError``) is not one; neither is anything that is not Ray's."""
+    import ray
+
+    if not isinstance(exc, ray.exceptions.RayError) or isinstance(exc, ray.exceptions.RayTaskError):
+        return None
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return RunFailed(
+        f"Ray failed under the run: {type(exc).__name__}: {lines[0][:300] if lines else 'no detail'}",
+        hint="check the cluster (`ray status`, a node or raylet that died); "
+        "then continue with `ftkit train --resume RUN_DIR`",
+    )
 
 
 def write_status(

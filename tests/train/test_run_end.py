@@ -51,3 +51,20 @@ def test_an_interruption_wrapped_by_a_c_extension_is_still_one():
     except SystemError as wrapped:
         assert interruption(wrapped) is stop
     assert interruption(ValueError("x")) is None
+
+
+def test_a_failure_of_ray_itself_is_a_run_failure_not_a_bug():
+    """Ray's system errors (a placement group removed under a restart when the only node's raylet
+    died, an object lost) end the run with exit 1 and a resume hint; an exception of ftkit's own
+    code inside an actor (RayTaskError) and anything not Ray's stay what they are."""
+    import ray.exceptions as rex
+
+    from ftkit.train.run_end import ray_failure
+
+    failed = ray_failure(rex.TaskPlacementGroupRemoved())
+    assert isinstance(failed, RunFailed) and failed.exit_code == 1
+    assert "TaskPlacementGroupRemoved" in failed.message and "--resume" in failed.hint
+    assert "\n" not in failed.message
+    assert isinstance(ray_failure(rex.ObjectLostError("ab" * 14, "owner", "call site")), RunFailed)
+    assert ray_failure(rex.RayTaskError("fn", "Traceback ...", ValueError("bug"))) is None
+    assert ray_failure(ValueError("bug")) is None
