@@ -27,7 +27,22 @@ enum Fmt { FMT_F64, FMT_F32, FMT_F16, FMT_BF16, FMT_I16, FMT_U16, FMT_I32, FMT_U
 static const int ITEMSIZE[NFMT] = {8, 4, 2, 2, 2, 2, 4, 4, 8, 8, 1};
 
 #define BLOCK 1024
-#define LANES 8
+#define SPARSE 16 /* a block with at most 1/SPARSE of its elements differing takes sparse_block */
+#define LANES 4 /* accumulator lanes: element i goes to lane i % LANES */
+
+/* The hot loops are compiled twice on x86-64, for the baseline and for AVX2, and the loader
+ * picks the clone the CPU runs (no -march: one build serves every machine). The lanes and the
+ * order of every operation are the same in both, so are the results. FTKIT_NO_CLONES builds
+ * the baseline only (to test it on an AVX2 machine). */
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(FTKIT_NO_CLONES)
+#if __has_attribute(target_clones)
+#define HOT __attribute__((target_clones("avx2", "default")))
+#define HOT_CLONES 1
+#endif
+#endif
+#ifndef HOT
+#define HOT
+#endif
 
 /* Unaligned loads: safetensors data need not be aligned to its element size. */
 typedef uint16_t u16u __attribute__((aligned(1), may_alias));
@@ -61,7 +76,7 @@ static inline float half_to_float(uint16_t h) {
 }
 
 /* Elements [0, n) of src (format fmt) as float64 values in dst. */
-static void widen(int fmt, const double *table, const char *src, double *dst, Py_ssize_t n) {
+HOT static void widen(int fmt, const double *table, const char *src, double *dst, Py_ssize_t n) {
     Py_ssize_t i;
     switch (fmt) {
     case FMT_F64:
@@ -101,7 +116,7 @@ static void widen(int fmt, const double *table, const char *src, double *dst, Py
 }
 
 /* Number of elements whose bytes differ among n elements of `size` bytes; *first: the first. */
-static Py_ssize_t count_bits_differ(const char *a, const char *b, int size, Py_ssize_t n, Py_ssize_t *first) {
+HOT static Py_ssize_t count_bits_differ(const char *a, const char *b, int size, Py_ssize_t n, Py_ssize_t *first) {
     Py_ssize_t i, c = 0;
     switch (size) {
     case 8:
@@ -137,50 +152,107 @@ typedef struct {
 
 /* Lane accumulators of one block. */
 typedef struct {
-    double sa[LANES], sd[LANES], sx[LANES], mx[LANES], mr[LANES], tf[LANES], bad[LANES];
+    double sa[LANES], sd[LANES], sx[LANES], mx[LANES], mr[LANES], tf[LANES];
 } Lanes;
 
 static void lanes_zero(Lanes *l) { memset(l, 0, sizeof *l); }
 
-/* One finite pair (x, y) into lane j; d[i] = |x - y| for the argmax scan. */
+/* One finite pair (x, y) into lane j (the relative difference is rel_block's). */
 #define ACC(l, j, x, y, di)                                              \
     do {                                                                 \
-        double ax_ = fabs(x), ay_ = fabs(y);                             \
-        double den_ = ax_ > ay_ ? ax_ : ay_;                             \
-        double r_ = (di) / (den_ > 0 ? den_ : 1.0);                      \
         (l)->sa[j] += (di);                                              \
         (l)->sd[j] += (di) * (di);                                       \
         (l)->sx[j] += (x) * (x) + (y) * (y);                             \
         (l)->mx[j] = (di) > (l)->mx[j] ? (di) : (l)->mx[j];              \
-        (l)->mr[j] = r_ > (l)->mr[j] ? r_ : (l)->mr[j];                  \
-        (l)->tf[j] += (di) > atol + rtol * ay_ ? 1.0 : 0.0;              \
+        (l)->tf[j] += (di) > atol + rtol * fabs(y) ? 1.0 : 0.0;          \
     } while (0)
 
-/* Branch-free pass over a block assumed finite; returns 0 if a NaN/Inf was met (redo masked). */
-static int dense_block(const double *x, const double *y, double *d, Py_ssize_t m, double rtol, double atol,
-                       Lanes *l) {
-    Py_ssize_t i = 0;
-    int j;
-    for (; i + LANES <= m; i += LANES) {
-        for (j = 0; j < LANES; j++) {
-            double a = x[i + j], b = y[i + j];
-            double di = fabs(a - b);
-            d[i + j] = di;
-            ACC(l, j, a, b, di);
-            l->bad[j] += a * 0.0 + b * 0.0; /* NaN iff a or b is NaN or Inf */
-        }
+
+/* The relative difference d / max(|x|, |y|) costs a division, several times the rest of an
+ * element's work, so the blocks screen first whether any element can exceed `known`, the largest
+ * already seen: d / den rounds above `known` only if d > known·den·(1 - 2^-53), and the screen's
+ * factor (1 - 1e-14) covers the rounding of its own product with room to spare. */
+#define REL_SCREEN(known) ((known) * (1 - 1e-14))
+
+/* The largest d[i] / max(|x[i]|, |y[i]|) of a block (0 where both are 0) into l->mr; positions
+ * with d[i] < 0 (non-finite) never count. */
+static void rel_block(const double *x, const double *y, const double *d, Py_ssize_t m, Lanes *l) {
+    Py_ssize_t i;
+    for (i = 0; i < m; i++) {
+        double ax = fabs(x[i]), ay = fabs(y[i]);
+        double den = ax > ay ? ax : ay;
+        double r = d[i] / (den > 0 ? den : 1.0);
+        int j = (int)(i % LANES);
+        l->mr[j] = r > l->mr[j] ? r : l->mr[j];
     }
-    for (j = 0; i < m; i++, j++) {
-        double a = x[i], b = y[i];
-        double di = fabs(a - b);
-        d[i] = di;
-        ACC(l, j, a, b, di);
-        l->bad[j] += a * 0.0 + b * 0.0;
-    }
-    for (j = 0; j < LANES; j++)
-        if (l->bad[j] != 0.0) return 0; /* NaN compares unequal to 0 too: != 0.0 catches it */
-    return 1;
 }
+
+/* Float64 vectors (GCC/Clang vector extensions, no intrinsics): two lanes are an SSE2/NEON
+ * register, four an AVX one. Comparisons give all-ones/all-zero int64 lanes. */
+typedef double v2d __attribute__((vector_size(16)));
+typedef int64_t v2i __attribute__((vector_size(16)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4i __attribute__((vector_size(32)));
+
+/* Branch-free pass over a block assumed finite; d[i] = |x - y| for the argmax scan. Returns 0
+ * if Σ(a² + b²) is not finite: a NaN or Inf was met (or float64 squares overflowed), and the
+ * block is redone by masked_block; else 2 if an element may hold a relative difference above
+ * `known` (then rel_block runs), else 1. x, y, d: aligned to 32 bytes. Written once for vectors
+ * VD of W lanes (LANES / W of them per step), so each instance keeps lane i % LANES. */
+#define DENSE_BLOCK(NAME, VD, VI, W, ATTR)                                                              \
+    ATTR static int NAME(const double *x, const double *y, double *d, Py_ssize_t m, double rtol,       \
+                         double atol, double known, Lanes *l) {                                         \
+        const double thr = REL_SCREEN(known);                                                           \
+        const VD zero = {0}, one = zero + 1.0, vr = zero + rtol, va = zero + atol, vt = zero + thr;     \
+        const VI absmask = (VI){0} + INT64_MAX;                                                         \
+        VD sa[LANES / W], sd[LANES / W], sx[LANES / W], mx[LANES / W], tf[LANES / W];                   \
+        VI hit = {0}, mk;                                                                               \
+        Py_ssize_t i = 0;                                                                               \
+        int j, k;                                                                                       \
+        for (k = 0; k < LANES / W; k++) sa[k] = sd[k] = sx[k] = mx[k] = tf[k] = zero;                   \
+        for (; i + LANES <= m; i += LANES) {                                                            \
+            for (k = 0; k < LANES / W; k++) {                                                           \
+                VD a = *(const VD *)(x + i + W * k), b = *(const VD *)(y + i + W * k);                  \
+                VD di = (VD)((VI)(a - b) & absmask), aa = (VD)((VI)a & absmask);                        \
+                VD ab = (VD)((VI)b & absmask);                                                          \
+                *(VD *)(d + i + W * k) = di;                                                            \
+                sa[k] += di;                                                                            \
+                sd[k] += di * di;                                                                       \
+                sx[k] += a * a + b * b;                                                                 \
+                mk = di > mx[k];                                                                        \
+                mx[k] = (VD)(((VI)di & mk) | ((VI)mx[k] & ~mk));                                        \
+                tf[k] += (VD)((VI)one & (di > va + vr * ab));                                           \
+                mk = aa > ab;                                                                           \
+                hit |= di > vt * (VD)(((VI)aa & mk) | ((VI)ab & ~mk));                                  \
+            }                                                                                           \
+        }                                                                                               \
+        for (k = 0; k < LANES / W; k++)                                                                 \
+            for (j = 0; j < W; j++) {                                                                   \
+                l->sa[W * k + j] = sa[k][j];                                                            \
+                l->sd[W * k + j] = sd[k][j];                                                            \
+                l->sx[W * k + j] = sx[k][j];                                                            \
+                l->mx[W * k + j] = mx[k][j];                                                            \
+                l->tf[W * k + j] = tf[k][j];                                                            \
+            }                                                                                           \
+        for (j = 0; i < m; i++, j++) {                                                                  \
+            double a = x[i], b = y[i], ax = fabs(a), ay = fabs(b);                                      \
+            double di = fabs(a - b);                                                                    \
+            d[i] = di;                                                                                  \
+            ACC(l, j, a, b, di);                                                                        \
+            hit[0] |= -(int64_t)(di > thr * (ax > ay ? ax : ay));                                       \
+        }                                                                                               \
+        for (j = 0; j < LANES; j++)                                                                     \
+            if (!isfinite(l->sx[j])) return 0;                                                          \
+        for (j = 1; j < W; j++) hit[0] |= hit[j];                                                       \
+        return 1 + (hit[0] != 0);                                                                       \
+    }
+
+typedef int (*DenseFn)(const double *, const double *, double *, Py_ssize_t, double, double, double, Lanes *);
+DENSE_BLOCK(dense_block_base, v2d, v2i, 2, )
+#if defined(HOT_CLONES)
+DENSE_BLOCK(dense_block_avx2, v4d, v4i, 4, __attribute__((target("avx2"))))
+#endif
+static DenseFn dense_block = dense_block_base; /* set once at import (PyInit__kernels) */
 
 /* The masked pass over a block holding NaN/Inf; d[i] = -1 at non-finite positions. */
 static void masked_block(const double *x, const double *y, double *d, Py_ssize_t m, Py_ssize_t base, double rtol,
@@ -236,41 +308,94 @@ static void fold(const Lanes *l, const double *d, Py_ssize_t m, Py_ssize_t base,
     }
 }
 
+/* Σx² of a block, in LANES lanes folded in order: not finite when x holds NaN/Inf (or squares
+ * overflow float64). */
+HOT static double sum_squares(const double *x, Py_ssize_t m) {
+    double sx[LANES] = {0}, s = 0;
+    Py_ssize_t i = 0;
+    int j;
+    for (; i + LANES <= m; i += LANES)
+        for (j = 0; j < LANES; j++) sx[j] += x[i + j] * x[i + j];
+    for (j = 0; i < m; i++, j++) sx[j] += x[i] * x[i];
+    for (j = 0; j < LANES; j++) s += sx[j];
+    return s;
+}
+
 /* A block whose bits equal its counterpart's: Σ(a² + b²) = 2Σa², counts of a on both sides. */
 static void equal_block(const double *x, Py_ssize_t m, Part *p) {
-    double sx[LANES] = {0}, bad[LANES] = {0}, s = 0;
-    Py_ssize_t i = 0, k;
-    int j, finite = 1;
-    for (; i + LANES <= m; i += LANES)
-        for (j = 0; j < LANES; j++) {
-            sx[j] += x[i + j] * x[i + j];
-            bad[j] += x[i + j] * 0.0;
-        }
-    for (j = 0; i < m; i++, j++) {
-        sx[j] += x[i] * x[i];
-        bad[j] += x[i] * 0.0;
+    double sx[LANES] = {0}, s = sum_squares(x, m);
+    Py_ssize_t i;
+    int j;
+    if (isfinite(s)) {
+        p->finite_n += m;
+        p->sxx += 2 * s;
+        return;
     }
-    for (j = 0; j < LANES; j++) finite &= bad[j] == 0.0;
-    if (!finite) {
-        memset(sx, 0, sizeof sx);
-        for (k = 0; k < m; k++) {
-            double a = x[k];
-            if (a != a) {
-                p->nan_a++;
-                p->nan_b++;
-            } else if (isinf(a)) {
-                p->inf_a++;
-                p->inf_b++;
-            } else {
-                sx[k % LANES] += a * a;
-                p->finite_n++;
+    for (i = 0; i < m; i++) { /* NaN/Inf (or overflowing squares): count and sum by element */
+        double a = x[i];
+        if (a != a) {
+            p->nan_a++;
+            p->nan_b++;
+        } else if (isinf(a)) {
+            p->inf_a++;
+            p->inf_b++;
+        } else {
+            sx[i % LANES] += a * a;
+            p->finite_n++;
+        }
+    }
+    for (s = 0, j = 0; j < LANES; j++) s += sx[j];
+    p->sxx += 2 * s;
+}
+
+/* A block where few elements differ (SPARSE): a = b elsewhere, so Σ(a² + b²) = 2Σa² + Σ(b² - a²)
+ * over the differing positions, and only those are measured (in order: the first largest
+ * difference wins). Positions are found by value: where the bits differ but the values are
+ * equal (-0.0 vs 0.0) the difference is 0 and adds nothing. Returns 0, having changed nothing,
+ * when a value is not finite (the general path then runs). */
+static int sparse_block(const double *x, const double *y, Py_ssize_t m, Py_ssize_t base, double rtol, double atol,
+                        Part *p) {
+    double s = sum_squares(x, m), sa = 0, sd = 0, corr = 0, best = p->best, mr = p->max_rel;
+    Py_ssize_t i, best_at = p->best_at;
+    int64_t tf = 0;
+    if (!isfinite(s)) return 0;
+    for (i = 0; i < m; i++) {
+        double a, b, di, ax, ay, den;
+        if ((i & 7) == 0 && i + 8 <= m) { /* skip 8 equal values at once (x, y: 32-byte aligned) */
+            const v2d *vx = (const v2d *)(x + i), *vy = (const v2d *)(y + i);
+            v2i ne = (vx[0] != vy[0]) | (vx[1] != vy[1]) | (vx[2] != vy[2]) | (vx[3] != vy[3]);
+            if (!(ne[0] | ne[1])) {
+                i += 7;
+                continue;
             }
         }
-    } else {
-        p->finite_n += m;
+        a = x[i];
+        b = y[i];
+        if (a == b) continue;
+        if (!isfinite(b)) return 0;
+        di = fabs(a - b);
+        ax = fabs(a);
+        ay = fabs(b);
+        den = ax > ay ? ax : ay;
+        sa += di;
+        sd += di * di;
+        corr += b * b - a * a;
+        tf += di > atol + rtol * ay;
+        if (di > best) {
+            best = di;
+            best_at = base + i;
+        }
+        if (di > REL_SCREEN(mr) * den && di / den > mr) mr = di / den; /* den > 0: a != b */
     }
-    for (j = 0; j < LANES; j++) s += sx[j];
-    p->sxx += 2 * s;
+    p->finite_n += m;
+    p->sxx += 2 * s + corr;
+    p->sum_abs += sa;
+    p->sdd += sd;
+    p->tol_fail += tf;
+    p->best = best;
+    p->best_at = best_at;
+    p->max_rel = mr;
+    return 1;
 }
 
 typedef struct {
@@ -282,7 +407,8 @@ typedef struct {
 } DiffArgs;
 
 static void diff_run(const DiffArgs *g, Part *p) {
-    double x[BLOCK], y[BLOCK], d[BLOCK];
+    double x[BLOCK] __attribute__((aligned(32))), y[BLOCK] __attribute__((aligned(32)));
+    double d[BLOCK] __attribute__((aligned(32)));
     Lanes l;
     int same = g->fa == g->fb && g->ta == g->tb;
     int sa = ITEMSIZE[g->fa], sb = ITEMSIZE[g->fb];
@@ -294,6 +420,7 @@ static void diff_run(const DiffArgs *g, Part *p) {
         Py_ssize_t m = g->n - base < BLOCK ? g->n - base : BLOCK;
         const char *ca = g->a + base * sa, *cb = g->b + base * sb;
         Py_ssize_t first = 0, nb;
+        int dense;
         if (same) {
             nb = count_bits_differ(ca, cb, sa, m, p->first_bits < 0 ? &first : NULL);
         } else {
@@ -307,13 +434,16 @@ static void diff_run(const DiffArgs *g, Part *p) {
             continue;
         }
         widen(g->fb, g->tb, cb, y, m);
+        if (same && nb * SPARSE <= m && sparse_block(x, y, m, base, g->rtol, g->atol, p)) continue;
         lanes_zero(&l);
-        if (dense_block(x, y, d, m, g->rtol, g->atol, &l)) {
+        dense = dense_block(x, y, d, m, g->rtol, g->atol, p->max_rel, &l);
+        if (dense) {
             p->finite_n += m;
         } else {
             lanes_zero(&l);
             masked_block(x, y, d, m, base, g->rtol, g->atol, &l, p);
         }
+        if (dense != 1) rel_block(x, y, d, m, &l);
         fold(&l, d, m, base, p);
     }
 }
@@ -425,7 +555,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "ftkit's 
                                     methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
-    PyObject *m = PyModule_Create(&module);
+    PyObject *m;
+#if defined(HOT_CLONES)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) dense_block = dense_block_avx2;
+#endif
+    m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "BLOCK", BLOCK) < 0) {
         Py_DECREF(m);

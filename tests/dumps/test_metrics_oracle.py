@@ -95,14 +95,18 @@ def test_the_kernel_equals_the_oracle(pair, n, seed, style, tol, offsets, stripe
     assert_matches(got, reference(a, b, *tol))
 
 
-def test_ties_report_the_first_largest_difference_across_stripes(monkeypatch):
-    monkeypatch.setattr(metrics, "MIN_STRIPE", 3)
-    monkeypatch.setattr(metrics, "STRIPE", 3)
+@pytest.mark.parametrize("stripe", [None, (3, 3)], ids=["sparse-blocks", "stripes-of-3"])
+def test_ties_report_the_first_largest_difference(monkeypatch, stripe):
+    if stripe:
+        monkeypatch.setattr(metrics, "MIN_STRIPE", stripe[0])
+        monkeypatch.setattr(metrics, "STRIPE", stripe[1])
     a = np.zeros(3000, np.float32)
     b = a.copy()
-    b[[5, 1500, 2999]] = [2.0, -2.0, 2.0]  # the same |a-b| in three stripes and blocks
+    b[[5, 700, 1500, 2999]] = [2.0, -2.0, -2.0, 2.0]  # the same |a-b| within a block, across blocks and stripes
     m = diff_metrics(a, b, 1e-5, 1e-8)
-    assert (m.argmax, m.max_abs, m.tol_fail, m.b_at) == ([5], 2.0, 3, 2.0)
+    assert (m.argmax, m.max_abs, m.tol_fail, m.b_at) == ([5], 2.0, 4, 2.0)
+    b[5] = 1.0
+    assert (diff_metrics(a, b, 1e-5, 1e-8).argmax, diff_metrics(a, b, 0, 0).b_at) == ([700], -2.0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
