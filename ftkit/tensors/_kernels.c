@@ -199,7 +199,7 @@ typedef int64_t v4i __attribute__((vector_size(32)));
  * block is redone by masked_block; else 2 if an element may hold a relative difference above
  * `known` (then rel_block runs), else 1. x, y, d: aligned to 32 bytes. Written once for vectors
  * VD of W lanes (LANES / W of them per step), so each instance keeps lane i % LANES. */
-#define DENSE_BLOCK(NAME, VD, VI, W, ATTR)                                                              \
+#define DENSE_BLOCK(NAME, VD, VI, W, EXACT, ATTR)                                                            \
     ATTR static int NAME(const double *x, const double *y, double *d, Py_ssize_t m, double rtol,       \
                          double atol, double known, Lanes *l) {                                         \
         const double thr = REL_SCREEN(known);                                                           \
@@ -221,7 +221,7 @@ typedef int64_t v4i __attribute__((vector_size(32)));
                 sx[k] += a * a + b * b;                                                                 \
                 mk = di > mx[k];                                                                        \
                 mx[k] = (VD)(((VI)di & mk) | ((VI)mx[k] & ~mk));                                        \
-                tf[k] += (VD)((VI)one & (di > va + vr * ab));                                           \
+                tf[k] += (VD)((VI)one & (EXACT ? di > zero : di > va + vr * ab));                       \
                 mk = aa > ab;                                                                           \
                 hit |= di > vt * (VD)(((VI)aa & mk) | ((VI)ab & ~mk));                                  \
             }                                                                                           \
@@ -248,11 +248,15 @@ typedef int64_t v4i __attribute__((vector_size(32)));
     }
 
 typedef int (*DenseFn)(const double *, const double *, double *, Py_ssize_t, double, double, double, Lanes *);
-DENSE_BLOCK(dense_block_base, v2d, v2i, 2, )
+DENSE_BLOCK(dense_base, v2d, v2i, 2, 0, )
+DENSE_BLOCK(dense_base_exact, v2d, v2i, 2, 1, )
 #if defined(HOT_CLONES)
-DENSE_BLOCK(dense_block_avx2, v4d, v4i, 4, __attribute__((target("avx2"))))
+DENSE_BLOCK(dense_avx2, v4d, v4i, 4, 0, __attribute__((target("avx2"))))
+DENSE_BLOCK(dense_avx2_exact, v4d, v4i, 4, 1, __attribute__((target("avx2"))))
 #endif
-static DenseFn dense_block = dense_block_base; /* set once at import (PyInit__kernels) */
+/* [exact]: the instances this CPU runs; rtol = atol = 0 (exact) counts d > 0 without the
+ * tolerance arithmetic. Set once at import (PyInit__kernels). */
+static DenseFn dense_block[2] = {dense_base, dense_base_exact};
 
 /* The masked pass over a block holding NaN/Inf; d[i] = -1 at non-finite positions. */
 static void masked_block(const double *x, const double *y, double *d, Py_ssize_t m, Py_ssize_t base, double rtol,
@@ -436,7 +440,7 @@ static void diff_run(const DiffArgs *g, Part *p) {
         widen(g->fb, g->tb, cb, y, m);
         if (same && nb * SPARSE <= m && sparse_block(x, y, m, base, g->rtol, g->atol, p)) continue;
         lanes_zero(&l);
-        dense = dense_block(x, y, d, m, g->rtol, g->atol, p->max_rel, &l);
+        dense = dense_block[g->rtol == 0 && g->atol == 0](x, y, d, m, g->rtol, g->atol, p->max_rel, &l);
         if (dense) {
             p->finite_n += m;
         } else {
@@ -558,7 +562,10 @@ PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m;
 #if defined(HOT_CLONES)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2")) dense_block = dense_block_avx2;
+    if (__builtin_cpu_supports("avx2")) {
+        dense_block[0] = dense_avx2;
+        dense_block[1] = dense_avx2_exact;
+    }
 #endif
     m = PyModule_Create(&module);
     if (m == NULL) return NULL;
