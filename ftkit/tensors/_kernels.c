@@ -1,21 +1,25 @@
 /* Compare kernels of ftkit: one pass over two element buffers, every pair metric at once.
  *
- * diff(a, b, fmt_a, fmt_b, table_a, table_b, rtol, atol) -> 16-tuple (see PART_FIELDS below)
+ * diff(a, b, fmt_a, fmt_b, table_a, table_b, rtol, atol) -> 16-tuple (the fields of Part)
  *   a, b: C-contiguous buffers of the same element count (their raw bytes: the caller passes
  *   unsigned-integer views, so any element format travels); fmt_*: an element format code
  *   (enum Fmt); table_*: for FMT_TABLE8, 256 float64 values indexed by the byte (float8
  *   variants, int8, uint8, bool), else None. rtol = atol = 0 counts every numeric difference.
  * nonfinite(a, fmt, table) -> (nan, inf)
  *
- * Semantics are those of ftkit/dumps/metrics.py's docstring. Values are widened to float64
- * (exactly, for every format here but (u)int64 beyond 2^53, which round as numpy's astype
- * does); sums are float64, accumulated in LANES fixed lanes per block of BLOCK elements and
- * folded in a fixed order, so a result depends only on the data and on where the caller cuts
- * its stripes, never on timing. Blocks whose values are all finite take a branch-free loop
- * that gcc vectorises; a block holding NaN/Inf is redone by a scalar loop with the masks.
- * The GIL is released around the work, so the caller's thread pool runs stripes in parallel.
- * Built with -ffp-contract=off: no fused multiply-add, so the tolerance test rounds exactly
- * as numpy's float64 `d > atol + rtol*|b|`.
+ * Semantics are those of ftkit/dumps/metrics.py's docstring (tests/dumps/metrics_oracle.py is
+ * the numpy reference). Work goes in blocks of BLOCK elements: the bits are compared, both sides
+ * widened to float64 into L1-resident buffers (exact for every format here; (u)int64 beyond 2^53
+ * round as numpy's astype does), then one of
+ *   equal_block   bits equal: 2Σa² and the counts;
+ *   sparse_block  at most 1/SPARSE of the elements differ: only those are measured;
+ *   dense_block   a branch-free vector loop over every element, assuming finite values;
+ *   masked_block  a block holding NaN/Inf (or overflowing squares): the scalar masked loop.
+ * Sums are float64 in LANES fixed lanes folded in a fixed order, so a result depends only on the
+ * data and on where the caller cuts its stripes, never on timing or on the CPU's instance of a
+ * loop. The GIL is released around the work, so the caller's thread pool runs stripes in
+ * parallel. Built with -ffp-contract=off: no fused multiply-add, so the tolerance test rounds
+ * exactly as numpy's float64 `d > atol + rtol*|b|`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,11 +34,11 @@ static const int ITEMSIZE[NFMT] = {8, 4, 2, 2, 2, 2, 4, 4, 8, 8, 1};
 #define SPARSE 16 /* a block with at most 1/SPARSE of its elements differing takes sparse_block */
 #define LANES 4 /* accumulator lanes: element i goes to lane i % LANES */
 
-/* The hot loops are compiled twice on x86-64, for the baseline and for AVX2, and the loader
- * picks the clone the CPU runs (no -march: one build serves every machine). The lanes and the
- * order of every operation are the same in both, so are the results. FTKIT_NO_CLONES builds
- * the baseline only (to test it on an AVX2 machine). */
-#if defined(__x86_64__) && defined(__has_attribute) && !defined(FTKIT_NO_CLONES)
+/* The hot loops are compiled twice on x86-64 with glibc, for the baseline and for AVX2, and the
+ * CPU picks its instance at load time (ifuncs) or import (dense_block): no -march, one build
+ * serves every machine. Lanes and the order of every operation are the same in both, so are
+ * the results. FTKIT_NO_CLONES builds the baseline only (to test it on an AVX2 machine). */
+#if defined(__x86_64__) && defined(__GLIBC__) && defined(__has_attribute) && !defined(FTKIT_NO_CLONES)
 #if __has_attribute(target_clones)
 #define HOT __attribute__((target_clones("avx2", "default")))
 #define HOT_CLONES 1
