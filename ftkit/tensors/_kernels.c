@@ -356,29 +356,61 @@ static void equal_block(const double *x, Py_ssize_t m, Part *p) {
     p->sxx += 2 * s;
 }
 
+/* Positions (block-relative) of the elements whose bytes differ, eight at a time where none
+ * do; at most `cap` are stored, the count is returned (more than cap: the rest not stored). */
+#define SCAN_POSITIONS(T)                                                                        \
+    for (i = 0; i < m; i++) {                                                                    \
+        const T *ta = (const T *)a, *tb = (const T *)b;                                          \
+        if ((i & 7) == 0 && i + 8 <= m) {                                                        \
+            T o = 0;                                                                             \
+            int q;                                                                               \
+            for (q = 0; q < 8; q++) o |= (T)(ta[i + q] ^ tb[i + q]);                             \
+            if (!o) {                                                                            \
+                i += 7;                                                                          \
+                continue;                                                                        \
+            }                                                                                    \
+        }                                                                                        \
+        if (ta[i] != tb[i]) {                                                                    \
+            if (k < cap) pos[k] = i;                                                             \
+            k++;                                                                                 \
+        }                                                                                        \
+    }
+static Py_ssize_t differing_positions(const char *a, const char *b, int size, Py_ssize_t m, Py_ssize_t *pos,
+                                      Py_ssize_t cap) {
+    Py_ssize_t i, k = 0;
+    switch (size) {
+    case 8:
+        SCAN_POSITIONS(u64u)
+        break;
+    case 4:
+        SCAN_POSITIONS(u32u)
+        break;
+    case 2:
+        SCAN_POSITIONS(u16u)
+        break;
+    default:
+        SCAN_POSITIONS(unsigned char)
+        break;
+    }
+    return k;
+}
+
 /* A block where few elements differ (SPARSE): a = b elsewhere, so Σ(a² + b²) = 2Σa² + Σ(b² - a²)
- * over the differing positions, and only those are measured (in order: the first largest
- * difference wins). Positions are found by value: where the bits differ but the values are
- * equal (-0.0 vs 0.0) the difference is 0 and adds nothing. Returns 0, having changed nothing,
- * when a value is not finite (the general path then runs). */
-static int sparse_block(const double *x, const double *y, Py_ssize_t m, Py_ssize_t base, double rtol, double atol,
-                        Part *p) {
+ * over the k differing positions pos[] (y[q]: B's value at pos[q]), and only those are measured
+ * (in order: the first largest difference wins). Where the bits differ but the values are equal
+ * (-0.0 vs 0.0) the difference is 0 and adds nothing. Returns 0, having changed nothing, when a
+ * value is not finite (the general path then runs). */
+static int sparse_block(const double *x, const Py_ssize_t *pos, const double *y, Py_ssize_t k, Py_ssize_t m,
+                        Py_ssize_t base, double rtol, double atol, Part *p) {
     double s = sum_squares(x, m), sa = 0, sd = 0, corr = 0, best = p->best, mr = p->max_rel;
-    Py_ssize_t i, best_at = p->best_at;
+    Py_ssize_t q, i, best_at = p->best_at;
     int64_t tf = 0;
     if (!isfinite(s)) return 0;
-    for (i = 0; i < m; i++) {
+    for (q = 0; q < k; q++) {
         double a, b, di, ax, ay, den;
-        if ((i & 7) == 0 && i + 8 <= m) { /* skip 8 equal values at once (x, y: 32-byte aligned) */
-            const v2d *vx = (const v2d *)(x + i), *vy = (const v2d *)(y + i);
-            v2i ne = (vx[0] != vy[0]) | (vx[1] != vy[1]) | (vx[2] != vy[2]) | (vx[3] != vy[3]);
-            if (!(ne[0] | ne[1])) {
-                i += 7;
-                continue;
-            }
-        }
+        i = pos[q];
         a = x[i];
-        b = y[i];
+        b = y[q];
         if (a == b) continue;
         if (!isfinite(b)) return 0;
         di = fabs(a - b);
@@ -417,6 +449,7 @@ typedef struct {
 static void diff_run(const DiffArgs *g, Part *p) {
     double x[BLOCK] __attribute__((aligned(32))), y[BLOCK] __attribute__((aligned(32)));
     double d[BLOCK] __attribute__((aligned(32)));
+    Py_ssize_t pos[BLOCK / SPARSE];
     Lanes l;
     int same = g->fa == g->fb && g->ta == g->tb;
     int sa = ITEMSIZE[g->fa], sb = ITEMSIZE[g->fb];
@@ -441,8 +474,12 @@ static void diff_run(const DiffArgs *g, Part *p) {
             equal_block(x, m, p);
             continue;
         }
+        if (same && nb * SPARSE <= m) { /* B's values only where the bits differ */
+            Py_ssize_t q, k = differing_positions(ca, cb, sb, m, pos, BLOCK / SPARSE);
+            for (q = 0; q < k; q++) widen(g->fb, g->tb, cb + pos[q] * sb, y + q, 1);
+            if (sparse_block(x, pos, y, k, m, base, g->rtol, g->atol, p)) continue;
+        }
         widen(g->fb, g->tb, cb, y, m);
-        if (same && nb * SPARSE <= m && sparse_block(x, y, m, base, g->rtol, g->atol, p)) continue;
         lanes_zero(&l);
         dense = dense_block[g->rtol == 0 && g->atol == 0](x, y, d, m, g->rtol, g->atol, p->max_rel, &l);
         if (dense) {
