@@ -10,8 +10,8 @@
 - ``nonfinite(a)``: ``(nan, inf)`` counts of a flat array, without the GIL.
 
 The extension is part of the install (``pip install -e .`` compiles it; ``python setup.py
-build_ext --inplace`` in a checkout): a missing build is an ``ImportError`` that says so,
-never a silent slow path.
+build_ext --inplace`` in a checkout): a missing build is an ``InstallError`` (an
+``ImportError``; exit 2 with a hint at the CLI) that says how to build it, never a silent slow path.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ftkit.errors import InstallError
 from ftkit.tensors.arrays import bits
 
 try:
     from ftkit.tensors import _kernels
-except ImportError as exc:  # pragma: no cover - an incomplete install
-    raise ImportError(
-        "ftkit's compiled kernels (ftkit.tensors._kernels) are not built: install with "
-        "`pip install -e .` or, in a checkout, run `python setup.py build_ext --inplace`"
+except ImportError as exc:  # an incomplete install (tests/tensors/test_kernels.py simulates one)
+    raise InstallError(
+        f"ftkit's compiled kernels (ftkit.tensors._kernels) are not built ({exc})",
+        "reinstall with `pip install -e .` (a C compiler and the Python headers are needed), or in a "
+        "checkout used through PYTHONPATH run `python setup.py build_ext --inplace`",
     ) from exc
 
 # Element format codes: the order of ``enum Fmt`` in _kernels.c.

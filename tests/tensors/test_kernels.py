@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ftkit import tensors
+from ftkit.errors import InstallError
 from ftkit.tensors import _kernels
 from ftkit.tensors.arrays import numpy_dtype
 from ftkit.tensors.kernels import diff_stripe, element_format, nonfinite
@@ -69,5 +70,7 @@ def test_a_missing_build_is_an_import_error_that_says_how_to_build(monkeypatch):
     monkeypatch.setitem(sys.modules, "ftkit.tensors._kernels", None)  # as if the .so were absent
     monkeypatch.delattr(tensors, "_kernels")
     monkeypatch.delitem(sys.modules, "ftkit.tensors.kernels")
-    with pytest.raises(ImportError, match="build_ext --inplace"):
+    with pytest.raises(InstallError, match="kernels .* are not built") as info:
         importlib.import_module("ftkit.tensors.kernels")
+    assert isinstance(info.value, ImportError) and "build_ext --inplace" in (info.value.hint or "")
+    assert info.value.exit_code == 2  # the CLI: one Error line and the hint, not an internal error
