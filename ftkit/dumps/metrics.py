@@ -90,7 +90,7 @@ def nonfinite_counts(a: np.ndarray, threads: bool = True) -> tuple[int, int]:
 
     ``threads=False`` keeps the work on the calling thread (training ranks, whose thread
     count is fixed by their configuration)."""
-    flat = np.ascontiguousarray(real_view(a)).reshape(-1)
+    flat = _flat(a)
     if flat.dtype.kind in "biu" or element_format(flat.dtype) is None:
         return 0, 0
     spans = _stripes(flat.size)
@@ -100,6 +100,13 @@ def nonfinite_counts(a: np.ndarray, threads: bool = True) -> tuple[int, int]:
         else map_ordered(lambda s: nonfinite(flat[s[0] : s[1]]), spans)
     )
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a``'s values as a flat C-contiguous array in native byte order (complex as float pairs);
+    no copy for what the loader hands out."""
+    flat = np.ascontiguousarray(real_view(a)).reshape(-1)
+    return flat if flat.dtype.isnative else flat.astype(flat.dtype.newbyteorder("="))
 
 
 def _stripes(n: int) -> list[tuple[int, int]]:
@@ -203,9 +210,8 @@ def diff_metrics(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, hashers
     """
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch {a.shape} vs {b.shape}")
-    ra, rb = real_view(a), real_view(b)
-    shape = ra.shape
-    fa, fb = np.ascontiguousarray(ra).reshape(-1), np.ascontiguousarray(rb).reshape(-1)
+    shape = real_view(a).shape
+    fa, fb = _flat(a), _flat(b)
     work = _Stripes(fa, fb, rtol, atol, hashers)
     spans = _stripes(fa.size)
     total = _Total()

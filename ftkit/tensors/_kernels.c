@@ -171,7 +171,6 @@ static void lanes_zero(Lanes *l) { memset(l, 0, sizeof *l); }
         (l)->tf[j] += (di) > atol + rtol * fabs(y) ? 1.0 : 0.0;          \
     } while (0)
 
-
 /* The relative difference d / max(|x|, |y|) costs a division, several times the rest of an
  * element's work, so the blocks screen first whether any element can exceed `known`, the largest
  * already seen: d / den rounds above `known` only if d > known·den·(1 - 2^-53), and the screen's

@@ -72,7 +72,9 @@ class StripePart(NamedTuple):
 
 @functools.cache
 def element_format(dtype: np.dtype[Any]) -> tuple[int, bytes | None] | None:
-    """``(code, table)`` of a dtype the kernels read, else ``None``."""
+    """``(code, table)`` of a dtype the kernels read (native byte order), else ``None``."""
+    if not dtype.isnative:
+        return None
     if dtype.name in _CODES:
         return _CODES[dtype.name], None
     if dtype.itemsize == 1 and (dtype.kind in "biu" or dtype.name.startswith("float8_")):

@@ -147,3 +147,14 @@ def test_tolerance_count_is_exact_around_the_relative_bound(chunk, rtol):
         limit = rtol * np.abs(b32.astype(np.float64))
         sure_fail, sure_pass = d > limit * (1 + 1e-5), d < limit * (1 - 1e-5)  # away from float32 rounding
         assert int(sure_fail.sum()) <= m.tol_fail <= int((~sure_pass).sum()), scale
+
+
+def test_byte_order_is_read_not_compared():
+    """Arrays in non-native byte order are measured by value: the same values in either order
+    are bitwise equal (a dump is little-endian; a caller's array may not be)."""
+    a = np.array([1.0, 2.0, np.nan, -0.0], ">f4")
+    m = diff_metrics(a, a.astype("<f4"), 0, 0)
+    assert m.bitwise_equal and (m.nan_a, m.nan_b) == (1, 1)
+    m = diff_metrics(a, np.array([1.0, 2.5, np.nan, 0.0], "<f4"), 0, 0)
+    assert (m.bits_differ, m.argmax, m.max_abs, m.b_at) == (2, [1], 0.5, 2.5)
+    assert nonfinite_counts(np.array([np.inf, np.nan, 1], ">f8")) == (1, 1)
