@@ -595,8 +595,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", "ftkit's compiled compare kernels", -1,
-                                    methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kernels", "ftkit's compiled compare kernels", -1, methods, NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m;
