@@ -238,7 +238,8 @@ def diff_metrics(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, hashers
 
 
 def _value(v: Any) -> float:
-    return float(np.asarray(v).astype(np.float64))
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on a NaN it casts; NaN is the value
+        return float(np.asarray(v).astype(np.float64))
 
 
 def _unravel(index: int, shape: tuple[int, ...]) -> list[int]:
