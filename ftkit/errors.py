@@ -32,3 +32,9 @@ class InputError(FtkitError):
 
 class ConfigError(FtkitError):
     """An invalid training or rule configuration (exit 2)."""
+
+
+class InstallError(FtkitError, ImportError):
+    """A part of ftkit's own install is missing, e.g. its compiled kernels were not built (exit 2:
+    nothing a rerun fixes; the hint says how to repair the install). An ``ImportError`` too, as
+    it is raised while importing."""

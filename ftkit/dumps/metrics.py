@@ -18,17 +18,14 @@ Definitions (over the flattened arrays; A is the first argument, B the reference
   the first one; when nothing differs numerically, of the first element whose bits differ
   (-0.0 vs 0.0, NaN payloads); ``a_at`` / ``b_at`` are the values there.
 
-Arithmetic: values are converted per chunk to float32 when both dtypes convert to it exactly
-(float32, float16, bfloat16 by a bit shift, float8), else to float64; sums are accumulated in
-float64 across chunks. A chunk holding non-finite values, or whose float32 arithmetic
-overflows, is redone in float64 with explicit masks. Chunks whose bits mostly agree measure
-only the differing positions; chunks whose max relative difference proves every element within
-``rtol`` skip the tolerance test. Work is split into stripes (at least four per thread, from
-``CHUNK`` up to ``STRIPE`` elements) over ``ftkit.tensors.parallel``'s pool and merged in order,
-so the result does not depend on the thread count.
+Arithmetic: one pass of the compiled kernel (``ftkit.tensors.kernels``) per stripe reads
+each element once, widens it to float64 (exact for every float format here, and for integers
+up to 2^53) and computes all of the above at once; blocks whose bits agree cost a bit compare
+and Σa². Sums are float64. Work is split into stripes whose bounds depend only on the element
+count (from ``MIN_STRIPE`` up to ``STRIPE`` elements), run over ``ftkit.tensors.parallel``'s
+pool without the GIL and merged in order, so the result does not depend on the thread count.
 
-Memory: a few chunk-sized buffers per stripe in work (allocated once per stripe, reused by its
-chunks) on top of the inputs.
+Memory: nothing beyond the inputs but a few KiB of stack per stripe in work.
 """
 
 from __future__ import annotations
@@ -41,19 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ftkit.tensors.arrays import bits, compute_dtype, real_view, sum_squares
-from ftkit.tensors.parallel import map_ordered, stripes, workers
+from ftkit.tensors.arrays import real_view
+from ftkit.tensors.kernels import StripePart, diff_stripe, element_format, nonfinite
+from ftkit.tensors.parallel import map_ordered, stripes
 
 if TYPE_CHECKING:  # pragma: no cover
     from ftkit.tensors.xxh3 import Hasher
 
-CHUNK = 1 << 16  # elements per inner step: inputs and buffers of a chunk stay in the L2 cache
-STRIPE = 1 << 20  # most elements per task of diff_metrics (fewer tasks: less dispatch)
-_SPARSE = 8  # measure only differing positions when fewer than 1/_SPARSE of a chunk differ
-# When every |a-b| <= R·max(|a|,|b|) (R: the chunk's max_rel), then |a| <= |b| + |a-b| gives
-# |a-b| <= R/(1-R)·|b|, so R <= rtol/(1+rtol) means no element fails |a-b| <= atol + rtol·|b|.
-# Half that bound is used: the float rounding of R is a few ulps of R itself.
-_REL_PASSES = 0.5
+MIN_STRIPE = 1 << 16  # fewest elements per task: smaller tensors run in one call
+STRIPE = 1 << 20  # most elements per task (measured: 8 tasks of up to 1M elements per tensor took
+# 15% less CPU than 16 of up to 256K on the 1 GiB bench pair, the same wall time)
+_STRIPES = 8  # a mid-sized tensor is cut into this many stripes (fixed: not the thread count)
 _INF = math.inf
 
 
@@ -95,34 +90,34 @@ def nonfinite_counts(a: np.ndarray, threads: bool = True) -> tuple[int, int]:
 
     ``threads=False`` keeps the work on the calling thread (training ranks, whose thread
     count is fixed by their configuration)."""
-    flat = real_view(a).reshape(-1)
-    if flat.dtype.kind not in "fV" and not _is_ml_float(flat.dtype):
+    flat = _flat(a)
+    if flat.dtype.kind in "biu" or element_format(flat.dtype) is None:
         return 0, 0
-    cdt = compute_dtype(str(flat.dtype))
-
-    def part(span: tuple[int, int]) -> tuple[int, int]:
-        nan = inf = 0
-        with np.errstate(all="ignore"):
-            for i in range(span[0], span[1], CHUNK):
-                x = flat[i : min(i + CHUNK, span[1])].astype(cdt, copy=False)
-                if math.isfinite(float(np.add.reduce(x, dtype=np.float64))):
-                    continue
-                nan += int(np.count_nonzero(np.isnan(x)))
-                inf += int(np.count_nonzero(np.isinf(x)))
-        return nan, inf
-
-    spans = stripes(flat.size)
-    parts = map_ordered(part, spans) if threads else [part(s) for s in spans]
+    spans = _stripes(flat.size)
+    parts = (
+        [nonfinite(flat[i:j]) for i, j in spans]
+        if not threads
+        else map_ordered(lambda s: nonfinite(flat[s[0] : s[1]]), spans)
+    )
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def _is_ml_float(dt: np.dtype[Any]) -> bool:
-    return bool(dt.name == "bfloat16" or dt.name.startswith("float8_"))
+def _flat(a: np.ndarray) -> np.ndarray:
+    """``a``'s values as a flat C-contiguous array in native byte order (complex as float pairs);
+    no copy for what the loader hands out."""
+    flat = np.ascontiguousarray(real_view(a)).reshape(-1)
+    return flat if flat.dtype.isnative else flat.astype(flat.dtype.newbyteorder("="))
+
+
+def _stripes(n: int) -> list[tuple[int, int]]:
+    """Stripe bounds of ``n`` elements: a function of ``n`` alone (sums then round the same way
+    on any number of threads)."""
+    return stripes(n, min(STRIPE, max(MIN_STRIPE, -(-n // _STRIPES))))
 
 
 @dataclass
-class _Part:
-    """Partial sums of one stripe; ``merge`` folds them in stripe order."""
+class _Total:
+    """The stripes' partial results folded in stripe order."""
 
     bits_differ: int = 0
     first_bits: int | None = None
@@ -141,85 +136,52 @@ class _Part:
     sdd: float = 0.0
     sxx: float = 0.0
 
-    def merge(self, o: _Part) -> None:
-        self.bits_differ += o.bits_differ
-        self.nonfinite_mismatch += o.nonfinite_mismatch
-        self.nan_a, self.nan_b = self.nan_a + o.nan_a, self.nan_b + o.nan_b
-        self.inf_a, self.inf_b = self.inf_a + o.inf_a, self.inf_b + o.inf_b
-        self.finite_n += o.finite_n
-        self.sxx += o.sxx
-        if self.first_bits is None:
-            self.first_bits = o.first_bits
-        if self.first_bad is None:
-            self.first_bad = o.first_bad
-        self.add_diff((o.best, o.best_at, o.sum_abs, o.sdd, o.max_rel, o.tol_fail))
-
-    def add_diff(self, diff: _Diff) -> None:
-        """Fold one ``_Kernel.measure`` result in."""
-        best, best_at, sum_abs, sdd, max_rel, tol_fail = diff
-        self.sum_abs += sum_abs
-        self.sdd += sdd
-        self.max_rel = max(self.max_rel, max_rel)
-        self.tol_fail += tol_fail
-        if best > self.best:
-            self.best, self.best_at = best, best_at
+    def merge(self, start: int, p: StripePart) -> None:
+        """Fold in stripe ``p``, whose indexes count from ``start``."""
+        self.bits_differ += p.bits_differ
+        self.nonfinite_mismatch += p.nonfinite_mismatch
+        self.nan_a, self.nan_b = self.nan_a + p.nan_a, self.nan_b + p.nan_b
+        self.inf_a, self.inf_b = self.inf_a + p.inf_a, self.inf_b + p.inf_b
+        self.finite_n += p.finite_n
+        self.sum_abs += p.sum_abs
+        self.sdd += p.sdd
+        self.sxx += p.sxx
+        self.max_rel = max(self.max_rel, p.max_rel)
+        self.tol_fail += p.tol_fail
+        if self.first_bits is None and p.first_bits >= 0:
+            self.first_bits = start + p.first_bits
+        if self.first_bad is None and p.first_bad >= 0:
+            self.first_bad = start + p.first_bad
+        if p.best > self.best:  # strictly: the first occurrence of the largest difference wins
+            self.best, self.best_at = p.best, start + p.best_at
 
 
-_Diff = tuple[float, "int | None", float, float, float, int]  # best, best_at, sum_abs, sdd, max_rel, tol_fail
-_NO_DIFF: _Diff = (-1.0, None, 0.0, 0.0, 0.0, 0)
-
-
-class _Scratch:
-    """One stripe's reusable chunk buffers: no temporaries are allocated per chunk."""
-
-    def __init__(self, cdt: np.dtype[Any], n: int) -> None:
-        self.x, self.y = np.empty(n, cdt), np.empty(n, cdt)  # converted inputs
-        self.d, self.t, self.u = np.empty(n, cdt), np.empty(n, cdt), np.empty(n, cdt)  # |a - b|, work
-        self.ne, self.gt = np.empty(n, np.bool_), np.empty(n, np.bool_)
-
-
-def _convert(src: np.ndarray, cdt: np.dtype[Any], out: np.ndarray) -> np.ndarray:
-    """``src`` as ``cdt`` values, in ``out`` unless it already is ``cdt`` (no copy then).
-    bfloat16 -> float32 is a 16-bit shift of the bits (exact, NaN payloads included), several
-    times faster than the generic cast; other types cast into ``out``."""
-    if src.dtype == cdt:
-        return src
-    dst = out[: src.size]
-    if src.dtype.name == "bfloat16" and cdt == np.float32:
-        np.left_shift(src.view(np.uint16), 16, out=dst.view(np.uint32), dtype=np.uint32)
-    else:
-        np.copyto(dst, src, casting="unsafe")
-    return dst
-
-
-class _Kernel:
-    """The per-chunk work of ``diff_metrics`` over flat arrays ``fa``/``fb``."""
+class _Stripes:
+    """The per-stripe work of ``diff_metrics`` over flat arrays ``fa``/``fb``."""
 
     def __init__(
         self, fa: np.ndarray, fb: np.ndarray, rtol: float, atol: float, hashers: Sequence[Hasher] = ()
     ) -> None:
         self.fa, self.fb, self.rtol, self.atol = fa, fb, rtol, atol
-        self.same = fa.dtype == fb.dtype
-        self.cdt = compute_dtype(str(fa.dtype), str(fb.dtype))
         self.hashers = hashers
         self._turn = 0
         self._failed = False
         self._cond = threading.Condition()
 
-    def stripe(self, job: tuple[int, tuple[int, int]]) -> _Part:
+    def stripe(self, job: tuple[int, tuple[int, int]]) -> StripePart:
         k, (start, stop) = job
-        p = _Part()
         ok = False
-        scratch = _Scratch(self.cdt, min(CHUNK, stop - start))
         try:
-            with np.errstate(all="ignore"):
-                for i in range(start, stop, CHUNK):
-                    self.chunk(p, i, min(i + CHUNK, stop), scratch)
+            part = self.measure(start, stop)
             ok = True
         finally:
             if self.hashers:  # hash the stripe while it is still in cache, in stripe order
                 self._hash_in_turn(k, start, stop, ok)
-        return p
+        return part
+
+    def measure(self, start: int, stop: int) -> StripePart:
+        """The kernel over elements ``[start, stop)`` of both sides."""
+        return diff_stripe(self.fa[start:stop], self.fb[start:stop], self.rtol, self.atol)
 
     def _hash_in_turn(self, k: int, start: int, stop: int, ok: bool) -> None:
         """Wait until stripes 0..k-1 have hashed, hash stripe k (unless a stripe failed: the
@@ -238,118 +200,25 @@ class _Kernel:
                 self._turn = k + 1
                 self._cond.notify_all()
 
-    def chunk(self, p: _Part, i: int, j: int, s: _Scratch) -> None:
-        """Fold chunk ``[i, j)`` into ``p`` (numpy errors are ignored by the caller)."""
-        ac, bc = self.fa[i:j], self.fb[i:j]
-        n = j - i
-        if self.same:
-            ne = np.not_equal(bits(ac), bits(bc), out=s.ne[:n])
-            nb = int(np.count_nonzero(ne))
-            if nb and p.first_bits is None:
-                p.first_bits = i + int(np.argmax(ne))
-        else:
-            ne, nb = None, n
-            if n and p.first_bits is None:
-                p.first_bits = i
-        x = _convert(ac, self.cdt, s.x)
-        sx = sum_squares(x)
-        if nb == 0:  # bitwise equal chunk: only the energy (2Σa², a = b) and the count
-            if not math.isfinite(sx):
-                return self.masked(p, i, j)
-            p.sxx += 2 * sx
-            p.finite_n += n
-            return None
-        if ne is not None and nb * _SPARSE < n:  # a = b off the differing positions
-            where = np.flatnonzero(ne)
-            xd, yd = x[where], bc[where].astype(self.cdt)
-            sxx = 2 * sx + (sum_squares(yd) - sum_squares(xd))
-        else:
-            where, xd, yd = None, x, _convert(bc, self.cdt, s.y)
-            sxx = sx + sum_squares(yd)
-        if not math.isfinite(sxx):  # NaN/Inf somewhere, or float32 squares overflowed
-            return self.masked(p, i, j)
-        diff = self.measure(i, xd, yd, where, s)
-        if not (math.isfinite(diff[2]) and math.isfinite(diff[3])):
-            return self.masked(p, i, j)  # float32 overflow of a - b: redo in float64
-        p.sxx += sxx
-        p.finite_n += n
-        p.bits_differ += nb
-        p.add_diff(diff)
-        return None
-
-    def measure(
-        self, i: int, x: np.ndarray, y: np.ndarray, where: np.ndarray | None, s: _Scratch | None = None
-    ) -> _Diff:
-        """Difference metrics of finite ``x``/``y`` (``where``: their chunk positions, or all),
-        in ``s``'s buffers when given (and large enough), else in temporaries."""
-        k = x.size
-        if not k:
-            return _NO_DIFF
-        if s is None or k > s.d.size or x.dtype != s.d.dtype:
-            s = _Scratch(x.dtype, k)
-        d, t, u, gt = s.d[:k], s.t[:k], s.u[:k], s.gt[:k]
-        np.subtract(x, y, out=d)
-        np.abs(d, out=d)
-        m = int(np.argmax(d))
-        best, best_at = float(d[m]), i + (m if where is None else int(where[m]))
-        sum_abs = float(np.add.reduce(d))  # pairwise summation: relative error ~1e-6 in float32
-        sdd = sum_squares(d)
-        np.abs(x, out=t)
-        np.abs(y, out=u)
-        np.maximum(t, u, out=t)
-        np.divide(d, t, out=t)  # 0/0 = NaN where both are 0 (and d is 0): fmax skips it
-        rel = float(np.fmax.reduce(t))
-        if self.rtol == 0 and self.atol == 0:  # --exact: any numeric difference
-            tol_fail = int(np.count_nonzero(d))
-        elif rel <= _REL_PASSES * self.rtol / (1 + self.rtol):  # no element can fail: skip the test
-            tol_fail = 0
-        else:
-            np.multiply(u, self.rtol, out=t)
-            np.add(t, self.atol, out=t)
-            tol_fail = int(np.count_nonzero(np.greater(d, t, out=gt)))
-        return best, best_at, sum_abs, sdd, (rel if rel == rel else 0.0), tol_fail
-
-    def masked(self, p: _Part, i: int, j: int) -> None:
-        """The general path for a chunk with non-finite values (or float32 overflow): float64."""
-        x, y = self.fa[i:j].astype(np.float64), self.fb[i:j].astype(np.float64)
-        q = _Part()
-        na, nb_, xa, xb = np.isnan(x), np.isnan(y), np.isinf(x), np.isinf(y)
-        q.nan_a, q.nan_b = int(np.count_nonzero(na)), int(np.count_nonzero(nb_))
-        q.inf_a, q.inf_b = int(np.count_nonzero(xa)), int(np.count_nonzero(xb))
-        fin = ~(na | nb_ | xa | xb)
-        mism = ~fin & ~((na & nb_) | (x == y))
-        q.nonfinite_mismatch = int(np.count_nonzero(mism))
-        if q.nonfinite_mismatch:
-            q.first_bad = i + int(np.argmax(mism))
-        where = np.flatnonzero(fin)
-        xf, yf = x[where], y[where]
-        q.add_diff(self.measure(i, xf, yf, where))
-        q.sxx = sum_squares(xf) + sum_squares(yf)
-        q.finite_n = int(where.size)
-        if self.same:
-            q.bits_differ = int(np.count_nonzero(bits(self.fa[i:j]) != bits(self.fb[i:j])))
-        else:
-            q.bits_differ = int(x.size)
-        p.merge(q)
-
 
 def diff_metrics(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, hashers: Sequence[Hasher] = ()) -> Metrics:
     """Full metrics of two arrays of the same shape (dtypes may differ).
 
+    ``rtol = atol = 0`` (``--exact``) makes ``tol_fail`` count every numeric difference.
     ``hashers``: optionally two streaming hashers that are fed ``a``'s and ``b``'s bytes in
     order during the same pass (a fingerprint costs no second read of the data).
     """
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch {a.shape} vs {b.shape}")
-    ra, rb = real_view(a), real_view(b)
-    shape = ra.shape
-    fa, fb = np.ascontiguousarray(ra).reshape(-1), np.ascontiguousarray(rb).reshape(-1)
-    kernel = _Kernel(fa, fb, rtol, atol, hashers)
-    total = _Part()
-    step = min(STRIPE, max(CHUNK, -(-fa.size // (4 * workers()))))  # small tensors use every core too
-    for part in map_ordered(kernel.stripe, list(enumerate(stripes(fa.size, step)))):
-        total.merge(part)
-    m = Metrics(fa.size, kernel.same and total.bits_differ == 0, total.bits_differ)
+    shape = real_view(a).shape
+    fa, fb = _flat(a), _flat(b)
+    work = _Stripes(fa, fb, rtol, atol, hashers)
+    spans = _stripes(fa.size)
+    total = _Total()
+    for (start, _), part in zip(spans, map_ordered(work.stripe, list(enumerate(spans)))):
+        total.merge(start, part)
+    same = fa.dtype == fb.dtype
+    m = Metrics(fa.size, same and total.bits_differ == 0, total.bits_differ)
     m.nan_a, m.nan_b, m.inf_a, m.inf_b = total.nan_a, total.nan_b, total.inf_a, total.inf_b
     m.nonfinite_mismatch = total.nonfinite_mismatch
     m.tol_fail = total.tol_fail + total.nonfinite_mismatch
@@ -369,7 +238,8 @@ def diff_metrics(a: np.ndarray, b: np.ndarray, rtol: float, atol: float, hashers
 
 
 def _value(v: Any) -> float:
-    return float(np.asarray(v).astype(np.float64))
+    with np.errstate(invalid="ignore"):  # ml_dtypes warns on a NaN it casts; NaN is the value
+        return float(np.asarray(v).astype(np.float64))
 
 
 def _unravel(index: int, shape: tuple[int, ...]) -> list[int]:

@@ -10,8 +10,6 @@
   must not shrink while it is mapped (the header reader checked its size; a concurrent
   truncation is outside the contract).
 - ``bits(array)``: the same bytes as unsigned integers of the element size (bitwise compare).
-- ``compute_dtype(a_dtype, b_dtype)``: the float type values are measured in: float32 for
-  inputs that float32 holds exactly (float32, float16, bfloat16, float8), else float64.
 - ``from_torch(t)``: a CPU torch tensor as a numpy array of the same bytes (zero copy when
   contiguous), for the training-side callers of numpy kernels.
 """
@@ -33,8 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from ftkit.tensors.st import TensorInfo
 
 _UINT: dict[int, np.dtype[Any]] = {n: np.dtype(f"uint{8 * n}") for n in (1, 2, 4, 8)}
-_F32_EXACT = frozenset(["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"])
-_F32_EXACT |= {"float8_e4m3fnuz", "float8_e5m2fnuz"}
 
 
 @functools.cache
@@ -52,11 +48,6 @@ def bits(a: np.ndarray) -> np.ndarray:
     """``a``'s bytes viewed as unsigned integers of its element size (complex64: uint64)."""
     out: np.ndarray = a.view(_UINT[a.dtype.itemsize])
     return out
-
-
-def compute_dtype(*names: str) -> np.dtype[Any]:
-    """float32 when every input converts to float32 exactly, else float64."""
-    return np.dtype(np.float32) if all(n in _F32_EXACT for n in names) else np.dtype(np.float64)
 
 
 def sum_squares(x: np.ndarray) -> float:

@@ -1,4 +1,5 @@
-"""Pair metrics against straightforward numpy references, across chunk and stripe boundaries."""
+"""Pair metrics against the numpy oracle (tests/dumps/metrics_oracle.py) and hand-made cases,
+across stripe boundaries."""
 
 from __future__ import annotations
 
@@ -8,45 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from metrics_oracle import assert_matches, reference  # tests/dumps/metrics_oracle.py
 
 from ftkit.dumps import metrics
 from ftkit.dumps.metrics import diff_metrics, equal_metrics, nonfinite_counts
 
 
-@pytest.fixture(params=[metrics.CHUNK, 7], ids=["one-chunk", "chunk-7"])
+@pytest.fixture(params=[None, (3, 5)], ids=["default-stripes", "stripes-3-5"])
 def chunk(request, monkeypatch):
-    monkeypatch.setattr(metrics, "CHUNK", request.param)
+    """Default stripes, or stripes of 3-5 elements (merged in order across many pool tasks)."""
+    if request.param:
+        monkeypatch.setattr(metrics, "MIN_STRIPE", request.param[0])
+        monkeypatch.setattr(metrics, "STRIPE", request.param[1])
     return request.param
-
-
-@np.errstate(invalid="ignore", over="ignore")
-def _reference(a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict:
-    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    fin = np.isfinite(a64) & np.isfinite(b64)
-    d = np.abs(a64 - b64)[fin]
-    den = np.maximum(np.abs(a64), np.abs(b64))[fin]
-    rel = np.divide(d, den, out=np.zeros_like(d), where=den > 0)
-    af, bf = a64[fin], b64[fin]
-    sxx = float((af * af).sum() + (bf * bf).sum())
-    bad = ~fin & ~((np.isnan(a64) & np.isnan(b64)) | (a64 == b64))
-    if bad.any():  # a non-finite mismatch is the worst difference there is
-        inf = float("inf")
-        return {
-            "max_abs": inf,
-            "mean_abs": inf,
-            "max_rel": inf,
-            "dissimilarity": inf,
-            "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()),
-            "nonfinite_mismatch": int(bad.sum()),
-        }
-    return {
-        "max_abs": d.max(initial=0.0),
-        "mean_abs": d.mean() if d.size else 0.0,
-        "max_rel": rel.max(initial=0.0),
-        "dissimilarity": float(((af - bf) ** 2).sum()) / sxx if sxx > 0 else 0.0,
-        "tol_fail": int((d > atol + rtol * np.abs(bf)).sum() + bad.sum()),
-        "nonfinite_mismatch": int(bad.sum()),
-    }
 
 
 floats = st.floats(-1e6, 1e6, allow_nan=False, width=32) | st.sampled_from(
@@ -59,20 +34,14 @@ floats = st.floats(-1e6, 1e6, allow_nan=False, width=32) | st.sampled_from(
 def test_matches_reference(a, data):
     noise = data.draw(arrays(np.float32, a.shape, elements=floats))
     b = np.where(data.draw(arrays(np.bool_, a.shape)), a, noise).astype(np.float32)
-    default, stripe = metrics.CHUNK, metrics.STRIPE
-    for chunk, stripe_len in ((default, stripe), (7, 7), (3, 12)):  # stripes of several chunks run threaded
-        metrics.CHUNK = chunk
-        metrics.STRIPE = stripe_len
+    default = metrics.MIN_STRIPE, metrics.STRIPE
+    for stripe in (default, (7, 7), (3, 12)):  # several stripes run threaded, merged in order
+        metrics.MIN_STRIPE, metrics.STRIPE = stripe
         try:
             m = diff_metrics(a.copy(), b.copy(), 1e-3, 1e-6)
         finally:
-            metrics.CHUNK, metrics.STRIPE = default, stripe
-        ref = _reference(a, b, 1e-3, 1e-6)
-        for k, v in ref.items():  # float32 arithmetic for float32 inputs: a few ulps
-            assert getattr(m, k) == pytest.approx(v, rel=1e-5, abs=1e-12), k
-        assert m.nan_a == int(np.isnan(a).sum()) and m.inf_b == int(np.isinf(b).sum())
-        assert m.bits_differ == int((a.view(np.int32) != b.view(np.int32)).sum())
-        assert m.bitwise_equal == (m.bits_differ == 0)
+            metrics.MIN_STRIPE, metrics.STRIPE = default
+        assert_matches(m, reference(a, b, 1e-3, 1e-6))
 
 
 def test_location_of_largest_difference(chunk):
@@ -153,17 +122,6 @@ def test_nonfinite_counts_fast_and_exact_paths():
     assert m.bitwise_equal and (m.nan_a, m.nan_b, m.inf_a, m.inf_b) == (1, 1, 2, 2)
 
 
-def test_bfloat16_widens_to_the_exact_float32_values_for_every_bit_pattern():
-    src = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(ml_dtypes.bfloat16)
-    out = np.full(src.size, -1.0, np.float32)
-    got = metrics._convert(src, np.dtype(np.float32), out)
-    want = src.astype(np.float32)
-    assert got.base is out or got is out  # written into the buffer given
-    nan = np.isnan(want)
-    assert np.array_equal(np.isnan(got), nan)
-    assert np.array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])  # -0.0, Inf, subnormals too
-
-
 def test_bfloat16_pairs_measure_like_their_float32_values(chunk):
     rng = np.random.default_rng(5)
     a = rng.standard_normal(5000).astype(ml_dtypes.bfloat16)
@@ -171,9 +129,7 @@ def test_bfloat16_pairs_measure_like_their_float32_values(chunk):
     b[::3] = (b[::3].astype(np.float32) * 1.01).astype(ml_dtypes.bfloat16)
     b[7], a[11] = np.nan, np.inf
     m = diff_metrics(a, b, 1e-3, 1e-6)
-    ref = _reference(a.astype(np.float32), b.astype(np.float32), 1e-3, 1e-6)
-    for k, v in ref.items():
-        assert getattr(m, k) == pytest.approx(v, rel=1e-5, abs=1e-12), k
+    assert_matches(m, reference(a, b, 1e-3, 1e-6))
 
 
 @pytest.mark.parametrize("rtol", [1e-2, 1e-5, 1e-7])
@@ -191,3 +147,14 @@ def test_tolerance_count_is_exact_around_the_relative_bound(chunk, rtol):
         limit = rtol * np.abs(b32.astype(np.float64))
         sure_fail, sure_pass = d > limit * (1 + 1e-5), d < limit * (1 - 1e-5)  # away from float32 rounding
         assert int(sure_fail.sum()) <= m.tol_fail <= int((~sure_pass).sum()), scale
+
+
+def test_byte_order_is_read_not_compared():
+    """Arrays in non-native byte order are measured by value: the same values in either order
+    are bitwise equal (a dump is little-endian; a caller's array may not be)."""
+    a = np.array([1.0, 2.0, np.nan, -0.0], ">f4")
+    m = diff_metrics(a, a.astype("<f4"), 0, 0)
+    assert m.bitwise_equal and (m.nan_a, m.nan_b) == (1, 1)
+    m = diff_metrics(a, np.array([1.0, 2.5, np.nan, 0.0], "<f4"), 0, 0)
+    assert (m.bits_differ, m.argmax, m.max_abs, m.b_at) == (2, [1], 0.5, 2.5)
+    assert nonfinite_counts(np.array([np.inf, np.nan, 1], ">f8")) == (1, 1)

@@ -33,7 +33,7 @@ def test_streaming_digest_equals_python_xxhash(data, cuts, seed):
 
 def test_fused_hashing_in_diff_metrics_gives_the_fingerprints(monkeypatch):
     monkeypatch.setattr(metrics, "STRIPE", 1000)  # many stripes on two threads, hashed in order
-    monkeypatch.setattr(metrics, "CHUNK", 300)
+    monkeypatch.setattr(metrics, "MIN_STRIPE", 300)
     rng = np.random.default_rng(3)
     for dtype in (np.float32, ml_dtypes.bfloat16, np.float64, np.int64):
         a = (rng.standard_normal((97, 103)) * 10).astype(dtype)
@@ -47,19 +47,19 @@ def test_fused_hashing_in_diff_metrics_gives_the_fingerprints(monkeypatch):
 
 def test_a_failing_stripe_never_leaves_the_others_waiting(monkeypatch):
     monkeypatch.setattr(metrics, "STRIPE", 100)
-    monkeypatch.setattr(metrics, "CHUNK", 50)
+    monkeypatch.setattr(metrics, "MIN_STRIPE", 100)
     a = np.arange(1000, dtype=np.float32)
     b = a + 1
     calls = {"n": 0}
-    real = metrics._Kernel.chunk
+    real = metrics._Stripes.measure
 
-    def flaky(self, p, i, j, scratch):
+    def flaky(self, start, stop):
         calls["n"] += 1
-        if i == 300:
+        if start == 300:
             raise MemoryError("injected")
-        return real(self, p, i, j, scratch)
+        return real(self, start, stop)
 
-    monkeypatch.setattr(metrics._Kernel, "chunk", flaky)
+    monkeypatch.setattr(metrics._Stripes, "measure", flaky)
     hashers = [fingerprint_hasher("float32", a.shape) for _ in range(2)]
     try:
         diff_metrics(a, b, 0, 0, hashers)
@@ -67,5 +67,5 @@ def test_a_failing_stripe_never_leaves_the_others_waiting(monkeypatch):
         pass
     else:  # pragma: no cover
         raise AssertionError("the injected error must surface")
-    monkeypatch.setattr(metrics._Kernel, "chunk", real)
+    monkeypatch.setattr(metrics._Stripes, "measure", real)
     assert diff_metrics(a, b, 0, 0).bits_differ == 1000  # the shared pool is not stuck
