@@ -27,7 +27,8 @@ _MASKED = {
     "F8_E4M3": (np.uint8, 0x7F, 0x7F),  # e4m3fn: no infinities, NaN = S.1111.111
     "F8_E5M2": (np.uint8, 0x7C, 0x7C),  # IEEE-like: exponent all ones
 }
-_NAN_BYTE = {"F8_E4M3FNUZ": 0x80, "F8_E5M2FNUZ": 0x80}  # fnuz: the only NaN is 0x80, no inf
+# fnuz: the only NaN is 0x80, no inf; e8m0 (MX scales, powers of two): the only NaN is 0xFF, no inf
+_NAN_BYTE = {"F8_E4M3FNUZ": 0x80, "F8_E5M2FNUZ": 0x80, "F8_E8M0": 0xFF}
 FLOAT_CODES = frozenset(_NUMPY_FLOATS) | frozenset(_MASKED) | frozenset(_NAN_BYTE)
 
 if sys.byteorder != "little":  # pragma: no cover - safetensors is little-endian by definition

@@ -54,10 +54,12 @@ ST_DTYPES: dict[str, tuple[str, int]] = {
     "F8_E5M2": ("float8_e5m2", 1),
     "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1),
     "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
+    "F8_E8M0": ("float8_e8m0fnu", 1),  # MX block scales: 2^(e-127), 0xFF is NaN, no zero or inf
 }
 TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
-# Valid in the safetensors format (0.6+) but not read by ftkit: a clear "not supported", not "corrupt".
-SPEC_ONLY_DTYPES = frozenset(["F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"])
+# Valid in the safetensors format (0.6+) but not read by ftkit (sub-byte, packed): a clear "not
+# supported", not "corrupt".
+SPEC_ONLY_DTYPES = frozenset(["F4", "F6_E2M3", "F6_E3M2"])
 _MAX_HEADER = 100 << 20
 _MAX_DIMS = 64
 _TMP_MARK = ".tmp-"
@@ -261,7 +263,7 @@ def _entry(p: Path, name: str, spec: object, data_start: int) -> TensorInfo:
     code = spec.get("dtype")
     if isinstance(code, str) and code in SPEC_ONLY_DTYPES:
         raise InputError(
-            f"{p}: tensor {name!r} has dtype {code}, which ftkit does not read (sub-byte and scale formats)",
+            f"{p}: tensor {name!r} has dtype {code}, which ftkit does not read (sub-byte formats)",
             f"ftkit reads {', '.join(ST_DTYPES)}; convert the tensor (e.g. to BF16) or leave the file out",
         )
     if not isinstance(code, str) or code not in ST_DTYPES:

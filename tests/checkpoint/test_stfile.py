@@ -95,3 +95,12 @@ def test_a_file_that_changed_under_the_reader_is_an_error_not_a_record(tmp_path)
         list(run_digests([d]))
         with pytest.raises(OSError, match="shorter|longer"):
             d.record()
+
+
+def test_nonfinite_count_of_mx_scales() -> None:
+    """F8_E8M0 (MX block scales): 0xFF is the only NaN; there is no zero or infinity."""
+    from ftkit.checkpoint.scan import count_nonfinite, host_bytes
+
+    t = torch.tensor([0, 1, 127, 254, 255, 255], dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    code, _, flat = host_bytes(t)
+    assert code == "F8_E8M0" and count_nonfinite(code, flat) == 2

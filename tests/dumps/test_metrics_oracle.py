@@ -17,7 +17,7 @@ from ftkit.tensors.arrays import numpy_dtype
 
 DTYPES = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz"]
 DTYPES += ["float8_e5m2fnuz", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "bool"]
-DTYPES += ["complex64"]
+DTYPES += ["complex64", "float8_e8m0fnu"]  # e8m0: MX block scales (powers of two, 0xFF NaN, no zero)
 MIXED = [("float32", "float64"), ("bfloat16", "float16"), ("int32", "float32"), ("float8_e4m3fn", "bfloat16")]
 SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 5e-324, 1e-40, 6e-8, 1e300, -1e300, 3e38, 65504.0])
 TOLERANCES = [(0.0, 0.0), (1e-5, 1e-8), (1e-3, 1e-6), (0.5, 0.0)]
