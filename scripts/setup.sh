@@ -2,6 +2,8 @@
 # Installs ftkit and everything its tests need on a fresh machine (idempotent).
 # - Where no NVIDIA GPU is present, the CPU build of torch is installed first, so that the
 #   project's torch range does not pull a multi-GB CUDA build.
+# - A C compiler and the Python headers are installed where missing (Debian/Ubuntu, as root):
+#   installing ftkit compiles ftkit/tensors/_kernels.c.
 # - zsh, fish and tmux are installed (Debian/Ubuntu, as root): tests/test_completions.py drives
 #   the three shells in tmux to check the completion scripts; node parses --format json output.
 set -euo pipefail
@@ -9,6 +11,15 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if ! command -v nvidia-smi >/dev/null 2>&1; then
   "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+fi
+# Installing ftkit compiles its C compare kernel: a C compiler and the Python headers must be there.
+need=""
+command -v cc >/dev/null || need="$need gcc"
+"$PY" -c 'import os, sysconfig; raise SystemExit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' ||
+  need="$need python3-dev"
+if [ -n "$need" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+  # shellcheck disable=SC2086  # one package name per word
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
 fi
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
 missing=""
