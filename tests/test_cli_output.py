@@ -161,3 +161,26 @@ def test_a_reader_that_stops_early_is_not_an_error(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 0 and head.startswith(b"{")
     assert "Traceback" not in err and "Exception ignored" not in err and "Error" not in err, err
+
+
+@pytest.mark.parametrize("args", [["--version"], ["compare-dumps", "--help"], ["compare-dumps", "a", "b"]])
+@pytest.mark.parametrize("stdout", ["full", "closed"])
+def test_a_stdout_that_cannot_take_the_data_is_exit_2(hostile: Path, args: list[str], stdout: str) -> None:
+    """A full disk (/dev/full) or a closed fd 1 (``>&-``) loses the output: exit 2 and one line
+    that says so, never "a bug in ftkit"; help and --version text included."""
+    if stdout == "full" and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    redirect = ">/dev/full" if stdout == "full" else ">&-"
+    proc = subprocess.run(
+        ["sh", "-c", f'exec "$0" -m ftkit "$@" {redirect}', sys.executable, *args],
+        capture_output=False,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=hostile,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert lines[0].startswith("Error: cannot write the output to standard output: ")
+    assert lines[1].startswith("Hint: ") and "Traceback" not in proc.stderr and "bug" not in proc.stderr

@@ -78,9 +78,9 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
         cases = report.junit_cases() if report.junit_cases else rule_cases(report.suite, report.rules, report.findings)
         write_junit(junit_xml, report.suite, cases)
     if html is not None and report.html is not None:
-        from ftkit.tensors.st import write_bytes_atomic
+        from ftkit.report.report_file import write_report_file
 
-        write_bytes_atomic(html, report.html().encode("utf-8"))
+        write_report_file(html, report.html().encode("utf-8"))
         if out.human:
             from rich.markup import escape
 

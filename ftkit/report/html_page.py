@@ -144,10 +144,10 @@ def check_target(path: Path) -> None:
 
 
 def write_page(path: Path, html: str) -> None:
-    """Write a report atomically (temp file, fsync, rename)."""
-    from ftkit.tensors.st import write_bytes_atomic
+    """Write a report (``ftkit.report.report_file``: atomically; special files in place)."""
+    from ftkit.report.report_file import write_report_file
 
-    write_bytes_atomic(path, html.encode("utf-8"))
+    write_report_file(path, html.encode("utf-8"))
 
 
 def nice_ticks(span: float, n: int) -> list[float]:

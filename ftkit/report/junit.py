@@ -9,6 +9,7 @@ testcase > failure``, with ``tests``/``failures``/``errors``/``skipped`` counts)
 
 from __future__ import annotations
 
+import io
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ftkit.findings import Finding, RuleSummary
 from ftkit.report.escaping import xml_text
+from ftkit.report.report_file import write_report_file
 
 
 @dataclass
@@ -53,7 +55,7 @@ def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Find
 
 
 def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case]) -> None:
-    """Write ``path`` atomically (a temporary file beside it, then a rename)."""
+    """Write the JUnit XML to ``path`` (``ftkit.report.report_file``: atomically; special files in place)."""
     cases = list(cases)
     root = ET.Element("testsuites")
     ts = ET.SubElement(
@@ -72,7 +74,6 @@ def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case])
             el.text = xml_text(fail.text) if fail.text else None
     tree = ET.ElementTree(root)
     ET.indent(tree)
-    target = Path(path)
-    tmp = target.with_name(target.name + ".tmp")
-    tree.write(tmp, encoding="utf-8", xml_declaration=True)
-    os.replace(tmp, target)
+    buf = io.BytesIO()
+    tree.write(buf, encoding="utf-8", xml_declaration=True)
+    write_report_file(Path(path), buf.getvalue())

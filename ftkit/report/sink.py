@@ -34,6 +34,7 @@ from typing import IO, Any, cast
 from rich.console import Console
 from rich.text import Text
 
+from ftkit.errors import FtkitError
 from ftkit.report.escaping import strict_json, terminal
 
 
@@ -67,6 +68,8 @@ def data_stream() -> IO[str]:
 
 def _engage() -> None:
     original = sys.stdout
+    if original is None or isinstance(original, _ClosedStdout):  # started with fd 1 closed (``>&-``)
+        raise OutputUnwritable("it is closed")
     original.flush()
     _Guard.stdout = original
     try:
@@ -82,10 +85,30 @@ def _engage() -> None:
     sys.stdout = sys.stderr
 
 
+class OutputUnwritable(FtkitError):
+    """Standard output cannot take the data: closed (``>&-``), a full disk, an I/O error (exit 2)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"cannot write the output to standard output: {why}",
+            hint="give the command a writable stdout (a file with free space, a pipe, or /dev/null)",
+        )
+
+
 class OutputClosed(Exception):
     """The reader of stdout went away (``ftkit ... | head``); ``ftkit.cli.main`` ends quietly.
 
     Not an ``OSError``, so no library (Click maps EPIPE to exit 1) mistakes it for a failure."""
+
+
+class _ClosedStdout(io.TextIOBase):
+    """``sys.stdout`` of a process started with fd 1 closed: every write is ``OutputUnwritable``."""
+
+    def write(self, text: str) -> int:
+        raise OutputUnwritable("it is closed")
+
+    def flush(self) -> None:
+        return None
 
 
 class _DataStream:
@@ -100,12 +123,16 @@ class _DataStream:
             return self._stream.write(text)
         except BrokenPipeError:
             raise OutputClosed() from None
+        except OSError as exc:
+            raise OutputUnwritable(exc.strerror or str(exc)) from None
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
             raise OutputClosed() from None
+        except OSError as exc:
+            raise OutputUnwritable(exc.strerror or str(exc)) from None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -113,16 +140,25 @@ class _DataStream:
 
 @contextlib.contextmanager
 def guard_stdout() -> Iterator[None]:
-    """Arm the stdout guard for one command run (used by ``ftkit.cli.main``); see the module doc."""
+    """Arm the stdout guard for one command run (used by ``ftkit.cli.main``); see the module doc.
+    Data that cannot be written (a full disk, an I/O error) is ``OutputUnwritable`` (exit 2),
+    also when the last of it fails in the final flush; a reader that went away is not."""
     _Guard.armed = True
+    real = sys.stdout  # help and --version text is written here directly, through the same checks
+    sys.stdout = _DataStream(real) if real is not None else _ClosedStdout()
+    unwritten: OutputUnwritable | None = None
     try:
         yield
     finally:
         _Guard.armed = False
         data, _Guard.data = _Guard.data, None
         if data is not None:
-            with contextlib.suppress(OSError, OutputClosed):  # a closed pipe must not stop the restore
+            try:
                 data.flush()
+            except OutputUnwritable as exc:
+                unwritten = exc
+            except (OSError, OutputClosed):  # a closed pipe must not stop the restore
+                pass
             sys.stdout = _Guard.stdout
             if _Guard.saved_fd is not None:
                 with contextlib.suppress(OSError, OutputClosed):
@@ -131,6 +167,9 @@ def guard_stdout() -> Iterator[None]:
                 os.dup2(_Guard.saved_fd, sys.stdout.fileno())
                 os.close(_Guard.saved_fd)
                 _Guard.saved_fd = None
+        sys.stdout = real
+    if unwritten is not None:  # reached only when the command itself ended without an exception
+        raise unwritten
 
 
 class _SafeConsole(Console):
