@@ -31,8 +31,8 @@ from typing import Any
 
 from ftkit.checkpoint.layout import DELETING, JOURNAL, JOURNAL_SCHEMA, LATEST, MANIFEST, RETENTION, parse_step
 from ftkit.checkpoint.retention import records_from_json
-from ftkit.fsutil import fsync_dir
-from ftkit.tensors.st import remove_stale_temps, temp_path, write_bytes_atomic
+from ftkit.fsutil import fsync_dir, temp_path
+from ftkit.tensors.st import remove_stale_temps, write_bytes_atomic
 from ftkit.tensors.untrusted import load_json
 
 OnFailure = Callable[[str, str], None]  # (checkpoint name, error)

@@ -51,8 +51,7 @@ from ftkit.checkpoint.stfile import (
     write_files,
     write_json,
 )
-from ftkit.fsutil import fsync_dir
-from ftkit.tensors.st import temp_path
+from ftkit.fsutil import fsync_dir, temp_path
 
 OnEvent = Callable[[str, dict[str, Any]], None]
 TENSOR_OVERHEAD = 512  # bytes per tensor: its safetensors header entry and its manifest entry

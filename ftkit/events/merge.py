@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import gzip
 import heapq
-import io
 import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ftkit.events.keys import SourceTable, line_key
 from ftkit.events.reader import IssueCallback, decode, discover, read_lines
-from ftkit.fsutil import fsync_dir
+from ftkit.fsutil import output_file
 
 
 @dataclass(frozen=True)
@@ -41,35 +41,27 @@ def write_merged_log(
     events_dir: str | os.PathLike[str], path: str | os.PathLike[str], on_issue: IssueCallback | None = None
 ) -> MergedLog:
     """Merge the logs under ``events_dir`` (a directory or files, as ``discover`` takes them) into
-    ``path`` (gzipped when it ends in ``.gz``), atomically: written to ``path.tmp`` and renamed.
+    ``path`` (gzipped when it ends in ``.gz``), atomically (``ftkit.fsutil.output_file``: a
+    temporary file renamed over it; a special file such as ``/dev/stdout`` is written in place).
 
     Raises ``InputError`` for a missing input (as the analyzer does) and ``OSError`` when ``path``
     cannot be written; ``on_issue`` hears about unreadable files and over-long lines (left out).
     """
     files = discover([events_dir])
     out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
     table = SourceTable()
     issue = on_issue or (lambda *a: None)
     fragments = [0]
     written = 0
-    try:
-        with open(tmp, "wb") as raw:
-            fh: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="wb") if out.name.endswith(".gz") else raw
-            streams = [_keyed_lines(p, i, table, issue, fragments) for i, p in enumerate(files)]
-            for *_, line in heapq.merge(*streams):
-                fh.write(line)
-                fh.write(b"\n")
-                written += 1
-            if fh is not raw:
-                fh.close()
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with output_file(out) as raw:
+        fh: BinaryIO | gzip.GzipFile = gzip.GzipFile(fileobj=raw, mode="wb") if out.name.endswith(".gz") else raw
+        streams = [_keyed_lines(p, i, table, issue, fragments) for i, p in enumerate(files)]
+        for *_, line in heapq.merge(*streams):
+            fh.write(line)
+            fh.write(b"\n")
+            written += 1
+        if fh is not raw:
+            fh.close()
     return MergedLog(path=out, lines=written, files=len(files), fragments=fragments[0])
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import secrets
 import shutil
 import socket
 import struct
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ftkit.errors import InputError
-from ftkit.fsutil import fsync_dir
+from ftkit.fsutil import TMP_MARK, fsync_dir, temp_path
 from ftkit.tensors.untrusted import is_text, load_json, open_regular, short_repr
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,13 +61,6 @@ TORCH_TO_ST = {name: code for code, (name, _) in ST_DTYPES.items()}
 SPEC_ONLY_DTYPES = frozenset(["F4", "F6_E2M3", "F6_E3M2"])
 _MAX_HEADER = 100 << 20
 _MAX_DIMS = 64
-_TMP_MARK = ".tmp-"
-
-
-def temp_path(target: Path) -> Path:
-    """A hidden temp name next to ``target`` that records the writing host and pid."""
-    host = socket.gethostname().replace("-", "_") or "host"
-    return target.with_name(f".{target.name}{_TMP_MARK}{host}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 @contextlib.contextmanager
@@ -91,8 +83,8 @@ def remove_stale_temps(target: Path) -> list[Path]:
     """
     host = socket.gethostname().replace("-", "_") or "host"
     removed = []
-    for p in target.parent.glob(f".{target.name}{_TMP_MARK}*"):
-        parts = p.name[len(target.name) + 1 + len(_TMP_MARK) :].split("-")
+    for p in target.parent.glob(f".{target.name}{TMP_MARK}*"):
+        parts = p.name[len(target.name) + 1 + len(TMP_MARK) :].split("-")
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
         if _pid_alive(int(parts[1])):

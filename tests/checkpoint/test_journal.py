@@ -16,7 +16,7 @@ from ftkit.checkpoint import journal
 from ftkit.checkpoint.publish import Publisher
 from ftkit.checkpoint.retention import RetentionPolicy, load_records, select
 from ftkit.checkpoint.verify import verify_path
-from ftkit.tensors.st import temp_path
+from ftkit.fsutil import temp_path
 
 
 @pytest.fixture

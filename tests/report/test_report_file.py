@@ -50,12 +50,16 @@ def test_a_fifo_is_written_through_and_stays_a_fifo(tmp_path: Path) -> None:
 
 
 def test_a_failing_write_is_exit_2_naming_the_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ftkit.tensors.st as st
+    """A full disk (here: the fsync fails, as it does when the data cannot be stored) keeps the old
+    report and leaves no temporary file."""
+    import ftkit.fsutil
 
-    def full(path: object, data: bytes) -> int:
+    def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(st, "write_bytes_atomic", full)
+    (tmp_path / "r.html").write_bytes(b"old")
+    monkeypatch.setattr(ftkit.fsutil.os, "fsync", full)
     with pytest.raises(UsageError) as err:
         write_report_file(tmp_path / "r.html", b"x")
     assert err.value.exit_code == 2 and "r.html" in err.value.message and "No space left" in err.value.message
+    assert os.listdir(tmp_path) == ["r.html"] and (tmp_path / "r.html").read_bytes() == b"old"

@@ -15,7 +15,8 @@ import torch
 from safetensors import safe_open
 
 from ftkit.errors import InputError
-from ftkit.tensors.st import read_header, remove_stale_temps, temp_path, write_bytes_atomic, write_safetensors_atomic
+from ftkit.fsutil import temp_path
+from ftkit.tensors.st import read_header, remove_stale_temps, write_bytes_atomic, write_safetensors_atomic
 
 
 def _raw(path, header: dict, data: bytes = b"", header_len: int | None = None) -> None:
