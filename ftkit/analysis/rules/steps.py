@@ -30,7 +30,7 @@ class CommitInconsistent(Rule):
             return
         if ev["outcome"] != "committed":
             return
-        rank = ev.get("rank", ev["source"].get("rank"))
+        rank = ev["rank"] if "rank" in ev else ev["source"].get("rank")
         key = (ev["cell"], rank)
         prev = self.last.get(key)
         if prev is not None and ev["step"] <= prev[0]:
