@@ -110,7 +110,8 @@ class Watermark(Membership):
         )
         alive = self.alive(rec.epoch, rec)
         rec.live = alive if alive is not None else frozenset(rec.outcomes)
-        rec.lost = frozenset(c for c in rec.live if self.cell_lost(c, rec.step))
+        deaths = self.deaths  # only a cell that died can be lost: no call for the others
+        rec.lost = frozenset(c for c in rec.live if c in deaths and self.cell_lost(c, rec.step))
         self.steps_closed += 1
         if rec.committed:
             self.steps_committed += 1
