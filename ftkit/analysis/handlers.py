@@ -155,8 +155,7 @@ class EventHandlers(Watermark):
                 return
             ro = self.rollouts[ev["rollout"]] = RolloutRecord(ev["rollout"])
         if ev["attempt"] >= ro.alloc_attempt:
-            ro.ids, ro.expected, ro.alloc_attempt = ev["ids"], ev["expected"], ev["attempt"]
-            ro.where = self.where(fi, line)
+            ro.allocate(ev["ids"], ev["expected"], ev["attempt"], self.where(fi, line))
 
     def _grad_nonfinite(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self._progress(fi, line, ev["step"], ev["rollout"])
