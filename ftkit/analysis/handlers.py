@@ -106,13 +106,20 @@ class EventHandlers(Watermark):
         self.epochs[ev["epoch"]] = frozenset(ev["alive_after"])
         self.recovery.reconfigured(ev["time"])
 
+    # The three step-evidence handlers below run for most events of a log: they call
+    # ``self.locate`` (not ``where``) and avoid ``setdefault(k, {})`` (a dict built per call) for speed.
     def _step_outcome(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
         if rec is None:
             return
-        rec.epoch = ev["epoch"] if rec.epoch is None else rec.epoch
-        rec.outcomes.setdefault(ev["cell"], {})[self._rank(ev)] = (ev["outcome"], self.where(fi, line))
-        if ev["outcome"] != "committed":
+        if rec.epoch is None:
+            rec.epoch = ev["epoch"]
+        ranks = rec.outcomes.get(ev["cell"])
+        if ranks is None:
+            ranks = rec.outcomes[ev["cell"]] = {}
+        outcome = ev["outcome"]
+        ranks[self._rank(ev)] = (outcome, self.locate(fi, line))
+        if outcome != "committed":
             self.recovery.detected(ev["time"])
         else:
             self.recovery.committed(ev["time"])
@@ -122,9 +129,12 @@ class EventHandlers(Watermark):
         if rec is None:
             return
         rank, total = self._rank(ev), ev["total"]
-        rec.fingerprints.setdefault(rank, {})[ev["cell"]] = total
+        cells = rec.fingerprints.get(rank)
+        if cells is None:
+            cells = rec.fingerprints[rank] = {}
+        cells[ev["cell"]] = total
         if (rank, total) not in rec.fp_detail:
-            rec.fp_detail[(rank, total)] = (ev["params"], ev["optimizer"], ev["cell"], self.where(fi, line))
+            rec.fp_detail[(rank, total)] = (ev["params"], ev["optimizer"], ev["cell"], self.locate(fi, line))
 
     def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
@@ -132,9 +142,9 @@ class EventHandlers(Watermark):
             return
         rec.witness_cells.add(ev["cell"])
         if rec.witness is None:
-            rec.witness = (ev["ids"], ev["counts"], ev["cell"], self.where(fi, line))
+            rec.witness = (ev["ids"], ev["counts"], ev["cell"], self.locate(fi, line))
         elif ev["ids"] != rec.witness[0] or ev["counts"] != rec.witness[1]:
-            rec.witness_conflicts.append((ev["cell"], self.where(fi, line)))
+            rec.witness_conflicts.append((ev["cell"], self.locate(fi, line)))
 
     def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
         ro = self.rollouts.get(ev["rollout"])
@@ -145,8 +155,7 @@ class EventHandlers(Watermark):
                 return
             ro = self.rollouts[ev["rollout"]] = RolloutRecord(ev["rollout"])
         if ev["attempt"] >= ro.alloc_attempt:
-            ro.ids, ro.expected, ro.alloc_attempt = ev["ids"], ev["expected"], ev["attempt"]
-            ro.where = self.where(fi, line)
+            ro.allocate(ev["ids"], ev["expected"], ev["attempt"], self.where(fi, line))
 
     def _grad_nonfinite(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self._progress(fi, line, ev["step"], ev["rollout"])

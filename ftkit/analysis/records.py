@@ -88,7 +88,17 @@ class StepRecord:
 class RolloutRecord:
     """Witness evidence of one rollout: the allocation and the counts of committed steps."""
 
-    __slots__ = ("rollout", "ids", "expected", "alloc_attempt", "where", "tally", "committed_steps", "counted_steps")
+    __slots__ = (
+        "rollout",
+        "ids",
+        "expected",
+        "alloc_attempt",
+        "where",
+        "tally",
+        "committed_steps",
+        "counted_steps",
+        "_expected_counts",
+    )
 
     def __init__(self, rollout: int) -> None:
         self.rollout = rollout
@@ -99,12 +109,22 @@ class RolloutRecord:
         self.tally: dict[int, int] = {}
         self.committed_steps = 0
         self.counted_steps = 0
+        self._expected_counts: dict[int, int] | None = None
+
+    def allocate(self, ids: list[int], expected: int, attempt: int, where: Where) -> None:
+        """The rollout's ``witness_allocated`` (the latest attempt's wins)."""
+        self.ids, self.expected, self.alloc_attempt, self.where = ids, expected, attempt, where
+        self._expected_counts = None
 
     def expected_counts(self) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for i in self.ids or ():
-            out[i] = out.get(i, 0) + self.expected
-        return out
+        """Id -> times it must be counted; computed once per allocation (the recovery table and
+        several rules ask when the rollout closes): read it, do not change it."""
+        if self._expected_counts is None:
+            out: dict[int, int] = {}
+            for i in self.ids or ():
+                out[i] = out.get(i, 0) + self.expected
+            self._expected_counts = out
+        return self._expected_counts
 
     def deficit(self) -> int | None:
         if self.ids is None:

@@ -61,7 +61,9 @@ class Replay(EventHandlers):
         ``log_closed``, lines after ``run_finished`` -- then the handlers of its type (the core one
         first, then the rules).
         Anything unusual leaves the loop for a method that reports it."""
-        checks, handlers, by_type = CHECKS, self.handlers, self.by_type
+        # one lookup per line gives the check and the handlers of its type
+        dispatch = {t: (check, self.handlers[t]) for t, check in CHECKS.items()}
+        by_type = dict.fromkeys(dispatch, 0)  # a plain dict counts faster than a Counter (merged below)
         file_source, seq_next, last_time, runs = self.file_source, self.seq_next, self.last_time, self.runs
         closed, unordered = self.closed, self.unordered
         n = 0
@@ -74,8 +76,12 @@ class Replay(EventHandlers):
                 if tick is not None and not n % TICK:
                     tick()
                 t: Any = event.get("type")  # any JSON value until its check passes
-                check = checks.get(t) if type(t) is str else None
-                if check is None or not check(event):
+                try:
+                    check, handlers = dispatch[t]
+                except (KeyError, TypeError):  # no type, an unknown one, or not a string (unhashable)
+                    self._invalid(event, t, fi, line)
+                    continue
+                if not check(event):
                     self._invalid(event, t, fi, line)
                     continue
                 by_type[t] += 1
@@ -96,10 +102,11 @@ class Replay(EventHandlers):
                 if self.run_finished is not None and t not in AFTER_FINISH_OK:
                     self.after_finish[0] += 1
                     self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
-                for handler in handlers[t]:
+                for handler in handlers:
                     handler(event, fi, line)
         finally:
             self.events += n
+            self.by_type.update({t: c for t, c in by_type.items() if c})
 
     def _invalid(self, event: dict[str, Any], t: Any, fi: int, line: int) -> None:
         """An event whose type is missing, unknown (counted, skipped) or whose fields are invalid."""

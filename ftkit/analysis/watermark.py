@@ -40,9 +40,13 @@ class Watermark(Membership):
             self.late[1] = self.late[1] or self.where(fi, line)
             return False
         if last is None or step > last:
+            # Run once per stream and step (a third of the events of a small-event log): the marks
+            # are updated inline, and a stream's rollout mark only when its rollout changes.
+            marks = self.step_marks
             if last is not None:
-                self._unmark(self.step_marks, last)
-                self._unmark(self.rollout_marks, self.file_rollout[fi])
+                marks[last] -= 1
+                if not marks[last]:
+                    del marks[last]
             self.file_step[fi] = step
             if step > self.max_step:
                 self.max_step = step
@@ -53,10 +57,14 @@ class Watermark(Membership):
                 deaths = self.deaths.get(cell)
                 if deaths and deaths[-1][1] is None and step > deaths[-1][0]:
                     deaths[-1][1] = step  # a new incarnation reports: the cell is back
-            self.file_rollout[fi] = max(rollout, self.file_rollout.get(fi, rollout))
-            self.step_marks[step] += 1
-            self.rollout_marks[self.file_rollout[fi]] += 1
-            if last is not None and last not in self.step_marks and last < min(self.step_marks):
+            old_rollout = self.file_rollout.get(fi)  # None exactly when last is None
+            if old_rollout is None or rollout > old_rollout:
+                if old_rollout is not None:
+                    self._unmark(self.rollout_marks, old_rollout)
+                self.file_rollout[fi] = rollout
+                self.rollout_marks[rollout] += 1
+            marks[step] += 1
+            if last is not None and last not in marks and last < min(marks):
                 self._advance()  # the slowest stream moved on
         return True
 
@@ -110,7 +118,8 @@ class Watermark(Membership):
         )
         alive = self.alive(rec.epoch, rec)
         rec.live = alive if alive is not None else frozenset(rec.outcomes)
-        rec.lost = frozenset(c for c in rec.live if self.cell_lost(c, rec.step))
+        deaths = self.deaths  # only a cell that died can be lost: no call for the others
+        rec.lost = frozenset(c for c in rec.live if c in deaths and self.cell_lost(c, rec.step))
         self.steps_closed += 1
         if rec.committed:
             self.steps_committed += 1

@@ -310,20 +310,22 @@ class EventStream(ReadCounts):
         name, loads, last_time = str(path), fast_loads, float("-inf")
         for before, block, terminated in read_blocks(path, self.on_issue, self.counts):
             lineno = before
+            short = len(block) <= SAFE_LEN  # then no line needs its length checked (one test per block)
             for line in block.split(b"\n"):
                 lineno += 1
                 try:
-                    if len(line) > SAFE_LEN:
+                    if not short and len(line) > SAFE_LEN:
                         raise ValueError  # decode() checks how deep it may nest
                     event = loads(line)
                 except ValueError:
                     event = self._slow(line, name, lineno, terminated)
                     if event is None:
                         continue
-                if type(event) is not dict:
+                try:
+                    t = event.get("time")
+                except AttributeError:  # only a dict has .get: the line is not an object
                     self.on_issue(name, lineno, "malformed", f"a JSON {type(event).__name__}, not an object")
                     continue
-                t = event.get("time")
                 if type(t) is float or type(t) is int:
                     last_time = t
                 yield (last_time, index, event, lineno)

@@ -47,8 +47,10 @@ class _Compiler:
         if origin is Annotated:
             return self.term(expr, args[0])
         if origin is Literal:
-            types, values = self._const(frozenset(type(a) for a in args)), self._const(frozenset(args))
-            return f"(type({expr}) in {types} and {expr} in {values})"
+            kinds, values = {type(a) for a in args}, self._const(frozenset(args))
+            if len(kinds) == 1:  # the common case: `is` costs less than a set lookup
+                return f"(type({expr}) is {self._const(kinds.pop())} and {expr} in {values})"
+            return f"(type({expr}) in {self._const(frozenset(kinds))} and {expr} in {values})"
         if origin is Union or origin is UnionType:
             parts = [f"{expr} is None" if a is type(None) else self.term(expr, a) for a in args]
             return None if None in parts else "(" + " or ".join(parts) + ")"  # type: ignore[arg-type]
@@ -69,7 +71,7 @@ class _Compiler:
 
     def _each(self, items: str, ann: Any) -> str:
         """`` and <every element of items matches ann>``: one C-level pass over the element types
-        (``set(map(type, items))``) when that decides it, the exact check only when it does not (an
+        (``TYPES.issuperset(map(type, items))``) when that decides it, the exact check only when it does not (an
         int where a float is wanted must fit a float)."""
         self._vars += 1
         var = f"x{self._vars}"
@@ -79,7 +81,7 @@ class _Compiler:
         flat = _flat_types(ann)
         if flat is None:
             return f" and all({exact} for {var} in {items})"
-        fast = f"set(map(type, {items})) <= {self._const(flat)}"
+        fast = f"{self._const(flat)}.issuperset(map(type, {items}))"  # no set is built
         if float in flat:  # ints are allowed too, when a float can hold them
             return f" and ({fast} or all({exact} for {var} in {items}))"
         return f" and {fast}"

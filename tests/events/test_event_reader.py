@@ -82,6 +82,30 @@ def test_damage_is_reported_with_file_and_line(tmp_path):
     assert all(name == str(p) for name, *_ in issues)
 
 
+def test_every_json_value_that_is_not_an_object_is_malformed(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b"\n".join([_ev(1).encode(), b'"text"', b"42", b"1.5", b"null", b"true", b"[]", _ev(2).encode()]))
+    items, issues = _stream([p])
+    assert [e["time"] for e, _, _ in items if e is not None] == [1, 2]
+    assert [(line, kind, msg) for _, line, kind, msg in issues] == [
+        (2, "malformed", "a JSON str, not an object"),
+        (3, "malformed", "a JSON int, not an object"),
+        (4, "malformed", "a JSON float, not an object"),
+        (5, "malformed", "a JSON NoneType, not an object"),
+        (6, "malformed", "a JSON bool, not an object"),
+        (7, "malformed", "a JSON list, not an object"),
+    ]
+
+
+def test_a_deeply_nested_line_in_a_long_block_is_malformed_not_a_crash(tmp_path):
+    # the length test that keeps such a line away from orjson runs only in blocks over SAFE_LEN
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b"\n".join([_ev(1).encode(), b"[" * 200_000, _ev(2).encode()]) + b"\n")
+    items, issues = _stream([p])
+    assert [e["time"] for e, _, _ in items if e is not None] == [1, 2]
+    assert [(line, kind) for _, line, kind, _ in issues] == [(2, "malformed")]
+
+
 def test_nan_and_infinity_literals_decode():
     assert reader.decode(b'{"a": NaN, "b": -Infinity}')["b"] == float("-inf")
     with pytest.raises(ValueError):

@@ -30,10 +30,10 @@ class CommitInconsistent(Rule):
             return
         if ev["outcome"] != "committed":
             return
-        rank = ev.get("rank", ev["source"].get("rank"))
+        rank = ev["rank"] if "rank" in ev else ev["source"].get("rank")
         key = (ev["cell"], rank)
-        prev = self.last.get(key)
-        if prev is not None and ev["step"] <= prev[0]:
+        prev, step = self.last.get(key), ev["step"]
+        if prev is not None and step <= prev[0]:
             self.report(
                 f"cell {ev['cell']} rank {rank} committed step {ev['step']} (attempt {ev['attempt']}) "
                 f"after already committing step {prev[0]} (attempt {prev[1]})",
@@ -43,7 +43,8 @@ class CommitInconsistent(Rule):
                 attempt=ev["attempt"],
                 where=self.replay.where(fi, line),
             )
-        self.last[key] = (max(ev["step"], prev[0]) if prev else ev["step"], ev["attempt"])
+            step = prev[0]
+        self.last[key] = (step, ev["attempt"])  # the highest step committed so far
 
     def on_step(self, rec: StepRecord) -> None:
         if not rec.committed:
