@@ -26,7 +26,7 @@ try:  # typer >= 0.20 vendors click under typer._click
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as _cx  # type: ignore[no-redef]
 
-from ftkit import __version__
+from ftkit import __version__, hard_exit
 from ftkit.errors import FtkitError
 from ftkit.report.escaping import terminal
 from ftkit.report.sink import OutputClosed, guard_stdout
@@ -150,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:  # pragma: no cover - console script
-    sys.exit(main())
+    code = main()
+    hard_exit.exit_now_if_requested(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

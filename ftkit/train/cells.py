@@ -110,8 +110,9 @@ class Cell:
     def shutdown(self) -> list[Any]:
         return [w.shutdown.remote() for w in self.workers]
 
-    def kill(self) -> None:
-        """Kill the rank actors and release the placement group (idempotent)."""
+    def kill(self, release_group: bool = True) -> None:
+        """Kill the rank actors and release the placement group (idempotent); ``release_group``
+        false leaves the group to Ray (releasing it waits on the GCS, which may be gone)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
@@ -119,7 +120,7 @@ class Cell:
             with contextlib.suppress(Exception):  # an actor or group already gone is fine
                 ray.kill(w, no_restart=True)
         self.workers = []
-        if self.placement_group is not None:
+        if self.placement_group is not None and release_group:
             with contextlib.suppress(Exception):  # an actor or group already gone is fine
                 remove_placement_group(self.placement_group)
             self.placement_group = None

@@ -61,10 +61,12 @@ from typing import TYPE_CHECKING, Any
 from ftkit import __version__
 from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
-from ftkit.train.ray_session import connect_ray, cuda_available, disconnect, host_store, plain_line
+from ftkit.train.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
 
 if TYPE_CHECKING:
     from ftkit.train.coordinator import StepOutcome
+
+GCS_GRACE_S = 5.0  # Ray's GCS unanswered this long ends the run (Ray's client gives up at 60 s)
 
 
 @dataclass
@@ -138,6 +140,7 @@ class Driver:
         self.start_rollout = 0  # the first rollout this process reports (``RunResult.first_rollout``)
         self.recoveries = 0  # times every cell was restarted at once (``_recover``)
         self.plan: Any = None  # ftkit.train.resume_plan.ResumePlan when resumed
+        self.gcs: GcsWatch | None = None
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -177,6 +180,7 @@ class Driver:
             else:
                 self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
             write_run_json(self.run_dir, cfg, self.device, self.task)
+            self.gcs = GcsWatch().start()
             self.name = run_name(self.run_dir)
             self.events = EventWriter(self.run_dir / "events", run=self.name, role="driver")
         except BaseException:
@@ -231,12 +235,15 @@ class Driver:
             reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
         finally:
-            self._shutdown(interrupted=status == "interrupted")
+            gcs_lost = self.gcs is not None and self.gcs.lost_for() is not None
+            self._shutdown(interrupted=status == "interrupted", release=not gcs_lost)
             self.events.emit("run_finished", status=status, reason=reason)
             self.events.close()
             total = cfg.rollouts * cfg.steps_per_rollout
             write_status(self.run_dir, status, reason, code, self.steps_committed, total)
-            disconnect(own_ray)
+            if self.gcs is not None:
+                self.gcs.stop()
+            disconnect(own_ray, gcs_lost)
         return RunResult(
             self.run_dir,
             self.name,
@@ -377,6 +384,7 @@ class Driver:
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dump_what)
         for k in range(cfg.steps_per_rollout):
             step = rollout * cfg.steps_per_rollout + k
+            self._check_gcs()
             self._step_done(self.coord.run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
         if self.checkpoints.due(rollout):
@@ -442,17 +450,33 @@ class Driver:
         return sorted(p for rank_paths in paths for p in rank_paths)
 
     # --- helpers ------------------------------------------------------------------------
-    def _shutdown(self, interrupted: bool) -> None:
-        """Flush every actor's event log (briefly when interrupted), then kill the actors."""
+    def _check_gcs(self) -> None:
+        """``RunFailed`` once Ray's GCS has not answered for ``GCS_GRACE_S``: without it no actor
+        can be restarted or released, and Ray's client would end this process a minute after the
+        loss with nothing logged; the run ends here instead, its log and status complete."""
+        lost = self.gcs.lost_for() if self.gcs is not None else None
+        if lost is not None and lost >= GCS_GRACE_S:
+            from ftkit.train.run_end import RunFailed
+
+            raise RunFailed(
+                f"Ray's GCS (the cluster's control plane) has not answered for {lost:.0f}s: the run "
+                "cannot restart or release its actors without it",
+                hint="restart Ray (or the cluster's head), then continue with `ftkit train --resume RUN_DIR`",
+            )
+
+    def _shutdown(self, interrupted: bool, release: bool = True) -> None:
+        """Flush every actor's event log (briefly when interrupted), then kill the actors;
+        ``release=False`` (Ray's GCS is gone) leaves the cells' placement groups alone."""
         flush_s = 5.0 if interrupted else 60.0
         if self.coord is not None:
-            self._stop_cells("interrupted" if interrupted else "run end", flush_s)
+            self._stop_cells("interrupted" if interrupted else "run end", flush_s, release)
         if self.engines is not None:
             self.engines.shutdown(flush_s)
 
-    def _stop_cells(self, reason: str, flush_s: float) -> None:
-        """Flush the live cells' event logs (at most ``flush_s``), kill every cell, and move
-        each cell that is not stopped to ``stopped`` with ``reason``."""
+    def _stop_cells(self, reason: str, flush_s: float, release: bool = True) -> None:
+        """Flush the live cells' event logs (at most ``flush_s``), kill every cell (releasing its
+        placement group unless ``release`` is false), and move each cell that is not stopped to
+        ``stopped`` with ``reason``."""
         import ray
 
         from ftkit.train.cell_state import CellState
@@ -464,7 +488,7 @@ class Driver:
         with contextlib.suppress(Exception):  # an actor or group already gone is fine
             ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
         for cell in coord.cells.values():
-            cell.kill()
+            cell.kill(release_group=release)
         left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
         for c in coord.book.in_state(*left):
             coord.book.transition(c, CellState.stopped, reason)

@@ -90,9 +90,71 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def disconnect(own_ray: bool) -> None:
-    """Shut Ray down if this run started (or joined) it."""
+def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
+    """Shut Ray down if this run started (or joined) it. With its GCS gone, ``ray.shutdown``
+    would wait on it until Ray's client ends the process (about a minute after the loss), at
+    exit too: it is skipped and unregistered; the local Ray's raylet dies with this process."""
+    import ray
+
+    if gcs_lost:
+        import atexit
+
+        from ftkit import hard_exit
+
+        atexit.unregister(ray.shutdown)
+        hard_exit.request()  # Ray's client crashes at interpreter exit without its GCS
+        return
     if own_ray:
+        ray.shutdown()
+
+
+class GcsWatch:
+    """Watches, from a daemon thread, whether the Ray GCS the driver is connected to answers.
+
+    Actor calls go straight to the actors, so a run whose GCS died trains on until Ray's own
+    client ends the driver process (about 60 s later: no ``run_finished``, no ``status.json``).
+    ``lost_for()`` says how long the GCS has not answered (``None`` while it does), so the
+    driver can end the run itself first. A Ray without the probe call (another version) is
+    never reported lost.
+    """
+
+    def __init__(self, interval_s: float = 1.0, timeout_s: float = 2.0) -> None:
+        import threading
+
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self._since: float | None = None  # monotonic time of the first unanswered probe
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="ftkit-gcs-watch", daemon=True)
+
+    def start(self) -> GcsWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def lost_for(self) -> float | None:
+        import time
+
+        since = self._since
+        return None if since is None else time.monotonic() - since
+
+    def _watch(self) -> None:
+        import time
+
         import ray
 
-        ray.shutdown()
+        try:
+            probe = ray._private.worker.global_worker.gcs_client.internal_kv_get  # type: ignore[attr-defined]
+        except AttributeError:  # pragma: no cover - a Ray without this client API
+            return
+        while not self._stop.wait(self.interval_s):
+            try:
+                probe(b"ftkit-gcs-probe", None, timeout=self.timeout_s)
+            except ray.exceptions.RpcError:
+                if self._since is None:
+                    self._since = time.monotonic() - self.timeout_s
+            except Exception:  # pragma: no cover - the probe itself broke: say nothing
+                return
+            else:
+                self._since = None
