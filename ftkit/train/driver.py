@@ -66,7 +66,7 @@ from ftkit.train.ray_session import GcsWatch, connect_ray, cuda_available, disco
 if TYPE_CHECKING:
     from ftkit.train.coordinator import StepOutcome
 
-GCS_GRACE_S = 5.0  # Ray's GCS unanswered this long ends the run (Ray's client gives up at 60 s)
+GCS_GRACE_S = 15.0  # Ray's GCS unanswered this long ends the run (Ray's client gives up at 60 s)
 
 
 @dataclass

@@ -118,7 +118,7 @@ class GcsWatch:
     never reported lost.
     """
 
-    def __init__(self, interval_s: float = 1.0, timeout_s: float = 2.0) -> None:
+    def __init__(self, interval_s: float = 1.0, timeout_s: float = 5.0) -> None:
         import threading
 
         self.interval_s, self.timeout_s = interval_s, timeout_s
