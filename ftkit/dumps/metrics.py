@@ -1,4 +1,4 @@
-"""Per-pair metrics of two arrays: chunked, multi-threaded numpy kernels, no torch.
+"""Per-pair metrics of two arrays: the compiled kernel over stripes on the thread pool, no torch.
 
 Definitions (over the flattened arrays; A is the first argument, B the reference):
 
