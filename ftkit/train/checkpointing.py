@@ -46,6 +46,7 @@ class RunCheckpoints:
         self.cfg, self.coord, self.events, self.engines, self.task = cfg, coord, events, engines, task
         self.enabled = cfg.checkpoint_every > 0
         self.dir = Path(run_dir) / "checkpoints"
+        self.run = run_name(run_dir)  # the name the run's log carries (a moved run keeps it)
         self.step = -1
         self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
         injector = injector_for(cfg, events, "driver")
@@ -122,7 +123,7 @@ class RunCheckpoints:
             )
         state = coord.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
         meta = {
-            "run": run_name(Path(self.dir).parent),
+            "run": self.run,
             "cells": len(alive),
             "layout": {"tp": cfg.tp, "pp": cfg.pp},
             "ranks": state["ranks"],

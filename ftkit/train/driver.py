@@ -66,8 +66,6 @@ from ftkit.train.ray_session import GcsWatch, connect_ray, cuda_available, disco
 if TYPE_CHECKING:
     from ftkit.train.coordinator import StepOutcome
 
-GCS_GRACE_S = 15.0  # Ray's GCS unanswered this long ends the run (Ray's client gives up at 60 s)
-
 
 @dataclass
 class StepReport:
@@ -235,7 +233,7 @@ class Driver:
             reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
         finally:
-            gcs_lost = self.gcs is not None and self.gcs.lost_for() is not None
+            gcs_lost = self.gcs is not None and self.gcs.lost() is not None
             self._shutdown(interrupted=status == "interrupted", release=not gcs_lost)
             self.events.emit("run_finished", status=status, reason=reason)
             self.events.close()
@@ -451,11 +449,11 @@ class Driver:
 
     # --- helpers ------------------------------------------------------------------------
     def _check_gcs(self) -> None:
-        """``RunFailed`` once Ray's GCS has not answered for ``GCS_GRACE_S``: without it no actor
-        can be restarted or released, and Ray's client would end this process a minute after the
-        loss with nothing logged; the run ends here instead, its log and status complete."""
-        lost = self.gcs.lost_for() if self.gcs is not None else None
-        if lost is not None and lost >= GCS_GRACE_S:
+        """``RunFailed`` once Ray's GCS is lost (``GcsWatch.lost``): without it no actor can be
+        restarted or released, and Ray's client would end this process a minute after the loss
+        with nothing logged; the run ends here instead, its log and status complete."""
+        lost = self.gcs.lost() if self.gcs is not None else None
+        if lost is not None:
             from ftkit.train.run_end import RunFailed
 
             raise RunFailed(

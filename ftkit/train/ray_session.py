@@ -113,15 +113,15 @@ class GcsWatch:
 
     Actor calls go straight to the actors, so a run whose GCS died trains on until Ray's own
     client ends the driver process (about 60 s later: no ``run_finished``, no ``status.json``).
-    ``lost_for()`` says how long the GCS has not answered (``None`` while it does), so the
-    driver can end the run itself first. A Ray without the probe call (another version) is
-    never reported lost.
+    ``lost()`` says for how long the GCS has not answered once that is ``grace_s`` or more (a GCS
+    only slow under load is not lost; Ray's client gives up at 60 s), so the driver can end the
+    run itself first. A Ray without the probe call (another version) is never reported lost.
     """
 
-    def __init__(self, interval_s: float = 1.0, timeout_s: float = 5.0) -> None:
+    def __init__(self, interval_s: float = 1.0, timeout_s: float = 5.0, grace_s: float = 15.0) -> None:
         import threading
 
-        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.interval_s, self.timeout_s, self.grace_s = interval_s, timeout_s, grace_s
         self._since: float | None = None  # monotonic time of the first unanswered probe
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="ftkit-gcs-watch", daemon=True)
@@ -133,11 +133,13 @@ class GcsWatch:
     def stop(self) -> None:
         self._stop.set()
 
-    def lost_for(self) -> float | None:
+    def lost(self) -> float | None:
+        """Seconds the GCS has not answered, once at least ``grace_s``; else ``None``."""
         import time
 
         since = self._since
-        return None if since is None else time.monotonic() - since
+        silent = None if since is None else time.monotonic() - since
+        return silent if silent is not None and silent >= self.grace_s else None
 
     def _watch(self) -> None:
         import time

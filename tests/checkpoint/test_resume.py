@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
+from driver_log import driver_steps
 
 from ftkit.checkpoint.layout import FAULT_POINTS
 
@@ -71,18 +72,6 @@ def _reap(proc: subprocess.Popen[bytes]) -> int:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _driver_steps(run: Path) -> list[int]:
-    """Steps the first driver has logged a step metric for (a torn last line is skipped)."""
-    path = run / "events" / "driver-i0.jsonl"
-    steps = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        with contextlib.suppress(ValueError):
-            ev = json.loads(line)
-            if ev["type"] == "metric" and ev["step"] is not None:
-                steps.append(ev["step"])
-    return steps
 
 
 def _events(run: Path, type_: str) -> list[dict]:
@@ -155,7 +144,7 @@ def test_sigkill_from_outside_at_a_random_moment_then_resume(uninterrupted: Path
     proc = _start("--out", str(run), "--rollouts", "4", *CONFIG)
     try:
         deadline = time.monotonic() + 600
-        while proc.poll() is None and not any(s >= step for s in _driver_steps(run)):
+        while proc.poll() is None and not any(s >= step for s in driver_steps(run)):
             assert time.monotonic() < deadline, context + "the run never reached the step"
             time.sleep(0.05)
         time.sleep(delay)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from driver_log import driver_steps
 
 pytestmark = pytest.mark.slow
 
@@ -38,22 +39,10 @@ def _children(pid: int, name: str) -> list[int]:
     return found
 
 
-def _steps(run: Path) -> list[int]:
-    """Steps the driver has logged a step metric for (a torn last line is skipped)."""
-    log = run / "events" / "driver-i0.jsonl"
-    steps = []
-    for line in log.read_text().splitlines() if log.exists() else []:
-        with contextlib.suppress(ValueError):
-            ev = json.loads(line)
-            if ev["type"] == "metric" and ev["step"] is not None:
-                steps.append(ev["step"])
-    return steps
-
-
 def _first_step(run: Path, proc: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
-        if 1 in _steps(run):
+        if 1 in driver_steps(run):
             return
         time.sleep(0.2)
     pytest.fail(f"the run never reached step 1 (exit {proc.poll()})")
