@@ -11,5 +11,7 @@ loaded from ``module:function``, from the ``ftkit.rewards`` entry-point group or
 name (``rewards``, ``builtin_rewards``); scoring checks every value and names the plug-in and
 sample of a failure, and a determinism check reports a plug-in whose scores move. ``data/``
 ships ``arithmetic.jsonl``, generated word problems with exact answers (``datasets``). This
-layer imports nothing above it at module level (numpy only; torch and transformers never).
+layer imports numpy only at module level (never torch or transformers); the built-in ``task``
+and ``deterministic_random`` rewards reach the embedded addition task in ``ftkit.train``
+lazily, inside the call (an upward arrow that ends when that task moves here).
 """

@@ -29,7 +29,8 @@ class PromptRecord:
 class PromptDataset(Protocol):
     """An iterable of ``PromptRecord`` in file order; iterating twice yields the same records."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __iter__(self) -> Iterator[PromptRecord]: ...
 
@@ -92,9 +93,10 @@ class RewardSample:
 
 
 class Task(Protocol):
-    """A verifiable task: its prompts and the reward that scores responses to them."""
+    """A verifiable task: its prompts and the reward (a ``load_reward`` spec) that scores them."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def prompts(self) -> PromptDataset: ...
 

@@ -66,25 +66,41 @@ def compare_logprobs(engine: Any, trainer: Any, mask: Any) -> LogprobComparison:
     e, t, m = _array(engine).astype(np.float32), _array(trainer).astype(np.float32), _array(mask).astype(bool)
     if not (e.shape == t.shape == m.shape) or e.ndim != 2:
         raise ValueError(f"engine {e.shape}, trainer {t.shape} and mask {m.shape} must be the same [n, s]")
-    differ = m & (e.view(np.uint32) != t.view(np.uint32))
-    finite = m & np.isfinite(e) & np.isfinite(t)
-    d = np.where(finite, t.astype(np.float64) - e.astype(np.float64), 0.0)
-    absd = np.abs(d)
-    kl = np.where(finite, np.expm1(d) - d, 0.0)
-    rank = np.cumsum(m, axis=1) - 1  # k-th compared token of its sample
-    width = int(rank.max(initial=-1)) + 1
-    samples = [_stats(m[i], differ[i], finite[i], absd[i], kl[i]) for i in range(m.shape[0])]
-    positions = [_stats(*(a[(rank == k) & m] for a in (m, differ, finite, absd, kl))) for k in range(width)]
-    return LogprobComparison(samples, positions, _stats(m, differ, finite, absd, kl))
-
-
-def _stats(sel: np.ndarray, differ: np.ndarray, finite: np.ndarray, absd: np.ndarray, kl: np.ndarray) -> MismatchStats:
-    tokens, good = int(sel.sum()), int(finite.sum())
-    return MismatchStats(
-        tokens=tokens,
-        differing=int(differ.sum()),
-        nonfinite=tokens - good,
-        max_abs=float(absd[finite].max()) if good else 0.0,
-        mean_abs=float(absd[finite].sum() / good) if good else 0.0,
-        k3=float(kl[finite].sum() / good) if good else 0.0,
+    # one entry per compared token, in row-major order
+    differ = (e.view(np.uint32) != t.view(np.uint32))[m]
+    finite = (np.isfinite(e) & np.isfinite(t))[m]
+    d = np.where(finite, t[m].astype(np.float64) - e[m].astype(np.float64), 0.0)
+    absd, kl = np.abs(d), np.expm1(d) - d
+    row = np.nonzero(m)[0]
+    position = (np.cumsum(m, axis=1) - 1)[m]  # k-th compared token of its sample
+    width = int(position.max(initial=-1)) + 1
+    return LogprobComparison(
+        samples=_grouped(row, m.shape[0], differ, finite, absd, kl),
+        positions=_grouped(position, width, differ, finite, absd, kl),
+        step=_grouped(np.zeros_like(row), 1, differ, finite, absd, kl)[0],
     )
+
+
+def _grouped(
+    key: np.ndarray, groups: int, differ: np.ndarray, finite: np.ndarray, absd: np.ndarray, kl: np.ndarray
+) -> list[MismatchStats]:
+    """``MismatchStats`` of each group ``0 .. groups-1`` of compared tokens (``key`` per token)."""
+    tokens = np.bincount(key, minlength=groups)
+    good = np.bincount(key, weights=finite, minlength=groups)
+    ndiff = np.bincount(key, weights=differ, minlength=groups)
+    abs_sum = np.bincount(key, weights=absd, minlength=groups)
+    kl_sum = np.bincount(key, weights=kl, minlength=groups)
+    abs_max = np.zeros(groups)
+    np.maximum.at(abs_max, key, absd)  # non-finite tokens hold 0 here
+    per = np.maximum(good, 1)
+    return [
+        MismatchStats(
+            tokens=int(tokens[g]),
+            differing=int(ndiff[g]),
+            nonfinite=int(tokens[g] - good[g]),
+            max_abs=float(abs_max[g]),
+            mean_abs=float(abs_sum[g] / per[g]),
+            k3=float(kl_sum[g] / per[g]),
+        )
+        for g in range(groups)
+    ]

@@ -70,3 +70,9 @@ def test_torch_tensors_that_require_grad_are_read_and_results_are_plain_numbers(
 def test_shapes_must_agree():
     with pytest.raises(ValueError, match="must be the same"):
         compare_logprobs(np.zeros((2, 3)), np.zeros((2, 4)), np.ones((2, 3)))
+
+
+def test_nothing_to_compare_is_all_zero():
+    out = compare_logprobs(np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32), np.zeros((2, 3)))
+    assert out.positions == [] and out.step.tokens == 0 and out.step.max_abs == 0.0
+    assert [s.tokens for s in out.samples] == [0, 0]
