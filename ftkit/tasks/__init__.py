@@ -4,7 +4,8 @@ A *prompt dataset* yields ``PromptRecord`` s (text, optional label, ``file:line`
 file, streaming and strict: a malformed line is a ``ConfigError`` naming the file and line,
 nothing is skipped (``jsonl``). ``batching`` turns prompts into token arrays whose shapes are
 fixed by the config alone (left padding to a fixed maximum length, masks), so a micro-shard has
-the same shapes whichever cell computes it; a tokenizer is used only through the small
+the same shapes whichever cell computes it (``sampling`` picks a rollout's prompts from the seed
+and the rollout number alone); a tokenizer is used only through the small
 ``Tokenizer`` protocol (a Hugging Face tokenizer satisfies it; its chat template is applied where
 it has one). A *reward* is any function with the keyword contract of ``protocols.RewardFn``,
 loaded from ``module:function``, from the ``ftkit.rewards`` entry-point group or by a built-in

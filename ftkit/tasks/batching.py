@@ -9,8 +9,10 @@ prompt of the batch): the prompt block of a sample is ``[pad ... pad, p_0 ... p_
 prompt ends at the same column, where generation starts. ``pad_responses`` right-pads every
 response to exactly ``max_response_len``. So ``[n, max_prompt_len + max_response_len]`` is the
 shape of every batch of ``n`` samples and a micro-shard's shapes never depend on its content or
-on which cell computes it. A prompt longer than ``max_prompt_len`` (or a response longer than
-``max_response_len``) is a ``ConfigError`` naming its source: nothing is truncated silently.
+on which cell computes it; ``join`` puts the two blocks side by side with the attention mask,
+position ids that ignore the left padding, and the loss mask of the rollout layout. A prompt
+longer than ``max_prompt_len`` (or a response longer than ``max_response_len``) is a
+``ConfigError`` naming its source: nothing is truncated silently.
 
 Arrays are numpy (``int64`` ids, ``bool`` masks; ``torch.from_numpy`` shares them).
 """
@@ -93,6 +95,35 @@ def pad_prompts(prompts: Sequence[Sequence[int]], max_prompt_len: int, pad_id: i
 def pad_responses(responses: Sequence[Sequence[int]], max_response_len: int, pad_id: int) -> Padded:
     """Right-pad each response to exactly ``max_response_len`` tokens."""
     return _pad(responses, max_response_len, pad_id, left=False, what="response", option="--max-response-len")
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Prompt and response blocks joined, every array ``[n, P + R]``:
+
+    ``tokens`` int64; ``attention_mask`` bool (real tokens); ``position_ids`` int64, counting from 0
+    at each sample's first real token (so left padding does not shift a prompt's positions; 0 on
+    padding before it); ``loss_mask`` float32, 1 at position ``t`` where token ``t+1`` is a real
+    response token (the layout of the rollout batch: the token predicted at ``t`` is learned).
+    """
+
+    tokens: np.ndarray
+    attention_mask: np.ndarray
+    position_ids: np.ndarray
+    loss_mask: np.ndarray
+
+
+def join(prompts: Padded, responses: Padded) -> Sequences:
+    """``[left-padded prompt | right-padded response]`` per sample, with its masks and positions."""
+    if prompts.ids.shape[0] != responses.ids.shape[0]:
+        raise ValueError(f"{prompts.ids.shape[0]} prompts but {responses.ids.shape[0]} responses")
+    tokens = np.concatenate([prompts.ids, responses.ids], axis=1)
+    attention = np.concatenate([prompts.mask, responses.mask], axis=1)
+    positions = np.maximum(np.cumsum(attention, axis=1) - 1, 0).astype(np.int64)
+    loss_mask = np.zeros(tokens.shape, dtype=np.float32)
+    width = prompts.ids.shape[1]
+    loss_mask[:, width - 1 : -1] = responses.mask[:, :]
+    return Sequences(tokens, attention, positions, loss_mask)
 
 
 def pad_id_of(tokenizer: Tokenizer, pad_id: int | None = None) -> int:
