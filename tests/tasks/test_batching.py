@@ -90,3 +90,19 @@ def test_pad_id_must_come_from_somewhere():
     assert pad_id_of(CharTokenizer(), pad_id=2) == 2
     with pytest.raises(ConfigError, match="no pad token"):
         pad_id_of(CharTokenizer())
+
+
+def test_the_shipped_dataset_through_a_real_tokenizer_has_the_configured_shape_or_a_named_error():
+    from itertools import islice
+
+    from ftkit.tasks.datasets import shipped_task
+
+    tok, _ = _hf_tokenizer()
+    records = list(islice(shipped_task("arithmetic").prompts(), 32))
+    encoded = encode_prompts(tok, records, max_prompt_len=64)
+    padded = pad_prompts([e.ids for e in encoded], 64, pad_id_of(tok))
+    assert padded.ids.shape == (32, 64) and len(set(padded.lengths.tolist())) > 1  # variable lengths, one shape
+    assert all(e.text.startswith("<|user|> ") and e.text.endswith(" <|assistant|>") for e in encoded)
+    shortest = int(padded.lengths.min())
+    with pytest.raises(ConfigError, match=r"prompt at .*arithmetic\.jsonl:\d+ has \d+ tokens"):
+        encode_prompts(tok, records, max_prompt_len=shortest)
