@@ -18,8 +18,8 @@ class CharTokenizer:
 
 
 def _hf_tokenizer():
-    """A real transformers tokenizer built offline, with a chat template."""
-    pytest.importorskip("transformers")
+    """A real transformers tokenizer built offline, with a chat template (transformers is a
+    dependency with the Hugging Face models; no skip when it is missing)."""
     from tokenizers import Tokenizer as RawTokenizer
     from tokenizers import models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
