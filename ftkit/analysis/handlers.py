@@ -164,6 +164,7 @@ class EventHandlers(Watermark):
     def _metric(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["step"] is not None and ev["source"].get("role") == "driver":
             self.closure.declare_step(ev["step"])
+            self.declared_step = max(self.declared_step, ev["step"])
 
     def _log_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["lines"] != ev["seq"]:

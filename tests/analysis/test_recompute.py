@@ -1,0 +1,62 @@
+"""Recompute, never trust (issue 26, items 1-4): evidence is demanded up to a declared death, every
+fingerprint total is recomputed from its per-tensor parts, and an event's ``cell`` / ``rank`` /
+``engine`` must be its writer's. Each test tampers with a synthetic run the way the issue's
+fuzzer tampered with real ones (at line boundaries, ``seq`` kept without gaps)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftkit.analysis.engine import analyze_paths
+from ftkit.testing.synthetic import SyntheticSpec, generate
+
+SPEC = SyntheticSpec(
+    cells=3, tp=1, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, tensors=3, faults=0
+)
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write(path: Path, events: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))
+
+
+def _errors(events: Path) -> set[str]:
+    return {f.code for f in analyze_paths([events]).findings if f.severity.value == "error"}
+
+
+@pytest.fixture()
+def killed(tmp_path: Path) -> Path:
+    """Three cells, cell 2 killed in step 1 after committing step 0; the driver declares the death
+    right after its metric of step 0 (before the survivors report step 1), as a real driver does
+    when the kill is seen at dispatch."""
+    generate(tmp_path, SyntheticSpec(**{**SPEC.__dict__, "faults": 1}))
+    events = tmp_path / "events"
+    driver = events / "driver-i0.jsonl"
+    evs = _events(driver)
+    metric0 = next(e for e in evs if e["type"] == "metric" and e.get("step") == 0)
+    for e in evs:
+        declares = e["type"] in ("fault_injected", "cell_state") and e.get("new", "errored") == "errored"
+        if declares and e.get("cell") == 2:
+            e["time"] = metric0["time"] + 1e-6 * (1 + (e["type"] == "cell_state"))
+    _write(driver, evs)
+    assert _errors(events) == set()
+    return events
+
+
+@pytest.mark.parametrize("cut", ["step_outcome", "state_fingerprint", "witness_counts"])
+def test_evidence_is_owed_up_to_the_declared_death(killed: Path, cut: str) -> None:
+    """Item 1: cell 2's log cut just before its step-0 evidence (no seq gap; the stream ends
+    without log_closed, which its declared death excuses) fails: step 0 was declared trained before
+    the death, so cell 2 committed it and owed everything."""
+    path = killed / "trainer-c2-r0-i0.jsonl"
+    evs = _events(path)
+    at = next(i for i, e in enumerate(evs) if e["type"] == cut and e["step"] == 0)
+    _write(path, evs[:at])
+    assert _errors(killed) & {"FT106", "FT112"}
