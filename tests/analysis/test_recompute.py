@@ -60,3 +60,63 @@ def test_evidence_is_owed_up_to_the_declared_death(killed: Path, cut: str) -> No
     at = next(i for i, e in enumerate(evs) if e["type"] == cut and e["step"] == 0)
     _write(path, evs[:at])
     assert _errors(killed) & {"FT106", "FT112"}
+
+
+def _digit(h: str) -> str:
+    """``h`` with its first hex digit changed."""
+    return ("1" if h[0] != "1" else "2") + h[1:]
+
+
+def _tamper(path: Path, kind: str, edit: Any, which: int = 0) -> dict[str, Any]:
+    evs = _events(path)
+    ev = [e for e in evs if e["type"] == kind][which]
+    edit(ev)
+    _write(path, evs)
+    return ev
+
+
+def _findings(events: Path) -> list[Any]:
+    return [f for f in analyze_paths([events]).findings if f.severity.value == "error"]
+
+
+def test_a_total_of_the_only_live_cell_is_recomputed(tmp_path: Path) -> None:
+    """Item 2: one live cell, nobody to compare with: the total is still a function of its parts."""
+    generate(tmp_path, SyntheticSpec(**{**SPEC.__dict__, "cells": 1}))
+    events = tmp_path / "events"
+    assert _errors(events) == set()
+    _tamper(events / "trainer-c0-r0-i0.jsonl", "state_fingerprint", lambda e: e.update(total=_digit(e["total"])))
+    found = _findings(events)
+    assert [f.code for f in found] == ["FT111"] and "per-tensor entries" in found[0].message
+
+
+@pytest.mark.parametrize("part", ["params", "optimizer"])
+def test_a_per_tensor_entry_changed_with_its_total_left_alone(tmp_path: Path, part: str) -> None:
+    """Item 3: the line's parts contradict its total (FT111), and the two live cells now disagree
+    on that tensor: FT101 names it."""
+    generate(tmp_path, SyntheticSpec(**{**SPEC.__dict__, "cells": 2}))
+    events = tmp_path / "events"
+    ev = _tamper(
+        events / "trainer-c1-r0-i0.jsonl",
+        "state_fingerprint",
+        lambda e: e[part].update({n: _digit(h) for n, h in list(e[part].items())[:1]}),
+    )
+    name = next(iter(ev[part]))
+    found = _findings(events)
+    assert {f.code for f in found} == {"FT111", "FT101"}
+    ft101 = next(f for f in found if f.code == "FT101")
+    assert ft101.evidence["cells"] == [1] and ft101.evidence["tensors"] == [
+        ("optimizer/" if part == "optimizer" else "") + name
+    ]
+
+
+@pytest.mark.parametrize("kind", ["weights_sent", "engine_weights"])
+def test_a_params_entry_of_the_weights_is_recomputed(tmp_path: Path, kind: str) -> None:
+    """Item 3: a ``weights_sent`` / ``engine_weights`` entry changed, total left alone: FT111, and
+    FT102 (what the engine holds differs from what was sent) names the tensor."""
+    generate(tmp_path, SPEC)
+    events = tmp_path / "events"
+    path = events / ("driver-i0.jsonl" if kind == "weights_sent" else "engine-r0-i0.jsonl")
+    ev = _tamper(path, kind, lambda e: e["params"].update({n: _digit(h) for n, h in list(e["params"].items())[:1]}))
+    found = _findings(events)
+    assert {f.code for f in found} == {"FT111", "FT102"}
+    assert next(f for f in found if f.code == "FT102").evidence["tensors"] == [next(iter(ev["params"]))]
