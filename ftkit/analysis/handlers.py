@@ -145,6 +145,14 @@ class EventHandlers(Watermark):
 
     def _weights(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self._recompute(ev, fi, line, combine(ev["params"]))
+        src = self.file_source[fi] or {}
+        if ev["type"] == "engine_weights" and src.get("role") == "engine" and ev["engine"] != src.get("rank"):
+            self.report(
+                "FT111",
+                f"engine_weights of engine {ev['engine']} written by engine {src.get('rank')}'s process: "
+                f"only an engine reports what it holds",
+                where=self.where(fi, line),
+            )
 
     def _recompute(self, ev: dict[str, Any], fi: int, line: int, parts: str) -> str:
         """A fingerprint line's ``total`` must be the function of its per-tensor entries that the

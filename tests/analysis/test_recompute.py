@@ -120,3 +120,42 @@ def test_a_params_entry_of_the_weights_is_recomputed(tmp_path: Path, kind: str) 
     found = _findings(events)
     assert {f.code for f in found} == {"FT111", "FT102"}
     assert next(f for f in found if f.code == "FT102").evidence["tensors"] == [next(iter(ev["params"]))]
+
+
+def _renumber(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A forger's fix-up: ``seq`` without gaps and a matching ``log_closed`` count."""
+    for seq, e in enumerate(events):
+        e["seq"] = seq
+    events[-1]["lines"] = events[-1]["seq"]
+    return events
+
+
+def test_evidence_moved_into_another_cells_file_counts_for_nobody(tmp_path: Path) -> None:
+    """Item 4: cell 1's step-1 evidence removed from its file and appended to cell 0's (with
+    ``cell: 1`` and cell 0's source): the event is not its writer's (FT111), and cell 1 then has
+    no evidence of step 1 (FT106 / FT112)."""
+    generate(tmp_path, SyntheticSpec(**{**SPEC.__dict__, "cells": 2}))
+    events = tmp_path / "events"
+    own, other = events / "trainer-c0-r0-i0.jsonl", events / "trainer-c1-r0-i0.jsonl"
+    moved_types = ("step_outcome", "state_fingerprint", "witness_counts")
+    theirs = _events(other)
+    moved = [e for e in theirs if e["type"] in moved_types and e["step"] == 1]
+    _write(other, _renumber([e for e in theirs if e not in moved]))
+    mine = _events(own)
+    at = max(i for i, e in enumerate(mine) if e.get("step") == 1) + 1
+    src = mine[0]["source"]
+    _write(own, _renumber([*mine[:at], *({**e, "source": src} for e in moved), *mine[at:]]))
+    found = _findings(events)
+    assert any(f.code == "FT111" and "written by the process of cell 0" in f.message for f in found)
+    assert {f.code for f in found} & {"FT106", "FT112"}
+
+
+def test_engine_weights_written_by_another_engine(tmp_path: Path) -> None:
+    """Item 4 for engines: an ``engine_weights`` of engine 1 in engine 0's log is not engine 1's."""
+    generate(tmp_path, SyntheticSpec(**{**SPEC.__dict__, "engines": 2}))
+    events = tmp_path / "events"
+    path = events / "engine-r0-i0.jsonl"
+    evs = _events(path)
+    extra = {**next(e for e in evs if e["type"] == "engine_weights"), "engine": 1}
+    _write(path, _renumber([evs[0], extra, *evs[1:]]))
+    assert any(f.code == "FT111" and "written by engine 0" in f.message for f in _findings(events))
