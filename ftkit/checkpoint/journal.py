@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.layout import DELETING, JOURNAL, JOURNAL_SCHEMA, LATEST, MANIFEST, RETENTION, parse_step
-from ftkit.checkpoint.retention import records_from_json
+from ftkit.checkpoint.retention import load_records
 from ftkit.fsutil import fsync_dir, temp_path
 from ftkit.tensors.st import remove_stale_temps, write_bytes_atomic
-from ftkit.tensors.untrusted import load_json
+from ftkit.tensors.untrusted import NotRegular, load_json, read_regular
 
 OnFailure = Callable[[str, str], None]  # (checkpoint name, error)
 
@@ -59,11 +59,12 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def read_journal(checkpoints: Path) -> dict[str, Any] | None:
-    """The journal document, or None when there is none; ``ValueError`` when malformed."""
+    """The journal document, or None when there is none; ``ValueError`` when malformed or not a
+    regular file (a symlink, a FIFO: ``read_regular``)."""
     path = checkpoints / JOURNAL
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    doc = load_json(path.read_bytes())
+    doc = load_json(read_regular(path))
     if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA or doc.get("state") not in ("pending", "done"):
         raise ValueError(f"not a {JOURNAL_SCHEMA} document in state pending or done")
     return doc
@@ -195,8 +196,8 @@ def _intact(checkpoints: Path, name: str | None, after: dict[str, Any]) -> bool:
     import hashlib
 
     try:
-        digest = hashlib.sha256((checkpoints / name / MANIFEST).read_bytes()).hexdigest()
-    except OSError:
+        digest = hashlib.sha256(read_regular(checkpoints / name / MANIFEST)).hexdigest()
+    except (OSError, NotRegular):
         return False
     return any(r.get("name") == name and r.get("manifest_sha256") == digest for r in after.get("records", []))
 
@@ -231,11 +232,7 @@ def reconcile(checkpoints: Path, on_failure: OnFailure | None = None) -> Reconci
             else:
                 _write_json(checkpoints / RETENTION, before)
             finish(checkpoints, doc, "rolled_back", [])
-    records, latest = (
-        records_from_json(load_json((checkpoints / RETENTION).read_bytes()))
-        if (checkpoints / RETENTION).exists()
-        else ([], None)
-    )
+    records, latest = load_records(checkpoints)
     kept = {r.name for r in records}
     for p in sorted(checkpoints.iterdir()):
         if parse_step(p.name) is not None and p.name not in kept and not p.is_symlink():

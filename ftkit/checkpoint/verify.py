@@ -148,7 +148,7 @@ def _load(d: Path, col: Collector) -> CheckpointResult:
     try:
         man, raw = mf.load(d / MANIFEST)
     except mf.ManifestError as exc:
-        missing = not (d / MANIFEST).exists()
+        missing = not os.path.lexists(d / MANIFEST)
         col.add("FT201" if missing else "FT202", f"{d.name}: {exc}", checkpoint=d.name, file=str(d / MANIFEST))
         return CheckpointResult(d.name, d, None, None)
     import hashlib
