@@ -55,6 +55,13 @@ def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Coll
     records = _check_records(root, results, col)
     col.check("FT212")
     newest = max(records, key=lambda r: r.step).name if records else None
+    if doc is not None and doc["state"] == "done" and doc["latest"] != newest:
+        col.add(
+            "FT213",
+            f"journal.json's finished transaction left latest {doc['latest']}, but the newest recorded "
+            f"checkpoint is {newest}",
+            file=str(root / "journal.json"),
+        )
     try:
         target = read_latest(root)
     except ValueError as exc:

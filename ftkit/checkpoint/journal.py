@@ -67,7 +67,41 @@ def read_journal(checkpoints: Path) -> dict[str, Any] | None:
     doc = load_json(read_regular(path))
     if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA or doc.get("state") not in ("pending", "done"):
         raise ValueError(f"not a {JOURNAL_SCHEMA} document in state pending or done")
+    _check_fields(doc)
     return doc
+
+
+_DONE_KEYS = frozenset({"schema", "state", "publish", "outcome", "latest", "cleanup_failures"})
+_PENDING_KEYS = frozenset({"schema", "state", "publish", "before", "after", "delete", "cleanup_failures"})
+
+
+def _check_fields(doc: dict[str, Any]) -> None:
+    """``ValueError`` unless ``doc`` holds exactly the fields ``begin`` (pending) or ``finish``
+    (done) write, each of its type: names are checkpoint names (``step_N``) or null, ``outcome``
+    is ``committed`` or ``rolled_back``, ``cleanup_failures`` a list of ``{name, error}``."""
+    want = _DONE_KEYS if doc["state"] == "done" else _PENDING_KEYS
+    if set(doc) != want:
+        raise ValueError(f"a {doc['state']} journal holds {sorted(set(doc))}, not the fields {sorted(want)}")
+    names = [doc["publish"], doc["latest"]] if doc["state"] == "done" else [doc["publish"]]
+    for name in names:
+        if name is not None and (not isinstance(name, str) or parse_step(name) is None):
+            raise ValueError(f"{name!r} is not a checkpoint name")
+    if doc["state"] == "done" and doc["outcome"] not in ("committed", "rolled_back"):
+        raise ValueError(f"outcome {doc['outcome']!r} is not committed or rolled_back")
+    if doc["state"] == "pending" and not (
+        isinstance(doc["after"], dict) and isinstance(doc["before"], (dict, type(None))) and _names(doc["delete"])
+    ):
+        raise ValueError("before, after or delete is not a retention document / a list of checkpoint names")
+    failures = doc["cleanup_failures"]
+    if not isinstance(failures, list) or not all(
+        isinstance(f, dict) and set(f) == {"name", "error"} and isinstance(f["error"], str) and _names([f["name"]])
+        for f in failures
+    ):
+        raise ValueError("cleanup_failures is not a list of {name, error}")
+
+
+def _names(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(n, str) and parse_step(n) is not None for n in values)
 
 
 def failed_cleanups(checkpoints: Path) -> list[str]:

@@ -293,6 +293,32 @@ def test_ft213_journal(run, text) -> None:
     assert codes(run / "checkpoints") == {"FT213"}
 
 
+@pytest.mark.parametrize(
+    "edit",
+    ["rename publish", "rename latest", "rename outcome", "rename cleanup_failures", "latest absent",
+     "outcome", "failures", "extra"],
+)  # fmt: skip
+def test_ft213_finished_journal_contents(run, edit) -> None:
+    """Issue 26 item 8: a finished journal holds exactly what ``finish`` writes, and its latest is
+    the newest recorded checkpoint."""
+    path = run / "checkpoints" / "journal.json"
+    doc = json.loads(path.read_text())
+    assert doc["state"] == "done" and codes(run / "checkpoints") == set()
+    if edit.startswith("rename "):
+        key = edit.split()[1]
+        doc[key + "s"] = doc.pop(key)
+    elif edit == "latest absent":
+        doc["latest"] = "step_010015"
+    elif edit == "outcome":
+        doc["outcome"] = "maybe"
+    elif edit == "failures":
+        doc["cleanup_failures"] = [{"name": "step_000003"}]
+    else:
+        doc["note"] = "x"
+    path.write_text(json.dumps(doc))
+    assert codes(run / "checkpoints") == {"FT213"}
+
+
 def test_ft216_failed_deletion_is_a_warning(run) -> None:
     path = run / "checkpoints" / "journal.json"
     doc = json.loads(path.read_text())
