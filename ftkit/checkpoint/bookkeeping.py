@@ -12,8 +12,8 @@ from typing import Any
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.journal import read_journal, read_latest
 from ftkit.checkpoint.layout import DELETING, RETENTION
+from ftkit.checkpoint.results import CheckpointResult
 from ftkit.checkpoint.retention import Record, RetentionPolicy, records_from_json, select
-from ftkit.checkpoint.verify import CheckpointResult
 from ftkit.errors import InputError
 from ftkit.tensors.untrusted import load_json, read_regular
 
