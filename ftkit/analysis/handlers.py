@@ -16,6 +16,7 @@ from ftkit.analysis.records import RolloutRecord
 from ftkit.analysis.watermark import Watermark
 from ftkit.events.schema import DEAD_STATES
 from ftkit.findings import Severity
+from ftkit.tensors.fingerprint import combine, state_total
 
 Handler = Callable[[dict[str, Any], int, int], None]
 
@@ -45,6 +46,8 @@ class EventHandlers(Watermark):
             "placement": self._placement,
             "engine_failed": self._engine_failed,
             "engine_restart": self._engine_restart,
+            "weights_sent": self._weights,
+            "engine_weights": self._weights,
         }
 
     def _run_started(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -129,12 +132,42 @@ class EventHandlers(Watermark):
         if rec is None:
             return
         rank, total = self._rank(ev), ev["total"]
+        detail = rec.fp_detail.get((rank, total))  # its total was recomputed: equal parts need no new hash
+        if detail is None or detail[0] != ev["params"] or detail[1] != ev["optimizer"]:
+            total = self._recompute(ev, fi, line, state_total(ev["params"], ev["optimizer"]))
+            detail = rec.fp_detail.get((rank, total))
         cells = rec.fingerprints.get(rank)
         if cells is None:
             cells = rec.fingerprints[rank] = {}
         cells[ev["cell"]] = total
-        if (rank, total) not in rec.fp_detail:
+        if detail is None:
             rec.fp_detail[(rank, total)] = (ev["params"], ev["optimizer"], ev["cell"], self.locate(fi, line))
+
+    def _weights(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        self._recompute(ev, fi, line, combine(ev["params"]))
+        src = self.file_source[fi] or {}
+        if ev["type"] == "engine_weights" and src.get("role") == "engine" and ev["engine"] != src.get("rank"):
+            self.report(
+                "FT111",
+                f"engine_weights of engine {ev['engine']} written by engine {src.get('rank')}'s process: "
+                f"only an engine reports what it holds",
+                where=self.where(fi, line),
+            )
+
+    def _recompute(self, ev: dict[str, Any], fi: int, line: int, parts: str) -> str:
+        """A fingerprint line's ``total`` must be the function of its per-tensor entries that the
+        writer computed it with (``parts``): a total its parts contradict is a damaged line (FT111),
+        and from here on the line stands for what its parts say (``ev["total"]`` is replaced), so
+        the rules compare the per-tensor entries across cells and with the weights sent."""
+        if ev["total"] != parts:
+            self.report(
+                "FT111",
+                f"{ev['type']} total {ev['total'][:12]} is not the fingerprint of its own per-tensor "
+                f"entries ({parts[:12]}): a damaged or forged line",
+                where=self.where(fi, line),
+            )
+            ev["total"] = parts
+        return parts
 
     def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
@@ -164,6 +197,7 @@ class EventHandlers(Watermark):
     def _metric(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["step"] is not None and ev["source"].get("role") == "driver":
             self.closure.declare_step(ev["step"])
+            self.declared_step = max(self.declared_step, ev["step"])
 
     def _log_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["lines"] != ev["seq"]:

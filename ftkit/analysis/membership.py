@@ -50,9 +50,14 @@ class Membership(ReplayState):
         return any(died <= step and (back is None or step < back) for died, back in self.deaths.get(cell, ()))
 
     def _died(self, cell: int) -> None:
+        """The driver declared ``cell`` dead. It died in the step the run was at, and never before
+        the step after the last one the driver declared trained (``declared_step``, its ``metric``):
+        a declared step was committed by every live cell, so a cell that dies afterwards still owes
+        all its evidence of that step (a log cut before it is not excused by the later death)."""
         deaths = self.deaths.setdefault(cell, [])
         if not deaths or deaths[-1][1] is not None:
-            deaths.append([max(self.cell_last.get(cell, -1), self.max_step), None])
+            died = max(self.cell_last.get(cell, -1), self.max_step, self.declared_step + 1)
+            deaths.append([died, None])
 
     def _rank(self, ev: dict[str, Any]) -> int | None:
         """The event's rank (its own field, else its source's), tracking the highest seen."""

@@ -54,6 +54,7 @@ class ReplayState:
         self.cell_last: dict[int, int] = {}
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
+        self.declared_step = -1  # the last step the driver declared trained (its metric) in this session
         self.placement: dict[tuple[str, int, int], dict[str, Any]] = {}  # (role, cell|engine, rank) -> latest
         # open steps and rollouts
         self.pending: dict[tuple[int, int, int], StepRecord] = {}

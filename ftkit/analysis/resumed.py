@@ -12,7 +12,8 @@ rest. What the combined log of all sessions means to the replay (``on_run_resume
   (``Closure.resumed``);
 - steps up to ``checkpoint_step`` were committed earlier and their state is the checkpoint's;
   steps after it that an earlier session began are superseded: their open records and open
-  rollouts are dropped and the steps may be logged again (``closed_below`` goes back).
+  rollouts are dropped and the steps may be logged again (``closed_below`` and the driver's last
+  declared step go back).
 
 A ``run_resumed`` with no ``run_started`` before it means the earlier sessions' logs are
 missing (FT111).
@@ -41,3 +42,4 @@ def on_run_resumed(replay: Any, ev: dict[str, Any], fi: int, line: int) -> None:
     for r in [r for r in replay.rollouts if r > rollout]:
         del replay.rollouts[r]
     replay.closed_below = min(replay.closed_below, step + 1)
+    replay.declared_step = min(replay.declared_step, step)  # the steps after it are trained again

@@ -95,7 +95,12 @@ class Watermark(Membership):
 
     def _record(self, ev: dict[str, Any], fi: int, line: int) -> StepRecord | None:
         """The open record of the event's (rollout, step, attempt), opened on first sight; None
-        when the step is already closed (the event came late: counted, reported by the rules)."""
+        when the step is already closed (the event came late: counted, reported by the rules) or
+        when the event is not its writer's (see ``_foreign``)."""
+        cell = self.file_cell.get(fi)  # a trainer's stream (its source is known): the source's cell
+        if cell is not None and (ev["cell"] != cell or ev.get("rank") not in (None, self._source_rank(fi))):
+            self._foreign(ev, fi, line)
+            return None
         key = (ev["rollout"], ev["step"], ev["attempt"])
         rec = self.pending.get(key)
         if rec is not None and self.file_step.get(fi) == key[1]:
@@ -111,6 +116,21 @@ class Watermark(Membership):
         elif not self._progress(fi, line, key[1], key[0]):
             return None
         return rec
+
+    def _source_rank(self, fi: int) -> Any:
+        src = self.file_source[fi]
+        return None if src is None else src.get("rank")
+
+    def _foreign(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        """Step evidence whose ``cell`` / ``rank`` is not its writer's (``source``): a rank writes
+        only its own evidence, so the line is moved or forged; it counts for nobody (FT111)."""
+        src = self.file_source[fi] or {}
+        self.report(
+            "FT111",
+            f"{ev['type']} of cell {ev['cell']} rank {ev.get('rank', src.get('rank'))} written by the process of "
+            f"cell {src.get('cell')} rank {src.get('rank')}: evidence only counts from its own writer",
+            where=self.where(fi, line),
+        )
 
     def _close_step(self, rec: StepRecord) -> None:
         rec.committed_cells = frozenset(

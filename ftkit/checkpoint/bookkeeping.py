@@ -4,6 +4,7 @@ and (``--events``) the event log's committed fingerprints and non-finite observa
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,10 @@ from typing import Any
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.journal import read_journal, read_latest
 from ftkit.checkpoint.layout import DELETING, RETENTION
+from ftkit.checkpoint.results import CheckpointResult
 from ftkit.checkpoint.retention import Record, RetentionPolicy, records_from_json, select
-from ftkit.checkpoint.verify import CheckpointResult
 from ftkit.errors import InputError
-from ftkit.tensors.untrusted import load_json
+from ftkit.tensors.untrusted import load_json, read_regular
 
 
 def events_dir(path: Path, kind: str) -> Path:
@@ -54,6 +55,13 @@ def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Coll
     records = _check_records(root, results, col)
     col.check("FT212")
     newest = max(records, key=lambda r: r.step).name if records else None
+    if doc is not None and doc["state"] == "done" and doc["latest"] != newest:
+        col.add(
+            "FT213",
+            f"journal.json's finished transaction left latest {doc['latest']}, but the newest recorded "
+            f"checkpoint is {newest}",
+            file=str(root / "journal.json"),
+        )
     try:
         target = read_latest(root)
     except ValueError as exc:
@@ -70,12 +78,12 @@ def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collect
     path = root / RETENTION
     where = {"file": str(path)}
     records: list[Record] = []
-    if not path.exists():
+    if not os.path.lexists(path):
         if results:
             col.add("FT211", f"{RETENTION} is missing but {len(results)} checkpoint(s) exist", **where)
         return records
     try:
-        doc: Any = load_json(path.read_bytes())
+        doc: Any = load_json(read_regular(path))
         records, latest = records_from_json(doc)
         policy = RetentionPolicy(**doc["policy"])
     except (ValueError, KeyError, TypeError) as exc:
@@ -112,7 +120,8 @@ def _same(a: float | None, b: float | None) -> bool:
 
 
 def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector) -> None:
-    """FT214 against committed ``state_fingerprint`` events, FT215 against non-finite evidence.
+    """FT214 against committed ``state_fingerprint`` events and against the ``manifest_sha256``
+    of the latest ``checkpoint_published`` of each checkpoint, FT215 against non-finite evidence.
 
     In a resumed run (``run_resumed``), the evidence an earlier session logged for a step that
     a later session trained again (a step after the later session's checkpoint) is superseded:
@@ -121,6 +130,7 @@ def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector)
     from ftkit.events.reader import iter_events
 
     seen: list[tuple[str, int, float, Any]] = []  # (kind, step, time, evidence)
+    published: dict[str, Any] = {}  # checkpoint name -> manifest_sha256 of its latest publication
     resumed: list[tuple[float, int]] = []  # (time, checkpoint_step) of each later session
     for ev in iter_events([log]):
         t, step, when = ev.get("type"), ev.get("step"), ev.get("time")
@@ -128,6 +138,8 @@ def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector)
             resumed.append((float(when), ev["checkpoint_step"]))
         if not isinstance(step, int):
             continue
+        if t == "checkpoint_published" and isinstance(ev.get("path"), str):
+            published[Path(ev["path"]).name] = ev.get("manifest_sha256")
         when = float(when) if isinstance(when, (int, float)) else math.inf
         if t == "state_fingerprint":
             rank = ev.get("rank") if ev.get("rank") is not None else (ev.get("source") or {}).get("rank")
@@ -153,6 +165,14 @@ def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector)
         if man is None:
             continue
         col.check("FT214")
+        if r.name in published and published[r.name] != r.manifest_sha256:
+            col.add(
+                "FT214",
+                f"{r.name}: the log's checkpoint_published says MANIFEST.json has sha256 "
+                f"{str(published[r.name])[:16]}..., the manifest on disk has {str(r.manifest_sha256)[:16]}...",
+                checkpoint=r.name,
+                step=man.step,
+            )
         compared = 0
         for cell, rank, total in fps.get(man.step, []):
             want = man.rank_totals.get(str(rank)) if man.rank_totals else (man.state_fingerprint if rank == 0 else None)

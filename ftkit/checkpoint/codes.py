@@ -16,7 +16,8 @@ CODES: dict[str, tuple[str, Severity, str]] = {
     "FT202": (
         "manifest-malformed",
         E,
-        "MANIFEST.json is not JSON or not a protocol-1 manifest, or disagrees with itself or meta.json "
+        "MANIFEST.json is not a regular file (a symlink, FIFO, device), not JSON or not a protocol-1 manifest, "
+        "or disagrees with itself or meta.json "
         "(step, state fingerprint, rank totals, meta.json listed)",
     ),
     "FT203": ("size-mismatch", E, "a file's size differs from the manifest"),
@@ -39,16 +40,21 @@ CODES: dict[str, tuple[str, Severity, str]] = {
     "FT211": (
         "retention-disagrees",
         E,
-        "retention.json is missing or malformed, lists a checkpoint that is absent or differs, "
+        "retention.json is missing, not a regular file or malformed, lists a checkpoint that is absent or differs, "
         "misses a published one, or does not follow its own policy",
     ),
     "FT212": ("latest-disagrees", E, "`latest` is missing, not a symlink, or not the newest recorded checkpoint"),
-    "FT213": ("journal-mid-transition", E, "journal.json is pending (a transaction not rolled forward) or malformed"),
+    "FT213": (
+        "journal-mid-transition",
+        E,
+        "journal.json is pending (a transaction not rolled forward), not a regular file or malformed",
+    ),
     "FT214": (
         "fingerprint-vs-events",
         E,
         "the checkpoint's state fingerprint differs from the committed state_fingerprint the event log "
-        "holds for its step, or the log holds none (--events)",
+        "holds for its step, or the log holds none, or the log's checkpoint_published.manifest_sha256 is not "
+        "the sha256 of its MANIFEST.json (--events)",
     ),
     "FT215": (
         "tainted-interval",

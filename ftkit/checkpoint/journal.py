@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.layout import DELETING, JOURNAL, JOURNAL_SCHEMA, LATEST, MANIFEST, RETENTION, parse_step
-from ftkit.checkpoint.retention import records_from_json
+from ftkit.checkpoint.retention import load_records
 from ftkit.fsutil import fsync_dir, temp_path
 from ftkit.tensors.st import remove_stale_temps, write_bytes_atomic
-from ftkit.tensors.untrusted import load_json
+from ftkit.tensors.untrusted import NotRegular, load_json, read_regular
 
 OnFailure = Callable[[str, str], None]  # (checkpoint name, error)
 
@@ -59,14 +59,49 @@ def _write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def read_journal(checkpoints: Path) -> dict[str, Any] | None:
-    """The journal document, or None when there is none; ``ValueError`` when malformed."""
+    """The journal document, or None when there is none; ``ValueError`` when malformed or not a
+    regular file (a symlink, a FIFO: ``read_regular``)."""
     path = checkpoints / JOURNAL
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
-    doc = load_json(path.read_bytes())
+    doc = load_json(read_regular(path))
     if not isinstance(doc, dict) or doc.get("schema") != JOURNAL_SCHEMA or doc.get("state") not in ("pending", "done"):
         raise ValueError(f"not a {JOURNAL_SCHEMA} document in state pending or done")
+    _check_fields(doc)
     return doc
+
+
+_DONE_KEYS = frozenset({"schema", "state", "publish", "outcome", "latest", "cleanup_failures"})
+_PENDING_KEYS = frozenset({"schema", "state", "publish", "before", "after", "delete", "cleanup_failures"})
+
+
+def _check_fields(doc: dict[str, Any]) -> None:
+    """``ValueError`` unless ``doc`` holds exactly the fields ``begin`` (pending) or ``finish``
+    (done) write, each of its type: names are checkpoint names (``step_N``) or null, ``outcome``
+    is ``committed`` or ``rolled_back``, ``cleanup_failures`` a list of ``{name, error}``."""
+    want = _DONE_KEYS if doc["state"] == "done" else _PENDING_KEYS
+    if set(doc) != want:
+        raise ValueError(f"a {doc['state']} journal holds {sorted(set(doc))}, not the fields {sorted(want)}")
+    names = [doc["publish"], doc["latest"]] if doc["state"] == "done" else [doc["publish"]]
+    for name in names:
+        if name is not None and (not isinstance(name, str) or parse_step(name) is None):
+            raise ValueError(f"{name!r} is not a checkpoint name")
+    if doc["state"] == "done" and doc["outcome"] not in ("committed", "rolled_back"):
+        raise ValueError(f"outcome {doc['outcome']!r} is not committed or rolled_back")
+    if doc["state"] == "pending" and not (
+        isinstance(doc["after"], dict) and isinstance(doc["before"], (dict, type(None))) and _names(doc["delete"])
+    ):
+        raise ValueError("before, after or delete is not a retention document / a list of checkpoint names")
+    failures = doc["cleanup_failures"]
+    if not isinstance(failures, list) or not all(
+        isinstance(f, dict) and set(f) == {"name", "error"} and isinstance(f["error"], str) and _names([f["name"]])
+        for f in failures
+    ):
+        raise ValueError("cleanup_failures is not a list of {name, error}")
+
+
+def _names(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(n, str) and parse_step(n) is not None for n in values)
 
 
 def failed_cleanups(checkpoints: Path) -> list[str]:
@@ -195,8 +230,8 @@ def _intact(checkpoints: Path, name: str | None, after: dict[str, Any]) -> bool:
     import hashlib
 
     try:
-        digest = hashlib.sha256((checkpoints / name / MANIFEST).read_bytes()).hexdigest()
-    except OSError:
+        digest = hashlib.sha256(read_regular(checkpoints / name / MANIFEST)).hexdigest()
+    except (OSError, NotRegular):
         return False
     return any(r.get("name") == name and r.get("manifest_sha256") == digest for r in after.get("records", []))
 
@@ -231,11 +266,7 @@ def reconcile(checkpoints: Path, on_failure: OnFailure | None = None) -> Reconci
             else:
                 _write_json(checkpoints / RETENTION, before)
             finish(checkpoints, doc, "rolled_back", [])
-    records, latest = (
-        records_from_json(load_json((checkpoints / RETENTION).read_bytes()))
-        if (checkpoints / RETENTION).exists()
-        else ([], None)
-    )
+    records, latest = load_records(checkpoints)
     kept = {r.name for r in records}
     for p in sorted(checkpoints.iterdir()):
         if parse_step(p.name) is not None and p.name not in kept and not p.is_symlink():

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftkit.checkpoint.layout import PROTOCOL
 from ftkit.checkpoint.stfile import FileRecord
-from ftkit.tensors.untrusted import load_json
+from ftkit.tensors.untrusted import NotRegular, load_json, read_regular
 
 _HEX64 = r"^[0-9a-f]{64}$"
 _HEX32 = r"^[0-9a-f]{32}$"
@@ -151,7 +151,9 @@ def dumps(manifest: Manifest) -> bytes:
 def load(path: Path) -> tuple[Manifest, bytes]:
     """Parse ``MANIFEST.json``; ``(manifest, raw bytes)``; ``ManifestError`` with one line."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path)
+    except NotRegular as exc:
+        raise ManifestError(str(exc)) from exc
     except FileNotFoundError as exc:
         raise ManifestError("no MANIFEST.json") from exc
     except OSError as exc:

@@ -16,9 +16,7 @@ ranks (TP or PP > 1) stores the same canonical state; its ranks' own totals go i
 recomputes each total from the stored tensors; ``ftkit.train.canonical_state.local_state``
 slices a rank's state back out for a run of any layout).
 
-``newest_verified(checkpoints)`` is what ``--resume`` does first: ``reconcile``, then the
-records newest first, each verified fail-closed (``verify_path`` on the checkpoint); the first
-that verifies wins, each one skipped is reported through ``on_warning`` with its first finding.
+Which checkpoint ``--resume`` takes is ``ftkit.checkpoint.selection.newest_trusted``.
 ``load(checkpoint)`` verifies (unless the caller just did: ``verified=True``, so ``--resume``
 hashes the checkpoint once) and reads the tensors with the safetensors reader, each group's
 shards merged (``read_groups``).
@@ -26,7 +24,7 @@ shards merged (``read_groups``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,40 +52,9 @@ def state_payload(
     )
 
 
-def newest_verified(checkpoints: Path, on_warning: Callable[[str], None] | None = None) -> Path | None:
-    """Reconcile ``checkpoints`` and return the newest recorded checkpoint that verifies.
-
-    None when there is none (no records, or none verifies). Every newer checkpoint skipped is
-    reported through ``on_warning``. ``ValueError`` when the journal or the records are
-    unreadable (reconcile refuses to guess).
-    """
-    from ftkit.checkpoint.journal import reconcile
-    from ftkit.checkpoint.retention import load_records
-    from ftkit.checkpoint.verify import verify_path
-
-    warn = on_warning or (lambda message: None)
-    rep = reconcile(checkpoints)
-    if rep.rolled:
-        warn(f"{checkpoints}: rolled an interrupted retention transaction {rep.rolled}")
-    for name in rep.removed_unrecorded:
-        warn(f"{checkpoints}: removed {name}, which was never published")
-    records, _ = load_records(checkpoints)
-    for rec in sorted(records, key=lambda r: r.step, reverse=True):
-        path = checkpoints / rec.name
-        try:
-            findings = [f for f in verify_path(path).findings if f.severity.value == "error"]
-        except InputError as exc:
-            warn(f"{rec.name} cannot be verified ({exc.message}); trying an older checkpoint")
-            continue
-        if not findings:
-            return path
-        warn(f"{rec.name} does not verify ({findings[0].code}: {findings[0].message}); trying an older checkpoint")
-    return None
-
-
 def load(checkpoint: Path, verified: bool = False) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """``({group: {name: torch tensor}}, meta)`` of a checkpoint that verifies; ``InputError``
-    else. ``verified=True``: the caller verified it a moment ago (``newest_verified``); the
+    else. ``verified=True``: the caller verified it a moment ago (``newest_trusted``); the
     manifest's file list still passes the shard rule before anything is read."""
     from ftkit.checkpoint.layout import META
     from ftkit.checkpoint.verify import verify_path

@@ -10,13 +10,14 @@ through the journal (``ftkit.checkpoint.journal``).
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.layout import RETENTION, RETENTION_SCHEMA
-from ftkit.tensors.untrusted import load_json
+from ftkit.tensors.untrusted import load_json, read_regular
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,9 @@ def records_from_json(doc: Any) -> tuple[list[Record], str | None]:
 
 
 def load_records(checkpoints: Path) -> tuple[list[Record], str | None]:
-    """The records and latest of ``checkpoints/retention.json``; none when the file is absent."""
+    """The records and latest of ``checkpoints/retention.json``; none when the file is absent;
+    ``ValueError`` when it is malformed or not a regular file (``read_regular``)."""
     path = checkpoints / RETENTION
-    if not path.exists():
+    if not os.path.lexists(path):
         return [], None
-    return records_from_json(load_json(path.read_bytes()))
+    return records_from_json(load_json(read_regular(path)))

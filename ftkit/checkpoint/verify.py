@@ -20,48 +20,20 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint import manifest as mf
+from ftkit.checkpoint.bookkeeping import check_bookkeeping, check_events, events_dir
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.layout import MANIFEST, META, RETENTION, checkpoint_dirs, parse_step
+from ftkit.checkpoint.results import CheckpointResult, FileRow, VerifyResult
 from ftkit.checkpoint.stfile import FileRecord
 from ftkit.errors import InputError
 from ftkit.tensors.untrusted import load_json
 
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib")
 _ZIP_MAGIC = b"PK\x03\x04"
-
-
-@dataclass
-class FileRow:
-    """One line of the per-file table."""
-
-    checkpoint: str
-    file: str
-    size: int
-    tensors: int
-    status: str  # "ok" or the finding codes
-
-
-@dataclass
-class CheckpointResult:
-    name: str
-    path: Path
-    manifest: mf.Manifest | None
-    manifest_sha256: str | None
-    shards_ok: bool = True  # the payload files form complete shard sets (FT218)
-
-
-@dataclass
-class VerifyResult:
-    findings: list[Any]
-    rules: list[Any]
-    rows: list[FileRow] = field(default_factory=list)
-    checkpoints: list[str] = field(default_factory=list)
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 Progress = Callable[[int], None]
@@ -93,7 +65,6 @@ def verify_path(
     on_start: Callable[[int], None] | None = None,
 ) -> VerifyResult:
     """Verify ``path`` (see the module docstring); ``events`` None means: on for a run directory."""
-    from ftkit.checkpoint.bookkeeping import check_bookkeeping, check_events, events_dir
     from ftkit.checkpoint.rank_totals import check_rank_totals
 
     t0 = time.perf_counter()
@@ -148,7 +119,7 @@ def _load(d: Path, col: Collector) -> CheckpointResult:
     try:
         man, raw = mf.load(d / MANIFEST)
     except mf.ManifestError as exc:
-        missing = not (d / MANIFEST).exists()
+        missing = not os.path.lexists(d / MANIFEST)
         col.add("FT201" if missing else "FT202", f"{d.name}: {exc}", checkpoint=d.name, file=str(d / MANIFEST))
         return CheckpointResult(d.name, d, None, None)
     import hashlib

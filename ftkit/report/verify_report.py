@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ftkit.checkpoint.verify import VerifyResult
+from ftkit.checkpoint.results import VerifyResult
 from ftkit.findings import sort_findings
 from ftkit.report import github
 from ftkit.report.emit import Report

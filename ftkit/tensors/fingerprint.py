@@ -145,6 +145,15 @@ def combine(fingerprints: Mapping[str, str]) -> str:
     return h.hexdigest()
 
 
+def state_total(params: Mapping[str, str], optimizer: Mapping[str, str]) -> str:
+    """The ``total`` of a ``state_fingerprint`` line: ``combine`` of both per-tensor maps with
+    ``param/`` and ``optimizer/`` name prefixes (a parameter and an optimizer tensor can never
+    stand in for each other). The analyzer recomputes every logged total with this."""
+    named = {f"param/{n}": h for n, h in params.items()}
+    named.update({f"optimizer/{n}": h for n, h in optimizer.items()})
+    return combine(named)
+
+
 def fingerprint_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[str, dict[str, str]]:
     """``(total, {name: fingerprint})`` for a dict of tensors; ``total = combine(per_name)``."""
     per_name = {name: fingerprint(t) for name, t in tensors.items()}

@@ -3,6 +3,9 @@ dumps, indexes, run.json and rules files uses.
 
 - ``open_regular(path)``: open for reading only a regular file (a FIFO, socket or device is an
   ``InputError``; the open is non-blocking, so a FIFO without a writer cannot hang);
+- ``read_regular(path)``: the bytes of a file that must be a plain file (a checkpoint's
+  bookkeeping): a symlink, FIFO, socket, device or directory is ``NotRegular`` (a ``ValueError``),
+  opened non-blocking and without following a link, so nothing hangs and nothing stands in;
 - ``load_json(raw)``: ``json.loads`` that raises ``ValueError`` for invalid UTF-8 or JSON,
   nesting deeper than ``MAX_JSON_DEPTH`` (checked by a linear scan before parsing, so no
   recursion limit or C-level stack is ever reached) and integers too long to convert;
@@ -14,6 +17,7 @@ dumps, indexes, run.json and rules files uses.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -79,6 +83,32 @@ def open_regular(path: Path) -> Iterator[Any]:
         raise
     with os.fdopen(fd, "rb") as fh:
         yield fh
+
+
+class NotRegular(ValueError):
+    """A path that must be a regular file is a symlink, FIFO, socket, device or directory."""
+
+
+def read_regular(path: Path) -> bytes:
+    """The bytes of ``path`` when it is a regular file and not a symbolic link; ``NotRegular``
+    otherwise (the open never follows a final link and never blocks, so a FIFO cannot hang the
+    reader); ``FileNotFoundError`` when absent, other ``OSError`` as raised."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOENT and os.path.islink(path)):
+            raise NotRegular(f"{Path(path).name} is a symbolic link, not a regular file") from None
+        raise
+    with os.fdopen(fd, "rb") as fh:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = {stat.S_IFIFO: "FIFO", stat.S_IFSOCK: "socket", stat.S_IFDIR: "directory"}.get(
+                stat.S_IFMT(mode), "device"
+            )
+            raise NotRegular(f"{Path(path).name} is a {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return fh.read()
 
 
 def is_text(value: str) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ftkit import __version__
 from ftkit.events.writer import EventWriter
+from ftkit.tensors.fingerprint import combine, state_total
 
 VIOLATIONS = (
     "FT101",
@@ -182,7 +183,7 @@ class _Sim:
                 tp_rank, stage = rank % self.spec.tp, rank // self.spec.tp
                 params = {n: _hex(self.spec.seed, step, tp_rank, n) for n in self.stage_names[stage]}
                 opt = {n: _hex("opt", self.spec.seed, step, tp_rank, n) for n in self.stage_names[stage]}
-                fps[rank] = (_hex(params, opt), params, opt)
+                fps[rank] = (state_total(params, opt), params, opt)
             self._fp_cache = (step, fps)
         return self._fp_cache[1]
 
@@ -228,7 +229,7 @@ class _Sim:
 
     def _weights(self, rollout: int) -> None:
         params = {n: _hex("w", self.spec.seed, rollout, n) for names in self.stage_names for n in names}
-        total = _hex(params)
+        total = combine(params)
         self.driver.emit("weights_sent", rollout=rollout, version=rollout, total=total, params=params)
         for e, w in enumerate(self.engine_writers):
             got, loaded = total, params
@@ -236,7 +237,7 @@ class _Sim:
                 loaded = dict(params)
                 first = next(iter(loaded))
                 loaded[first] = _hex("stale", first)
-                got = _hex(loaded)
+                got = combine(loaded)
             w.emit("engine_weights", rollout=rollout, version=rollout, engine=e, total=got, params=loaded)
 
     def _heal_due(self, step: int) -> None:
@@ -331,7 +332,7 @@ class _Sim:
                     params = dict(params)
                     name = next(iter(params))
                     params[name] = _hex("diverged", name)
-                    total = _hex(params, opt)
+                    total = state_total(params, opt)
                 if not (v == "FT112" and cell == self.alive[-1] and rank == 0):
                     w.emit(
                         "state_fingerprint",

@@ -30,7 +30,7 @@ def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[st
     """
     import torch
 
-    from ftkit.tensors.fingerprint import combine, fingerprint
+    from ftkit.tensors.fingerprint import fingerprint, state_total
 
     params: dict[str, str] = {}
     optim: dict[str, str] = {}
@@ -39,8 +39,7 @@ def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[st
         for key, value in sorted(optimizer.state.get(p, {}).items()):
             if isinstance(value, torch.Tensor):
                 optim[f"{name}.{key}"] = fingerprint(value)
-    total = combine({**{f"param/{n}": h for n, h in params.items()}, **{f"optimizer/{n}": h for n, h in optim.items()}})
-    return total, params, optim
+    return state_total(params, optim), params, optim
 
 
 def final_path(run_dir: str | Path, tp: int, pp: int) -> Path:

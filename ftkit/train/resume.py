@@ -58,7 +58,7 @@ class CheckpointState:
 
 def read_checkpoint(checkpoint: Path, verified: bool = False) -> CheckpointState:
     """Verify and read ``checkpoint`` (``InputError`` when it does not verify); ``verified``:
-    the caller verified it just before (``newest_verified``), so it is hashed once."""
+    the caller verified it just before (``newest_trusted``), so it is hashed once."""
     from ftkit.checkpoint.layout import MANIFEST
     from ftkit.checkpoint.manifest import load as load_manifest
     from ftkit.checkpoint.restore import load

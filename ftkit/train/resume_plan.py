@@ -4,7 +4,8 @@
 on top; an option outside ``FREE_FIELDS`` that differs from the recorded value, or fewer
 rollouts, is exit 2 (docs/checkpoints.md, "Resume"). ``plan_resume(run_dir, cfg, warn)`` runs
 before any cell starts: ``check_resume_dir``, ``reconcile`` and the
-newest checkpoint that verifies (``ftkit.checkpoint.restore.newest_verified``), the records
+newest checkpoint that ``verify-checkpoint RUN`` accepts and that was written with this run's
+result-determining config (``ftkit.checkpoint.selection.newest_trusted``), the records
 newer than it retired (``retire_newer``), and what the new session must not collide with in
 the event log: the last membership epoch (``last_epoch``) and the first free trainer
 incarnation (``next_incarnation``). The checkpoint is then loaded into the started cells by
@@ -67,7 +68,7 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
     records newer than it are retired (``retire_newer``).
     ``ConfigError`` (exit 2) for a journal or retention record that cannot be read, or a
     checkpoint of another run's configuration."""
-    from ftkit.checkpoint.restore import newest_verified
+    from ftkit.checkpoint.selection import newest_trusted
 
     skipped: list[str] = []
 
@@ -79,12 +80,11 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
     checkpoints = Path(run_dir) / "checkpoints"
     if checkpoints.is_dir():
         try:
-            newest = newest_verified(checkpoints, on_warning=note)
+            newest = newest_trusted(checkpoints, on_warning=note, accept=lambda path: _other_run(path, cfg))
             if newest is None and any(checkpoints.glob("step_*")):
                 note("no checkpoint verifies: training again from the seed's initial state")
             if newest is not None:
-                _check_same_run(newest, cfg)
-                state = read_checkpoint(newest, verified=True)  # newest_verified hashed it
+                state = read_checkpoint(newest, verified=True)  # newest_trusted hashed it
             for name in retire_newer(checkpoints, -1 if state is None else state.step, cfg):
                 note(f"retired {name}: newer than the checkpoint resumed from, its steps are trained again")
         except (OSError, ValueError) as exc:
@@ -159,20 +159,20 @@ def resume_config(run_dir: Path, given: dict[str, Any]) -> Any:
     return load_config(values)
 
 
-def _check_same_run(checkpoint: Path, cfg: Any) -> None:
-    """The checkpoint's recorded seed and model must be this run's (a copied-in foreign one is refused)."""
+def _other_run(checkpoint: Path, cfg: Any) -> str | None:
+    """Why ``checkpoint`` (verified) is not this run's: a result-determining field (outside
+    ``FREE_FIELDS``) of the config in its ``meta.json`` differs from ``cfg``'s; None when it is."""
     import json
 
     from ftkit.checkpoint.layout import META
 
     meta = json.loads((checkpoint / META).read_text())
-    for key in ("seed", "model"):
-        if key in meta and meta[key] != getattr(cfg, key):
-            raise ConfigError(
-                f"checkpoint {checkpoint.name} was written with {key} {meta[key]!r}, "
-                f"this run has {getattr(cfg, key)!r}",
-                hint="resume the run that published it",
-            )
+    recorded = {"seed": meta.get("seed"), "model": meta.get("model"), **(meta.get("config") or {})}
+    ours = cfg.model_dump(mode="json")
+    for key in sorted(set(recorded) & set(ours) - FREE_FIELDS):
+        if recorded[key] is not None and recorded[key] != ours[key]:
+            return f"written with {key} {recorded[key]!r}, this run has {ours[key]!r}"
+    return None
 
 
 def last_epoch(events_dir: Path) -> int:

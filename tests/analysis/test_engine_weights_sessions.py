@@ -10,10 +10,10 @@ import pytest
 
 from ftkit.analysis.engine import analyze_paths
 from ftkit.events.writer import EventWriter
+from ftkit.tensors.fingerprint import combine
 from ftkit.train.config import TrainConfig
 
-TOTAL = "ab" * 16
-OTHER = "cd" * 16
+WEIGHT, OTHER = "ab" * 16, "cd" * 16  # the fingerprint of the one tensor "w" (totals are recomputed from it)
 
 
 def _head(resumed: bool) -> dict[str, object]:
@@ -25,17 +25,24 @@ def _head(resumed: bool) -> dict[str, object]:
     return head
 
 
-def _session(events: Path, incarnation: int, ending: str | None, loads: int, total: str = TOTAL) -> None:
+def _session(events: Path, incarnation: int, ending: str | None, loads: int, loaded: str = WEIGHT) -> None:
     """A driver and two engines: version 1 sent and loaded by both, version 2 sent and loaded by
     ``loads`` engines; ``ending``: the run_finished status, None for a killed session."""
     driver = EventWriter(events, run="r", role="driver", incarnation=incarnation)
     engines = [EventWriter(events, run="r", role="engine", rank=e, incarnation=incarnation) for e in (0, 1)]
     driver.emit("run_resumed" if incarnation else "run_started", **_head(bool(incarnation)))
     for version, n in ((1, 2), (2, loads)):
-        driver.emit("weights_sent", rollout=version - 1, version=version, total=TOTAL, params={"w": TOTAL})
+        driver.emit(
+            "weights_sent", rollout=version - 1, version=version, total=combine({"w": WEIGHT}), params={"w": WEIGHT}
+        )
         for e in range(n):
             engines[e].emit(
-                "engine_weights", rollout=version - 1, version=version, engine=e, total=total, params={"w": total}
+                "engine_weights",
+                rollout=version - 1,
+                version=version,
+                engine=e,
+                total=combine({"w": loaded}),
+                params={"w": loaded},
             )
     if ending is None:  # SIGKILLed: no run_finished, no log_closed anywhere
         return
@@ -62,9 +69,9 @@ def test_a_completed_session_still_owes_every_report(tmp_path: Path) -> None:
 
 
 def test_wrong_weights_in_a_stopped_session_are_still_reported(tmp_path: Path) -> None:
-    _session(tmp_path, 0, None, loads=1, total=OTHER)  # what engine 0 did load was wrong
+    _session(tmp_path, 0, None, loads=1, loaded=OTHER)  # what engine 0 did load was wrong
     _session(tmp_path, 1, "completed", loads=2)
-    assert any("loaded weights cdcdcdcdcdcd for version" in m for m in _ft102(tmp_path))
+    assert any(f"loaded weights {combine({'w': OTHER})[:12]} for version" in m for m in _ft102(tmp_path))
 
 
 def test_without_the_resume_the_missing_report_is_a_finding(tmp_path: Path) -> None:

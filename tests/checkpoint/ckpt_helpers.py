@@ -53,6 +53,21 @@ def payload(step: int, scale: int = 1, nonfinite: str | None = None, torch_tenso
     )
 
 
+def log_fingerprints(run: Path) -> None:
+    """Log, as a trainer of ``run`` would have, the committed ``state_fingerprint`` of each
+    checkpoint's step (cell 0 rank 0, the manifest's total), so ``verify-checkpoint RUN`` (and
+    ``--resume``) can cross-check the checkpoints with the event log."""
+    import json
+
+    from ftkit.events.writer import EventWriter
+
+    with EventWriter(run / "events", run=run.name, role="trainer", cell=0, rank=0) as w:
+        for d in sorted((run / "checkpoints").glob("step_*")):
+            man = json.loads((d / "MANIFEST.json").read_text())
+            w.emit("state_fingerprint", rollout=man["rollout"] or 0, step=man["step"], attempt=0, cell=0, rank=0,
+                   total=man["state_fingerprint"], params={}, optimizer={})  # fmt: skip
+
+
 def publish(publisher, step: int, metric: float | None = 0.5, at=None, guard=None, **kw):  # noqa: ANN001, ANN201
     """Preflight one rank, agree, publish; returns the Outcome."""
     from ftkit.checkpoint.guard import GuardVerdict

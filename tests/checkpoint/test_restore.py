@@ -10,8 +10,9 @@ import torch
 from ftkit.checkpoint.guard import GuardVerdict
 from ftkit.checkpoint.preflight import agree, preflight
 from ftkit.checkpoint.publish import Publisher
-from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, load, newest_verified, state_payload
+from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, load, state_payload
 from ftkit.checkpoint.retention import RetentionPolicy
+from ftkit.checkpoint.selection import newest_trusted
 from ftkit.errors import InputError
 from ftkit.train.rank_state import fingerprint_state
 
@@ -54,27 +55,27 @@ def test_state_fingerprint_is_the_ranks_total_and_load_is_bitwise(tmp_path) -> N
     assert torch.equal(files[EXTRA]["rng"], state["extra"]["rng"])
 
 
-def test_newest_verified_falls_back_with_a_warning(tmp_path) -> None:
+def test_newest_trusted_falls_back_with_a_warning(tmp_path) -> None:
     pub = Publisher(tmp_path / "checkpoints", RetentionPolicy(keep_last=3))
     for i, step in enumerate((3, 7, 11)):
         _publish(pub, step, seed=i)
     warnings: list[str] = []
-    assert newest_verified(pub.dir, warnings.append) == pub.dir / "step_000011" and warnings == []
+    assert newest_trusted(pub.dir, warnings.append, events=False) == pub.dir / "step_000011" and warnings == []
     target = pub.dir / "step_000011" / OPTIMIZER
     data = bytearray(target.read_bytes())
     data[-1] ^= 0x40
     target.write_bytes(bytes(data))
-    assert newest_verified(pub.dir, warnings.append) == pub.dir / "step_000007"
+    assert newest_trusted(pub.dir, warnings.append, events=False) == pub.dir / "step_000007"
     assert len(warnings) == 1 and "step_000011 does not verify (FT204" in warnings[0]
     with pytest.raises(InputError, match="does not verify"):
         load(pub.dir / "step_000011")
 
 
-def test_newest_verified_reconciles_first_and_handles_nothing(tmp_path) -> None:
+def test_newest_trusted_reconciles_first_and_handles_nothing(tmp_path) -> None:
     pub = Publisher(tmp_path / "checkpoints", RetentionPolicy())
-    assert newest_verified(pub.dir) is None  # no directory at all
+    assert newest_trusted(pub.dir, events=False) is None  # no directory at all
     _publish(pub, 3, seed=0)
     (pub.dir / "step_000007").mkdir()  # renamed but never committed
     warnings: list[str] = []
-    assert newest_verified(pub.dir, warnings.append) == pub.dir / "step_000003"
+    assert newest_trusted(pub.dir, warnings.append, events=False) == pub.dir / "step_000003"
     assert warnings == [f"{pub.dir}: removed step_000007, which was never published"]

@@ -124,7 +124,7 @@ def test_plan_falls_back_and_retires_the_newer_checkpoints(tmp_path: Path) -> No
     """The newest checkpoint does not verify: the plan takes the older one, warns, and retires
     the newer through the journal, so what is left verifies and the resumed session can publish
     that step again (the corrupt one was the best by metric: retention alone would keep it)."""
-    from ckpt_helpers import publish
+    from ckpt_helpers import log_fingerprints, publish
 
     from ftkit.checkpoint.publish import Publisher
     from ftkit.checkpoint.retention import RetentionPolicy, load_records
@@ -134,6 +134,7 @@ def test_plan_falls_back_and_retires_the_newer_checkpoints(tmp_path: Path) -> No
     ck = run / "checkpoints"
     publisher = Publisher(ck, RetentionPolicy(keep_last=2, keep_best=1))
     assert publish(publisher, 3, metric=0.5).published and publish(publisher, 7, metric=0.9).published
+    log_fingerprints(run)
     model = ck / "step_000007" / "model.safetensors"
     model.write_bytes(model.read_bytes()[:-1] + bytes([model.read_bytes()[-1] ^ 1]))
     warnings: list[str] = []
@@ -146,9 +147,9 @@ def test_plan_falls_back_and_retires_the_newer_checkpoints(tmp_path: Path) -> No
 
 
 def test_plan_verifies_the_checkpoint_it_resumes_from_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--resume`` hashes the checkpoint once: ``newest_verified`` verifies it, loading it then
-    does not verify it again (it was verified a moment before)."""
-    from ckpt_helpers import publish
+    """``--resume`` hashes the checkpoint once: ``newest_trusted`` verifies the run (as
+    ``verify-checkpoint RUN`` does), loading the checkpoint then does not verify it again."""
+    from ckpt_helpers import log_fingerprints, publish
 
     import ftkit.checkpoint.verify as verify
     from ftkit.checkpoint.publish import Publisher
@@ -156,6 +157,7 @@ def test_plan_verifies_the_checkpoint_it_resumes_from_once(tmp_path: Path, monke
 
     run = _run_dir(tmp_path)
     assert publish(Publisher(run / "checkpoints", RetentionPolicy()), 3, metric=0.5).published
+    log_fingerprints(run)
     seen: list[str] = []
     real = verify.verify_path
 
@@ -166,4 +168,85 @@ def test_plan_verifies_the_checkpoint_it_resumes_from_once(tmp_path: Path, monke
     monkeypatch.setattr(verify, "verify_path", counted)
     plan = plan_resume(run, TrainConfig(out=run), lambda message: None)
     assert plan.checkpoint is not None and plan.checkpoint.step == 3 and plan.checkpoint.files
-    assert seen == ["step_000003"]
+    assert seen == ["run"]
+
+
+def _published_run(tmp_path: Path, steps: tuple[int, ...] = (3, 7), **update: object) -> Path:
+    """A run directory (``_run_dir``) with checkpoints of ``steps`` written with its config
+    changed by ``update`` (as ``RunCheckpoints`` writes it into meta.json) and their
+    fingerprints in the event log."""
+    from ckpt_helpers import log_fingerprints, payload, publish
+
+    from ftkit.checkpoint.publish import Publisher
+    from ftkit.checkpoint.retention import RetentionPolicy
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run = _run_dir(tmp_path)
+    cfg = resume_config(run, {}).model_copy(update=update)
+    pub = Publisher(run / "checkpoints", RetentionPolicy(keep_last=3, keep_best=1))
+    for step in steps:
+        p = payload(step, scale=1 + ("lr" in update))  # other weights, as another lr trains
+        p.meta.update(seed=cfg.seed, model=cfg.model, config=cfg.model_dump(mode="json"))
+        assert publish(pub, step, payload=p).published
+    log_fingerprints(run)
+    return run
+
+
+def test_resume_skips_a_checkpoint_of_another_config_copied_in_as_the_newest(tmp_path: Path) -> None:
+    """Issue 26 item 9: a same-seed run's checkpoint with another lr copied in place of the newest
+    fails ``verify-checkpoint RUN`` (FT211: not the recorded manifest; FT214: not the logged
+    state); resume skips it with a warning and falls back to the older one that passes."""
+    import shutil
+
+    from ftkit.checkpoint.verify import verify_path
+
+    run = _published_run(tmp_path)
+    other = _published_run(tmp_path / "other", steps=(7,), lr=resume_config(run, {}).lr * 2)
+    new = run / "checkpoints" / "step_000007"
+    shutil.rmtree(new)
+    shutil.copytree(other / "checkpoints" / "step_000007", new)
+    assert {f.code for f in verify_path(run).findings} >= {"FT211", "FT214"}
+    warnings: list[str] = []
+    plan = plan_resume(run, resume_config(run, {}), warnings.append)
+    assert plan.checkpoint is not None and plan.checkpoint.step == 3
+    assert "step_000007 does not verify (FT21" in warnings[0]
+
+
+def test_resume_skips_a_checkpoint_whose_config_is_not_this_runs(tmp_path: Path) -> None:
+    """Issue 26 item 9, the config part: checkpoints that verify, recorded and logged, but were
+    written with another result-determining value (lr) are skipped."""
+    run = _published_run(tmp_path, lr=TrainConfig().lr * 2)
+    warnings: list[str] = []
+    plan = plan_resume(run, resume_config(run, {}), warnings.append)
+    assert plan.checkpoint is None
+    assert "step_000007 does not verify (written with lr" in warnings[0]
+    assert "no checkpoint verifies" in " ".join(warnings)
+
+
+def test_resume_skips_a_checkpoint_that_verifies_alone_but_not_within_the_run(tmp_path: Path) -> None:
+    """Issue 26 item 10: MANIFEST ``rollout`` edited (7 -> 6 in the issue): the checkpoint still
+    verifies alone, not within the run (its retention record holds another manifest sha256);
+    resume takes the older one instead of failing on every try."""
+    from ftkit.checkpoint.verify import verify_path
+
+    run = _published_run(tmp_path)
+    path = run / "checkpoints" / "step_000007" / "MANIFEST.json"
+    doc = json.loads(path.read_text())
+    doc["rollout"] -= 1
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    assert [f.code for f in verify_path(path.parent).findings if f.severity.value == "error"] == []
+    assert "FT211" in {f.code for f in verify_path(run).findings}
+    warnings: list[str] = []
+    plan = plan_resume(run, resume_config(run, {}), warnings.append)
+    assert plan.checkpoint is not None and plan.checkpoint.step == 3
+    assert "step_000007 does not verify (FT211" in warnings[0]
+
+
+def test_resume_refuses_checkpoints_without_the_runs_event_log(tmp_path: Path) -> None:
+    """The run's log is part of the verification: without it, nothing can be trusted (exit 2)."""
+    import shutil
+
+    run = _published_run(tmp_path)
+    shutil.rmtree(run / "events")
+    with pytest.raises(ConfigError, match="no event log"):
+        plan_resume(run, resume_config(run, {}), lambda message: None)

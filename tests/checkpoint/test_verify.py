@@ -16,6 +16,7 @@ import pytest
 from ckpt_helpers import payload, publish
 
 from ftkit import cli
+from ftkit.analysis.engine import analyze_paths
 from ftkit.checkpoint import manifest as mf
 from ftkit.checkpoint.guard import GuardVerdict
 from ftkit.checkpoint.publish import Publisher
@@ -31,8 +32,12 @@ STEPS = (3, 7, 11)
 def template(tmp_path_factory) -> Path:
     """A run directory: three published checkpoints and an event log that matches them."""
     run = tmp_path_factory.mktemp("tpl") / "run"
-    pub = Publisher(run / "checkpoints", RetentionPolicy(keep_last=3, keep_best=1))
-    with EventWriter(run / "events", run="run", role="trainer", cell=0, rank=0) as w:
+    with (
+        EventWriter(run / "events", run="run", role="trainer", cell=0, rank=0) as w,
+        EventWriter(run / "events", run="run", role="driver") as driver,
+    ):
+        pub = Publisher(run / "checkpoints", RetentionPolicy(keep_last=3, keep_best=1),
+                        on_event=lambda t, fields: driver.emit(t, **fields))  # fmt: skip
         for i, step in enumerate(STEPS):
             out = publish(pub, step, metric=0.1 * i, guard=GuardVerdict(step - 3, step, False))
             man = json.loads((out.path / "MANIFEST.json").read_text())
@@ -288,6 +293,32 @@ def test_ft213_journal(run, text) -> None:
     assert codes(run / "checkpoints") == {"FT213"}
 
 
+@pytest.mark.parametrize(
+    "edit",
+    ["rename publish", "rename latest", "rename outcome", "rename cleanup_failures", "latest absent",
+     "outcome", "failures", "extra"],
+)  # fmt: skip
+def test_ft213_finished_journal_contents(run, edit) -> None:
+    """Issue 26 item 8: a finished journal holds exactly what ``finish`` writes, and its latest is
+    the newest recorded checkpoint."""
+    path = run / "checkpoints" / "journal.json"
+    doc = json.loads(path.read_text())
+    assert doc["state"] == "done" and codes(run / "checkpoints") == set()
+    if edit.startswith("rename "):
+        key = edit.split()[1]
+        doc[key + "s"] = doc.pop(key)
+    elif edit == "latest absent":
+        doc["latest"] = "step_010015"
+    elif edit == "outcome":
+        doc["outcome"] = "maybe"
+    elif edit == "failures":
+        doc["cleanup_failures"] = [{"name": "step_000003"}]
+    else:
+        doc["note"] = "x"
+    path.write_text(json.dumps(doc))
+    assert codes(run / "checkpoints") == {"FT213"}
+
+
 def test_ft216_failed_deletion_is_a_warning(run) -> None:
     path = run / "checkpoints" / "journal.json"
     doc = json.loads(path.read_text())
@@ -383,3 +414,79 @@ def test_analyzer_counts_a_closed_publication_as_recovery(tmp_path) -> None:
         w.emit("fault_injected", kind="sigkill", point="before_forward", cell=0, rank=0, rollout=3, step=6)
     rows = analyze_paths([tmp_path / "events"]).recovery
     assert [(r["point"], r["recovered_by"]) for r in rows] == [("publish_write", "rejected"), ("before_forward", None)]
+
+
+def _within(seconds: float, fifo: Path, fn):  # noqa: ANN001, ANN202
+    """``fn()`` in a thread; if it is still running after ``seconds`` (blocked on ``fifo``), open
+    the FIFO's write end to release it and fail the test."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        t.join(10)
+        pytest.fail(f"blocked on the FIFO {fifo.name} for {seconds} s")
+    return out[0]
+
+
+@pytest.mark.parametrize(
+    ("where", "code"),
+    [("checkpoints/step_000007/MANIFEST.json", "FT202"), ("checkpoints/journal.json", "FT213"),
+     ("checkpoints/retention.json", "FT211")],
+)  # fmt: skip
+def test_a_fifo_in_place_of_a_bookkeeping_file_is_a_finding_not_a_hang(run, where, code) -> None:
+    """Issue 26 item 5: bookkeeping files get the special-file checks of payload files."""
+    path = run / where
+    path.unlink()
+    os.mkfifo(path)
+    found = _within(20, path, lambda: verify_path(run).findings)
+    assert any(f.code == code and "FIFO" in f.message for f in found), [(f.code, f.message) for f in found]
+
+
+def test_a_symlinked_manifest_is_refused(run, tmp_path) -> None:
+    """Issue 26 item 6: a MANIFEST.json symlinked to an identical copy outside the checkpoint."""
+    path = ck(run) / "MANIFEST.json"
+    copy = tmp_path / "elsewhere.json"
+    shutil.copy(path, copy)
+    path.unlink()
+    os.symlink(copy, path)
+    found = verify_path(run).findings
+    assert any(f.code == "FT202" and "symbolic link" in f.message for f in found)
+    assert codes(ck(run)) >= {"FT202"}
+
+
+def test_dump_from_a_checkpoint_with_a_symlinked_manifest_is_refused(run, tmp_path, capsys) -> None:
+    """Issue 26 item 6: ``dump --from-checkpoint`` verifies the checkpoint first, and refuses the link."""
+    path = ck(run) / "MANIFEST.json"
+    copy = tmp_path / "elsewhere.json"
+    shutil.copy(path, copy)
+    path.unlink()
+    os.symlink(copy, path)
+    args = ["dump", "--from-checkpoint", str(ck(run)), "--rollout", "2", "--out", str(tmp_path / "replay")]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "does not verify: FT202" in err and "symbolic link" in err
+
+
+def test_ft214_manifest_sha256_of_the_publication_differs(run) -> None:
+    """Issue 26 item 7: the log's checkpoint_published.manifest_sha256 is checked against the manifest."""
+    path = next((run / "events").glob("driver-*.jsonl"))
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        ev = json.loads(line)
+        if ev["type"] == "checkpoint_published" and ev["step"] == 7:
+            sha = ev["manifest_sha256"]
+            ev["manifest_sha256"] = ("0" if sha[0] != "0" else "1") + sha[1:]
+            lines[i] = json.dumps(ev)
+    path.write_text("\n".join(lines) + "\n")
+    found = verify_path(run).findings
+    assert [f.code for f in found] == ["FT214"] and "checkpoint_published" in found[0].message
+    ft110 = [f.message for f in analyze_paths([run / "events"], select=["FT110"]).findings]
+    assert len(ft110) == 1 and "step_000007/MANIFEST.json has sha256" in ft110[0]
+
+
+def test_analyzer_finds_no_manifest_problem_in_a_clean_run(run) -> None:
+    assert analyze_paths([run / "events"], select=["FT110"]).findings == []

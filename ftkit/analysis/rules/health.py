@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from ftkit.analysis.registry import Rule, register
 from ftkit.findings import Severity
+from ftkit.tensors.untrusted import NotRegular, read_regular
 
 _isfinite = math.isfinite
 
@@ -48,7 +52,9 @@ class CheckpointUntrusted(Rule):
     name = "checkpoint-untrusted"
     description = (
         "a checkpoint was published although a grad_nonfinite or a non-finite metric falls in its "
-        "guard interval, its metric is non-finite, or its guard interval stops short of its step"
+        "guard interval, its metric is non-finite, or its guard interval stops short of its step; "
+        "for a log in a run directory, a published checkpoint still there whose MANIFEST.json is not "
+        "the one the publication logged (manifest_sha256)"
     )
     fix = "the non-finite guard must veto publication for the whole interval since the previous checkpoint"
     events = ("metric", "grad_nonfinite", "checkpoint_published")
@@ -72,6 +78,12 @@ class CheckpointUntrusted(Rule):
 
     def finish(self) -> None:
         bad_steps = sorted(self.bad)
+        latest = {Path(ev["path"]).name: (ev, where) for ev, where in self.published}  # later sessions win
+        for ev, where in latest.values():
+            self.check()
+            problem = _manifest_problem(ev, where)
+            if problem is not None:
+                self.report(f"checkpoint {ev['kind']} at step {ev['step']}: {problem}", step=ev["step"], where=where)
         for ev, where in self.published:
             self.check()
             lo, hi = ev["guard_from_step"], ev["guard_to_step"]
@@ -95,3 +107,29 @@ class CheckpointUntrusted(Rule):
                     step=ev["step"],
                     where=where,
                 )
+
+
+def _manifest_problem(ev: dict[str, Any], where: tuple[str, int]) -> str | None:
+    """What is wrong with the manifest of a ``checkpoint_published`` when the log lies in a run
+    directory (``RUN/events/``) whose ``checkpoints/`` still holds the checkpoint: its
+    ``MANIFEST.json`` is not a regular file, or its sha256 is not the logged ``manifest_sha256``.
+    None when it agrees or cannot be looked at (a log elsewhere, a checkpoint retention dropped)."""
+    log = Path(where[0]).parent
+    name = Path(ev["path"]).name
+    if log.name != "events" or name in ("", ".", "..") or name.startswith("."):
+        return None
+    manifest = log.parent / "checkpoints" / name / "MANIFEST.json"
+    if not os.path.lexists(manifest):
+        return None
+    try:
+        sha = hashlib.sha256(read_regular(manifest)).hexdigest()
+    except NotRegular as exc:
+        return f"{name}/{exc}"
+    except OSError as exc:
+        return f"{name}/MANIFEST.json is unreadable ({exc.strerror or exc})"
+    if sha != ev["manifest_sha256"]:
+        return (
+            f"the log says {name}/MANIFEST.json has sha256 {ev['manifest_sha256'][:16]}..., "
+            f"the one in {log.parent / 'checkpoints'} has {sha[:16]}..."
+        )
+    return None
