@@ -85,11 +85,12 @@ out.textContent=f+'x';});})();
 
 
 def write_report(path: Path, paths: Iterable[str | os.PathLike[str]], result: AnalysisResult, outcome: str) -> None:
-    """Build the timeline of the logs under ``paths`` (a second streaming pass) and write the
-    page for ``result`` to ``path`` atomically."""
+    """Build the timeline of the logs under ``paths`` (a second streaming pass, read the way the
+    analyzer read them) and write the page for ``result`` to ``path`` atomically."""
     from ftkit.analysis.timeline import build_timeline
 
-    write_page(path, render_timeline_html(build_timeline(paths), result, outcome))
+    timeline = build_timeline(paths, per_process=result.stats.get("read_as") == "per-process")
+    write_page(path, render_timeline_html(timeline, result, outcome))
 
 
 def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str) -> str:
