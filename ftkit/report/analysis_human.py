@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ftkit.analysis.engine import AnalysisResult
-from ftkit.report.analysis_formats import RECOVERY_COLUMNS, _cell, verdict_line
+from ftkit.report.analysis_text import RECOVERY_COLUMNS, recovery_cell, verdict_line
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_FINDINGS = 100
@@ -68,7 +68,7 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         for col in RECOVERY_COLUMNS:
             rec.add_column(col, justify="left" if col in ("kind", "recovered_by") else "right")
         for row in result.recovery:
-            cells = [_cell(row.get(c)) for c in RECOVERY_COLUMNS]
+            cells = [recovery_cell(row.get(c)) for c in RECOVERY_COLUMNS]
             lost = row.get("samples_lost")
             if lost:
                 cells[RECOVERY_COLUMNS.index("samples_lost")] = f"[bold red]{lost}[/bold red]"

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.dumps.metrics import Metrics
+from ftkit.dumps.compare import CompareResult
 from ftkit.findings import Finding, sort_findings
+from ftkit.report.compare_rank import metrics, worst
 from ftkit.report.emit import Report
 from ftkit.report.escaping import md_text
 from ftkit.report.github import markdown_table
@@ -29,21 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
 SUITE = "ftkit.compare-dumps"
-
-
-def worst(result: CompareResult, n: int) -> list[PairResult]:
-    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel.
-    Each has metrics (read them with ``compared``)."""
-    ranked = [p for p in result.pairs if p.metrics is not None and not p.metrics.bitwise_equal]
-    ranked.sort(key=lambda p: (not p.failed, -metrics(p).dissimilarity, -metrics(p).max_rel, -metrics(p).max_abs))
-    return ranked[:n]
-
-
-def metrics(p: PairResult) -> Metrics:
-    """The metrics of a compared pair (every pair ``worst`` returns has them)."""
-    if p.metrics is None:
-        raise ValueError(f"{p.id} was not compared")
-    return p.metrics
 
 
 def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from ftkit.dumps.compare import CompareResult, PairResult
 from ftkit.findings import sort_findings
-from ftkit.report.compare_formats import metrics, worst
+from ftkit.report.compare_rank import metrics, worst
 
 MAX_FINDINGS = 40
 _STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}

@@ -26,7 +26,7 @@ from typing import Any
 
 from ftkit.dumps.compare import CompareResult
 from ftkit.findings import sort_findings
-from ftkit.report.compare_formats import worst
+from ftkit.report.compare_rank import worst
 from ftkit.report.heatmap import METRICS, Cell, Heatmap, heatmap
 from ftkit.report.html_page import finding_list, kv, legend, num, page, table
 

@@ -1,0 +1,43 @@
+"""Plain-text pieces shared by every rendering of an ``AnalysisResult``: the verdict line and
+the recovery table's columns and cells (``analysis_formats`` and ``analysis_human`` both use them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftkit.analysis.engine import AnalysisResult
+
+RECOVERY_COLUMNS = (
+    "index",
+    "kind",
+    "cell",
+    "engine",
+    "step",
+    "detect_s",
+    "reconfigure_s",
+    "next_commit_s",
+    "heal_s",
+    "heal_bytes",
+    "steps_discarded",
+    "samples_lost",
+    "recovered_by",
+)
+
+
+def recovery_cell(value: Any) -> str:
+    """A recovery-table cell: ``-`` for None, 3 decimals for floats."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def verdict_line(result: AnalysisResult, outcome: str) -> str:
+    """``PASS: 0 finding(s) (...) in N events from M file(s)``."""
+    counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("error", "warning", "info")}
+    total = sum(r.findings for r in result.rules)
+    return (
+        f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
+        f"in {result.stats['events']} events from {result.stats['files']} file(s)"
+    )
