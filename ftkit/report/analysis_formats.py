@@ -57,8 +57,8 @@ def step_summary(result: AnalysisResult, outcome: str) -> str:
         md_text(verdict_line(result, outcome)),
         "",
         markdown_table(
-            ["code", "rule", "severity", "checked", "findings"],
-            [(r.code, r.rule, r.severity.value, r.checked, r.findings) for r in result.rules],
+            ["code", "rule", "severity", "checked", "findings", "status"],
+            [(r.code, r.rule, r.severity.value, r.checked, r.findings, r.status) for r in result.rules],
         ),
     ]
     if result.findings:

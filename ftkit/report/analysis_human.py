@@ -47,8 +47,12 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
     ):
         rules.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in result.rules:
-        style = _STYLE[r.severity.value] if r.findings else "green"
-        rules.add_row(r.code, r.rule, r.severity.value, str(r.checked), f"[{style}]{r.findings}[/{style}]")
+        if r.status == "not run":
+            shown = "[dim]not run[/dim]"
+        else:
+            style = _STYLE[r.severity.value] if r.findings else "green"
+            shown = f"[{style}]{r.findings}[/{style}]"
+        rules.add_row(r.code, r.rule, r.severity.value, str(r.checked), shown)
     console.print(rules)
 
     if result.findings:

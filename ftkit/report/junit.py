@@ -4,7 +4,7 @@ CI systems display these natively. The suite name is the command (``ftkit.analyz
 The document is well-formed for any input: every name, message and evidence value passes
 through ``xml_text`` (characters XML 1.0 cannot hold become visible escapes) and the XML
 writer escapes markup. It follows the common JUnit schema (``testsuites > testsuite >
-testcase > failure``, with ``tests``/``failures``/``errors``/``skipped`` counts).
+testcase > failure | skipped``, with ``tests``/``failures``/``errors``/``skipped`` counts).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from ftkit.findings import Finding, RuleSummary
 from ftkit.report.escaping import xml_text
 from ftkit.report.report_file import write_report_file
 
+NOT_RUN = "not run: the rule checked 0 items (the input holds no evidence it applies to)"
+
 
 @dataclass
 class Failure:
@@ -33,6 +35,7 @@ class Case:
     classname: str
     name: str
     failures: list[Failure] = field(default_factory=list)
+    skipped: str | None = None  # why the case did not run (JUnit ``<skipped message=...>``)
 
 
 def finding_failure(f: Finding) -> Failure:
@@ -44,12 +47,21 @@ def finding_failure(f: Finding) -> Failure:
 
 
 def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Finding]) -> list[Case]:
-    """One case per rule, failing with each of its findings; findings of codes without a rule
+    """One case per rule, failing with each of its findings, skipped when the rule checked nothing
+    (``RuleSummary.status`` "not run": no evidence is not a pass); findings of codes without a rule
     summary get a case of their own, so nothing is dropped."""
     by_code: dict[str, list[Finding]] = {}
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
-    cases = [Case(suite, f"{r.code} {r.rule}", [finding_failure(f) for f in by_code.pop(r.code, [])]) for r in rules]
+    cases = [
+        Case(
+            suite,
+            f"{r.code} {r.rule}",
+            [finding_failure(f) for f in by_code.pop(r.code, [])],
+            NOT_RUN if r.status == "not run" else None,
+        )
+        for r in rules
+    ]
     cases += [Case(suite, f"{code} {fs[0].rule}", [finding_failure(f) for f in fs]) for code, fs in by_code.items()]
     return cases
 
@@ -65,10 +77,12 @@ def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case])
         tests=str(len(cases)),
         failures=str(sum(1 for c in cases if c.failures)),
         errors="0",
-        skipped="0",
+        skipped=str(sum(1 for c in cases if c.skipped is not None and not c.failures)),
     )
     for case in cases:
         tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name))
+        if case.skipped is not None and not case.failures:
+            ET.SubElement(tc, "skipped", message=xml_text(case.skipped))
         for fail in case.failures:
             el = ET.SubElement(tc, "failure", message=xml_text(fail.message), type=xml_text(fail.type))
             el.text = xml_text(fail.text) if fail.text else None

@@ -301,6 +301,9 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}s"
 
 
+_RULE_CLASS = {"failed": "fail", "passed": "pass", "not run": "muted"}
+
+
 def _rules(result: AnalysisResult) -> str:
     rows = [
         (
@@ -308,7 +311,7 @@ def _rules(result: AnalysisResult) -> str:
             escape(r.rule),
             f"<span class='sev-{r.severity.value}'>{r.severity.value}</span>",
             f"<span class='num'>{r.checked}</span>",
-            f"<span class='{'fail' if r.findings else 'pass'}'>{r.findings}</span>",
+            f"<span class='{_RULE_CLASS[r.status]}'>{r.findings if r.status != 'not run' else 'not run'}</span>",
             escape(r.description),
         )
         for r in result.rules
