@@ -145,3 +145,8 @@ def test_junit_any_unicode_text(text: str) -> None:
 def test_terminal_escaping_keeps_text_and_shows_controls() -> None:
     assert escaping.terminal("a\x1b[31mb\tc\nd\u202e") == "a\\x1b[31mb\tc\nd\\u202e"
     assert escaping.terminal("plain é 名") == "plain é 名"
+
+
+def test_one_line_and_literal_keep_names_on_their_line() -> None:
+    assert escaping.one_line("a\n::error::x\r\tb\x1b") == "a\\n::error::x\\x0d\\tb\\x1b"
+    assert escaping.literal("[bold]x[/bold] :warning:") == "\\[bold]x\\[/bold] :warning:"
