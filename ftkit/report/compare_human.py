@@ -6,8 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.findings import sort_findings
-from ftkit.report.compare_rank import metrics, worst
+from ftkit.report.compare_rank import metrics, ordered_findings, worst
 from ftkit.report.escaping import literal
 
 MAX_FINDINGS = 40
@@ -69,7 +68,7 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
                 literal(_location(p)),
             )
         console.print(table)
-    findings = [f for f in sort_findings(result.findings) if f.code != "CD001"]  # CD001s are the table above
+    findings = [f for f in ordered_findings(result) if f.code != "CD001"]  # CD001s are the table above
     if findings:
         console.print()
         console.print("[bold]Findings[/bold]")

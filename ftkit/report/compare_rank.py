@@ -1,10 +1,14 @@
-"""Which compared tensors ``compare-dumps`` shows as the most different (every rendering of a
-``CompareResult`` uses the same ranking: human, JSON, step summary, HTML)."""
+"""The orders every rendering of a ``CompareResult`` shares (human, JSON, GitHub, JUnit, step
+summary, HTML): which compared tensors are the most different (``worst``) and in which order
+findings are shown (``ordered_findings``: the cause before its consequences)."""
 
 from __future__ import annotations
 
 from ftkit.dumps.compare import CompareResult, PairResult
 from ftkit.dumps.metrics import Metrics
+from ftkit.findings import Finding, sort_findings
+
+CAUSES = frozenset({"CD012"})  # the runs' configs differ: the tensor findings follow from it
 
 
 def worst(result: CompareResult, n: int) -> list[PairResult]:
@@ -20,3 +24,17 @@ def metrics(p: PairResult) -> Metrics:
     if p.metrics is None:
         raise ValueError(f"{p.id} was not compared")
     return p.metrics
+
+
+def ordered_findings(result: CompareResult) -> list[Finding]:
+    """The findings, causes first: config differences (``CAUSES``), then the findings of the first
+    divergence (capture order), then the rest most severe first (``sort_findings``). So a CI
+    format that shows only the first N (GitHub's annotation budget) shows the cause."""
+    first = result.first_divergence.id if result.first_divergence is not None else None
+
+    def rank(f: Finding) -> int:
+        if f.code in CAUSES:
+            return 0
+        return 1 if first is not None and f.evidence.get("tensor") == first else 2
+
+    return sorted(sort_findings(result.findings), key=rank)
