@@ -127,8 +127,12 @@ def register(app: typer.Typer) -> None:
             _from_checkpoint(path, from_checkpoint, rollout, out_dir, tp, pp, Output(Format(fmt.value)))
         offline = {"--rollout": rollout, "--out": out_dir, "--tp": tp, "--pp": pp}
         if any(v is not None for v in offline.values()):
-            given = ", ".join(k for k, v in offline.items() if v is not None)
-            raise UsageError(f"{given} only apply with --from-checkpoint", "drop them to inspect PATH")
+            given = [k for k, v in offline.items() if v is not None]
+            verb = "applies" if len(given) == 1 else "apply"
+            raise UsageError(
+                f"{', '.join(given)} {verb} only with --from-checkpoint",
+                "drop it to inspect PATH" if len(given) == 1 else "drop them to inspect PATH",
+            )
 
         if filter_ is not None:
             try:

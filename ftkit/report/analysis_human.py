@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ftkit.analysis.engine import AnalysisResult
-from ftkit.report.analysis_text import RECOVERY_COLUMNS, recovery_cell, verdict_line
+from ftkit.report.analysis_text import RECOVERY_COLUMNS, plural, recovery_cell, verdict_line
 from ftkit.report.escaping import literal
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -19,14 +19,17 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
     s = result.stats
     runs = ", ".join(s["runs"]) or "?"
     layout = (
-        f"{s['cells']} cells x tp{s['tp']} x pp{s['pp']}, {s['engines']} engines" if s["cells"] else "layout unknown"
+        f"{plural(s['cells'], 'cell')} x tp{s['tp']} x pp{s['pp']}, {plural(s['engines'], 'engine')}"
+        if s["cells"]
+        else "layout unknown"
     )
     duration = f"{s['duration_s']:.1f}s" if s["duration_s"] is not None else "-"
     console.print(
         f"[bold]Run[/bold] {literal(runs)}: {literal(layout)}; status {literal(s['status'] or 'unknown')}; "
         f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts; "
-        f"{s['faults']} faults, {s['heals']} heals, {s.get('engine_restarts', 0)} engine restarts; "
-        f"{s['events']} events in {s['files']} files; "
+        f"{plural(s['faults'], 'fault')}, {plural(s['heals'], 'heal')}, "
+        f"{plural(s.get('engine_restarts', 0), 'engine restart')}; "
+        f"{plural(s['events'], 'event')} in {plural(s['files'], 'file')}; "
         f"{duration} logged"
     )
     placed = s.get("placement")

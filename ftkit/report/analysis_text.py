@@ -44,3 +44,10 @@ def verdict_line(result: AnalysisResult, outcome: str) -> str:
         f"in {result.stats['events']} events from {result.stats['files']} file(s)"
         + (f"; {len(not_run)} rule(s) not run (checked nothing): {', '.join(not_run)}" if not_run else "")
     )
+
+
+def plural(n: object, word: str) -> str:
+    """``1 engine``, ``2 engines``, ``None engines`` -> ``? engines`` (counts from a log may be absent)."""
+    if n is None:
+        return f"? {word}s"
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -225,3 +225,10 @@ def test_a_rule_that_checked_nothing_is_not_run_in_every_format(capsys, tmp_path
     code, out, _ = _run(capsys, "analyze-events", events, "-f", "github")
     assert f"not run (checked nothing): {', '.join(not_run)}" in out
     assert r"| FT107 | heal\-unverified | error | 0 | 0 | not run |" in summary.read_text()
+
+
+def test_counts_in_the_summary_are_worded_for_one(capsys, tmp_path):
+    generate(tmp_path, SyntheticSpec(cells=1, engines=1, rollouts=1, steps_per_rollout=2, faults=0))
+    code, out, _ = _run(capsys, "analyze-events", str(tmp_path / "events"))
+    assert "Run synthetic: 1 cell x tp1 x pp1, 1 engine; " in out and "0 faults, 0 heals" in out
+    assert " 1 cells" not in out and " 1 engines" not in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 import xml.etree.ElementTree as ET
 
@@ -226,3 +227,11 @@ def test_every_format_puts_the_cause_first(tmp_path, capsys, monkeypatch):
     assert md.index("configs differ") < md.index("| tensors |") < md.index("First divergence")
     cases = ET.parse(junit).getroot().findall("testsuite/testcase")
     assert cases[0].find("failure").get("message").startswith("CD012") and cases[1].get("name") == first
+
+
+def test_kinds_that_cannot_be_compared_are_named_in_words(trees, tmp_path, capsys):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    shutil.copy(next((trees / "a").rglob("*.safetensors")), plain / "x.safetensors")
+    code, _, err = _run(capsys, trees / "a", plain)
+    assert code == 2 and "cannot compare a dump directory (" in err and "with a directory of .safetensors files" in err
