@@ -8,7 +8,7 @@ _ftkit() {
     'compare-dumps:Compare two runs tensor by tensor and report where they first diverge.'
     'analyze-events:Replay a run'\''s event log and apply the forensic rules (FT101-FT113).'
     'analyze:Alias of analyze-events.'
-    'verify-checkpoint:Verify checkpoints, failing closed (rules FT201-FT217, docs/checkpoints.md).'
+    'verify-checkpoint:Verify checkpoints, failing closed (rules FT201-FT218, docs/checkpoints.md).'
   )
   _arguments -C \
     '(--version)'--version'[Print the version and exit.]' \

@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
 
 from ftkit import __version__, hard_exit
 from ftkit.errors import FtkitError
-from ftkit.report.escaping import terminal
+from ftkit.report.escaping import one_line
 from ftkit.report.sink import OutputClosed, guard_stdout
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -94,14 +94,10 @@ def _error(message: str, hint: str | None = None) -> None:
     tensor names) cannot break the lines or reach the terminal as control sequences. A stderr
     that is gone (a hung-up terminal, a closed pipe) loses the lines, not the exit code."""
     with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"Error: {_one_line(message)}\n")
+        sys.stderr.write(f"Error: {one_line(message)}\n")
         if hint:
-            sys.stderr.write(f"Hint: {_one_line(hint)}\n")
+            sys.stderr.write(f"Hint: {one_line(hint)}\n")
         sys.stderr.flush()
-
-
-def _one_line(text: str) -> str:
-    return terminal(text).replace("\n", "\\n").replace("\t", " ")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,8 @@ a ``severity``, a one-line ``message``, ``evidence`` (which cells, ranks, rollou
 tensors, files, lines) and ``fix``: the rule's "how to fix" line (empty when the producer has
 none). ``Finding.where()`` is the location a reader should open (``file:line`` or a path).
 A *rule summary* says how many things a rule checked and how many findings it produced, so a
-report can show that a rule ran and found nothing (as opposed to not running at all).
+report can show that a rule ran and found nothing (as opposed to not running at all: a rule
+that checked nothing is ``not run`` in every format, never passed).
 
 ``verdict`` maps findings to the command's outcome for a ``--fail-on`` threshold.
 ``RuleTable`` is a command's table of codes (``compare-dumps``' CDxxx, ``verify-checkpoint``'s
@@ -117,6 +118,19 @@ class RuleSummary(_Model):
 
     def __post_init__(self) -> None:
         self.severity = Severity(self.severity)
+
+    @property
+    def status(self) -> str:
+        """``failed`` (it made findings), ``passed`` (it checked something and found nothing) or
+        ``not run`` (it checked nothing: no evidence either way, never shown as passed; JUnit's
+        ``skipped``)."""
+        if self.findings:
+            return "failed"
+        return "passed" if self.checked else "not run"
+
+    def model_dump(self, mode: str = "python") -> dict[str, Any]:
+        """The fields plus ``status``."""
+        return {**super().model_dump(mode), "status": self.status}
 
 
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:

@@ -217,7 +217,15 @@ OUTPUT_CONTRACT = """## Output of the reporting commands
 `--junit-xml PATH` (and `--html FILE` of compare-dumps) also write a report file; the path's
 directory must exist and be writable, which is checked while the command line is parsed
 (exit 2 before any work). The JUnit XML is well-formed for any input (characters XML cannot
-hold become visible escapes). Progress bars go to stderr, in human mode, when stderr is a
+hold become visible escapes) and valid for Ant/Jenkins- and Surefire-style readers: every
+test case has a `time`, holds at most one `<failure>` (several findings of one case are one
+failure that counts the rest) or one `<skipped>` (a rule that checked nothing), and the
+`tests`/`failures`/`skipped` counts equal those elements. In the human output every name
+from an input (tensor, file, run, host) is printed literally and on one line: control
+characters (line feeds included) become visible escapes such as `\\n` and `\\x1b`, Rich markup
+(`[bold]`) and emoji codes (`:warning:`) stay text, so no name can start a line that a log
+reader acts on (a GitHub runner turns a plain-log line starting with `::` into an
+annotation). Progress bars go to stderr, in human mode, when stderr is a
 terminal or `FTKIT_PROGRESS=1`. While a command runs, anything that is not its data (Ray's
 and other libraries' messages, their child processes' output) goes to stderr.
 """

@@ -88,7 +88,8 @@ def all_rules() -> dict[str, type[Rule]]:
 
 
 def select_rules(select: list[str] | None = None, skip: list[str] | None = None) -> list[type[Rule]]:
-    """The rules to run: ``select`` (default all) minus ``skip``; unknown codes are a UsageError."""
+    """The rules to run: ``select`` (default all) minus ``skip``; unknown codes, and a selection
+    that leaves no rule (nothing would be checked: never a pass), are a UsageError."""
     rules = all_rules()
     wanted = [c.strip().upper() for c in (select or [])]
     skipped = [c.strip().upper() for c in (skip or [])]
@@ -96,4 +97,10 @@ def select_rules(select: list[str] | None = None, skip: list[str] | None = None)
     if unknown:
         raise UsageError(f"unknown rule code(s): {', '.join(unknown)}", f"known rules: {', '.join(rules)}")
     codes = wanted or list(rules)
-    return [rules[c] for c in sorted(set(codes)) if c not in skipped]
+    chosen = [rules[c] for c in sorted(set(codes)) if c not in skipped]
+    if not chosen:
+        raise UsageError(
+            "the rule selection leaves no rule to run (every selected rule is skipped)",
+            "drop a --skip-rule, or --rule a code that is not skipped",
+        )
+    return chosen

@@ -33,11 +33,12 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ftkit.analysis.timeline_model import Interval, Marker, StepBin, Timeline, add_stat
-from ftkit.events.reader import EventStream, discover
+from ftkit.events.demux import DemuxStream
+from ftkit.events.reader import STDIN, EventStream, discover
 from ftkit.events.schema import DEAD_STATES
 
 MAX_BINS = 512
@@ -51,8 +52,8 @@ _STATE = {"errored": "failed"}  # schema-1 logs said errored where the driver no
 class _Builder:
     """Folds events into a :class:`Timeline`; one instance per pass."""
 
-    def __init__(self, files: list[str]) -> None:
-        self.files = files
+    def __init__(self, locate: Callable[[int, int], tuple[str, int]]) -> None:
+        self.locate = locate
         self.tl = Timeline()
         self.bins: dict[int, StepBin] = {}  # bin index -> bin
         self.open: dict[tuple[int, int], list[Any]] = {}  # (step, attempt) -> [t0, t1, committed?, marked?]
@@ -162,10 +163,8 @@ class _Builder:
             return
         else:
             self.kinds[kind] += 1
-        fi, line = self.where
-        self.tl.markers.append(
-            Marker(kind, t, lane, label, self.files[fi], line, step if isinstance(step, int) else None)
-        )
+        file, line = self.locate(*self.where)
+        self.tl.markers.append(Marker(kind, t, lane, label, file, line, step if isinstance(step, int) else None))
 
     def finish(self) -> Timeline:
         tl = self.tl
@@ -311,15 +310,30 @@ def _bytes(n: int) -> str:
     return f"{n} B"
 
 
-def build_timeline(paths: Iterable[str | os.PathLike[str]]) -> Timeline:
+def build_timeline(paths: Iterable[str | os.PathLike[str]], per_process: bool = True) -> Timeline:
     """The timeline of the logs under ``paths`` (same inputs as ``analyze_paths``; unreadable
     paths raise ``InputError``). Lines that do not decode are skipped here: the analyzer
-    reports them as findings."""
+    reports them as findings.
+
+    The events are folded in the order the analyzer replays them, so the timeline is a function
+    of the set of lines, not of their arrangement: ``per_process`` (each file one process's
+    incarnation, ``seq`` rising: what ``analyze_paths`` found, ``stats["read_as"] ==
+    "per-process"``) merges the files by time; otherwise the lines are demultiplexed by source
+    first (``ftkit.events.demux``), which yields the same events in the same order."""
     files = discover(paths)
-    builder = _Builder([str(p) for p in files])
-    stream = EventStream(files, lambda *issue: None)
+    stream: EventStream | DemuxStream = (
+        EventStream(files, _ignore) if per_process and STDIN not in files else DemuxStream(files, _ignore)
+    )
+    builder = _Builder(stream.locate)
     feed = builder.feed
-    for event, fi, line in stream.events():
-        if event is not None:
-            feed(event, fi, line)
+    try:
+        for event, index, loc in stream.events():
+            if event is not None:
+                feed(event, index, loc)
+    finally:
+        stream.close()
     return builder.finish()
+
+
+def _ignore(file: str, line: int, kind: str, message: str) -> None:
+    """Issues of the input are the analyzer's findings; the timeline skips those lines."""

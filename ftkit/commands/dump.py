@@ -127,8 +127,12 @@ def register(app: typer.Typer) -> None:
             _from_checkpoint(path, from_checkpoint, rollout, out_dir, tp, pp, Output(Format(fmt.value)))
         offline = {"--rollout": rollout, "--out": out_dir, "--tp": tp, "--pp": pp}
         if any(v is not None for v in offline.values()):
-            given = ", ".join(k for k, v in offline.items() if v is not None)
-            raise UsageError(f"{given} only apply with --from-checkpoint", "drop them to inspect PATH")
+            given = [k for k, v in offline.items() if v is not None]
+            verb = "applies" if len(given) == 1 else "apply"
+            raise UsageError(
+                f"{', '.join(given)} {verb} only with --from-checkpoint",
+                "drop it to inspect PATH" if len(given) == 1 else "drop them to inspect PATH",
+            )
 
         if filter_ is not None:
             try:
@@ -187,26 +191,27 @@ def _from_checkpoint(
 
 
 def _human(out: Output, inv: Inventory, pattern: str | None) -> None:
-    from rich.markup import escape
     from rich.table import Table
+
+    from ftkit.report.escaping import literal
 
     c = out.out
     c.print(
-        f"[bold]{escape(str(inv.path))}[/bold]  [dim]({inv.kind}"
-        + (f", filter {escape(pattern)}" if pattern else "")
+        f"[bold]{literal(str(inv.path))}[/bold]  [dim]({inv.kind}"
+        + (f", filter {literal(pattern)}" if pattern else "")
         + ")[/dim]"
     )
     if inv.writers:
-        c.print(f"prefixes: {', '.join(inv.prefixes)}")
+        c.print(f"prefixes: {literal(', '.join(inv.prefixes))}")
         table = Table(title="Dump writers", title_justify="left")
         for col in ("prefix", "phase", "rollout", "writer", "cell", "tensors", "bytes"):
             table.add_column(col, justify="right" if col in ("rollout", "cell", "tensors", "bytes") else "left")
         for w in inv.writers:
             table.add_row(
-                w["prefix"],
-                w["phase"],
+                literal(w["prefix"]),
+                literal(w["phase"]),
                 f"{w['rollout']:06d}",
-                w["writer"],
+                literal(w["writer"]),
                 str(w["cell"]),
                 str(w["tensors"]),
                 str(w["bytes"]),
@@ -217,7 +222,7 @@ def _human(out: Output, inv: Inventory, pattern: str | None) -> None:
         for col in ("file", "tensors", "bytes"):
             table.add_column(col, justify="left" if col == "file" else "right")
         for f in inv.files:
-            table.add_row(escape(f["path"]), str(f["tensors"]), str(f["bytes"]))
+            table.add_row(literal(f["path"]), str(f["tensors"]), str(f["bytes"]))
         c.print(table)
     table = Table(title=f"Tensors ({len(inv.tensors)})", title_justify="left")
     cols = ["tensor", "from", "dtype", "shape", "sharding"]
@@ -229,11 +234,11 @@ def _human(out: Output, inv: Inventory, pattern: str | None) -> None:
         )
     for t in inv.tensors:
         row = [
-            escape(t["id"]),
-            escape(t["origin"]),
-            t["dtype"],
+            literal(t["id"]),
+            literal(t["origin"]),
+            literal(t["dtype"]),
             "x".join(map(str, t["shape"])) or "()",
-            _sharding(t["sharding"]),
+            literal(_sharding(t["sharding"])),
         ]
         if "stats" in t:
             s = t["stats"]

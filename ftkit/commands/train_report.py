@@ -38,15 +38,13 @@ def report(result: Any, outcome: str) -> Report:
     (``ftkit.report.analysis_formats.report``) with the run added to every rendering."""
     from dataclasses import replace
 
-    from rich.markup import escape
-
     from ftkit.report.analysis_formats import report as analysis_report
-    from ftkit.report.escaping import md_text
+    from ftkit.report.escaping import literal, md_text
 
     analysis = analysis_report(result.analysis, outcome)
 
     def human(console: Console) -> None:
-        console.print(f"[bold]Trained[/bold] {escape(_summary_text(result))}")
+        console.print(f"[bold]Trained[/bold] {literal(_summary_text(result))}")
         analysis.human(console)
 
     return replace(

@@ -17,7 +17,7 @@ from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
 from ftkit.findings import FailOn, verdict
 from ftkit.report.sink import Format, Output
 
-HELP = """Verify checkpoints, failing closed (rules FT201-FT217, docs/checkpoints.md).
+HELP = """Verify checkpoints, failing closed (rules FT201-FT218, docs/checkpoints.md).
 
 PATH is a checkpoint directory (step_NNNNNN/), a checkpoints/ directory or a run directory
 (all of its checkpoints, plus retention records, `latest` and the journal). Checks the

@@ -335,11 +335,20 @@ def config_diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str,
     return {k: (a.get(k), b.get(k)) for k in DATA_SHAPING if a.get(k) != b.get(k)}
 
 
+_KIND_NAMES = {
+    "run": "a run directory",
+    "dumps": "a dump directory",
+    "files": "a directory of .safetensors files",
+    "file": "a single file",
+}
+
+
 def check_compatible(a: Source, b: Source) -> None:
     """Both sides must be the same kind of thing, and not both empty (fail closed)."""
     if a.kind != b.kind:
         raise UsageError(
-            f"cannot compare a {a.kind} ({a.root}) with a {b.kind} ({b.root})",
+            f"cannot compare {_KIND_NAMES.get(a.kind, a.kind)} ({a.root}) "
+            f"with {_KIND_NAMES.get(b.kind, b.kind)} ({b.root})",
             "pass two run directories, two dump directories, two plain directories or two files",
         )
     if a.empty and b.empty:

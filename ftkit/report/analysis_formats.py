@@ -3,29 +3,18 @@ the JSON document, the verdict line and the Markdown step summary. Plain text, n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.analysis.engine import AnalysisResult
+from ftkit.report.analysis_text import RECOVERY_COLUMNS, recovery_cell, verdict_line
 from ftkit.report.emit import Report
 from ftkit.report.escaping import md_text
 from ftkit.report.github import markdown_table
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rich.console import Console
+
 SUITE = "ftkit.analyze-events"
-RECOVERY_COLUMNS = (
-    "index",
-    "kind",
-    "cell",
-    "engine",
-    "step",
-    "detect_s",
-    "reconfigure_s",
-    "next_commit_s",
-    "heal_s",
-    "heal_bytes",
-    "steps_discarded",
-    "samples_lost",
-    "recovered_by",
-)
 
 
 def json_document(result: AnalysisResult, outcome: str) -> dict[str, Any]:
@@ -40,28 +29,13 @@ def json_document(result: AnalysisResult, outcome: str) -> dict[str, Any]:
     }
 
 
-def _cell(value: Any) -> str:
-    """A recovery-table cell: ``-`` for None, 3 decimals for floats."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return str(value)
-
-
-def verdict_line(result: AnalysisResult, outcome: str) -> str:
-    """``PASS: 0 finding(s) (...) in N events from M file(s)``."""
-    counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("error", "warning", "info")}
-    total = sum(r.findings for r in result.rules)
-    return (
-        f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
-        f"in {result.stats['events']} events from {result.stats['files']} file(s)"
-    )
-
-
 def report(result: AnalysisResult, outcome: str) -> Report:
-    """The ``Report`` of ``ftkit analyze-events`` for ``emit``."""
-    from ftkit.report.analysis_human import render_human
+    """The ``Report`` of ``ftkit analyze-events`` for ``emit`` (Rich is imported only for the human format)."""
+
+    def human(console: Console) -> None:
+        from ftkit.report.analysis_human import render_human
+
+        render_human(console, result, outcome)
 
     return Report(
         command="analyze-events",
@@ -70,7 +44,7 @@ def report(result: AnalysisResult, outcome: str) -> Report:
         rules=result.rules,
         summary=verdict_line(result, outcome),
         document=lambda: json_document(result, outcome),
-        human=lambda console: render_human(console, result, outcome),
+        human=human,
         step_summary=lambda: step_summary(result, outcome),
     )
 
@@ -83,8 +57,8 @@ def step_summary(result: AnalysisResult, outcome: str) -> str:
         md_text(verdict_line(result, outcome)),
         "",
         markdown_table(
-            ["code", "rule", "severity", "checked", "findings"],
-            [(r.code, r.rule, r.severity.value, r.checked, r.findings) for r in result.rules],
+            ["code", "rule", "severity", "checked", "findings", "status"],
+            [(r.code, r.rule, r.severity.value, r.checked, r.findings, r.status) for r in result.rules],
         ),
     ]
     if result.findings:
@@ -103,7 +77,8 @@ def step_summary(result: AnalysisResult, outcome: str) -> str:
             "### Recovery",
             "",
             markdown_table(
-                list(RECOVERY_COLUMNS), [[_cell(row.get(c)) for c in RECOVERY_COLUMNS] for row in result.recovery]
+                list(RECOVERY_COLUMNS),
+                [[recovery_cell(row.get(c)) for c in RECOVERY_COLUMNS] for row in result.recovery],
             ),
         ]
     return "\n".join(parts)

@@ -4,11 +4,11 @@ severity, recovery table, one-line verdict."""
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from ftkit.analysis.engine import AnalysisResult
-from ftkit.report.analysis_formats import RECOVERY_COLUMNS, _cell, verdict_line
+from ftkit.report.analysis_text import RECOVERY_COLUMNS, plural, recovery_cell, verdict_line
+from ftkit.report.escaping import literal
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_FINDINGS = 100
@@ -19,14 +19,17 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
     s = result.stats
     runs = ", ".join(s["runs"]) or "?"
     layout = (
-        f"{s['cells']} cells x tp{s['tp']} x pp{s['pp']}, {s['engines']} engines" if s["cells"] else "layout unknown"
+        f"{plural(s['cells'], 'cell')} x tp{s['tp']} x pp{s['pp']}, {plural(s['engines'], 'engine')}"
+        if s["cells"]
+        else "layout unknown"
     )
     duration = f"{s['duration_s']:.1f}s" if s["duration_s"] is not None else "-"
     console.print(
-        f"[bold]Run[/bold] {escape(runs)}: {layout}; status {s['status'] or 'unknown'}; "
+        f"[bold]Run[/bold] {literal(runs)}: {literal(layout)}; status {literal(s['status'] or 'unknown')}; "
         f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts; "
-        f"{s['faults']} faults, {s['heals']} heals, {s.get('engine_restarts', 0)} engine restarts; "
-        f"{s['events']} events in {s['files']} files; "
+        f"{plural(s['faults'], 'fault')}, {plural(s['heals'], 'heal')}, "
+        f"{plural(s.get('engine_restarts', 0), 'engine restart')}; "
+        f"{plural(s['events'], 'event')} in {plural(s['files'], 'file')}; "
         f"{duration} logged"
     )
     placed = s.get("placement")
@@ -34,7 +37,7 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         where = [f"cell {c} on {', '.join(sorted(set(ns)))}" for c, ns in placed["cells"].items()]
         where += [f"engine {e} on {n}" for e, n in placed["engines"].items()]
         console.print(
-            f"[bold]Placement[/bold] ({placed['nodes']} nodes, last incarnations): {escape('; '.join(where))}"
+            f"[bold]Placement[/bold] ({placed['nodes']} nodes, last incarnations): {literal('; '.join(where))}"
         )
 
     rules = Table(title="Rules", title_justify="left")
@@ -47,8 +50,12 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
     ):
         rules.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in result.rules:
-        style = _STYLE[r.severity.value] if r.findings else "green"
-        rules.add_row(r.code, r.rule, r.severity.value, str(r.checked), f"[{style}]{r.findings}[/{style}]")
+        if r.status == "not run":
+            shown = "[dim]not run[/dim]"
+        else:
+            style = _STYLE[r.severity.value] if r.findings else "green"
+            shown = f"[{style}]{r.findings}[/{style}]"
+        rules.add_row(r.code, r.rule, r.severity.value, str(r.checked), shown)
     console.print(rules)
 
     if result.findings:
@@ -57,8 +64,8 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
             table.add_column(col, overflow="fold")
         for f in result.findings[:MAX_FINDINGS]:
             sev = f.severity.value
-            message = escape(f.message) + (f"\n[dim]fix: {escape(f.fix)}[/dim]" if f.fix else "")
-            table.add_row(f"[{_STYLE[sev]}]{sev}[/{_STYLE[sev]}]", f.code, message, escape(f.where() or ""))
+            message = literal(f.message) + (f"\n[dim]fix: {literal(f.fix)}[/dim]" if f.fix else "")
+            table.add_row(f"[{_STYLE[sev]}]{sev}[/{_STYLE[sev]}]", literal(f.code), message, literal(f.where() or ""))
         console.print(table)
         if len(result.findings) > MAX_FINDINGS:
             console.print(f"... {len(result.findings) - MAX_FINDINGS} more (use --format json for all)")
@@ -68,12 +75,12 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         for col in RECOVERY_COLUMNS:
             rec.add_column(col, justify="left" if col in ("kind", "recovered_by") else "right")
         for row in result.recovery:
-            cells = [_cell(row.get(c)) for c in RECOVERY_COLUMNS]
+            cells = [literal(recovery_cell(row.get(c))) for c in RECOVERY_COLUMNS]
             lost = row.get("samples_lost")
             if lost:
-                cells[RECOVERY_COLUMNS.index("samples_lost")] = f"[bold red]{lost}[/bold red]"
+                cells[RECOVERY_COLUMNS.index("samples_lost")] = f"[bold red]{literal(lost)}[/bold red]"
             rec.add_row(*cells)
         console.print(rec)
 
     style = "bold green" if outcome == "pass" else "bold red"
-    console.print(f"[{style}]{escape(verdict_line(result, outcome))}[/{style}]")
+    console.print(f"[{style}]{literal(verdict_line(result, outcome))}[/{style}]")

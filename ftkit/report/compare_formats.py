@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.dumps.metrics import Metrics
-from ftkit.findings import Finding, sort_findings
+from ftkit.dumps.compare import CompareResult
+from ftkit.findings import Finding
+from ftkit.report.compare_rank import CAUSES, metrics, ordered_findings, worst
 from ftkit.report.emit import Report
 from ftkit.report.escaping import md_text
 from ftkit.report.github import markdown_table
@@ -29,21 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
 
 SUITE = "ftkit.compare-dumps"
-
-
-def worst(result: CompareResult, n: int) -> list[PairResult]:
-    """The ``n`` most different compared tensors: failing first, then by dissimilarity, max_rel.
-    Each has metrics (read them with ``compared``)."""
-    ranked = [p for p in result.pairs if p.metrics is not None and not p.metrics.bitwise_equal]
-    ranked.sort(key=lambda p: (not p.failed, -metrics(p).dissimilarity, -metrics(p).max_rel, -metrics(p).max_abs))
-    return ranked[:n]
-
-
-def metrics(p: PairResult) -> Metrics:
-    """The metrics of a compared pair (every pair ``worst`` returns has them)."""
-    if p.metrics is None:
-        raise ValueError(f"{p.id} was not compared")
-    return p.metrics
 
 
 def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, Any]:
@@ -59,18 +44,20 @@ def json_document(result: CompareResult, verdict: str, top: int) -> dict[str, An
         "config_diff": {k: {"a": va, "b": vb} for k, (va, vb) in result.config_diff.items()},
         "first_divergence": first.to_dict() if first else None,
         "worst": [p.to_dict() for p in worst(result, top)],
-        "findings": [f.model_dump(mode="json") for f in sort_findings(result.findings)],
+        "findings": [f.model_dump(mode="json") for f in ordered_findings(result)],
         "rules": [r.model_dump(mode="json") for r in result.rules],
         "tensors": [p.to_dict() for p in result.pairs],
     }
 
 
 def summary_line(result: CompareResult, verdict: str) -> str:
-    """``pass: N tensors, E equal, C within tolerance, D differ; first divergence ID``."""
+    """``pass: N tensors, E equal, C within tolerance, D differ; first divergence ID``, led by
+    ``the runs' configs differ (seed, ...; CD012)`` when they do: the cause before the counts."""
     s = result.stats
     first = result.first_divergence
+    cause = f"the runs' configs differ ({', '.join(result.config_diff)}; CD012); " if result.config_diff else ""
     return (
-        f"{verdict}: {s['tensors']} tensors, {s['equal']} equal, {s['close']} within tolerance, "
+        f"{verdict}: {cause}{s['tensors']} tensors, {s['equal']} equal, {s['close']} within tolerance, "
         f"{s['differ']} differ" + (f"; first divergence {first.id}" if first else "")
     )
 
@@ -92,7 +79,7 @@ def report(result: CompareResult, verdict: str, top: int) -> Report:
     return Report(
         command="compare-dumps",
         verdict=verdict,
-        findings=sort_findings(result.findings),
+        findings=ordered_findings(result),
         rules=result.rules,
         summary=summary_line(result, verdict),
         document=lambda: json_document(result, verdict, top),
@@ -112,8 +99,17 @@ def step_summary(result: CompareResult, verdict: str, top: int) -> str:
         "",
         md_text(f"{result.a} vs {result.b} ({result.options.describe()})"),
         "",
-        markdown_table(["", "count"], rows),
     ]
+    if result.config_diff:  # the cause first
+        md += [
+            "**The runs' configs differ (CD012); the tensor findings follow from it:**",
+            "",
+            markdown_table(
+                ["field", "A", "B"], [(k, repr(va), repr(vb)) for k, (va, vb) in result.config_diff.items()]
+            ),
+            "",
+        ]
+    md += [markdown_table(["", "count"], rows)]
     first = result.first_divergence
     if first:
         md += ["", f"**First divergence:** {md_text(first.id)}: {md_text(first.message)}"]
@@ -139,7 +135,8 @@ def step_summary(result: CompareResult, verdict: str, top: int) -> str:
 
 
 def junit_cases(result: CompareResult) -> list[Case]:
-    """One case per compared tensor (failing with its error findings), one per loose finding."""
+    """One case per loose finding and per compared tensor (failing with its error findings), in
+    ``ordered_findings``' order: config differences, then the first divergence, then the rest."""
     by_tensor: dict[str, list[Finding]] = {}
     loose: list[Finding] = []
     for f in result.findings:
@@ -148,14 +145,18 @@ def junit_cases(result: CompareResult) -> list[Case]:
             by_tensor.setdefault(key, []).append(f)
         elif f.code != "CD004":  # missing tensors fail their own cases below
             loose.append(f)
-    cases = []
+    tensors = []
     for p in result.pairs:
         failures = [finding_failure(f) for f in by_tensor.get(p.id, []) if f.severity.value == "error"]
         if p.status in ("missing_in_a", "missing_in_b"):
             failures.append(Failure(f"CD004 tensor-missing: {p.id} {p.message}"))
-        cases.append(Case(f"{SUITE}.{p.group}", p.id, failures))
+        tensors.append(Case(f"{SUITE}.{p.group}", p.id, failures))
+    first = result.first_divergence.id if result.first_divergence is not None else None
+    tensors.sort(key=lambda c: c.name != first)  # stable: capture order after the first divergence
+    causes: list[Case] = []
+    after: list[Case] = []
     for f in loose:
         what = f.evidence.get("rollout") or f.evidence.get("path") or f.code
         failures = [finding_failure(f)] if f.severity.value == "error" else []
-        cases.append(Case(f"{SUITE}.{f.rule}", str(what), failures))
-    return cases
+        (causes if f.code in CAUSES else after).append(Case(f"{SUITE}.{f.rule}", str(what), failures))
+    return causes + tensors + after

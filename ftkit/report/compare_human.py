@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from ftkit.dumps.compare import CompareResult, PairResult
-from ftkit.findings import sort_findings
-from ftkit.report.compare_formats import metrics, worst
+from ftkit.report.compare_rank import metrics, ordered_findings, worst
+from ftkit.report.escaping import literal
 
 MAX_FINDINGS = 40
 _STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
@@ -17,13 +16,13 @@ _STYLE = {"error": "red", "warning": "yellow", "info": "cyan"}
 def render_human(console: Console, result: CompareResult, verdict: str, top: int) -> None:
     s = result.stats
     console.print(
-        f"[bold]compare-dumps[/bold] {escape(str(result.a))} [dim]vs[/dim] {escape(str(result.b))}"
-        f"  [dim]({result.kind}, {escape(result.options.describe())})[/dim]"
+        f"[bold]compare-dumps[/bold] {literal(str(result.a))} [dim]vs[/dim] {literal(str(result.b))}"
+        f"  [dim]({result.kind}, {literal(result.options.describe())})[/dim]"
     )
     if result.config_diff:  # said first: the tensor findings below follow from it
         console.print("[bold red]The runs differ in what shapes their data (CD012):[/bold red]")
         for k, (va, vb) in result.config_diff.items():
-            console.print(f"  {escape(k)}: {escape(repr(va))} in A, {escape(repr(vb))} in B")
+            console.print(f"  {literal(k)}: {literal(repr(va))} in A, {literal(repr(vb))} in B")
     summary = Table(show_header=False, box=None, pad_edge=False)
     summary.add_column(style="dim")
     summary.add_column(justify="right")
@@ -49,10 +48,10 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
     if first is not None:
         console.print()
         console.print("[bold red]First divergence[/bold red] (capture order)")
-        console.print(f"  [bold]{escape(first.id)}[/bold]  [dim]{first.kind}[/dim]")
-        console.print(f"  {escape(first.message)}")
+        console.print(f"  [bold]{literal(first.id)}[/bold]  [dim]{literal(first.kind)}[/dim]")
+        console.print(f"  {literal(first.message)}")
         origins = f"A: {', '.join(first.origins[0]) or '-'}   B: {', '.join(first.origins[1]) or '-'}"
-        console.print(f"  [dim]{escape(origins)}[/dim]")
+        console.print(f"  [dim]{literal(origins)}[/dim]")
     bad = worst(result, top)
     if bad:
         console.print()
@@ -61,21 +60,21 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
             table.add_column(col, justify="right" if col.startswith(("max", "diss")) else "left", overflow="fold")
         for p in bad:
             table.add_row(
-                escape(p.id),
+                literal(p.id),
                 _status(p),
                 f"{metrics(p).max_abs:.3g}",
                 f"{metrics(p).max_rel:.3g}",
                 f"{metrics(p).dissimilarity:.3g}",
-                escape(_location(p)),
+                literal(_location(p)),
             )
         console.print(table)
-    findings = [f for f in sort_findings(result.findings) if f.code != "CD001"]  # CD001s are the table above
+    findings = [f for f in ordered_findings(result) if f.code != "CD001"]  # CD001s are the table above
     if findings:
         console.print()
         console.print("[bold]Findings[/bold]")
         for f in findings[:MAX_FINDINGS]:
             style = _STYLE[f.severity.value]
-            console.print(f"  [{style}]{f.code}[/{style}] [dim]{f.rule}[/dim]  {escape(f.message)}")
+            console.print(f"  [{style}]{literal(f.code)}[/{style}] [dim]{literal(f.rule)}[/dim]  {literal(f.message)}")
         if len(findings) > MAX_FINDINGS:
             console.print(f"  [dim]... {len(findings) - MAX_FINDINGS} more (--format json lists them all)[/dim]")
     console.print()
@@ -90,7 +89,7 @@ def render_human(console: Console, result: CompareResult, verdict: str, top: int
 
 
 def _status(p: PairResult) -> str:
-    return f"[red]{p.status}[/red]" if p.failed else f"[green]{p.status}[/green]"
+    return f"[red]{literal(p.status)}[/red]" if p.failed else f"[green]{literal(p.status)}[/green]"
 
 
 def _location(p: PairResult) -> str:

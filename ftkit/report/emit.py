@@ -82,9 +82,9 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
 
         write_report_file(html, report.html().encode("utf-8"))
         if out.human:
-            from rich.markup import escape
+            from ftkit.report.escaping import literal
 
-            out.info(f"[dim]HTML report: {escape(str(html))}[/dim]")
+            out.info(f"[dim]HTML report: {literal(str(html))}[/dim]")
     return EXIT_FAIL if _failed(report) else EXIT_PASS
 
 

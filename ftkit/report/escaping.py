@@ -7,6 +7,11 @@ written. Every renderer passes them through the function for its medium:
   and paragraph separators and bidirectional overrides become visible ``\\xNN`` /
   ``\\uNNNN`` escapes, so no input moves the cursor, sets a title, recolours the terminal or
   starts a line. Newlines and tabs are kept.
+- ``one_line(text)``: ``terminal`` plus line feeds, carriage returns and tabs as visible
+  ``\\n`` / ``\\r`` / ``\\t``: a name or message from an input stays on its line, so it cannot
+  start a line a log reader acts on (a GitHub runner turns any line starting with ``::`` into
+  an annotation). ``literal(text)`` is ``one_line`` with Rich markup escaped, for the human
+  renderers (``[bold]`` stays text; the consoles never render ``:emoji:`` codes).
 - ``md_cell(text)`` / ``md_text(text)``: Markdown for the GitHub step summary: HTML is escaped,
   ``|`` cannot end a table cell, a newline cannot end a row, and Markdown punctuation is
   backslash-escaped so no input makes links, images or emphasis.
@@ -38,6 +43,18 @@ def _visible(match: re.Match[str]) -> str:
 def terminal(text: str) -> str:
     """``text`` with every control character that a terminal would interpret made visible."""
     return _TERMINAL_BAD.sub(_visible, text)
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line, every control character visible (see the module docstring)."""
+    return terminal(str(text)).replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def literal(text: object) -> str:
+    """``one_line(text)`` as Rich markup that prints exactly that text."""
+    from rich.markup import escape
+
+    return escape(one_line(text))
 
 
 def xml_text(text: str) -> str:

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.dumps.compare import CompareResult
-from ftkit.findings import sort_findings
-from ftkit.report.compare_formats import worst
+from ftkit.report.compare_rank import ordered_findings, worst
 from ftkit.report.heatmap import METRICS, Cell, Heatmap, heatmap
 from ftkit.report.html_page import finding_list, kv, legend, num, page, table
 
@@ -229,7 +228,7 @@ def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
         "<h2>Worst tensors</h2>",
         _worst(result, top),
         "<h2>Findings</h2>",
-        finding_list(sort_findings(result.findings), "findings"),
+        finding_list(ordered_findings(result), "findings"),
     ]
     return page("ftkit compare-dumps", body, _HEAT_JS)
 

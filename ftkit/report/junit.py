@@ -4,7 +4,7 @@ CI systems display these natively. The suite name is the command (``ftkit.analyz
 The document is well-formed for any input: every name, message and evidence value passes
 through ``xml_text`` (characters XML 1.0 cannot hold become visible escapes) and the XML
 writer escapes markup. It follows the common JUnit schema (``testsuites > testsuite >
-testcase > failure``, with ``tests``/``failures``/``errors``/``skipped`` counts).
+testcase > failure | skipped``, with ``tests``/``failures``/``errors``/``skipped`` counts).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from ftkit.findings import Finding, RuleSummary
 from ftkit.report.escaping import xml_text
 from ftkit.report.report_file import write_report_file
 
+NOT_RUN = "not run: the rule checked 0 items (the input holds no evidence it applies to)"
+
 
 @dataclass
 class Failure:
@@ -33,6 +35,7 @@ class Case:
     classname: str
     name: str
     failures: list[Failure] = field(default_factory=list)
+    skipped: str | None = None  # why the case did not run (JUnit ``<skipped message=...>``)
 
 
 def finding_failure(f: Finding) -> Failure:
@@ -44,36 +47,59 @@ def finding_failure(f: Finding) -> Failure:
 
 
 def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Finding]) -> list[Case]:
-    """One case per rule, failing with each of its findings; findings of codes without a rule
+    """One case per rule, failing with each of its findings, skipped when the rule checked nothing
+    (``RuleSummary.status`` "not run": no evidence is not a pass); findings of codes without a rule
     summary get a case of their own, so nothing is dropped."""
     by_code: dict[str, list[Finding]] = {}
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
-    cases = [Case(suite, f"{r.code} {r.rule}", [finding_failure(f) for f in by_code.pop(r.code, [])]) for r in rules]
+    cases = [
+        Case(
+            suite,
+            f"{r.code} {r.rule}",
+            [finding_failure(f) for f in by_code.pop(r.code, [])],
+            NOT_RUN if r.status == "not run" else None,
+        )
+        for r in rules
+    ]
     cases += [Case(suite, f"{code} {fs[0].rule}", [finding_failure(f) for f in fs]) for code, fs in by_code.items()]
     return cases
 
 
 def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case]) -> None:
-    """Write the JUnit XML to ``path`` (``ftkit.report.report_file``: atomically; special files in place)."""
+    """Write the JUnit XML to ``path`` (``ftkit.report.report_file``: atomically; special files in place).
+
+    Valid for Ant/Jenkins-style and Surefire-style consumers alike: every ``testcase`` has a
+    ``time`` (``0``: ftkit does not time rules one by one), and holds at most one ``<failure>``
+    (a case with several findings gets one failure whose message names the first and counts the
+    rest, all of them in its text) or one ``<skipped>``, so the ``failures`` and ``skipped``
+    counts equal the elements a consumer counts."""
     cases = list(cases)
-    root = ET.Element("testsuites")
-    ts = ET.SubElement(
-        root,
-        "testsuite",
-        name=xml_text(suite),
-        tests=str(len(cases)),
-        failures=str(sum(1 for c in cases if c.failures)),
-        errors="0",
-        skipped="0",
-    )
+    failed = sum(1 for c in cases if c.failures)
+    counts = {"tests": str(len(cases)), "failures": str(failed), "errors": "0", "time": "0"}
+    root = ET.Element("testsuites", counts)
+    skipped = sum(1 for c in cases if c.skipped is not None and not c.failures)
+    ts = ET.SubElement(root, "testsuite", {"name": xml_text(suite), **counts, "skipped": str(skipped)})
     for case in cases:
-        tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name))
-        for fail in case.failures:
+        tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name), time="0")
+        if case.failures:
+            fail = _one_failure(case.failures)
             el = ET.SubElement(tc, "failure", message=xml_text(fail.message), type=xml_text(fail.type))
             el.text = xml_text(fail.text) if fail.text else None
+        elif case.skipped is not None:
+            ET.SubElement(tc, "skipped", message=xml_text(case.skipped))
     tree = ET.ElementTree(root)
     ET.indent(tree)
     buf = io.BytesIO()
     tree.write(buf, encoding="utf-8", xml_declaration=True)
     write_report_file(Path(path), buf.getvalue())
+
+
+def _one_failure(failures: list[Failure]) -> Failure:
+    """A case's failures as one: the first's message and type (findings come most severe first),
+    ``(+N more)``, and every failure's message and text in the body."""
+    if len(failures) == 1:
+        return failures[0]
+    body = "\n\n".join(f.message + (f"\n{f.text}" if f.text else "") for f in failures)
+    first = failures[0]
+    return Failure(f"{first.message} (+{len(failures) - 1} more)", first.type, body)

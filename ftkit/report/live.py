@@ -29,10 +29,11 @@ from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from rich.console import Console, Group
-from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
+
+from ftkit.report.escaping import literal
 
 _SHOWN = {"errored": "failed"}  # event-log state -> shown state
 STATE_STYLE = {
@@ -90,7 +91,7 @@ class LiveView:
         self.fault: str | None = None
         self.heal: str | None = None
         self.stream = stream if stream is not None else sys.stderr
-        self.console = Console(file=self.stream, highlight=False, force_terminal=True if live else None)
+        self.console = Console(file=self.stream, highlight=False, emoji=False, force_terminal=True if live else None)
         self._live: Any = None
         if live:
             from rich.live import Live
@@ -174,8 +175,8 @@ class LiveView:
                     f"  {r.tokens_per_s:,.0f} tok/s  discarded attempts {self.discarded}"
                 )
             )
-        lines.append(Text.from_markup(f"[red]last fault[/red] {escape(self.fault or '-')}"))
-        lines.append(Text.from_markup(f"[magenta]last heal[/magenta]  {escape(self.heal or '-')}"))
+        lines.append(Text.from_markup(f"[red]last fault[/red] {literal(self.fault or '-')}"))
+        lines.append(Text.from_markup(f"[magenta]last heal[/magenta]  {literal(self.heal or '-')}"))
         return Group(*lines)
 
     def close(self) -> None:

@@ -173,7 +173,12 @@ def guard_stdout() -> Iterator[None]:
 
 
 class _SafeConsole(Console):
-    """A Rich console that makes control characters in printed strings visible."""
+    """A Rich console that makes control characters in printed strings visible and never turns
+    ``:name:`` codes into emoji (names from inputs print as written)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("emoji", False)
+        super().__init__(**kwargs)
 
     def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(terminal(text), **kwargs)

@@ -85,11 +85,12 @@ out.textContent=f+'x';});})();
 
 
 def write_report(path: Path, paths: Iterable[str | os.PathLike[str]], result: AnalysisResult, outcome: str) -> None:
-    """Build the timeline of the logs under ``paths`` (a second streaming pass) and write the
-    page for ``result`` to ``path`` atomically."""
+    """Build the timeline of the logs under ``paths`` (a second streaming pass, read the way the
+    analyzer read them) and write the page for ``result`` to ``path`` atomically."""
     from ftkit.analysis.timeline import build_timeline
 
-    write_page(path, render_timeline_html(build_timeline(paths), result, outcome))
+    timeline = build_timeline(paths, per_process=result.stats.get("read_as") == "per-process")
+    write_page(path, render_timeline_html(timeline, result, outcome))
 
 
 def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str) -> str:
@@ -300,6 +301,9 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}s"
 
 
+_RULE_CLASS = {"failed": "fail", "passed": "pass", "not run": "muted"}
+
+
 def _rules(result: AnalysisResult) -> str:
     rows = [
         (
@@ -307,7 +311,7 @@ def _rules(result: AnalysisResult) -> str:
             escape(r.rule),
             f"<span class='sev-{r.severity.value}'>{r.severity.value}</span>",
             f"<span class='num'>{r.checked}</span>",
-            f"<span class='{'fail' if r.findings else 'pass'}'>{r.findings}</span>",
+            f"<span class='{_RULE_CLASS[r.status]}'>{r.findings if r.status != 'not run' else 'not run'}</span>",
             escape(r.description),
         )
         for r in result.rules

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from ftkit.checkpoint.results import VerifyResult
 from ftkit.findings import sort_findings
 from ftkit.report import github
 from ftkit.report.emit import Report
+from ftkit.report.escaping import literal
 
 MAX_FINDINGS = 100
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -75,14 +75,20 @@ def step_summary(result: VerifyResult, outcome: str) -> str:
 
 def render_human(console: Console, result: VerifyResult, outcome: str) -> None:
     s = result.stats
-    console.print(f"[bold]verify-checkpoint[/bold] {escape(s['path'])} [dim]({s['kind']})[/dim]")
+    console.print(f"[bold]verify-checkpoint[/bold] {literal(s['path'])} [dim]({literal(s['kind'])})[/dim]")
     files = Table(title="Files", title_justify="left")
     for col, just in (("checkpoint", "left"), ("file", "left"), ("bytes", "right"), ("tensors", "right"),
                       ("status", "left")):  # fmt: skip
         files.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in result.rows:
         style = "green" if r.status == "ok" else "bold red"
-        files.add_row(r.checkpoint, escape(r.file), _size(r.size), str(r.tensors), f"[{style}]{r.status}[/{style}]")
+        files.add_row(
+            literal(r.checkpoint),
+            literal(r.file),
+            _size(r.size),
+            str(r.tensors),
+            f"[{style}]{literal(r.status)}[/{style}]",
+        )
     console.print(files)
     if result.findings:
         table = Table(title="Findings", title_justify="left")
@@ -90,12 +96,12 @@ def render_human(console: Console, result: VerifyResult, outcome: str) -> None:
             table.add_column(col, overflow="fold")
         for f in result.findings[:MAX_FINDINGS]:
             sev = f.severity.value
-            table.add_row(f"[{_STYLE[sev]}]{sev}[/{_STYLE[sev]}]", f.code, f.rule, escape(f.message))
+            table.add_row(f"[{_STYLE[sev]}]{sev}[/{_STYLE[sev]}]", literal(f.code), literal(f.rule), literal(f.message))
         console.print(table)
         if len(result.findings) > MAX_FINDINGS:
             console.print(f"... {len(result.findings) - MAX_FINDINGS} more (use --format json for all)")
     style = "bold green" if outcome == "pass" else "bold red"
-    console.print(f"[{style}]{escape(verdict_line(result, outcome))}[/{style}]")
+    console.print(f"[{style}]{literal(verdict_line(result, outcome))}[/{style}]")
 
 
 def _size(n: int) -> str:

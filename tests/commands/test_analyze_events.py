@@ -183,3 +183,52 @@ def test_real_subprocess(clean_dir, bad_dir):
         env=env,
     )
     assert bad.returncode == 1 and "FT104" in bad.stdout and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--rule", "FT101", "--skip-rule", "FT101"],
+        [arg for code in all_rules() for arg in ("--skip-rule", code.lower())],
+    ],
+)
+def test_a_selection_that_selects_nothing_is_exit_2(capsys, clean_dir, tmp_path, args):
+    """Checking nothing is never a pass (issue 24 item 3): no empty table, no PASS, no JUnit."""
+    junit = tmp_path / "r.xml"
+    code, out, err = _run(capsys, "analyze-events", str(clean_dir), *args, "--junit-xml", str(junit))
+    assert code == 2 and out == "" and not junit.exists()
+    assert err.startswith("Error: the rule selection leaves no rule") and "Hint:" in err
+
+
+def test_a_rule_that_checked_nothing_is_not_run_in_every_format(capsys, tmp_path, monkeypatch):
+    """No faults, so no heals: FT107 (heal-unverified) has nothing to check; it is "not run"
+    (JUnit skipped), never passed, in JSON, human, GitHub, JUnit and HTML."""
+    generate(
+        tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, faults=0)
+    )
+    events, junit, html = str(tmp_path / "events"), tmp_path / "r.xml", tmp_path / "r.html"
+    code, out, _ = _run(capsys, "analyze-events", events, "-f", "json", "--junit-xml", str(junit), "--html", str(html))
+    status = {r["code"]: (r["checked"], r["status"]) for r in json.loads(out)["rules"]}
+    not_run = sorted(code for code, (checked, _) in status.items() if checked == 0)
+    assert code == 0 and status["FT107"] == (0, "not run") and len(not_run) < len(status)
+    assert all(s == ("not run" if code in not_run else "passed") for code, (_, s) in status.items())
+    suite = ET.parse(junit).getroot().find("testsuite")
+    skipped = {tc.get("name").split()[0] for tc in suite.iter("testcase") if tc.find("skipped") is not None}
+    assert sorted(skipped) == not_run and suite.get("skipped") == str(len(not_run))
+    assert html.read_text().count(">not run<") == len(not_run)
+    code, out, _ = _run(capsys, "analyze-events", events)
+    rows = {line.split()[1]: line for line in out.splitlines() if line.startswith("│ FT1")}
+    assert all(("not run" in row) == (code in not_run) for code, row in rows.items())
+    assert f"{len(not_run)} rule(s) not run (checked nothing): {', '.join(not_run)}" in out
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, _ = _run(capsys, "analyze-events", events, "-f", "github")
+    assert f"not run (checked nothing): {', '.join(not_run)}" in out
+    assert r"| FT107 | heal\-unverified | error | 0 | 0 | not run |" in summary.read_text()
+
+
+def test_counts_in_the_summary_are_worded_for_one(capsys, tmp_path):
+    generate(tmp_path, SyntheticSpec(cells=1, engines=1, rollouts=1, steps_per_rollout=2, faults=0))
+    code, out, _ = _run(capsys, "analyze-events", str(tmp_path / "events"))
+    assert "Run synthetic: 1 cell x tp1 x pp1, 1 engine; " in out and "0 faults, 0 heals" in out
+    assert " 1 cells" not in out and " 1 engines" not in out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 import xml.etree.ElementTree as ET
 
@@ -191,3 +192,46 @@ def test_compare_dumps_and_dump_never_import_torch(trees):
         [sys.executable, "-c", code, str(trees / "a"), str(trees / "b")], capture_output=True, text=True, timeout=300
     )
     assert "RESULT [1, 0] []" in proc.stderr, proc.stderr[-2000:]
+
+
+def _run_dir(root, seed, values):
+    import json as _json
+
+    root.mkdir(parents=True)
+    config = {"model": "tiny", "micro_shards": 8, "samples_per_rollout": 64, "seed": seed, "cells": 2}
+    (root / "run.json").write_text(_json.dumps({"schema": "ftkit.run/1", "config": config}))
+    _tree(root / "dumps", values)
+    return root
+
+
+def test_every_format_puts_the_cause_first(tmp_path, capsys, monkeypatch):
+    """Configs differ (CD012) and 30 tensors differ because of it: CD012 leads the JSON findings,
+    the JUnit cases and the GitHub annotations (inside the budget) and the summary names it;
+    the first divergence follows (issue 24 item 4)."""
+    torch.manual_seed(0)
+    base = {f"decoder.layers.{i}.mlp.output": torch.randn(4, 8) for i in range(30)}
+    a = _run_dir(tmp_path / "a", 0, base)
+    b = _run_dir(tmp_path / "b", 1, {k: v + 1 for k, v in base.items()})
+    code, out, _ = _run(capsys, a, b, "--exact", "--format", "json")
+    doc = json.loads(out)
+    first = doc["first_divergence"]["id"]
+    assert code == 1 and [f["code"] for f in doc["findings"][:2]] == ["CD012", "CD001"]
+    assert doc["findings"][1]["evidence"]["tensor"] == first
+    summary, junit = tmp_path / "summary.md", tmp_path / "r.xml"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, _ = _run(capsys, a, b, "--exact", "--format", "github", "--junit-xml", junit)
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("::error title=CD012 config-mismatch::") and first.split(":")[-1] in lines[1]
+    assert "more finding(s) not annotated" in lines[-2] and "configs differ (seed; CD012)" in lines[-1]
+    md = summary.read_text()
+    assert md.index("configs differ") < md.index("| tensors |") < md.index("First divergence")
+    cases = ET.parse(junit).getroot().findall("testsuite/testcase")
+    assert cases[0].find("failure").get("message").startswith("CD012") and cases[1].get("name") == first
+
+
+def test_kinds_that_cannot_be_compared_are_named_in_words(trees, tmp_path, capsys):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    shutil.copy(next((trees / "a").rglob("*.safetensors")), plain / "x.safetensors")
+    code, _, err = _run(capsys, trees / "a", plain)
+    assert code == 2 and "cannot compare a dump directory (" in err and "with a directory of .safetensors files" in err

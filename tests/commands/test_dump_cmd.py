@@ -114,3 +114,11 @@ def test_a_place_without_dumps_is_exit_2(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("no tensors here")
     assert main(["dump", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith("Error: nothing to inspect: no dumps or safetensors files in")
+
+
+def test_offline_options_without_from_checkpoint_are_worded_for_one(tmp_path, capsys):
+    from ftkit import cli
+
+    code = cli.main(["dump", str(tmp_path), "--rollout", "3"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "Error: --rollout applies only with --from-checkpoint" in err and "drop it" in err

@@ -19,7 +19,7 @@ import torch
 from ftkit import cli
 from ftkit.dumps.compare import CompareOptions, compare_paths
 from ftkit.dumps.writer import DumpWriter
-from ftkit.report.compare_formats import worst
+from ftkit.report.compare_rank import worst
 from ftkit.tensors.sharding import Sharding
 
 INDEX = "actor/fwd_bwd/rollout_000000/w.index.json"

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from junit_schemas import check_junit
 
 from ftkit.findings import Finding, RuleSummary, Severity
 from ftkit.report import escaping, github, junit
@@ -113,16 +113,6 @@ def test_strict_json_parses_in_node_and_jq(tmp_path: Path, capsys: pytest.Captur
         assert proc.returncode == 0 and proc.stdout.strip() == "NaN", (tool, proc.stderr)
 
 
-def _check_junit(path: Path) -> ET.Element:
-    root = ET.parse(path).getroot()  # expat
-    from lxml import etree
-
-    schema = etree.XMLSchema(etree.parse(str(Path(__file__).with_name("junit.xsd"))))
-    doc = etree.parse(str(path))  # libxml2
-    assert schema.validate(doc), schema.error_log
-    return root
-
-
 def test_junit_is_well_formed_for_any_name(tmp_path: Path) -> None:
     every_control = "".join(chr(c) for c in range(0x20)) + "\x7f\x85\ud800\udfff\ufffe\uffff"
     name = f"t{every_control}{HOSTILE}"
@@ -134,7 +124,7 @@ def test_junit_is_well_formed_for_any_name(tmp_path: Path) -> None:
     cases.append(junit.Case(name, name, [junit.Failure(name, name, name)]))
     path = tmp_path / "r.xml"
     junit.write_junit(path, "ftkit.x", cases)
-    root = _check_junit(path)
+    root = check_junit(path)
     failure = root.find("testsuite/testcase/failure")
     assert failure is not None
     message = failure.get("message") or ""
@@ -149,9 +139,14 @@ def test_junit_any_unicode_text(text: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "r.xml"
         junit.write_junit(path, text, [junit.Case(text, text, [junit.Failure(text, text, text)])])
-        _check_junit(path)
+        check_junit(path)
 
 
 def test_terminal_escaping_keeps_text_and_shows_controls() -> None:
     assert escaping.terminal("a\x1b[31mb\tc\nd\u202e") == "a\\x1b[31mb\tc\nd\\u202e"
     assert escaping.terminal("plain é 名") == "plain é 名"
+
+
+def test_one_line_and_literal_keep_names_on_their_line() -> None:
+    assert escaping.one_line("a\n::error::x\r\tb\x1b") == "a\\n::error::x\\x0d\\tb\\x1b"
+    assert escaping.literal("[bold]x[/bold] :warning:") == "\\[bold]x\\[/bold] :warning:"

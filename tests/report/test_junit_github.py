@@ -74,3 +74,46 @@ def test_fail_on_and_sorting() -> None:
     assert verdict(fs[:1], FailOn.error) == "pass"
     assert verdict(fs[:1], FailOn.warning) == "fail"
     assert verdict(fs, FailOn.never) == "pass"
+
+
+def test_junit_valid_for_both_schemas_one_failure_element_per_failed_case(tmp_path: Path) -> None:
+    """Surefire-style consumers need testcase/@time; several findings of one rule are one
+    <failure> (counting the rest), so failures= equals the <failure> elements (issue 24 item 5)."""
+    from junit_schemas import check_junit
+
+    three = [
+        Finding(code="FT111", rule="log-integrity", severity=Severity.error, message=f"line {n} malformed")
+        for n in (3, 9, 12)
+    ]
+    rules = [
+        RuleSummary(code="FT111", rule="log-integrity", severity=Severity.error, checked=20, findings=3),
+        RuleSummary(code="FT107", rule="heal-unverified", severity=Severity.error, checked=0),
+        RuleSummary(code="FT101", rule="replica-divergence", severity=Severity.error, checked=4),
+    ]
+    path = tmp_path / "r.xml"
+    junit.write_junit(path, "ftkit.test", junit.rule_cases("ftkit.test", rules, [*three, *_findings()[1:]]))
+    root = check_junit(path)
+    suite = root.find("testsuite")
+    assert suite is not None and suite.get("failures") == "2" and suite.get("skipped") == "1"
+    failure = suite.find("testcase/failure")
+    assert failure is not None and failure.get("message") == "FT111 log-integrity: line 3 malformed (+2 more)"
+    assert all(f"line {n} malformed" in (failure.text or "") for n in (3, 9, 12))
+    assert all(tc.get("time") == "0" for tc in suite.iter("testcase"))
+
+
+def test_junit_of_a_damaged_log_through_the_cli(tmp_path: Path) -> None:
+    """``analyze`` on a log with several bad lines: one failure element per failed rule."""
+    from junit_schemas import check_junit
+
+    from ftkit import cli
+    from ftkit.testing.synthetic import SyntheticSpec, generate
+
+    events = generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2)).events_dir
+    log = sorted(events.glob("trainer-*.jsonl"))[0]
+    lines = log.read_bytes().splitlines()
+    lines[2:5] = [b"{not json", b"[1, 2]", b"\xff\xfe"]
+    log.write_bytes(b"\n".join(lines) + b"\n")
+    path = tmp_path / "r.xml"
+    assert cli.main(["analyze-events", str(events), "--junit-xml", str(path), "-f", "json"]) == 1
+    suite = check_junit(path).find("testsuite")
+    assert suite is not None and int(suite.get("failures") or 0) >= 2
