@@ -10,6 +10,7 @@ complete -c ftkit -n '__fish_use_subcommand' -a compare-dumps -d 'Compare two ru
 complete -c ftkit -n '__fish_use_subcommand' -a analyze-events -d 'Replay a run\'s event log and apply the forensic rules (FT101-FT113).'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze -d 'Alias of analyze-events.'
 complete -c ftkit -n '__fish_use_subcommand' -a verify-checkpoint -d 'Verify checkpoints, failing closed (rules FT201-FT217, docs/checkpoints.md).'
+complete -c ftkit -n '__fish_use_subcommand' -a check-model -d 'Check that ftkit\'s megatron-core model of a Hugging Face checkpoint computes what transformers computes.'
 complete -c ftkit -n '__fish_use_subcommand' -l version -d 'Print the version and exit.'
 complete -c ftkit -n '__fish_use_subcommand' -l debug -d 'Show tracebacks for errors.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l out -s o -r -F -d 'Run directory to create'
@@ -98,3 +99,10 @@ complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l format -
 complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'
 complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l fail-on -x -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
 complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l help -s h -d 'Show this message and exit.'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model; and not __ftkit_prev_in --prompt --atol --rtol --format -f --junit-xml' -F
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l prompt -x -d 'A prompt to check (repeatable) [default: built-in prompts].'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l atol -x -d 'Absolute logit tolerance.'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l rtol -x -d 'Tolerance relative to the largest reference logit.'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l format -s f -x -a 'human json github' -d 'Output format: human (Rich tables), json (strict JSON, carries schema_version) or github (escaped workflow annotations, at most 10, and a step summary).'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l help -s h -d 'Show this message and exit.'

@@ -28,6 +28,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 METADATA = frozenset(
     [
         "_name_or_path",
+        "_model_name_or_path",
+        "unk_token_id",
         "architectures",
         "model_type",
         "transformers_version",

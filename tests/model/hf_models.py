@@ -48,4 +48,22 @@ def make_model(family: str, root: Path, seed: int = 0, **overrides: Any) -> Path
                 p.normal_(0.0, 0.1)
     out = root / family
     model.save_pretrained(out)
+    save_tokenizer(out, kw["vocab_size"])
     return out
+
+
+TEXT = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "def fibonacci(n): return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
+    "3 + 4 = 7, 12 + 5 = 17. Once upon a time, there was a little model.",
+]
+
+
+def save_tokenizer(out: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer of ``vocab_size`` tokens trained on ``TEXT`` (offline)."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(TEXT, vocab_size=vocab_size, min_frequency=1, show_progress=False)
+    PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(out)
