@@ -7,7 +7,8 @@ a ``severity``, a one-line ``message``, ``evidence`` (which cells, ranks, rollou
 tensors, files, lines) and ``fix``: the rule's "how to fix" line (empty when the producer has
 none). ``Finding.where()`` is the location a reader should open (``file:line`` or a path).
 A *rule summary* says how many things a rule checked and how many findings it produced, so a
-report can show that a rule ran and found nothing (as opposed to not running at all).
+report can show that a rule ran and found nothing (as opposed to not running at all), and
+``not_covered`` when the input lacks the evidence the rule needs by the producer's own profile.
 
 ``verdict`` maps findings to the command's outcome for a ``--fail-on`` threshold.
 ``RuleTable`` is a command's table of codes (``compare-dumps``' CDxxx, ``verify-checkpoint``'s
@@ -114,6 +115,9 @@ class RuleSummary(_Model):
     fix: str = ""  # the rule's one-line 'how to fix' (every renderer shows it)
     checked: int = 0
     findings: int = 0
+    # why the rule could not judge this input (the producer did not promise its evidence:
+    # ftkit.analysis.profile); every renderer shows it in place of a pass. None: covered.
+    not_covered: str | None = None
 
     def __post_init__(self) -> None:
         self.severity = Severity(self.severity)

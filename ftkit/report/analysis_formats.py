@@ -53,9 +53,11 @@ def verdict_line(result: AnalysisResult, outcome: str) -> str:
     """``PASS: 0 finding(s) (...) in N events from M file(s)``."""
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("error", "warning", "info")}
     total = sum(r.findings for r in result.rules)
+    uncovered = [r.code for r in result.rules if r.not_covered]
     return (
         f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
         f"in {result.stats['events']} events from {result.stats['files']} file(s)"
+        + (f"; not covered (evidence not promised): {', '.join(uncovered)}" if uncovered else "")
     )
 
 
@@ -84,7 +86,10 @@ def step_summary(result: AnalysisResult, outcome: str) -> str:
         "",
         markdown_table(
             ["code", "rule", "severity", "checked", "findings"],
-            [(r.code, r.rule, r.severity.value, r.checked, r.findings) for r in result.rules],
+            [
+                (r.code, r.rule, r.severity.value, "not covered" if r.not_covered else r.checked, r.findings)
+                for r in result.rules
+            ],
         ),
     ]
     if result.findings:

@@ -48,7 +48,8 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         rules.add_column(col, justify=just)  # type: ignore[arg-type]
     for r in result.rules:
         style = _STYLE[r.severity.value] if r.findings else "green"
-        rules.add_row(r.code, r.rule, r.severity.value, str(r.checked), f"[{style}]{r.findings}[/{style}]")
+        checked = "[yellow]not covered[/yellow]" if r.not_covered else str(r.checked)
+        rules.add_row(r.code, r.rule, r.severity.value, checked, f"[{style}]{r.findings}[/{style}]")
     console.print(rules)
 
     if result.findings:

@@ -33,6 +33,7 @@ class Case:
     classname: str
     name: str
     failures: list[Failure] = field(default_factory=list)
+    skipped: str | None = None  # why the case could not run (a rule not covered): never a pass
 
 
 def finding_failure(f: Finding) -> Failure:
@@ -49,7 +50,10 @@ def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Find
     by_code: dict[str, list[Finding]] = {}
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
-    cases = [Case(suite, f"{r.code} {r.rule}", [finding_failure(f) for f in by_code.pop(r.code, [])]) for r in rules]
+    cases = [
+        Case(suite, f"{r.code} {r.rule}", [finding_failure(f) for f in by_code.pop(r.code, [])], r.not_covered)
+        for r in rules
+    ]
     cases += [Case(suite, f"{code} {fs[0].rule}", [finding_failure(f) for f in fs]) for code, fs in by_code.items()]
     return cases
 
@@ -65,13 +69,15 @@ def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case])
         tests=str(len(cases)),
         failures=str(sum(1 for c in cases if c.failures)),
         errors="0",
-        skipped="0",
+        skipped=str(sum(1 for c in cases if c.skipped and not c.failures)),
     )
     for case in cases:
         tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name))
         for fail in case.failures:
             el = ET.SubElement(tc, "failure", message=xml_text(fail.message), type=xml_text(fail.type))
             el.text = xml_text(fail.text) if fail.text else None
+        if case.skipped and not case.failures:
+            ET.SubElement(tc, "skipped", message=xml_text(case.skipped))
     tree = ET.ElementTree(root)
     ET.indent(tree)
     buf = io.BytesIO()

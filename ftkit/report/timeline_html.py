@@ -306,7 +306,9 @@ def _rules(result: AnalysisResult) -> str:
             escape(r.code),
             escape(r.rule),
             f"<span class='sev-{r.severity.value}'>{r.severity.value}</span>",
-            f"<span class='num'>{r.checked}</span>",
+            f"<span class='sev-warning'>{escape(r.not_covered)}</span>"
+            if r.not_covered
+            else f"<span class='num'>{r.checked}</span>",
             f"<span class='{'fail' if r.findings else 'pass'}'>{r.findings}</span>",
             escape(r.description),
         )
