@@ -21,7 +21,8 @@ if [ -n "$need" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   # shellcheck disable=SC2086  # one package name per word
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
 fi
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
+# train: megatron-core and Ray (ftkit train); transformers: the Trainer callback's tests.
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test,train,transformers]"
 missing=""
 for tool in zsh fish tmux node; do command -v "$tool" >/dev/null || missing="$missing ${tool/node/nodejs}"; done
 if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

@@ -31,7 +31,13 @@ def test_import_ftkit_and_the_evidence_api_import_neither_megatron_nor_ray():
 def test_the_public_names_are_the_documented_ones():
     import ftkit
 
-    assert sorted(ftkit.__all__) == ["EvidenceProfile", "EvidenceRun", "WitnessTable", "__version__", "fingerprint_state"]
+    assert sorted(ftkit.__all__) == [
+        "EvidenceProfile",
+        "EvidenceRun",
+        "WitnessTable",
+        "__version__",
+        "fingerprint_state",
+    ]
     assert all(getattr(ftkit, n) is not None for n in ftkit.__all__)
     assert (REPO / "ftkit" / "py.typed").is_file()
 

@@ -23,7 +23,9 @@ SMALL = ["--epochs", "1", "--samples", "16", "--batch", "2", "--checkpoint-every
 def torchrun(out: Path, *flags: str) -> Path:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)]
-    done = subprocess.run([*cmd, "--out", str(out), *SMALL, *flags], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*cmd, "--out", str(out), *SMALL, *flags], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
