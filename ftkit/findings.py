@@ -8,7 +8,8 @@ tensors, files, lines) and ``fix``: the rule's "how to fix" line (empty when the
 none). ``Finding.where()`` is the location a reader should open (``file:line`` or a path).
 A *rule summary* says how many things a rule checked and how many findings it produced, so a
 report can show that a rule ran and found nothing (as opposed to not running at all: a rule
-that checked nothing is ``not run`` in every format, never passed).
+that checked nothing is ``not run`` in every format, never passed), and ``not_covered`` when
+the input lacks the evidence the rule needs by the producer's own profile.
 
 ``verdict`` maps findings to the command's outcome for a ``--fail-on`` threshold.
 ``RuleTable`` is a command's table of codes (``compare-dumps``' CDxxx, ``verify-checkpoint``'s
@@ -115,17 +116,23 @@ class RuleSummary(_Model):
     fix: str = ""  # the rule's one-line 'how to fix' (every renderer shows it)
     checked: int = 0
     findings: int = 0
+    # why the rule could not judge this input (the producer did not promise its evidence:
+    # ftkit.analysis.profile); every renderer shows it in place of a pass. None: covered.
+    not_covered: str | None = None
 
     def __post_init__(self) -> None:
         self.severity = Severity(self.severity)
 
     @property
     def status(self) -> str:
-        """``failed`` (it made findings), ``passed`` (it checked something and found nothing) or
-        ``not run`` (it checked nothing: no evidence either way, never shown as passed; JUnit's
-        ``skipped``)."""
+        """``failed`` (it made findings), ``not covered`` (the producer did not promise the
+        evidence it needs: ``not_covered`` says why), ``passed`` (it checked something and found
+        nothing) or ``not run`` (it checked nothing: no evidence either way); ``not covered`` and
+        ``not run`` are never shown as passed (JUnit's ``skipped``)."""
         if self.findings:
             return "failed"
+        if self.not_covered is not None:
+            return "not covered"
         return "passed" if self.checked else "not run"
 
     def model_dump(self, mode: str = "python") -> dict[str, Any]:

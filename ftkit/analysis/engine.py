@@ -2,7 +2,7 @@
 
     result = analyze_paths([run_dir / "events"], select=None, skip=None)
     result.findings   # list[Finding], most severe first
-    result.rules      # list[RuleSummary]: every selected rule with checked / finding counts
+    result.rules      # list[RuleSummary]: every selected rule with checked / finding counts, not_covered
     result.stats      # dict: events, files, lines, bytes, run, cells, steps, ...
     result.recovery   # list[dict]: one row per injected fault (see ftkit.analysis.recovery)
     result.notes      # list[str]: warnings for stderr (unknown event types, findings not stored)
@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftkit.analysis.profile import uncovered
 from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import NotPerProcess, Replay
 from ftkit.analysis.replay_state import MAX_STORED
@@ -90,6 +91,7 @@ def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progres
 
 
 def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> AnalysisResult:
+    not_covered = uncovered(replay.profile)
     rules = [
         RuleSummary(
             code=r.code,
@@ -99,6 +101,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
             fix=r.fix,
             checked=r.checked,
             findings=r.found,
+            not_covered=not_covered.get(r.code),
         )
         for r in replay.rules
     ]
@@ -134,6 +137,8 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
         "engine_restarts": replay.by_type.get("engine_restart", 0),
         "duration_s": replay.duration,
         "placement": replay.placement_summary(),
+        "evidence_profile": None if replay.profile is None else replay.profile["kinds"],
+        "not_covered": sorted(r.code for r in rules if r.not_covered),
     }
     return AnalysisResult(
         findings=sort_findings(replay.findings), rules=rules, stats=stats, recovery=replay.recovery.table(), notes=notes

@@ -30,6 +30,7 @@ class EventHandlers(Watermark):
             "run_started": self._run_started,
             "run_resumed": self._run_resumed,
             "run_finished": self._run_finished,
+            "evidence_profile": self._evidence_profile,
             "cell_state": self._cell_state,
             "reconfigure": self._reconfigure,
             "step_outcome": self._step_outcome,
@@ -55,6 +56,12 @@ class EventHandlers(Watermark):
             self.run_started = ev
         else:
             self.report("FT111", "run_started logged twice", Severity.warning, where=self.where(fi, line))
+
+    def _evidence_profile(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if self.profile is None and not self.steps_closed:
+            self.profile = ev
+        else:  # the first one before any step counts: a later one could only promise less
+            self.report("FT111", "evidence_profile logged twice or after steps", where=self.where(fi, line))
 
     def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.run_finished = (ev, self.where(fi, line))

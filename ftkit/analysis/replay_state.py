@@ -45,6 +45,7 @@ class ReplayState:
         # run and membership
         self.run_started: dict[str, Any] | None = None
         self.run_finished: tuple[dict[str, Any], Where] | None = None
+        self.profile: dict[str, Any] | None = None  # the evidence_profile (ftkit.analysis.profile); None: ftkit train's
         self.runs: dict[str, Where] = {}
         self.after_finish: list[Any] = [0, None]
         self.epochs: dict[int, frozenset[int]] = {}

@@ -173,6 +173,9 @@ def _from_checkpoint(
         raise UsageError(f"PATH ({path}) and --from-checkpoint exclude each other", "pass one of them")
     if rollout is None or out_dir is None:
         raise UsageError("--from-checkpoint needs --rollout N and --out DIR", "e.g. --rollout 2 --out replay/")
+    from ftkit.extras import require
+
+    require("train", "dump --from-checkpoint")
     from ftkit.train.checkpoint_replay import plan_replay, replay
 
     plan = plan_replay(ckpt, rollout, out_dir, tp, pp)

@@ -278,6 +278,9 @@ def register(app: typer.Typer) -> None:
         also when the run cannot go on (--min-cells, --max-retries);
         130 / 143 / 129 on SIGINT / SIGTERM / SIGHUP.
         """
+        from ftkit.extras import require
+
+        require("train", "ftkit train")
         from ftkit.train.config import load_config
 
         values: dict[str, Any] = read_config_file(config) if config is not None else {}

@@ -275,6 +275,9 @@ class DumpWritten(Envelope):
 
     type: Literal["dump_written"]
     rollout: int = Field(description="rollout index")
+    step: int | None = Field(
+        default=None, description="run-global optimizer step of a per-step dump (null: per rollout)"
+    )
     phase: str = Field(description="dump phase")
     path: str = Field(description="safetensors file")
     tensors: int = Field(description="tensors in the file")
@@ -325,6 +328,25 @@ class EngineFailed(Envelope):
     reason: str = Field(description="what the driver saw")
 
 
+#: Evidence kinds a producer may promise in ``evidence_profile`` (kind -> the rules it covers is
+#: ``ftkit.analysis.profile.COVERS``). ``step_outcome`` is not a kind: every producer logs it.
+EVIDENCE_KINDS = ("state_fingerprint", "witness_counts", "metric", "dump_written", "checkpoint", "weights")
+
+
+class EvidenceProfileEvent(Envelope):
+    """The evidence a producer other than ``ftkit train`` promises (logged by its driver role right
+    after ``run_started``). ``analyze-events`` then expects exactly that, fails closed on anything
+    promised and missing (FT112), and reports every rule whose evidence was not promised as not
+    covered. A log without this event is held to everything ``ftkit train`` logs."""
+
+    type: Literal["evidence_profile"]
+    producer: str = Field(description="who writes the log (ftkit.evidence, ftkit.integrations.transformers, ...)")
+    kinds: dict[str, int] = Field(
+        description="evidence kind -> cadence N: due at every committed step s with (s + 1) % N == 0 "
+        "(weights: at every weight sync); kinds are " + ", ".join(f"`{k}`" for k in EVIDENCE_KINDS)
+    )
+
+
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     RunStarted,
     RunResumed,
@@ -350,6 +372,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     LogClosed,
     PlacementEvent,
     EngineFailed,
+    EvidenceProfileEvent,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007

@@ -55,7 +55,8 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         else:
             style = _STYLE[r.severity.value] if r.findings else "green"
             shown = f"[{style}]{r.findings}[/{style}]"
-        rules.add_row(r.code, r.rule, r.severity.value, str(r.checked), shown)
+        checked = "[yellow]not covered[/yellow]" if r.status == "not covered" else str(r.checked)
+        rules.add_row(r.code, r.rule, r.severity.value, checked, shown)
     console.print(rules)
 
     if result.findings:

@@ -34,14 +34,17 @@ def recovery_cell(value: Any) -> str:
 
 
 def verdict_line(result: AnalysisResult, outcome: str) -> str:
-    """``PASS: 0 finding(s) (...) in N events from M file(s)``, plus ``; K rule(s) not run (checked
+    """``PASS: 0 finding(s) (...) in N events from M file(s)``, plus ``; not covered (evidence not
+    promised): ...`` for rules the producer's profile leaves out and ``; K rule(s) not run (checked
     nothing)`` when some selected rules found no evidence to check."""
     counts = {s: sum(1 for f in result.findings if f.severity.value == s) for s in ("error", "warning", "info")}
     total = sum(r.findings for r in result.rules)
     not_run = [r.code for r in result.rules if r.status == "not run"]
+    uncovered = [r.code for r in result.rules if r.status == "not covered"]
     return (
         f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
         f"in {result.stats['events']} events from {result.stats['files']} file(s)"
+        + (f"; not covered (evidence not promised): {', '.join(uncovered)}" if uncovered else "")
         + (f"; {len(not_run)} rule(s) not run (checked nothing): {', '.join(not_run)}" if not_run else "")
     )
 

@@ -35,7 +35,7 @@ class Case:
     classname: str
     name: str
     failures: list[Failure] = field(default_factory=list)
-    skipped: str | None = None  # why the case did not run (JUnit ``<skipped message=...>``)
+    skipped: str | None = None  # why the case did not run (JUnit ``<skipped message=...>``): never a pass
 
 
 def finding_failure(f: Finding) -> Failure:
@@ -58,7 +58,7 @@ def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Find
             suite,
             f"{r.code} {r.rule}",
             [finding_failure(f) for f in by_code.pop(r.code, [])],
-            NOT_RUN if r.status == "not run" else None,
+            NOT_RUN if r.status == "not run" else r.not_covered if r.status == "not covered" else None,
         )
         for r in rules
     ]

@@ -301,7 +301,7 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}s"
 
 
-_RULE_CLASS = {"failed": "fail", "passed": "pass", "not run": "muted"}
+_RULE_CLASS = {"failed": "fail", "passed": "pass", "not run": "muted", "not covered": "muted"}
 
 
 def _rules(result: AnalysisResult) -> str:
@@ -310,8 +310,10 @@ def _rules(result: AnalysisResult) -> str:
             escape(r.code),
             escape(r.rule),
             f"<span class='sev-{r.severity.value}'>{r.severity.value}</span>",
-            f"<span class='num'>{r.checked}</span>",
-            f"<span class='{_RULE_CLASS[r.status]}'>{r.findings if r.status != 'not run' else 'not run'}</span>",
+            f"<span class='sev-warning'>{escape(r.not_covered)}</span>"
+            if r.not_covered
+            else f"<span class='num'>{r.checked}</span>",
+            f"<span class='{_RULE_CLASS[r.status]}'>{r.findings if r.status in ('failed', 'passed') else r.status}</span>",
             escape(r.description),
         )
         for r in result.rules

@@ -17,29 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ftkit.evidence.fingerprint import fingerprint_state  # noqa: F401 - the one routine, re-exported
+
 FINAL_SCHEMA = "ftkit.final-state/1"
-
-
-def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[str, dict[str, str], dict[str, str]]:
-    """``(total, params, optimizer)``: per-tensor fingerprints and one state fingerprint.
-
-    ``total`` combines both maps with ``param/`` and ``optimizer/`` name prefixes, so a
-    parameter and an optimizer tensor can never stand in for each other. ``named``: the
-    model's ``(name, parameter)`` pairs when the caller keeps them (saves walking the module
-    tree every step); the names are those of ``state_codec.capture``.
-    """
-    import torch
-
-    from ftkit.tensors.fingerprint import fingerprint, state_total
-
-    params: dict[str, str] = {}
-    optim: dict[str, str] = {}
-    for name, p in model.named_parameters() if named is None else named:
-        params[name] = fingerprint(p)
-        for key, value in sorted(optimizer.state.get(p, {}).items()):
-            if isinstance(value, torch.Tensor):
-                optim[f"{name}.{key}"] = fingerprint(value)
-    return state_total(params, optim), params, optim
 
 
 def final_path(run_dir: str | Path, tp: int, pp: int) -> Path:

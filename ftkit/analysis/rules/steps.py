@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ftkit.analysis.profile import MAX_OWED, TRACKED_EVENTS, Promises, cadence, expects, unknown_kinds
 from ftkit.analysis.records import StepRecord
 from ftkit.analysis.registry import Rule, register
 
@@ -171,19 +172,33 @@ class MissingEvidence(Rule):
     name = "missing-evidence"
     description = (
         "a committed step without a state_fingerprint from every live rank or without witness counts, "
-        "a trained rollout without witness_allocated, or a log with no committed step at all"
+        "a trained rollout without witness_allocated, or a log with no committed step at all; with an "
+        "evidence_profile: anything it promised and the log lacks (ftkit.analysis.profile)"
     )
     fix = "forensics fail closed: make every rank log its fingerprint and witness counts at each committed step"
+    events = ("evidence_profile", *TRACKED_EVENTS)
+
+    def __init__(self, replay: Any) -> None:
+        super().__init__(replay)
+        self.promises = Promises()
+
+    def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        if ev["type"] != "evidence_profile":
+            self.promises.saw(ev)
+        elif unknown_kinds(ev):
+            self.report(f"evidence_profile promises kind(s) {unknown_kinds(ev)} this analyzer cannot check")
 
     def on_step(self, rec: StepRecord) -> None:
         if not rec.committed:
             return
         self.check()
+        profile = self.replay.profile
+        self.promises.due(profile, rec.step)
         n_ranks = self.replay.ranks_per_cell
         missing = []
         for cell in sorted((rec.live - rec.lost) | rec.committed_cells):
             have = {r for r, by_cell in rec.fingerprints.items() if cell in by_cell}
-            if None in have:
+            if None in have or not expects(profile, "state_fingerprint", rec.step):
                 continue
             missing += [f"cell {cell} rank {r}" for r in range(n_ranks) if r not in have]
         if missing:
@@ -193,7 +208,9 @@ class MissingEvidence(Rule):
                 missing=missing,
                 **rec.evidence(),
             )
-        if rec.witness is None:
+        if not expects(profile, "witness_counts", rec.step):
+            pass
+        elif rec.witness is None:
             self.report(
                 f"committed step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) has no witness_counts",
                 **rec.evidence(),
@@ -209,7 +226,7 @@ class MissingEvidence(Rule):
                 )
 
     def on_rollout(self, ro: Any) -> None:
-        if ro.committed_steps:
+        if ro.committed_steps and cadence(self.replay.profile, "witness_counts") is not None:
             self.check()
             if ro.ids is None:
                 self.report(
@@ -222,3 +239,9 @@ class MissingEvidence(Rule):
         self.check()
         if self.replay.steps_committed == 0:
             self.report("the log holds no committed step: nothing proves the run trained correctly")
+        for kind, steps in self.promises.missing().items():
+            self.report(
+                f"the evidence_profile promises {kind} but committed step(s) {steps[:MAX_OWED]} have none",
+                kind=kind,
+                steps=steps[:MAX_OWED],
+            )

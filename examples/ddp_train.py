@@ -1,0 +1,88 @@
+"""A plain PyTorch DDP training loop, instrumented with ftkit's evidence API (lines marked ``# ftkit``).
+
+    torchrun --nproc-per-node 2 examples/ddp_train.py --out runs/ddp
+    ftkit analyze-events runs/ddp/events
+    ftkit verify-checkpoint runs/ddp/checkpoints --events runs/ddp/events
+
+A small MLP regresses a fixed random data set (gloo on CPU, or NCCL with ``--device cuda``). Every
+rank logs its step outcomes, state fingerprints and the ids of the samples it trained; rank 0 logs
+the loss and publishes a guarded checkpoint every ``--checkpoint-every`` steps. A step whose
+gradients are not finite is discarded and retried (its samples are trained exactly once).
+
+The loop without ftkit is the same minus the lines marked ``# ftkit`` (the retry of a discarded
+step is what a guard asks for: without ftkit, a NaN gradient would silently reach the weights).
+The ``--plant-*`` flags plant one fault for ftkit to find (tests/examples use them): a rank's
+weights perturbed once (FT101), a sample dropped (FT103) or trained twice (FT104), a NaN gradient
+(the guard refuses the checkpoint of that interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ftkit  # ftkit
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="the run directory (events/, checkpoints/, dumps/)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--samples", type=int, default=32, help="data set size")
+    p.add_argument("--batch", type=int, default=4, help="samples per rank and step")
+    p.add_argument("--checkpoint-every", type=int, default=4)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--plant-divergence", type=int, metavar="STEP", help="perturb rank 1's weights after STEP")
+    p.add_argument("--plant-drop", type=int, metavar="ID", help="never train sample ID")
+    p.add_argument("--plant-duplicate", type=int, metavar="ID", help="train sample ID twice in its step")
+    p.add_argument("--plant-nan", type=int, metavar="STEP", help="a NaN gradient in STEP's first attempt")
+    args = p.parse_args()
+
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    data = torch.randn(args.samples, 16)
+    target = data @ torch.randn(16, 1)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(args.device))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    profile = ftkit.EvidenceProfile(checkpoint_every=args.checkpoint_every)  # ftkit
+    run = ftkit.EvidenceRun(args.out, profile, config=vars(args))  # ftkit
+    per_step = args.batch * world
+    step = 0
+    for epoch in range(args.epochs):
+        run.allocate(epoch, range(args.samples))  # ftkit: each sample once per epoch
+        order = torch.randperm(args.samples, generator=torch.Generator().manual_seed(epoch)).tolist()
+        for start in range(0, args.samples - per_step + 1, per_step):
+            ids = order[start + rank * args.batch : start + (rank + 1) * args.batch]
+            ids = [i for i in ids if i != args.plant_drop] + [i for i in ids if i == args.plant_duplicate]
+            for attempt in range(2):
+                opt.zero_grad()
+                x, y = data[ids].to(args.device), target[ids].to(args.device)
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                if args.plant_nan == step and attempt == 0 and rank == 0:
+                    loss = loss * float("nan")
+                loss.backward()
+                if run.observe_grads(step, model, rollout=epoch):  # ftkit: the non-finite guard
+                    break
+                run.step_outcome(step, "discarded", rollout=epoch, attempt=attempt)  # ftkit
+            opt.step()
+            if args.plant_divergence == step and rank == 1:
+                with torch.no_grad():
+                    next(model.parameters()).add_(1e-3)
+            mean = loss.detach().clone()
+            dist.all_reduce(mean)
+            evidence = {"model": model, "optimizer": opt, "samples": ids, "rollout": epoch}  # ftkit
+            run.step(step, metrics={"loss": mean / world}, attempt=attempt, **evidence)  # ftkit
+            if profile.due("checkpoint", step):  # ftkit
+                run.publish_checkpoint(step, model, opt, rollout=epoch)  # ftkit
+            step += 1
+    run.close()  # ftkit
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""``EvidenceRun``: the event log of one process of any trainer, in ftkit's run directory layout.
+
+Contract (one ``EvidenceRun`` per process; every rank of the job opens one, in the same order
+as its other collectives):
+
+- ``EvidenceRun(run_dir, profile=...)`` takes the rank and world size from ``torch.distributed``
+  (or ``rank=`` / ``world_size=``; one process without a process group is rank 0 of 1). Every
+  data-parallel rank is one *cell* of one rank (``cell = rank``), which is what ftkit's analyzer
+  compares replicas across. Rank 0 writes ``run.json`` (if absent) and holds a second log with the
+  run's ``driver`` role: ``run_started``, the ``evidence_profile``, the cells' states, the epoch-0
+  membership, the witness allocations, the metrics, the checkpoint publications and at ``close``
+  ``run_finished``. Every rank writes its own ``trainer`` log (``events/trainer-c<rank>-r0-i<n>.jsonl``,
+  ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training).
+- Per committed step, in this order: ``step_outcome`` (``step``), then the evidence the profile
+  promises at that step: ``fingerprint``, ``witness_counts`` (a collective), ``metric`` (rank 0
+  logs, the others ignore it), ``dump``, ``publish_checkpoint`` (a collective). ``step`` does the
+  first three in one call. Steps are numbered from 0, run-global; ``rollout`` groups the samples
+  of one witness allocation (an epoch of a data set, one RL rollout), 0 by default.
+- ``close(status)`` ends the run: every rank closes its log (``log_closed``), rank 0 last with
+  ``run_finished``. A process that dies leaves its log unclosed, which the analyzer reports.
+
+The collectives use the default process group; run them on every rank or on none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ftkit import __version__
+from ftkit.checkpoint.guard import NonFiniteGuard
+from ftkit.events.writer import EventWriter
+from ftkit.evidence.collectives import broadcast_json, gather_json, rank_and_world
+from ftkit.evidence.profile import EvidenceProfile
+
+RUN_SCHEMA = "ftkit.run/1"
+
+
+class EvidenceRun:
+    """The evidence log of this process; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        profile: EvidenceProfile | None = None,
+        *,
+        run: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        producer: str = "ftkit.evidence",
+    ) -> None:
+        self.dir = Path(run_dir)
+        self.profile = profile or EvidenceProfile()
+        got_rank, got_world = rank_and_world()
+        self.rank = got_rank if rank is None else rank
+        self.world_size = got_world if world_size is None else world_size
+        self.guard = NonFiniteGuard()
+        self.driver: EventWriter | None = None
+        self._closed = False
+        (self.dir / "events").mkdir(parents=True, exist_ok=True)
+        name = run or self.dir.resolve().name
+        if self.rank == 0:
+            name = _write_run_json(self.dir, name, dict(config or {}), self.world_size, self.profile, producer)
+            self.driver = EventWriter(self.dir / "events", name, "driver")
+            self.driver.emit(
+                "run_started",
+                config=dict(config or {}),
+                num_cells=self.world_size,
+                tp=1,
+                pp=1,
+                num_engines=0,
+                ftkit_version=__version__,
+            )
+            self.driver.emit("evidence_profile", producer=producer, kinds=self.profile.kinds())
+            for cell in range(self.world_size):
+                self.driver.emit("cell_state", cell=cell, old="pending", new="alive", reason="started")
+            self.driver.emit(
+                "reconfigure", epoch=0, alive_before=[], alive_after=list(range(self.world_size)), reason="start"
+            )
+            self.driver.sync()
+        self.run = str(broadcast_json(name))  # also the barrier: no rank logs before run_started
+        self.log = EventWriter(self.dir / "events", self.run, "trainer", cell=self.rank, rank=0)
+
+    # ------------------------------------------------------------------ samples
+    def allocate(self, rollout: int, ids: Iterable[int], expected: int = 1) -> None:
+        """Declare the sample ids of ``rollout`` (``witness_allocated``; rank 0 logs it, the others
+        ignore the call): each must be counted ``expected`` times over the rollout's committed steps.
+        Call before the rollout's first step."""
+        if self.driver is not None:
+            self.driver.emit(
+                "witness_allocated", rollout=rollout, attempt=0, ids=[int(i) for i in ids], expected=expected
+            )
+
+    # ------------------------------------------------------------------ per step
+    def step(
+        self,
+        step: int,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        samples: Iterable[int] | None = None,
+        metrics: Mapping[str, float] | None = None,
+        rollout: int = 0,
+        attempt: int = 0,
+    ) -> None:
+        """A committed step: ``step_outcome``, then what the profile promises at it among
+        ``fingerprint`` (needs ``model``, ``optimizer``), ``witness_counts`` (needs ``samples``: the
+        ids this rank trained; a collective) and ``metric``. Call after ``optimizer.step()``."""
+        p = self.profile
+        self.step_outcome(step, rollout=rollout, attempt=attempt)
+        if p.due("state_fingerprint", step):
+            if model is None:
+                raise ValueError(f"the profile promises a state_fingerprint at step {step}: pass model=")
+            self.fingerprint(step, model, optimizer, rollout=rollout, attempt=attempt)
+        if p.due("witness_counts", step):
+            if samples is None:
+                raise ValueError(f"the profile promises witness_counts at step {step}: pass samples=")
+            self.witness_counts(step, samples, rollout=rollout, attempt=attempt)
+        if metrics is not None and p.due("metric", step):
+            self.metric(step, rollout=rollout, **metrics)
+        self.log.sync(wait=False)
+
+    def step_outcome(self, step: int, outcome: str = "committed", *, rollout: int = 0, attempt: int = 0) -> None:
+        """This rank's ``step_outcome``: ``committed``, or ``discarded`` / ``failed`` for an attempt
+        that made no optimizer step (a retry keeps ``step`` and raises ``attempt``)."""
+        self.log.emit(
+            "step_outcome",
+            rollout=rollout,
+            step=step,
+            attempt=attempt,
+            epoch=0,
+            cell=self.rank,
+            rank=0,
+            outcome=outcome,
+            micro_shards=[self.rank],
+        )
+
+    def fingerprint(self, step: int, model: Any, optimizer: Any = None, *, rollout: int = 0, attempt: int = 0) -> str:
+        """Log the ``state_fingerprint`` of ``model`` (wrappers removed) and ``optimizer``'s state
+        after a committed step; returns the total (the analyzer compares it across ranks, FT101)."""
+        from ftkit.evidence.fingerprint import fingerprint_state, unwrap
+
+        total, params, optim = fingerprint_state(unwrap(model), optimizer)
+        self.log.emit(
+            "state_fingerprint",
+            rollout=rollout,
+            step=step,
+            attempt=attempt,
+            cell=self.rank,
+            rank=0,
+            total=total,
+            params=params,
+            optimizer=optim,
+        )
+        return total
+
+    def witness_counts(
+        self,
+        step: int,
+        samples: Iterable[int],
+        *,
+        rollout: int = 0,
+        attempt: int = 0,
+        counted: tuple[list[int], list[int], list[float]] | None = None,
+    ) -> None:
+        """Log the step's global per-sample counts. From ``samples`` (the ids this rank trained in
+        the step, a sample twice if it was trained twice): every rank's ids are gathered (a
+        collective) and every rank logs the same global counts; the contribution channel is 1.0 per
+        occurrence (the sample was in a trained batch). ``counted``: ``(ids, counts, contributions)``
+        read from a reduced witness gradient (``WitnessTable.read``) instead; no collective."""
+        if counted is None:
+            tally: dict[int, int] = {}
+            for ids in gather_json([int(i) for i in samples]):
+                for i in ids:
+                    tally[i] = tally.get(i, 0) + 1
+            order = sorted(tally)
+            counted = (order, [tally[i] for i in order], [float(tally[i]) for i in order])
+        ids, counts, contributions = counted
+        self.log.emit(
+            "witness_counts",
+            rollout=rollout,
+            step=step,
+            attempt=attempt,
+            cell=self.rank,
+            rank=0,
+            ids=list(ids),
+            counts=list(counts),
+            contributions=list(contributions),
+        )
+
+    def metric(self, step: int | None, *, rollout: int = 0, **values: float | None) -> None:
+        """The run's scalar metrics of ``step`` (``None``: per rollout); rank 0 logs them (pass
+        values already averaged over ranks), the others ignore the call."""
+        if self.driver is not None:
+            self.driver.emit("metric", rollout=rollout, step=step, values={k: _scalar(v) for k, v in values.items()})
+
+    def observe_grads(self, step: int, model: Any, *, rollout: int = 0) -> bool:
+        """Check every gradient of ``model`` for NaN / Inf (after ``backward``, before
+        ``optimizer.step``): each non-finite one is logged (``grad_nonfinite``) and recorded in this
+        rank's non-finite guard, which ``publish_checkpoint`` consumes. Returns whether all were
+        finite; the caller should then skip the optimizer step and log the step as ``discarded``."""
+        import torch
+
+        from ftkit.evidence.fingerprint import unwrap
+
+        named = [(n, p.grad) for n, p in unwrap(model).named_parameters() if p.grad is not None]
+        if not named:
+            return True
+        finite = torch.stack([g.isfinite().all() for _, g in named])
+        if bool(finite.all()):
+            return True
+        for (name, _), ok in zip(named, finite.tolist()):
+            if not ok:
+                self.guard.observe(step, f"gradient {name}", False)
+                self.log.emit("grad_nonfinite", rollout=rollout, step=step, cell=self.rank, rank=0, where=name)
+        return False
+
+    # ------------------------------------------------------------------ dumps and checkpoints
+    def dump(self, step: int, module: Any, **options: Any) -> Any:
+        """A context manager capturing ``module``'s tensors during one forward and backward, written
+        on exit as a per-step dump in ftkit's layout (``ftkit.evidence.dumps.StepDump``)."""
+        from ftkit.evidence.dumps import StepDump
+
+        return StepDump(self, step, module, **options)
+
+    def publish_checkpoint(self, step: int, model: Any, optimizer: Any = None, **options: Any) -> bool:
+        """Guarded publication of ``model`` + ``optimizer`` at ``step`` (a collective):
+        ``ftkit.evidence.checkpoints.publish``. Returns whether it was published (on every rank)."""
+        from ftkit.evidence.checkpoints import publish
+
+        return publish(self, step, model, optimizer, **options)
+
+    # ------------------------------------------------------------------ end
+    def close(self, status: str = "completed", reason: str | None = None) -> None:
+        """Close this rank's log; rank 0 then logs ``run_finished`` (``completed``, ``failed`` or
+        ``interrupted``) and closes the driver log. A barrier when a process group is up; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.log.close()
+        gather_json(self.rank)  # every rank's log is closed before the run is declared finished
+        if self.driver is not None:
+            for cell in range(self.world_size):
+                self.driver.emit("cell_state", cell=cell, old="alive", new="stopped", reason="run end")
+            self.driver.emit("run_finished", status=status, reason=reason)
+            self.driver.close()
+
+    def __enter__(self) -> EvidenceRun:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        self.close("completed" if exc_type is None else "failed", None if exc_type is None else exc_type.__name__)
+
+
+def _scalar(value: Any) -> float | None:
+    """A metric value as a float (tensors and numpy scalars too); ``None`` stays ``None``."""
+    return None if value is None else float(value.item() if hasattr(value, "item") else value)
+
+
+def _write_run_json(
+    run_dir: Path, name: str, config: dict[str, Any], world: int, profile: EvidenceProfile, producer: str
+) -> str:
+    """Write ``run.json`` unless the run directory has one; returns the run's name (the recorded one)."""
+    from ftkit.tensors.st import write_bytes_atomic
+
+    path = run_dir / "run.json"
+    try:
+        recorded = json.loads(path.read_bytes()).get("run")
+        if isinstance(recorded, str) and recorded:
+            return recorded
+    except (OSError, ValueError, AttributeError):
+        pass
+    doc = {
+        "schema": RUN_SCHEMA,
+        "run": name,
+        "ftkit_version": __version__,
+        "created": time.time(),
+        "producer": producer,
+        "config": config,
+        "layout": {"cells": world, "tp": 1, "pp": 1, "engines": 0},
+        "evidence_profile": profile.kinds(),
+    }
+    write_bytes_atomic(path, (json.dumps(doc, indent=2) + "\n").encode())
+    return name

@@ -1,0 +1,1 @@
+"""Integrations of the evidence API with other trainers (each imports its trainer on first use)."""

@@ -1,0 +1,50 @@
+"""A tiny random-init Llama trained by the Hugging Face ``Trainer`` with ``FtkitCallback`` on CPU
+(run directly for one process, or under torchrun for DDP). ``--plant-divergence STEP`` perturbs
+rank 1's weights once after that optimizer step (before ftkit fingerprints it)."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+
+from ftkit.integrations.transformers import FtkitCallback
+
+
+class Perturb(TrainerCallback):  # type: ignore[misc]
+    def __init__(self, step: int | None) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        if state.global_step - 1 == self.step and args.process_index == 1:
+            with torch.no_grad():
+                next(model.parameters()).add_(1e-3)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--plant-divergence", type=int)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg)
+    data = torch.randint(0, 64, (16, 8), generator=torch.Generator().manual_seed(1))
+    ds = [{"input_ids": row, "labels": row, "sample_id": i} for i, row in enumerate(data)]
+    ftkit_cb = FtkitCallback(a.out)
+    args = TrainingArguments(
+        output_dir=f"{a.out}/hf", per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=4,
+        num_train_epochs=1, logging_steps=1, save_steps=2, save_strategy="steps", report_to=[], use_cpu=True,
+        remove_unused_columns=False, seed=0, data_seed=0, disable_tqdm=True, learning_rate=1e-2,
+    )  # fmt: skip
+    callbacks = [Perturb(a.plant_divergence), ftkit_cb]
+    Trainer(model=model, args=args, train_dataset=ds, data_collator=ftkit_cb.collator(), callbacks=callbacks).train()
+
+
+if __name__ == "__main__":
+    main()
