@@ -302,6 +302,7 @@ def _secs(v: float | None) -> str:
 
 
 _RULE_CLASS = {"failed": "fail", "passed": "pass", "not run": "muted", "not covered": "muted"}
+_COUNTED = ("failed", "passed")  # statuses whose findings column is a count
 
 
 def _rules(result: AnalysisResult) -> str:
@@ -313,7 +314,7 @@ def _rules(result: AnalysisResult) -> str:
             f"<span class='sev-warning'>{escape(r.not_covered)}</span>"
             if r.not_covered
             else f"<span class='num'>{r.checked}</span>",
-            f"<span class='{_RULE_CLASS[r.status]}'>{r.findings if r.status in ('failed', 'passed') else r.status}</span>",
+            f"<span class='{_RULE_CLASS[r.status]}'>{r.findings if r.status in _COUNTED else r.status}</span>",
             escape(r.description),
         )
         for r in result.rules

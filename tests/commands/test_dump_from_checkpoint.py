@@ -62,7 +62,7 @@ def test_unusable_inputs_are_exit_2_with_a_hint(run, tmp_path, capsys) -> None:
         "not recorded": (["--from-checkpoint", ck, "--rollout", "2", "--out", out], None),
         "path too": ([str(run), "--from-checkpoint", ck, "--rollout", "2", "--out", out], "exclude each other"),
         "no rollout": (["--from-checkpoint", ck, "--out", out], "needs --rollout"),
-        "offline options alone": ([str(run), "--rollout", "2"], "only apply with --from-checkpoint"),
+        "offline options alone": ([str(run), "--rollout", "2"], "applies only with --from-checkpoint"),
         "nothing": ([], "missing PATH"),
     }  # fmt: skip
     (run / "rollouts" / "rollout_000002.safetensors").rename(run / "rollout_000002.safetensors")
