@@ -74,15 +74,15 @@ def plain_rate(base: dict, run_dir: Path) -> float:
     from ftkit.train.loss import pg_loss, step_tokens, targets
 
     cfg = TrainConfig(**base)
-    configure_determinism(cfg.threads_per_rank)
+    configure_determinism(cfg.compute.threads_per_rank)
     init_local_parallel("cpu")
-    model = build_gpt(cfg, "cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=False)
-    n = cfg.step_samples
+    model = build_gpt(cfg.gpt_spec(), "cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
+    n = cfg.batch.step_samples
     seconds = []
-    for r in range(cfg.rollouts):
+    for r in range(cfg.schedule.rollouts):
         batch = rollouts.load(rollouts.rollout_path(run_dir, r))
-        for k in range(cfg.steps_per_rollout):
+        for k in range(cfg.batch.steps_per_rollout):
             part = {key: v[k * n : (k + 1) * n] for key, v in batch.items()}
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=False)

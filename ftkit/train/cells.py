@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import ConfigError
 from ftkit.train.step_types import StepTask
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 #: Logical Ray CPUs per rank actor and per engine actor.
 CPU_PER_ACTOR = 0.5
@@ -127,7 +130,7 @@ class Cell:
 
 
 def spawn_cell(
-    cfg: dict[str, Any],
+    cfg: TrainConfig,
     run_dir: str,
     index: int,
     ranks_per_cell: int,
@@ -166,7 +169,7 @@ def spawn_cell(
 
 
 def start_cells(
-    cfg: dict[str, Any],
+    cfg: TrainConfig,
     run_dir: str,
     indices: list[int],
     ranks_per_cell: int,

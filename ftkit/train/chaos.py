@@ -24,12 +24,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from ftkit.train.faults import KIND_POINTS, TRAINER_POINTS, FaultSpec
-
-if TYPE_CHECKING:
-    from ftkit.train.config import TrainConfig
+from ftkit.train.faults import KIND_POINTS, TRAINER_POINTS, FaultBounds, FaultSpec
 
 CHAOS_KEYS = ("mtbf", "seed", "max", "step_s")
 FATAL = ("sigkill", "exit", "exception", "hang")
@@ -85,15 +81,15 @@ def parse_chaos(text: str) -> Chaos:
     )
 
 
-def expand_chaos(text: str, cfg: TrainConfig | None) -> list[FaultSpec]:
-    """The fault specs of ``text`` for the run ``cfg`` (grammar only, no specs, without one)."""
+def expand_chaos(text: str, bounds: FaultBounds | None) -> list[FaultSpec]:
+    """The fault specs of ``text`` for a run of ``bounds`` (grammar only, no specs, without one)."""
     chaos = parse_chaos(text)
-    if cfg is None:
+    if bounds is None:
         return []
     rng = random.Random(chaos.seed)
-    steps, K = cfg.rollouts * cfg.steps_per_rollout, cfg.steps_per_rollout
+    steps, K = bounds.steps, bounds.steps_per_rollout
     mean_gap = max(1.0, chaos.mtbf / chaos.step_s)
-    kinds = [k for k in TRAINER_KINDS if cfg.cells > 1 or k not in FATAL]
+    kinds = [k for k in TRAINER_KINDS if bounds.cells > 1 or k not in FATAL]
     weights = [TRAINER_KINDS[k] for k in kinds]
     specs: list[FaultSpec] = []
     step = 0
@@ -103,11 +99,11 @@ def expand_chaos(text: str, cfg: TrainConfig | None) -> list[FaultSpec]:
             break
         if step % K == 0 and rng.random() < ENGINE_ODDS:
             kind = rng.choice(ENGINE_KINDS)
-            specs.append(FaultSpec(kind, "during_weight_sync", step=step, engine=rng.randrange(cfg.engines)))
+            specs.append(FaultSpec(kind, "during_weight_sync", step=step, engine=rng.randrange(bounds.engines)))
             continue
         kind = rng.choices(kinds, weights)[0]
         first = 1 if kind in FATAL else 0
-        cell = rng.randrange(first, cfg.cells)
+        cell = rng.randrange(first, bounds.cells)
         point = rng.choice([p for p in TRAINER_POINTS if p in KIND_POINTS[kind]])
-        specs.append(FaultSpec(kind, point, cell=cell, rank=rng.randrange(cfg.tp * cfg.pp), step=step))
+        specs.append(FaultSpec(kind, point, cell=cell, rank=rng.randrange(bounds.ranks), step=step))
     return specs

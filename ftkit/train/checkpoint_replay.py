@@ -77,7 +77,7 @@ def plan_replay(checkpoint: Path, rollout: int, out: Path, tp: int | None = None
         raise InputError(
             f"{ckpt}/{META} holds no usable training config ({first})", "was it written by ftkit train?"
         ) from None
-    spr = cfg.steps_per_rollout
+    spr = cfg.batch.steps_per_rollout
     if rollout < 1:
         raise UsageError(
             f"--rollout {rollout}: rollout {rollout} starts from the initial weights, no checkpoint is taken before it",
@@ -100,19 +100,26 @@ def plan_replay(checkpoint: Path, rollout: int, out: Path, tp: int | None = None
         )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out} exists and is not an empty directory", "choose a new directory")
-    overrides = {"cells": 1, "tp": tp or cfg.tp, "pp": pp or cfg.pp, "out": str(out), "inject": (), "chaos": None}
+    overrides = {
+        "cells": 1,
+        "tp": tp or cfg.layout.tp,
+        "pp": pp or cfg.layout.pp,
+        "out": str(out),
+        "inject": (),
+        "chaos": None,
+    }
     replay_cfg = TrainConfig.model_validate({**cfg.model_dump(mode="json"), **overrides, "checkpoint_every": 0})
     device = replay_cfg.resolved_device()
     if device == "cuda":
         import torch
 
-        world, gpus = replay_cfg.tp * replay_cfg.pp, torch.cuda.device_count()
+        world, gpus = replay_cfg.layout.ranks, torch.cuda.device_count()
         if gpus < world:  # NCCL needs one GPU per rank
             raise UsageError(
                 f"a replay of {world} rank(s) on CUDA needs {world} GPUs, this machine has {gpus}",
                 "pass a smaller --tp / --pp",
             )
-    replay_cfg = replay_cfg.model_copy(update={"device": device})
+    replay_cfg = TrainConfig.model_validate({**replay_cfg.model_dump(mode="json"), "device": device})
     sha = hashlib.sha256((ckpt / MANIFEST).read_bytes()).hexdigest()
     steps = list(range(rollout * spr, (rollout + 1) * spr))
     return ReplayPlan(ckpt, rollout, batch, out, replay_cfg.model_dump(mode="json"), sha, steps)
@@ -162,24 +169,25 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
     from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, read_groups
     from ftkit.model.gpt import stage_position
     from ftkit.train.canonical_state import local_state
+    from ftkit.train.config import TrainConfig
     from ftkit.train.state_codec import RankState, restore
     from ftkit.train.step_types import StepTask
     from ftkit.train.worker import RankWorker
 
-    w = RankWorker(plan.config, str(plan.out), 0, rank, 0)
+    w = RankWorker(TrainConfig.model_validate(plan.config), str(plan.out), 0, rank, 0)
     w.init_cell("127.0.0.1", port)
     try:
         w.configure(0, [0])
         groups = read_groups(plan.checkpoint)  # verified by plan_replay; shards merged
         model, optim, extra = groups[MODEL], groups[OPTIMIZER], groups[EXTRA]
-        params, entries = local_state(model, optim, w.params, w.tp_rank, w.cfg.tp, stage_position(w.model)[0])
+        params, entries = local_state(model, optim, w.params, w.tp_rank, w.cfg.layout.tp, stage_position(w.model)[0])
         rng = torch.default_generator.get_state()  # every micro-shard reseeds it
         witness = None if w.witness is None else w.witness.param
         restore(RankState(params, entries, extra.get("witness"), rng), w.params, w.optimizer, witness)
         step, done = (int(x) for x in extra["counters"].tolist())
         w.counters = {"step": step, "rollout": done}
         batch = load_file(plan.batch)
-        shards = tuple(range(w.cfg.micro_shards))
+        shards = tuple(range(w.cfg.batch.micro_shards))
         for s in plan.steps:
             task = StepTask(plan.rollout, s, 0, 0, shards, dump=True, dump_replicated=True)
             if not w.compute_reduce(task, batch).finite:

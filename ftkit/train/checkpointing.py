@@ -29,22 +29,25 @@ the checkpoint holds the TP=1/PP=1 state, its manifest ``rank_totals`` every ran
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.checkpoint.publish import Outcome
 from ftkit.train.rundir import run_name
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 
 class RunCheckpoints:
     """Publication of checkpoints for one run (``enabled`` when ``checkpoint_every > 0``)."""
 
-    def __init__(self, cfg: Any, run_dir: Path, coord: Any, events: Any, engines: Any, task: Any) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: Path, coord: Any, events: Any, engines: Any, task: Any) -> None:
         from ftkit.checkpoint.publish import Publisher
         from ftkit.checkpoint.retention import RetentionPolicy
         from ftkit.train.fault_points import injector_for
 
         self.cfg, self.coord, self.events, self.engines, self.task = cfg, coord, events, engines, task
-        self.enabled = cfg.checkpoint_every > 0
+        self.enabled = cfg.checkpoints.every > 0
         self.dir = Path(run_dir) / "checkpoints"
         self.run = run_name(run_dir)  # the name the run's log carries (a moved run keeps it)
         self.step = -1
@@ -52,7 +55,7 @@ class RunCheckpoints:
         injector = injector_for(cfg, events, "driver")
         self.publisher = Publisher(
             self.dir,
-            RetentionPolicy(cfg.keep_last, cfg.keep_best, cfg.best_metric),
+            RetentionPolicy(cfg.checkpoints.keep_last, cfg.checkpoints.keep_best, cfg.eval.best_metric),
             on_event=lambda type_, fields: events.emit(type_, **fields),
             at=lambda point: self._strike(injector, point),
         )
@@ -75,7 +78,7 @@ class RunCheckpoints:
 
     def due(self, rollout: int) -> bool:
         """Whether the end of ``rollout`` is a publication boundary."""
-        every: int = self.cfg.checkpoint_every
+        every: int = self.cfg.checkpoints.every
         return self.enabled and (rollout + 1) % every == 0
 
     def eval_reward(self, rollout: int) -> float:
@@ -85,9 +88,9 @@ class RunCheckpoints:
 
         from ftkit.train.rewards import get_reward
 
-        prompts = self.task.heldout_prompts(self.cfg.seed)
+        prompts = self.task.heldout_prompts(self.cfg.rng.seed)
         responses = self.engines.generate(prompts, rollout, greedy=True)
-        value = float(get_reward(self.cfg.reward)(self.task, prompts, responses).double().mean())
+        value = float(get_reward(self.cfg.task.reward)(self.task, prompts, responses).double().mean())
         if bool((responses < 0).any()):
             value = math.nan
         self.events.emit("metric", rollout=rollout, step=None, values={"eval_reward": value})
@@ -102,11 +105,11 @@ class RunCheckpoints:
         from ftkit.checkpoint.restore import state_payload
 
         cfg, coord = self.cfg, self.coord
-        self.step = step = (rollout + 1) * cfg.steps_per_rollout - 1
-        metric = self.eval_reward(rollout) if cfg.best_metric == "eval_reward" else reward
+        self.step = step = (rollout + 1) * cfg.batch.steps_per_rollout - 1
+        metric = self.eval_reward(rollout) if cfg.eval.best_metric == "eval_reward" else reward
         alive = coord.book.alive()
         answers = coord.wait(
-            {c: coord.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.step_timeout
+            {c: coord.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.recovery.step_timeout
         )
         verdicts = [v for c in sorted(answers.values) for v, _ in answers.values[c]]
         guards = [g for c in sorted(answers.values) for _, g in answers.values[c]]
@@ -125,10 +128,10 @@ class RunCheckpoints:
         meta = {
             "run": self.run,
             "cells": len(alive),
-            "layout": {"tp": cfg.tp, "pp": cfg.pp},
+            "layout": {"tp": cfg.layout.tp, "pp": cfg.layout.pp},
             "ranks": state["ranks"],
-            "seed": cfg.seed,
-            "model": cfg.model,
+            "seed": cfg.rng.seed,
+            "model": cfg.model.preset,
             "config": cfg.model_dump(mode="json"),
         }
         payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, state["rank_totals"])

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.cell_state import CellBook, CellState
 from ftkit.train.cells import Cell
 from ftkit.train.run_end import RunFailed
 from ftkit.train.step_types import Committed, Reduced, StepTask
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 #: Seconds added to every deadline derived from a timeout (scheduling, event fsyncs).
 MARGIN_S = 2.0
@@ -74,7 +77,7 @@ class Answers:
 class StepCoordinator:
     """The live cells of a run and their steps (see the module docstring)."""
 
-    def __init__(self, cfg: Any, book: CellBook, cells: dict[int, Cell], events: Any) -> None:
+    def __init__(self, cfg: TrainConfig, book: CellBook, cells: dict[int, Cell], events: Any) -> None:
         self.cfg, self.book, self.cells, self.events = cfg, book, cells, events
         self.members: list[int] = []  # the alive set of the current epoch
         self.since: dict[int, int] = {c: 0 for c in cells}  # first step a cell trained in its incarnation
@@ -108,7 +111,7 @@ class StepCoordinator:
                 if problem is None:
                     got[cell][rank] = ray.get(ref)
                     # the others passed the same collectives: what is left of their work is short
-                    deadline = min(deadline, time.monotonic() + self.cfg.collective_timeout + MARGIN_S)
+                    deadline = min(deadline, time.monotonic() + self.cfg.recovery.collective_timeout + MARGIN_S)
                     continue
                 kind, text = problem
                 if kind == "collective":
@@ -116,7 +119,7 @@ class StepCoordinator:
                 elif cell not in out.failed:
                     out.failed[cell] = f"{kind}: {text}" if rank == 0 else f"{kind} (rank {rank}): {text}"
                 # once anything failed, the others get one collective timeout to answer
-                deadline = min(deadline, time.monotonic() + self.cfg.collective_timeout + MARGIN_S)
+                deadline = min(deadline, time.monotonic() + self.cfg.recovery.collective_timeout + MARGIN_S)
         for cell, ranks in got.items():
             if cell not in out.failed and cell not in out.collective and len(ranks) == len(refs[cell]):
                 out.values[cell] = [ranks[r] for r in range(len(refs[cell]))]
@@ -160,13 +163,13 @@ class StepCoordinator:
     def reconfigure(self, reason: str) -> None:
         """Rebuild the cross-cell groups over the alive cells under a new epoch; a member that
         fails to join is failed and the next epoch tried, at most ``max_retries + 1`` times."""
-        for _ in range(self.cfg.max_retries + 1):
+        for _ in range(self.cfg.recovery.max_retries + 1):
             self.require_cells()
             before, self.members = self.members, self.book.alive()
             epoch = self.book.next_epoch(reason, before)
             answers = self.wait(
                 {c: self.cells[c].configure(epoch, self.members) for c in self.members},
-                self.cfg.collective_timeout + MARGIN_S,
+                self.cfg.recovery.collective_timeout + MARGIN_S,
             )
             for cell, cause in answers.failed.items():
                 self.fail(cell, cause)
@@ -174,7 +177,7 @@ class StepCoordinator:
                 return
             reason = f"epoch {epoch} could not form: {', '.join(answers.failed.values()) or 'collective error'}"
         raise RunFailed(
-            f"the cells could not form a group {self.cfg.max_retries + 1} times in a row ({reason})",
+            f"the cells could not form a group {self.cfg.recovery.max_retries + 1} times in a row ({reason})",
             hint="check the cells' connectivity; a heavily loaded machine may need a larger --collective-timeout",
         )
 
@@ -182,9 +185,9 @@ class StepCoordinator:
         """Raise ``RunFailed`` with fewer live cells than ``min_cells`` (``CellsLost`` when none
         is left: the driver may restart them all, ``ftkit.train.recovery``)."""
         alive = self.book.alive()
-        if len(alive) < self.cfg.min_cells:
+        if len(alive) < self.cfg.recovery.min_cells:
             raise (CellsLost if not alive else RunFailed)(
-                f"{len(alive)} live cell(s) left, --min-cells is {self.cfg.min_cells}",
+                f"{len(alive)} live cell(s) left, --min-cells is {self.cfg.recovery.min_cells}",
                 hint="the cells' failures are in the event log (cell_state events); lower --min-cells "
                 "or find what kills them",
             )
@@ -195,20 +198,20 @@ class StepCoordinator:
         from ftkit.train.microshards import assign
 
         cfg, t0 = self.cfg, time.perf_counter()
-        for attempt in range(cfg.max_retries + 1):
+        for attempt in range(cfg.recovery.max_retries + 1):
             if attempt == 0:  # failures since the last commit (outside a step: a weight export)
                 self.restart_failed()
             if self.healer is not None:
-                self.healer.at_boundary(step, wait=step == cfg.rollouts * cfg.steps_per_rollout - 1)
+                self.healer.at_boundary(step, wait=step == cfg.total_steps - 1)
             if self.members != self.book.alive():
                 self.reconfigure("membership changed")
             alive, epoch = self.members, self.book.epoch
-            shards = assign(cfg.micro_shards, alive)
-            record = dump and bool(cfg.dump_what)
+            shards = assign(cfg.batch.micro_shards, alive)
+            record = dump and bool(cfg.dumps.what)
             tasks = {c: StepTask(rollout, step, attempt, epoch, tuple(shards[c]), record, record) for c in alive}
             phase1 = self.wait(
                 {c: self.cells[c].compute_reduce(tasks[c], batch) for c in alive},
-                cfg.step_timeout,
+                cfg.recovery.step_timeout,
             )
             reduced: dict[int, list[Reduced]] = phase1.values
             if phase1.clean and all(r.finite for rs in reduced.values() for r in rs):
@@ -234,7 +237,7 @@ class StepCoordinator:
                 why = "; ".join(f"cell {c} {cause}" for c, cause in sorted(phase1.failed.items()))
                 self.reconfigure(f"step {step} attempt {attempt} failed: {why or 'collective error'}")
         raise RunFailed(
-            f"step {step} failed {cfg.max_retries + 1} times (--max-retries {cfg.max_retries})",
+            f"step {step} failed {cfg.recovery.max_retries + 1} times (--max-retries {cfg.recovery.max_retries})",
             hint="the attempts' failures are in the event log (cell_state, step_outcome); raise --max-retries "
             "or find what keeps failing",
         )
@@ -244,8 +247,8 @@ class StepCoordinator:
         cell survived the commit (every survivor has the same committed state)."""
         writer = self.dump_writer(rollout)
         answers = self.wait(
-            {c: self.cells[c].commit(step, attempt, c == writer or self.cfg.dump_cells == "all") for c in alive},
-            self.cfg.step_timeout,
+            {c: self.cells[c].commit(step, attempt, c == writer or self.cfg.dumps.cells == "all") for c in alive},
+            self.cfg.recovery.step_timeout,
         )
         for cell, cause in answers.failed.items():
             self.fail(cell, f"during commit: {cause}")
@@ -259,14 +262,14 @@ class StepCoordinator:
     def _discard(self, step: int, attempt: int) -> None:
         """Phase 2 when the attempt cannot commit: every surviving cell drops what it holds."""
         alive = self.book.alive()
-        answers = self.wait({c: self.cells[c].discard(step, attempt) for c in alive}, self.cfg.step_timeout)
+        answers = self.wait({c: self.cells[c].discard(step, attempt) for c in alive}, self.cfg.recovery.step_timeout)
         for cell, cause in answers.failed.items():
             self.fail(cell, f"during discard: {cause}")
 
     def dump_writer(self, rollout: int) -> int | None:
         """The live cell that writes rollout ``rollout``'s replicated dump: the first one that
         has trained every step of the rollout (a healed cell missed the earlier ones)."""
-        first_step = rollout * self.cfg.steps_per_rollout
+        first_step = rollout * self.cfg.batch.steps_per_rollout
         return next((c for c in self.book.alive() if self.since.get(c, 0) <= first_step), None)
 
     # --- one cell for the whole run ---------------------------------------------------
@@ -276,7 +279,7 @@ class StepCoordinator:
         while True:
             self.require_cells()
             cell = self.book.alive()[0]
-            answers = self.wait({cell: call(self.cells[cell])}, self.cfg.step_timeout)
+            answers = self.wait({cell: call(self.cells[cell])}, self.cfg.recovery.step_timeout)
             if cell in answers.values:
                 return answers.values[cell]
             self.fail(cell, f"during {what}: {answers.failed.get(cell, 'collective error')}")

@@ -4,8 +4,8 @@
 (with the analyzer's verdict over the run's own event log). In order:
 
 1. checks that fail fast, before anything is written: the device, the run directory
-   (``cfg.out``; an existing one only with ``overwrite``, and only if it is an ftkit run
-   directory or empty), Ray (an existing connection is reused; else ``cfg.ray_address`` is
+   (``cfg.output.out``; an existing one only with ``overwrite``, and only if it is an ftkit run
+   directory or empty), Ray (an existing connection is reused; else ``cfg.cluster.ray_address`` is
    joined, or a new local instance with ``LOCAL_RAY_CPUS`` logical CPUs is started with
    ``address="local"``, so a running cluster elsewhere is never joined by accident, and shut
    down at the end) and whether its resources hold the cells and engines;
@@ -33,7 +33,7 @@
 7. ``analyze_paths`` over ``events/``.
 
 Resumed (``resume=True``, ``ftkit train --resume``; ``ftkit.train.resume_plan`` and
-``ftkit.train.resume``, docs/checkpoints.md "Resume"): ``cfg.out`` is an
+``ftkit.train.resume``, docs/checkpoints.md "Resume"): ``cfg.output.out`` is an
 existing run directory, kept; step 2 reconciles its checkpoints and picks the newest that
 verifies and logs ``run_resumed`` instead of ``run_started``; step 4 starts the cells with
 incarnations and epochs after the earlier sessions', loads the checkpoint into every cell
@@ -125,7 +125,7 @@ class Driver:
         self.on_step = on_step or (lambda report: None)
         self.on_event = on_event or (lambda type_, fields: None)
         try:
-            self.task = AdditionTask(cfg.response_len)
+            self.task = AdditionTask(cfg.task.response_len)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
         self.coord: Any = None
@@ -164,19 +164,19 @@ class Driver:
         if self.resume:
             from ftkit.train.resume_plan import check_resume_dir
 
-            check_resume_dir(cfg.out)
+            check_resume_dir(cfg.output.out)
         else:
-            check_run_dir(cfg.out, cfg.overwrite)
+            check_run_dir(cfg.output.out, cfg.output.overwrite)
         own_ray = connect_ray(cfg, rearm=arm_signals)  # ray.init installs its own SIGTERM handler
         try:
-            check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
+            check_resources(cfg.cluster.cells, cfg.layout.ranks, cfg.engine.count, self.device)
             if self.resume:
                 from ftkit.train.resume_plan import plan_resume
 
-                self.run_dir = Path(cfg.out).resolve()
+                self.run_dir = Path(cfg.output.out).resolve()
                 self.plan = plan_resume(self.run_dir, cfg, self.on_warning)
             else:
-                self.run_dir = make_run_dir(cfg.out, cfg.overwrite).resolve()
+                self.run_dir = make_run_dir(cfg.output.out, cfg.output.overwrite).resolve()
             write_run_json(self.run_dir, cfg, self.device, self.task)
             self.gcs = GcsWatch().start()
             self.name = run_name(self.run_dir)
@@ -187,10 +187,10 @@ class Driver:
         # From here on the run exists: whatever happens, its log says how it ended.
         self.head = head = {
             "config": cfg.model_dump(mode="json"),
-            "num_cells": cfg.cells,
-            "tp": cfg.tp,
-            "pp": cfg.pp,
-            "num_engines": cfg.engines,
+            "num_cells": cfg.cluster.cells,
+            "tp": cfg.layout.tp,
+            "pp": cfg.layout.pp,
+            "num_engines": cfg.engine.count,
             "ftkit_version": __version__,
         }
         if self.plan is None:
@@ -206,12 +206,12 @@ class Driver:
                 try:
                     if lost is not None:  # every live cell was lost: all of them again
                         self._recover()
-                    for rollout in range(self.first_rollout, cfg.rollouts):
+                    for rollout in range(self.first_rollout, cfg.schedule.rollouts):
                         self._rollout(rollout)
                     final = self._save_final()
                     break
                 except CellsLost as exc:
-                    if self.coord.healer is None or self.recoveries > cfg.max_retries:
+                    if self.coord.healer is None or self.recoveries > cfg.recovery.max_retries:
                         raise  # --no-heal, or lost again too often: the run fails (exit 1)
                     lost = exc
             status = "completed"
@@ -237,7 +237,7 @@ class Driver:
             self._shutdown(interrupted=status == "interrupted", release=not gcs_lost)
             self.events.emit("run_finished", status=status, reason=reason)
             self.events.close()
-            total = cfg.rollouts * cfg.steps_per_rollout
+            total = cfg.total_steps
             write_status(self.run_dir, status, reason, code, self.steps_committed, total)
             if self.gcs is not None:
                 self.gcs.stop()
@@ -246,7 +246,7 @@ class Driver:
             self.run_dir,
             self.name,
             self.steps_committed,
-            cfg.rollouts * cfg.steps_per_rollout,
+            cfg.total_steps,
             time.perf_counter() - started,
             final,
             self.rewards,
@@ -268,12 +268,11 @@ class Driver:
         from ftkit.train.placement import Placer
 
         cfg, plan = self.cfg, self.plan
-        placer = Placer(self.device, cfg.tp * cfg.pp, self.events)
-        spread = placer.plan_start(cfg.cells, cfg.engines)
+        placer = Placer(self.device, cfg.layout.ranks, self.events)
+        spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
         cells = self._spawn_cells(placer, spread.cells, epoch, incarnation)
-        cfg_dict = self.cfg.model_dump(mode="json")
-        self.engines = EnginePool(cfg, cfg_dict, str(self.run_dir), self.device, placer, spread.engines, self.events)
+        self.engines = EnginePool(cfg, str(self.run_dir), self.device, placer, spread.engines, self.events)
         self._join_cells(cells)
         self.engines.ready()
         self._restore()
@@ -289,20 +288,20 @@ class Driver:
         from ftkit.train.coordinator import StepCoordinator
         from ftkit.train.healing import Healer
 
-        cfg, cfg_dict = self.cfg, self.cfg.model_dump(mode="json")
-        indices = list(range(cfg.cells))
-        book = CellBook(cfg.cells, self._emit_cell_event)
+        cfg = self.cfg
+        indices = list(range(cfg.cluster.cells))
+        book = CellBook(cfg.cluster.cells, self._emit_cell_event)
         book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
         for c in indices:
             book.transition(c, CellState.starting, "run start")
-        cells = start_cells(cfg_dict, str(self.run_dir), indices, cfg.tp * cfg.pp, self.device, incarnation, targets)
+        cells = start_cells(cfg, str(self.run_dir), indices, cfg.layout.ranks, self.device, incarnation, targets)
         for cell in cells:
             placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
         self.coord.placer = placer
-        if cfg.heal:
+        if cfg.recovery.heal:
             store = (self.store.host, self.store.port)
-            self.coord.healer = Healer(self.coord, cfg_dict, str(self.run_dir), self.device, store)
+            self.coord.healer = Healer(self.coord, cfg, str(self.run_dir), self.device, store)
         return cells
 
     def _join_cells(self, cells: list[Any]) -> None:
@@ -346,7 +345,7 @@ class Driver:
             f"every live cell was lost; restarting the cells from {self.plan.fields()['checkpoint'] or 'the seed'}"
         )
         self.events.emit("run_resumed", **self.head, **self.plan.fields())
-        spread = old.placer.plan_cells(self.cfg.cells)
+        spread = old.placer.plan_cells(self.cfg.cluster.cells)
         self._join_cells(self._spawn_cells(old.placer, spread, self.plan.last_epoch, self.plan.incarnation))
         self._restore()
         self.start_rollout = min(self.start_rollout, self.first_rollout)  # back to the seed: report from 0
@@ -363,9 +362,9 @@ class Driver:
 
         cfg = self.cfg
         batch = self._generate(rollout)
-        rewards = get_reward(cfg.reward)(self.task, batch["prompts"], batch["responses"])
-        tensors = rollouts.build_batch(batch["prompts"], batch["responses"], rewards, cfg.group_size, rollout)
-        if cfg.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
+        rewards = get_reward(cfg.task.reward)(self.task, batch["prompts"], batch["responses"])
+        tensors = rollouts.build_batch(batch["prompts"], batch["responses"], rewards, cfg.task.group_size, rollout)
+        if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
             self.events.emit(
                 "witness_allocated", rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
             )
@@ -373,15 +372,15 @@ class Driver:
             self.run_dir,
             rollout,
             tensors,
-            meta={"task": self.task.name, "reward": cfg.reward, "group_size": str(cfg.group_size)},
+            meta={"task": self.task.name, "reward": cfg.task.reward, "group_size": str(cfg.task.group_size)},
         )
         reward = float(rewards.double().mean())
         self.rewards.append(reward)
         self.events.emit("metric", rollout=rollout, step=None, values={"reward": reward})
         batch_ref = ray.put(tensors)
-        dump = cfg.dumps_rollout(rollout) and bool(cfg.dump_what)
-        for k in range(cfg.steps_per_rollout):
-            step = rollout * cfg.steps_per_rollout + k
+        dump = cfg.dumps_rollout(rollout) and bool(cfg.dumps.what)
+        for k in range(cfg.batch.steps_per_rollout):
+            step = rollout * cfg.batch.steps_per_rollout + k
             self._check_gcs()
             self._step_done(self.coord.run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
@@ -390,8 +389,8 @@ class Driver:
 
     def _generate(self, rollout: int) -> dict[str, Any]:
         cfg = self.cfg
-        prompts = self.task.prompts(cfg.seed, rollout, cfg.samples_per_rollout // cfg.group_size)
-        prompts = prompts.repeat_interleave(cfg.group_size, dim=0)
+        prompts = self.task.prompts(cfg.rng.seed, rollout, cfg.batch.samples_per_rollout // cfg.task.group_size)
+        prompts = prompts.repeat_interleave(cfg.task.group_size, dim=0)
         return {"prompts": prompts, "responses": self.engines.generate(prompts, rollout)}
 
     def _step_done(self, out: StepOutcome, reward: float) -> None:
@@ -415,9 +414,9 @@ class Driver:
         self.on_step(
             StepReport(
                 out.rollout,
-                cfg.rollouts,
+                cfg.schedule.rollouts,
                 out.step,
-                cfg.rollouts * cfg.steps_per_rollout,
+                cfg.total_steps,
                 out.attempts,
                 out.loss,
                 out.grad_norm,
@@ -425,7 +424,7 @@ class Driver:
                 tps,
                 out.seconds,
                 out.cells_alive,
-                cfg.cells,
+                cfg.cluster.cells,
             )
         )
 
@@ -509,7 +508,7 @@ def run_training(
     """Run ``cfg`` to the end (see the module docstring); raises ``ConfigError`` /
     ``UsageError`` for a bad run directory, Ray address or layout. ``on_step`` hears every
     step, ``on_event(type, fields)`` every cell-state change and reconfiguration the driver logs
-    (for a live view). ``resume``: continue the run in ``cfg.out`` from its newest checkpoint
+    (for a live view). ``resume``: continue the run in ``cfg.output.out`` from its newest checkpoint
     that verifies (``ftkit.train.resume``); ``on_warning`` hears why a newer one was skipped
     (default: a ``Warning:`` line on stderr)."""
     return Driver(cfg, on_step, on_event, resume, on_warning).run()

@@ -1,6 +1,6 @@
 """The inference engines of a run, restarted when they die.
 
-``EnginePool(cfg, cfg_dict, run_dir, device)`` starts ``cfg.engines`` ``InferenceEngine``
+``EnginePool(cfg, run_dir, device)`` starts ``cfg.engine.count`` ``InferenceEngine``
 actors. ``load(state, version)`` puts the weights in Ray's object store once and has every
 engine load them (each emits ``engine_weights``); ``generate(prompts, rollout)`` gives each
 engine its contiguous range of whole chunks (``engines.split``) and concatenates the answers.
@@ -28,9 +28,12 @@ the dead engine's log for ending without ``log_closed``).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.run_end import RunFailed
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 #: Restarts of one engine within one load / generate before the run gives up.
 MAX_RESTARTS = 3
@@ -41,8 +44,7 @@ class EnginePool:
 
     def __init__(
         self,
-        cfg: Any,
-        cfg_dict: dict[str, Any],
+        cfg: TrainConfig,
         run_dir: str,
         device: str,
         placer: Any = None,
@@ -54,26 +56,26 @@ class EnginePool:
         from ftkit.train.cells import actor_resources
         from ftkit.train.engines import InferenceEngine
 
-        self.cfg, self.cfg_dict, self.run_dir, self.placer, self.events = cfg, cfg_dict, run_dir, placer, events
+        self.cfg, self.run_dir, self.placer, self.events = cfg, run_dir, placer, events
         res = actor_resources(device)
         self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
-        self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engines)]
+        self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engine.count)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
         self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
         self.restarts = 0
         self.engine_restarts: dict[int, int] = {}  # engine -> its restarts (placement incarnation)
-        self.unplaced: set[int] = set(range(cfg.engines))  # engines whose node is not logged yet
-        self.fresh: set[int] = set(range(cfg.engines))  # engines that have not answered a call yet
+        self.unplaced: set[int] = set(range(cfg.engine.count))  # engines whose node is not logged yet
+        self.fresh: set[int] = set(range(cfg.engine.count))  # engines that have not answered a call yet
 
     def _spawn(self, e: int, target: str | None, restarted: tuple[str, str] | None = None) -> Any:
         """A new actor for engine ``e``, asking for node ``target`` (soft) when given;
         ``restarted``: ``(cause, during)`` when it replaces a failed one (``engine_restart``)."""
         if target is None:
-            return self.cls.remote(self.cfg_dict, self.run_dir, e, restarted)
+            return self.cls.remote(self.cfg, self.run_dir, e, restarted)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         strategy = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
-        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg_dict, self.run_dir, e, restarted)
+        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg, self.run_dir, e, restarted)
 
     def ready(self) -> None:
         """Wait until every engine is constructed (and log where they run)."""
@@ -89,7 +91,7 @@ class EnginePool:
         callers handle like a dead engine."""
         import ray
 
-        wait = self.cfg.step_timeout + (self.cfg.heal_timeout if e in self.fresh else 0.0)
+        wait = self.cfg.recovery.step_timeout + (self.cfg.recovery.heal_timeout if e in self.fresh else 0.0)
         try:
             out = ray.get(ref, timeout=wait)
         except ray.exceptions.GetTimeoutError as exc:

@@ -28,9 +28,12 @@ random number (the evaluation of ``--best-metric eval_reward``).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.seeds import torch_generator
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 #: Sequences per forward pass of an engine; a fixed shape keeps results batch independent.
 GEN_CHUNK = 16
@@ -52,24 +55,21 @@ def split(n: int, engines: int) -> list[tuple[int, int]]:
 class InferenceEngine:
     """One inference engine (see the module docstring for the contract)."""
 
-    def __init__(
-        self, cfg: dict[str, Any], run_dir: str, engine: int, restarted: tuple[str, str] | None = None
-    ) -> None:
+    def __init__(self, cfg: TrainConfig, run_dir: str, engine: int, restarted: tuple[str, str] | None = None) -> None:
         """``restarted``: ``(cause, during)`` when this engine replaces one that failed; it is
         logged as ``engine_restart``, the first event of this engine's log."""
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
-        from ftkit.train.config import TrainConfig
         from ftkit.train.rundir import run_name
         from ftkit.train.task import AdditionTask
 
-        self.cfg = TrainConfig.model_validate(cfg)
+        self.cfg = cfg  # validated once, by the driver
         self.engine = engine
         self.device = self.cfg.resolved_device()
-        configure_determinism(self.cfg.threads_per_rank)
+        configure_determinism(self.cfg.compute.threads_per_rank)
         init_local_parallel(self.device)
-        self.model = build_gpt(self.cfg, self.device).eval()
-        self.task = AdditionTask(self.cfg.response_len)
+        self.model = build_gpt(self.cfg.gpt_spec(), self.device).eval()
+        self.task = AdditionTask(self.cfg.task.response_len)
         self.version: int | None = None
         self.events = EventWriter(
             os.path.join(run_dir, "events"),
@@ -119,7 +119,7 @@ class InferenceEngine:
                         f"the model holds {p.dtype}{tuple(p.shape)}"
                     )
                 p.copy_(src)
-            sync_step = version * self.cfg.steps_per_rollout
+            sync_step = version * self.cfg.batch.steps_per_rollout
             if (
                 self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
                 == "corrupt-engine"
@@ -165,7 +165,7 @@ class InferenceEngine:
                 [
                     torch.rand(
                         r,
-                        generator=torch_generator("sample", self.cfg.seed, rollout, first_index + i),
+                        generator=torch_generator("sample", self.cfg.rng.seed, rollout, first_index + i),
                         dtype=torch.float64,
                     )
                     for i in range(k)

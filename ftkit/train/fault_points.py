@@ -50,7 +50,7 @@ def injector_for(
     engine: int | None = None,
 ) -> Injector:
     """The injector of one actor: ``NoFaults`` unless ``cfg`` asks for injections."""
-    if not cfg.inject and not cfg.chaos:
+    if not cfg.faults.inject and not cfg.faults.chaos:
         return NoFaults()
     from ftkit.train.faults import FaultInjector
 

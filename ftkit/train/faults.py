@@ -36,8 +36,6 @@ from ftkit.checkpoint.layout import FAULT_POINTS as PUBLISH_FAULT_POINTS
 if TYPE_CHECKING:
     import torch
 
-    from ftkit.train.config import TrainConfig
-
 KINDS = (
     "sigkill",
     "exit",
@@ -69,6 +67,18 @@ KIND_POINTS: dict[str, tuple[str, ...]] = {
 KEYS = ("kind", "point", "cell", "rank", "step", "attempt", "engine", "seconds")
 DEFAULT_SLOW_SECONDS = 1.0
 Role = Literal["trainer", "engine", "driver"]
+
+
+@dataclass(frozen=True)
+class FaultBounds:
+    """What a spec may name in a run: cells, ranks per cell, engines, optimizer steps, and
+    the steps per rollout (weights are synced before multiples of it)."""
+
+    cells: int
+    ranks: int
+    engines: int
+    steps: int
+    steps_per_rollout: int
 
 
 class InjectedFault(RuntimeError):
@@ -122,8 +132,8 @@ def _int(spec: str, key: str, value: str) -> int:
     return n
 
 
-def parse_spec(spec: str, cfg: TrainConfig | None = None) -> FaultSpec:
-    """One ``--inject`` spec; ``cfg`` (when given) bounds cell, rank, engine and step."""
+def parse_spec(spec: str, bounds: FaultBounds | None = None) -> FaultSpec:
+    """One ``--inject`` spec; ``bounds`` (when given) bounds cell, rank, engine and step."""
     fields: dict[str, str] = {}
     for part in spec.split(","):
         key, sep, value = (s.strip() for s in part.partition("="))
@@ -173,34 +183,34 @@ def parse_spec(spec: str, cfg: TrainConfig | None = None) -> FaultSpec:
         engine=num.get("engine"),
         seconds=seconds,
     )
-    if cfg is not None:
-        _check_bounds(spec, out, cfg)
+    if bounds is not None:
+        _check_bounds(spec, out, bounds)
     return out
 
 
-def _check_bounds(spec: str, f: FaultSpec, cfg: TrainConfig) -> None:
-    steps = cfg.rollouts * cfg.steps_per_rollout
+def _check_bounds(spec: str, f: FaultSpec, bounds: FaultBounds) -> None:
+    steps, K = bounds.steps, bounds.steps_per_rollout
     if f.point == "during_weight_sync":
         steps += 1  # the final weights (version ``rollouts``) are synced "before" step ``steps``
-    limits = {"cell": cfg.cells, "rank": cfg.tp * cfg.pp, "engine": cfg.engines, "step": steps}
+    limits = {"cell": bounds.cells, "rank": bounds.ranks, "engine": bounds.engines, "step": steps}
     for key, limit in limits.items():
         value = getattr(f, key)
         if value is not None and value >= limit:
             raise ValueError(f"inject spec {spec!r}: {key} must be below {limit} for this config, not {value}")
-    if f.point == "during_weight_sync" and f.step is not None and f.step % cfg.steps_per_rollout:
+    if f.point == "during_weight_sync" and f.step is not None and f.step % K:
         raise ValueError(
-            f"inject spec {spec!r}: weights are synced before steps 0, {cfg.steps_per_rollout}, ... "
+            f"inject spec {spec!r}: weights are synced before steps 0, {K}, ... "
             f"(multiples of steps_per_rollout): step must be one of them"
         )
 
 
-def parse_specs(inject: Sequence[str], chaos: str | None, cfg: TrainConfig | None = None) -> list[FaultSpec]:
+def parse_specs(inject: Sequence[str], chaos: str | None, bounds: FaultBounds | None = None) -> list[FaultSpec]:
     """Every ``--inject`` spec, then the ``--chaos`` expansion (deterministic in its seed)."""
-    specs = [parse_spec(s, cfg) for s in inject]
+    specs = [parse_spec(s, bounds) for s in inject]
     if chaos is not None:
         from ftkit.train.chaos import expand_chaos
 
-        specs += expand_chaos(chaos, cfg)
+        specs += expand_chaos(chaos, bounds)
     return specs
 
 

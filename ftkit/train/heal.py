@@ -78,11 +78,11 @@ def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: i
 
     cfg = worker.cfg
     tensors, meta, donor_total, seconds = heal_stream.receive(
-        worker.link.store, key, cfg.collective_timeout, destinations(worker.heal_room())
+        worker.link.store, key, cfg.recovery.collective_timeout, destinations(worker.heal_room())
     )
     t1 = time.perf_counter()
     state = decode(tensors, meta)
-    rollout = step // worker.cfg.steps_per_rollout
+    rollout = step // worker.cfg.batch.steps_per_rollout
     if worker.faults.at("during_heal", step=step, attempt=attempt, rollout=rollout) == "corrupt-transfer":
         from ftkit.train.faults import flip_bit
 

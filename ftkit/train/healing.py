@@ -32,12 +32,15 @@ cell's state (FT107).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.cell_state import CellState
 from ftkit.train.cells import spawn_cell
 from ftkit.train.coordinator import MARGIN_S
 from ftkit.train.step_types import HealReport
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 #: Heal attempts per boundary before the cell waits for the next one.
 HEAL_TRIES = 3
@@ -46,8 +49,8 @@ HEAL_TRIES = 3
 class Healer:
     """Restarts and heals cells for a ``StepCoordinator`` (see the module docstring)."""
 
-    def __init__(self, coord: Any, cfg_dict: dict[str, Any], run_dir: str, device: str, store: tuple[str, int]) -> None:
-        self.coord, self.cfg_dict, self.run_dir, self.device, self.store = coord, cfg_dict, run_dir, device, store
+    def __init__(self, coord: Any, cfg: TrainConfig, run_dir: str, device: str, store: tuple[str, int]) -> None:
+        self.coord, self.cfg, self.run_dir, self.device, self.store = coord, cfg, run_dir, device, store
         self.cfg = coord.cfg
         self.starting: dict[int, tuple[list[Any], float]] = {}  # cell -> (init refs, restart time)
         self.ready: set[int] = set()  # started, not healed yet
@@ -59,10 +62,10 @@ class Healer:
         old = self.coord.cells[cell]
         book = self.coord.book
         book.transition(cell, CellState.restarting, f"restarting as incarnation {old.incarnation + 1}")
-        ranks = self.cfg.tp * self.cfg.pp
+        ranks = self.cfg.layout.ranks
         placer = self.coord.placer
         target = placer.cell_target(cell) if placer is not None else None
-        new = spawn_cell(self.cfg_dict, self.run_dir, cell, ranks, self.device, old.incarnation + 1, target)
+        new = spawn_cell(self.cfg, self.run_dir, cell, ranks, self.device, old.incarnation + 1, target)
         self.coord.cells[cell] = new
         self.starting[cell] = (new.init(*self.store), time.monotonic())
 
@@ -75,14 +78,16 @@ class Healer:
 
         for cell in sorted(self.starting):
             refs, since = self.starting[cell]
-            left = since + self.cfg.heal_timeout - time.monotonic() if wait else 0.0
+            left = since + self.cfg.recovery.heal_timeout - time.monotonic() if wait else 0.0
             ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, left))
             if len(ready) < len(refs):
-                if time.monotonic() - since > self.cfg.heal_timeout:
+                if time.monotonic() - since > self.cfg.recovery.heal_timeout:
                     del self.starting[cell]
                     self.coord.cells[cell].kill()
                     self.coord.book.transition(
-                        cell, CellState.stopped, f"not started within --heal-timeout {self.cfg.heal_timeout:g}s"
+                        cell,
+                        CellState.stopped,
+                        f"not started within --heal-timeout {self.cfg.recovery.heal_timeout:g}s",
                     )
                 continue
             del self.starting[cell]
@@ -125,8 +130,8 @@ class Healer:
                 loading[cell] = coord.cells[cell].load_state(keys, donor, book.epoch + 1, step, attempt)
             # one wait per recipient (they all run meanwhile): a large state may stream for longer
             # than the grace one wait gives the others after the first answer
-            answers = {cell: coord.wait({cell: refs}, self.cfg.step_timeout) for cell, refs in loading.items()}
-            grace = self.cfg.collective_timeout + MARGIN_S  # a served stream ends within it
+            answers = {cell: coord.wait({cell: refs}, self.cfg.recovery.step_timeout) for cell, refs in loading.items()}
+            grace = self.cfg.recovery.collective_timeout + MARGIN_S  # a served stream ends within it
             ray.wait(
                 [r for refs in serving.values() for r in refs],
                 num_returns=sum(map(len, serving.values())),

@@ -11,13 +11,16 @@ cell. Layout handling lives in ``ftkit.train.canonical_state``, file formats in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 
 class RankCheckpoints:
     """Checkpoint methods of one rank (mixed into ``RankWorker``)."""
 
-    cfg: Any  # TrainConfig
+    cfg: TrainConfig
     cell: int
     rank: int
     tp_rank: int
@@ -46,7 +49,7 @@ class RankCheckpoints:
         guard = self.guard.consume(step)
         state = capture(self.params, self.optimizer, None, self.counters)  # views, no copy
         local = [*state.params.values(), *state.optimizer.values()]
-        nbytes = sum(int(t.numel()) * t.element_size() + TENSOR_OVERHEAD for t in local) * self.cfg.tp * self.cfg.pp
+        nbytes = sum(int(t.numel()) * t.element_size() + TENSOR_OVERHEAD for t in local) * self.cfg.layout.ranks
         verdict = preflight(
             Path(checkpoints_dir),
             step,
@@ -82,7 +85,7 @@ class RankCheckpoints:
         state = capture(self.params, self.optimizer, witness, self.counters)
         total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
         params, optimizer = gather(self.params, state.optimizer, offset)
-        mine = (total, rank_spec(self.params, self.tp_rank, self.pp_rank, self.cfg.tp, offset))
+        mine = (total, rank_spec(self.params, self.tp_rank, self.pp_rank, self.cfg.layout.tp, offset))
         ranks: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(mine, ranks, dst=0)
         if ranks is None:
@@ -127,7 +130,9 @@ class RankCheckpoints:
         if (step, rollout) != (int(meta["step"]), int(meta["rollout"])):
             raise ValueError(f"checkpoint counters (step {step}, rollout {rollout}) disagree with its manifest")
         offset = stage_position(self.model)[0]
-        params, optim = local_state(files[MODEL], files[OPTIMIZER], self.params, self.tp_rank, self.cfg.tp, offset)
+        params, optim = local_state(
+            files[MODEL], files[OPTIMIZER], self.params, self.tp_rank, self.cfg.layout.tp, offset
+        )
         expected = self._expected_total(params, optim, meta)
         state = RankState(
             params=params,
@@ -155,11 +160,11 @@ class RankCheckpoints:
         total of the shard sliced out of the verified checkpoint, which checks the copy."""
         from ftkit.tensors.fingerprint import combine, fingerprint
 
-        if self.cfg.tp * self.cfg.pp == 1:
+        if self.cfg.layout.ranks == 1:
             return str(meta["state_fingerprint"])
         layout = meta.get("layout") or {}
         logged = (meta.get("rank_totals") or {}).get(str(self.rank))
-        if logged is not None and (layout.get("tp"), layout.get("pp")) == (self.cfg.tp, self.cfg.pp):
+        if logged is not None and (layout.get("tp"), layout.get("pp")) == (self.cfg.layout.tp, self.cfg.layout.pp):
             return str(logged)
         named = {f"param/{n}": fingerprint(t) for n, t in params.items()}
         named |= {f"optimizer/{n}": fingerprint(t) for n, t in optim.items()}
@@ -176,12 +181,12 @@ class RankCheckpoints:
         meta = {
             "cell": str(self.cell),
             "rank": str(self.rank),
-            "tp": str(self.cfg.tp),
-            "pp": str(self.cfg.pp),
-            "model": self.cfg.model,
-            "seed": str(self.cfg.seed),
+            "tp": str(self.cfg.layout.tp),
+            "pp": str(self.cfg.layout.pp),
+            "model": self.cfg.model.preset,
+            "seed": str(self.cfg.rng.seed),
         }
         state = capture(self.params, self.optimizer, None, self.counters)
         offset, _ = stage_position(self.model)
-        shardings = rank_shardings(self.params, self.tp_rank, self.cfg.tp, offset)
+        shardings = rank_shardings(self.params, self.tp_rank, self.cfg.layout.tp, offset)
         return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta, offset, shardings))]

@@ -39,7 +39,7 @@ class RankDumps:
 
     def __init__(self, worker: Any) -> None:
         self.w = worker
-        self.what = set(worker.cfg.dump_what)
+        self.what = set(worker.cfg.dumps.what)
         from ftkit.model.gpt import stage_position
 
         self.root = Path(worker.run_dir) / "dumps"
@@ -47,7 +47,7 @@ class RankDumps:
         self.offset, self.last_stage = stage_position(worker.model)
 
     def _cell_suffix(self) -> int | None:
-        return self.w.cell if self.w.cfg.dump_cells == "all" else None
+        return self.w.cell if self.w.cfg.dumps.cells == "all" else None
 
     def _meta(self) -> dict[str, Any]:
         return {"cell": self.w.cell, "rank": self.w.rank, "tp": self.w.tp_rank, "pp": self.w.pp_rank}
@@ -103,10 +103,10 @@ class RankDumps:
         from ftkit.tensors.sharding import param_sharding
 
         cfg = self.w.cfg
-        k = step % cfg.steps_per_rollout
+        k = step % cfg.batch.steps_per_rollout
         if before_step:
             dw = self._writer(rollout)
-            tp_size = cfg.tp
+            tp_size = cfg.layout.tp
             for local, p in self.w.params:
                 name = global_param_name(local, self.offset)
                 sh = param_sharding(p, self.w.tp_rank, tp_size)
@@ -115,7 +115,7 @@ class RankDumps:
                 if "grads" in self.what:
                     dw.add(f"{name}.grad", p.grad, step=step, sharding=sh)
             return
-        if k == cfg.steps_per_rollout - 1 and rollout in self._replicated:
+        if k == cfg.batch.steps_per_rollout - 1 and rollout in self._replicated:
             dw = self._replicated.pop(rollout)
             if write and len(dw):
                 self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)

@@ -1,7 +1,7 @@
 """The driver's Ray session and its rendezvous: connect (or start a local Ray), the TCPStore
 the cells meet at, shut down; plus ``plain_line`` for Ray's coloured error texts.
 
-``connect_ray(cfg)`` joins ``cfg.ray_address`` (probed first: a dead address is exit 2 within
+``connect_ray(cfg)`` joins ``cfg.cluster.ray_address`` (probed first: a dead address is exit 2 within
 seconds) or starts a local instance with ``LOCAL_RAY_CPUS`` logical CPUs, Ray's logs kept
 off the driver's stderr (that is ftkit's progress); it returns whether this call initialised
 Ray, which ``disconnect`` then shuts down.
@@ -35,14 +35,14 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
 
     if ray.is_initialized():
         return False
-    if cfg.ray_address:  # a dead address is exit 2 within seconds, not a minute of retries
+    if cfg.cluster.ray_address:  # a dead address is exit 2 within seconds, not a minute of retries
         from ftkit.train.ray_probe import probe_ray_address
 
-        probe_ray_address(cfg.ray_address, timeout_s=5.0)
+        probe_ray_address(cfg.cluster.ray_address, timeout_s=5.0)
     quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
     try:
-        if cfg.ray_address:
-            ray.init(address=cfg.ray_address, **quiet)
+        if cfg.cluster.ray_address:
+            ray.init(address=cfg.cluster.ray_address, **quiet)
         else:
             ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
         rearm()
@@ -55,7 +55,7 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
             ray.shutdown()
         raise RunInterrupted(signal.SIGTERM, started=False) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        where = cfg.ray_address or "a local Ray instance"
+        where = cfg.cluster.ray_address or "a local Ray instance"
         raise ConfigError(
             plain_line(f"cannot connect to {where}: {exc}"),
             hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "

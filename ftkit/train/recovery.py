@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.resume_plan import ResumePlan, plan_resume
 
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
-def recovery_plan(run_dir: Path, cfg: Any, coord: Any, warn: Callable[[str], None]) -> ResumePlan:
+
+def recovery_plan(run_dir: Path, cfg: TrainConfig, coord: Any, warn: Callable[[str], None]) -> ResumePlan:
     """What the cells of ``run_dir`` start again from after ``coord`` (the session that lost
     every cell) is stopped; see the module docstring."""
     epoch = coord.book.epoch

@@ -87,7 +87,7 @@ def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, 
         coord.require_cells()
         alive = coord.book.alive()
         answers = coord.wait(
-            {c: coord.cells[c].restore_checkpoint(ref, state.meta) for c in alive}, coord.cfg.step_timeout
+            {c: coord.cells[c].restore_checkpoint(ref, state.meta) for c in alive}, coord.cfg.recovery.step_timeout
         )
         wrong = {c: cause for c, cause in answers.failed.items() if cause.startswith("exception")}
         if wrong:

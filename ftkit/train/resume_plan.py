@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import ConfigError
+from ftkit.train.config.places import FREE_FIELDS, LAYOUT_FIELDS
 from ftkit.train.resume import CheckpointState, read_checkpoint
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 
 @dataclass
@@ -33,16 +37,21 @@ class ResumePlan:
     skipped: list[str]
     last_epoch: int
     incarnation: int
+    layout_change: dict[str, list[int]] = field(default_factory=dict)  # {"tp": [before, now]}
 
     def fields(self) -> dict[str, Any]:
-        """The ``run_resumed`` fields beyond ``run_started``'s."""
+        """The ``run_resumed`` fields beyond ``run_started``'s (``layout_change`` only when
+        the session changed the layout, ``--allow-layout-change``)."""
         ck = self.checkpoint
-        return {
+        out: dict[str, Any] = {
             "checkpoint": None if ck is None else ck.path.name,
             "checkpoint_step": -1 if ck is None else ck.step,
             "checkpoint_rollout": -1 if ck is None else ck.rollout,
             "skipped": list(self.skipped),
         }
+        if self.layout_change:
+            out["layout_change"] = dict(self.layout_change)
+        return out
 
 
 def check_resume_dir(run_dir: Path) -> None:
@@ -61,7 +70,7 @@ def check_resume_dir(run_dir: Path) -> None:
         )
 
 
-def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumePlan:
+def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) -> ResumePlan:
     """Reconcile ``run_dir/checkpoints`` through its journal and read the newest checkpoint
     that verifies (each newer one skipped is passed to ``warn`` and kept in the plan); the
     records newer than it are retired (``retire_newer``).
@@ -93,10 +102,27 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
                 hint=f"run 'ftkit verify-checkpoint {run_dir}' to see what is wrong",
             ) from None
     events = Path(run_dir) / "events"
-    return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events))
+    change = layout_change(run_dir, cfg)
+    if change:
+        shown = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
+        warn(
+            f"layout change on resume ({shown}, --allow-layout-change): from here on the run is not bitwise "
+            "the uninterrupted run; compare-dumps against it will find differences"
+        )
+    return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events), change)
 
 
-def retire_newer(checkpoints: Path, step: int, cfg: Any) -> list[str]:
+def layout_change(run_dir: Path, cfg: TrainConfig) -> dict[str, list[int]]:
+    """``{field: [recorded, now]}`` for the ``LAYOUT_FIELDS`` where ``cfg`` differs from
+    ``run_dir/run.json`` (read before this session rewrites it)."""
+    from ftkit.train.config import load_config
+
+    before = load_config(recorded_config(run_dir)).model_dump(mode="json")
+    now = cfg.model_dump(mode="json")
+    return {k: [before[k], now[k]] for k in sorted(LAYOUT_FIELDS) if before[k] != now[k]}
+
+
+def retire_newer(checkpoints: Path, step: int, cfg: TrainConfig) -> list[str]:
     """Drop every recorded checkpoint newer than ``step`` (none of them verified: the resumed
     session publishes those steps again) in one journal transaction (``journal.begin`` /
     ``apply``: a crash in between is rolled forward by the next ``reconcile``); returns their
@@ -111,7 +137,7 @@ def retire_newer(checkpoints: Path, step: int, cfg: Any) -> list[str]:
     newer = [r.name for r in records if r.step > step]
     if not newer:
         return []
-    policy = RetentionPolicy(cfg.keep_last, cfg.keep_best, cfg.best_metric)
+    policy = RetentionPolicy(cfg.checkpoints.keep_last, cfg.checkpoints.keep_best, cfg.eval.best_metric)
     retained = select([r for r in records if r.step <= step], policy)
     before = json.loads((checkpoints / RETENTION).read_bytes())
     doc = journal.begin(checkpoints, None, before, retained.to_json(policy), newer + retained.dropped)
@@ -119,31 +145,38 @@ def retire_newer(checkpoints: Path, step: int, cfg: Any) -> list[str]:
     return newer
 
 
-# Config fields that do not change a run's result: a resumed session may set them anew.
-FREE_FIELDS = frozenset(
-    {
-        "out", "overwrite", "cells", "tp", "pp", "engines", "rollouts", "ray_address", "collective_timeout",
-        "step_timeout", "min_cells", "max_retries", "heal", "heal_timeout", "inject", "chaos",
-        "checkpoint_every", "keep_last", "keep_best", "dump_rollouts", "dump_what", "dump_cells",
-    }
-)  # fmt: skip
+def recorded_config(run_dir: Path) -> dict[str, Any]:
+    """The ``config`` of ``run_dir/run.json`` as written (the flat record; older runs wrote
+    the same form)."""
+    import json
+
+    return dict(json.loads((Path(run_dir) / "run.json").read_text())["config"])
 
 
-def resume_config(run_dir: Path, given: dict[str, Any]) -> Any:
+def resume_config(run_dir: Path, given: dict[str, Any], allow_layout_change: bool = False) -> TrainConfig:
     """The ``TrainConfig`` of resuming ``run_dir``: its ``run.json`` config with the values
     ``given`` (options and ``--config`` values the user set) on top. A given value of a field
     outside ``FREE_FIELDS`` that differs from the recorded one, or fewer ``rollouts`` than
-    recorded, is a ``ConfigError`` (exit 2): the resumed run would not be the same run.
-    Injections and chaos of the earlier session are not carried over."""
-    import json
-
+    recorded, is a ``ConfigError`` (exit 2): the resumed run would not be the same run. The
+    TP x PP layout (``LAYOUT_FIELDS``) changes bits too: it may differ only with
+    ``allow_layout_change`` (``plan_resume`` then logs the change). Injections and chaos of
+    the earlier session are not carried over."""
     from ftkit.train.config import load_config
 
     check_resume_dir(run_dir)
-    recorded = dict(json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    recorded = recorded_config(run_dir)
     base = load_config(recorded).model_dump(mode="json")
     asked = load_config({**recorded, **given}).model_dump(mode="json")
     changed = sorted(k for k in given if k not in FREE_FIELDS and asked[k] != base[k])
+    layout = [k for k in changed if k in LAYOUT_FIELDS]
+    if layout and not allow_layout_change:
+        k = layout[0]
+        raise ConfigError(
+            f"--resume: {k} is {base[k]!r} in {run_dir}/run.json, not {asked[k]!r}: a layout change makes the "
+            "rest of the run differ in its bits from the uninterrupted run",
+            hint="drop the option to resume in the recorded layout, or add --allow-layout-change to change it",
+        )
+    changed = [k for k in changed if k not in LAYOUT_FIELDS]
     if changed:
         k = changed[0]
         raise ConfigError(
@@ -159,18 +192,18 @@ def resume_config(run_dir: Path, given: dict[str, Any]) -> Any:
     return load_config(values)
 
 
-def _check_same_run(checkpoint: Path, cfg: Any) -> None:
+def _check_same_run(checkpoint: Path, cfg: TrainConfig) -> None:
     """The checkpoint's recorded seed and model must be this run's (a copied-in foreign one is refused)."""
     import json
 
     from ftkit.checkpoint.layout import META
 
     meta = json.loads((checkpoint / META).read_text())
+    ours = cfg.model_dump(mode="json")
     for key in ("seed", "model"):
-        if key in meta and meta[key] != getattr(cfg, key):
+        if key in meta and meta[key] != ours[key]:
             raise ConfigError(
-                f"checkpoint {checkpoint.name} was written with {key} {meta[key]!r}, "
-                f"this run has {getattr(cfg, key)!r}",
+                f"checkpoint {checkpoint.name} was written with {key} {meta[key]!r}, this run has {ours[key]!r}",
                 hint="resume the run that published it",
             )
 

@@ -30,10 +30,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit import __version__
 from ftkit.errors import UsageError
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 RUN_SCHEMA = "ftkit.run/1"
 RUN_JSON = "run.json"
@@ -190,7 +193,7 @@ def run_name(run_dir: Path | str) -> str:
     return name if isinstance(name, str) and name else Path(run_dir).resolve().name
 
 
-def write_run_json(run_dir: Path, cfg: Any, device: str, task: Any) -> None:
+def write_run_json(run_dir: Path, cfg: TrainConfig, device: str, task: Any) -> None:
     """``run.json``: what reproduces the run (config, version, layout, seed). A resumed run
     keeps the name its ``run.json`` already records (``run_name``)."""
     from ftkit.tensors.st import write_bytes_atomic
@@ -200,24 +203,24 @@ def write_run_json(run_dir: Path, cfg: Any, device: str, task: Any) -> None:
         "run": run_name(run_dir),
         "ftkit_version": __version__,
         "created": time.time(),
-        "seed": cfg.seed,
+        "seed": cfg.rng.seed,
         "config": cfg.model_dump(mode="json"),
         "layout": {
-            "cells": cfg.cells,
-            "tp": cfg.tp,
-            "pp": cfg.pp,
-            "engines": cfg.engines,
+            "cells": cfg.cluster.cells,
+            "tp": cfg.layout.tp,
+            "pp": cfg.layout.pp,
+            "engines": cfg.engine.count,
             "device": device,
-            "micro_shards": cfg.micro_shards,
-            "samples_per_step": cfg.step_samples,
-            "samples_per_micro_shard": cfg.shard_samples,
+            "micro_shards": cfg.batch.micro_shards,
+            "samples_per_step": cfg.batch.step_samples,
+            "samples_per_micro_shard": cfg.batch.shard_samples,
         },
         "task": {
             "name": task.name,
             "vocab_size": task.vocab_size,
             "prompt_len": task.prompt_len,
             "response_len": task.response_len,
-            "reward": cfg.reward,
+            "reward": cfg.task.reward,
         },
     }
     write_bytes_atomic(run_dir / "run.json", (json.dumps(doc, indent=2) + "\n").encode())

@@ -3,7 +3,7 @@
 Lifecycle (docs/architecture.md, "Training"; the exactness design is docs/training.md, the
 fault handling docs/faults.md)::
 
-    w = RankWorker(cfg_dict, run_dir, cell, rank, incarnation)    # cheap, no side effects
+    w = RankWorker(cfg, run_dir, cell, rank, incarnation)    # cheap, no side effects
     w.init_cell(host, port) -> pid   # the cell's world, megatron state, model, optimizer, witness, events
     w.configure(epoch, alive)        # the rank position's cross-cell group over the alive cells
     w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
@@ -34,11 +34,14 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.rank_checkpoints import RankCheckpoints
 from ftkit.train.shard_cache import ShardCache
 from ftkit.train.step_types import Committed, HealReport, Reduced, StepTask
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
 
 
 @dataclass
@@ -55,8 +58,8 @@ class _Pending:
 class RankWorker(RankCheckpoints):
     """One rank (``rank`` = its rank in the cell's world of ``tp * pp``) of cell ``cell``."""
 
-    def __init__(self, cfg: dict[str, Any], run_dir: str, cell: int, rank: int, incarnation: int) -> None:
-        self.cfg_dict = dict(cfg)
+    def __init__(self, cfg: TrainConfig, run_dir: str, cell: int, rank: int, incarnation: int) -> None:
+        self.cfg = cfg  # validated once, by the driver
         self.run_dir = str(run_dir)
         self.cell, self.rank, self.incarnation = int(cell), int(rank), int(incarnation)
         self.link: Any = None
@@ -81,16 +84,16 @@ class RankWorker(RankCheckpoints):
 
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism
-        from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
+        from ftkit.train.config import STARTUP_TIMEOUT_S
         from ftkit.train.crosscell import CrossCellLink
         from ftkit.train.fault_points import injector_for
         from ftkit.train.reducer import ExactReducer, GradLayout
         from ftkit.train.rundir import run_name
         from ftkit.train.witness import WitnessTable
 
-        cfg = self.cfg = TrainConfig.model_validate(self.cfg_dict)
+        cfg = self.cfg
         self.device = cfg.resolved_device()
-        configure_determinism(cfg.threads_per_rank)
+        configure_determinism(cfg.compute.threads_per_rank)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
         startup = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
@@ -99,22 +102,24 @@ class RankWorker(RankCheckpoints):
             "nccl" if self.device == "cuda" else "gloo",
             store=dist.PrefixStore(f"cell{self.cell}/inc{self.incarnation}", store),
             rank=self.rank,
-            world_size=cfg.tp * cfg.pp,
+            world_size=cfg.layout.ranks,
             timeout=startup,
         )
-        ps.initialize_model_parallel(cfg.tp, cfg.pp, create_gloo_process_groups=False)
+        ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
-        self.model = build_gpt(cfg, self.device)
+        self.model = build_gpt(cfg.gpt_spec(), self.device)
         self.params = list(self.model.named_parameters())
-        self.optimizer = torch.optim.AdamW([p for _, p in self.params], lr=cfg.lr, weight_decay=0.0, foreach=False)
-        has_witness = cfg.bookkeeping and ps.is_pipeline_first_stage()
-        self.witness = WitnessTable(cfg.samples_per_rollout, self.device) if has_witness else None
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False
+        )
+        has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
+        self.witness = WitnessTable(cfg.batch.samples_per_rollout, self.device) if has_witness else None
         shapes = [(n, tuple(p.shape)) for n, p in self.params]
         if self.witness is not None:
             shapes.append(("witness", tuple(self.witness.param.shape)))
         self.layout = GradLayout.of(shapes)
-        self.reducer = ExactReducer(self.layout, cfg.micro_shards)
+        self.reducer = ExactReducer(self.layout, cfg.batch.micro_shards)
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
         counted = [
@@ -131,15 +136,18 @@ class RankWorker(RankCheckpoints):
         )
         self.faults = injector_for(cfg, self.events, "trainer", cell=self.cell, rank=self.rank)
         link_store = dist.TCPStore(
-            store_host, int(store_port), is_master=False, timeout=datetime.timedelta(seconds=cfg.collective_timeout)
+            store_host,
+            int(store_port),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=cfg.recovery.collective_timeout),
         )
-        self.link = CrossCellLink(link_store, self.rank, self.cell, self.device, cfg.collective_timeout)
+        self.link = CrossCellLink(link_store, self.rank, self.cell, self.device, cfg.recovery.collective_timeout)
         from ftkit.train.rank_dumps import RankDumps
 
         self.dumps = RankDumps(self)
         from ftkit.train.pipeline import StagePipeline
 
-        self.pipe = StagePipeline(self.model, self.device) if cfg.pp > 1 else None
+        self.pipe = StagePipeline(self.model, self.device) if cfg.layout.pp > 1 else None
         from ftkit.checkpoint.guard import NonFiniteGuard
 
         self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
@@ -193,21 +201,21 @@ class RankWorker(RankCheckpoints):
         self._pending, self._started = None, task
         data = self._step_batch(task.rollout, task.step, batch)
         mine = sorted(int(m) for m in task.shards)
-        if not mine or mine[0] < 0 or mine[-1] >= cfg.micro_shards or len(set(mine)) != len(mine):
-            raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.micro_shards})")
+        if not mine or mine[0] < 0 or mine[-1] >= cfg.batch.micro_shards or len(set(mine)) != len(mine):
+            raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.batch.micro_shards})")
         norm = step_tokens(data["loss_mask"])
         if self.witness is not None:
             data["witness_rows"] = self.witness.rows(data["witness_ids"])
-        slices = shard_slices(cfg.step_samples, cfg.micro_shards)
-        keep = cfg.bookkeeping
+        slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
+        keep = cfg.reduction.bookkeeping
         # exact per-micro-shard rows, not recorded: a retry may reuse them (shard_cache)
-        reusable = keep and cfg.reduce == "exact" and not task.dump
+        reusable = keep and cfg.reduction.reduce == "exact" and not task.dump
         reuse = self._shards.take(task.step) if reusable else {}
         self._shards.clear()
         # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
         # bookkeeping (kept apart for the exact reduction), one shared row without.
         rows = self._rows(len(mine) if keep else 1)
-        losses = torch.zeros(cfg.micro_shards, dtype=torch.float64)
+        losses = torch.zeros(cfg.batch.micro_shards, dtype=torch.float64)
         poison = faults.at("before_forward", **at)
         first = True
         for i, m in enumerate(mine):
@@ -216,7 +224,7 @@ class RankWorker(RankCheckpoints):
                 losses[m] = reuse[m][1]
                 continue
             self._bind_grads(rows[i if keep else 0])
-            self._seed(shard_seed(cfg.seed, task.rollout, task.step, m))
+            self._seed(shard_seed(cfg.rng.seed, task.rollout, task.step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
             mid, first = (self._mid_backward(at) if first else None), False
             with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
@@ -235,7 +243,7 @@ class RankWorker(RankCheckpoints):
         allreduce = self._faulty_allreduce(at)
         # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
         # exact; the exact reduction carries it in its own integer collective.
-        if keep and cfg.reduce == "exact":
+        if keep and cfg.reduction.reduce == "exact":
             reduced = self.reducer.reduce(rows, allreduce, side=losses)
             if reduced is None:
                 allreduce(losses, "sum")
@@ -319,7 +327,7 @@ class RankWorker(RankCheckpoints):
         self.counters = {"step": step, "rollout": task.rollout}
         self._outcome(task, "committed")
         total = None
-        if self.cfg.bookkeeping:
+        if self.cfg.reduction.bookkeeping:
             total = self._fingerprint(task.rollout, step, attempt)
         self.dumps.replicated(
             task.rollout, step, task.dump_replicated, before_step=False, write=write_dumps, attempt=attempt
@@ -379,19 +387,21 @@ class RankWorker(RankCheckpoints):
     def _step_batch(self, rollout: int, step: int, batch: dict[str, Any]) -> dict[str, Any]:
         """This step's rows of ``batch`` (CPU tensors), see the module docstring."""
         cfg = self.cfg
-        k, n = step % cfg.steps_per_rollout, cfg.step_samples
-        if step // cfg.steps_per_rollout != rollout:
+        k, n = step % cfg.batch.steps_per_rollout, cfg.batch.step_samples
+        if step // cfg.batch.steps_per_rollout != rollout:
             raise ValueError(
-                f"step {step} is not a step of rollout {rollout} ({cfg.steps_per_rollout} steps per rollout)"
+                f"step {step} is not a step of rollout {rollout} ({cfg.batch.steps_per_rollout} steps per rollout)"
             )
         rows = batch["tokens"].shape[0]
-        if rows == cfg.samples_per_rollout:
+        if rows == cfg.batch.samples_per_rollout:
             return {
                 key: batch[key][k * n : (k + 1) * n] for key in ("tokens", "loss_mask", "advantages", "witness_ids")
             }
         if rows == n:
             return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
-        raise ValueError(f"a batch of {rows} samples is neither a rollout ({cfg.samples_per_rollout}) nor a step ({n})")
+        raise ValueError(
+            f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
+        )
 
     def _forward_backward(self, part: dict[str, Any], norm: float) -> float:
         """Forward and backward of one micro-shard; returns its (normalised) loss."""
@@ -473,7 +483,7 @@ class RankWorker(RankCheckpoints):
         ``step = version * steps_per_rollout``."""
         from ftkit.train.pipeline import export_cell
 
-        self.faults.at("during_weight_sync", step=version * self.cfg.steps_per_rollout, rollout=version)
+        self.faults.at("during_weight_sync", step=version * self.cfg.batch.steps_per_rollout, rollout=version)
         return export_cell(self.model)
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
@@ -504,7 +514,7 @@ class RankWorker(RankCheckpoints):
             tensors,
             meta,
             lambda: fingerprint_state(self.model, self.optimizer, self.params)[0],
-            self.cfg.collective_timeout,
+            self.cfg.recovery.collective_timeout,
         )
 
     def heal_room(self) -> dict[str, Any]:

@@ -22,17 +22,18 @@ def _run_dir(tmp_path: Path, **kw: object) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     cfg = TrainConfig(out=run, rollouts=2, seed=5, inject=("kind=exit,point=before_forward,cell=0,step=1",), **kw)
-    write_run_json(run, cfg, "cpu", AdditionTask(cfg.response_len))
+    write_run_json(run, cfg, "cpu", AdditionTask(cfg.task.response_len))
     return run
 
 
 def test_resume_config_keeps_the_recorded_run_and_takes_free_options(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     cfg = resume_config(run, {"rollouts": 6, "cells": 1, "engines": 2, "step_timeout": 30.0})
-    assert (cfg.seed, cfg.rollouts, cfg.cells, cfg.engines, cfg.step_timeout) == (5, 6, 1, 2, 30.0)
-    assert cfg.inject == () and cfg.chaos is None  # the earlier session's faults are not replayed
-    assert cfg.out == run and not cfg.overwrite
-    assert resume_config(run, {"seed": 5}).seed == 5  # the recorded value, given again, is fine
+    flat = cfg.model_dump()
+    assert [flat[k] for k in ("seed", "rollouts", "cells", "engines", "step_timeout")] == [5, 6, 1, 2, 30.0]
+    assert cfg.faults.inject == () and cfg.faults.chaos is None  # the earlier session's faults are not replayed
+    assert cfg.output.out == run and not cfg.output.overwrite
+    assert resume_config(run, {"seed": 5}).rng.seed == 5  # the recorded value, given again, is fine
 
 
 @pytest.mark.parametrize(

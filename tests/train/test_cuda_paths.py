@@ -57,10 +57,10 @@ def _proc(index: int, jobs: list[Any]) -> None:
         cc.CrossCellLink.__init__, cc.CrossCellLink.allreduce = gloo_init, host_allreduce
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg_dict, run_dir, cell, 0, 0)
+    w = RankWorker(cfg, run_dir, cell, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, alive)
-    shards = tuple(assign(cfg.micro_shards, alive)[cell])
+    shards = tuple(assign(cfg.batch.micro_shards, alive)[cell])
     for s in range(steps):
         assert w.compute_reduce(StepTask(0, s, 0, 0, shards), batch).finite
         w.commit(s, 0, write_dumps=False)
@@ -116,6 +116,6 @@ def test_engine_generation_does_not_depend_on_the_split(tmp_path: Path) -> None:
     from ftkit.train.task import AdditionTask
 
     (tmp_path / "events").mkdir()
-    engine = InferenceEngine(TrainConfig(device="cuda").model_dump(mode="json"), str(tmp_path), 0)
+    engine = InferenceEngine(TrainConfig(device="cuda"), str(tmp_path), 0)
     prompts = AdditionTask(8).prompts(0, 0, 8).repeat_interleave(4, dim=0)
     assert torch.equal(engine.generate(prompts, 0, 0)[16:], engine.generate(prompts[16:], 0, 16))

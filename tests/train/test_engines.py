@@ -36,7 +36,7 @@ from ftkit.train.config import TrainConfig
 configure_determinism(1)
 init_local_parallel("cpu")
 for seed in (0, 5):
-    model = build_gpt(TrainConfig(seed=seed, response_len=6), "cpu")
+    model = build_gpt(TrainConfig(seed=seed, response_len=6).gpt_spec(), "cpu")
     write_safetensors_atomic(f"{sys.argv[1]}/seed{seed}.safetensors",
                              {n: p.detach() for n, p in model.named_parameters()})
 """

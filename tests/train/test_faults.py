@@ -118,8 +118,8 @@ def test_bad_specs_are_one_line_errors_naming_the_key(spec, message):
 )
 def test_specs_are_bounded_by_the_config(spec, message):
     with pytest.raises(ValueError, match=message):
-        parse_spec(spec, TrainConfig())  # 2 cells x 1 rank, 1 engine, 8 rollouts x 2 steps
-    final_sync = parse_spec("kind=sigkill,point=during_weight_sync,engine=0,step=16", TrainConfig())
+        parse_spec(spec, TrainConfig().fault_bounds())  # 2 cells x 1 rank, 1 engine, 8 rollouts x 2 steps
+    final_sync = parse_spec("kind=sigkill,point=during_weight_sync,engine=0,step=16", TrainConfig().fault_bounds())
     assert final_sync.step == 16  # the final weights (version 8)
 
 
@@ -150,7 +150,7 @@ def test_specs_travel_in_the_config_file(capsys, tmp_path):
     )
     code = cli.main(["train", "--config", str(tmp_path / "faults.toml"), "--print-config"])
     cfg = TrainConfig.model_validate(json.loads(capsys.readouterr().out))
-    assert code == 0 and cfg.inject == ("kind=exit,point=after_reduce,cell=1,step=2",)
+    assert code == 0 and cfg.faults.inject == ("kind=exit,point=after_reduce,cell=1,step=2",)
     specs = cfg.fault_specs()
     assert specs[0] == FaultSpec("exit", "after_reduce", cell=1, rank=0, step=2) and len(specs) == 3
 
@@ -228,7 +228,7 @@ def test_slow_sleeps_its_seconds_and_returns_none(monkeypatch):
 
 
 def test_parse_specs_puts_chaos_after_the_explicit_specs():
-    cfg = TrainConfig(rollouts=20)
+    cfg = TrainConfig(rollouts=20).fault_bounds()
     specs = parse_specs(["kind=exit,point=after_reduce,cell=1,step=2"], "mtbf=4,seed=1,max=5", cfg)
     assert specs[0].kind == "exit" and len(specs) == 6
     assert parse_specs([], "mtbf=4", None) == []  # grammar only without a config
@@ -236,7 +236,7 @@ def test_parse_specs_puts_chaos_after_the_explicit_specs():
 
 # ----------------------------------------------------------------------------- chaos
 def test_chaos_is_deterministic_and_bounded():
-    cfg = TrainConfig(cells=3, micro_shards=8, rollouts=40, engines=2)
+    cfg = TrainConfig(cells=3, micro_shards=8, rollouts=40, engines=2).fault_bounds()
     a = expand_chaos("mtbf=3,seed=7,max=12", cfg)
     assert a == expand_chaos("mtbf=3,seed=7,max=12", cfg)
     assert a != expand_chaos("mtbf=3,seed=8,max=12", cfg)
@@ -253,12 +253,12 @@ def test_chaos_is_deterministic_and_bounded():
 
 
 def test_chaos_on_one_cell_draws_no_fatal_trainer_fault():
-    specs = expand_chaos("mtbf=2,seed=0,max=50", TrainConfig(cells=1, rollouts=30))
+    specs = expand_chaos("mtbf=2,seed=0,max=50", TrainConfig(cells=1, rollouts=30).fault_bounds())
     assert specs and all(s.kind in ("nan-grad", "slow") for s in specs if s.role == "trainer")
 
 
 def test_chaos_mean_gap_follows_mtbf_over_step_s():
-    cfg = TrainConfig(rollouts=2000)
+    cfg = TrainConfig(rollouts=2000).fault_bounds()
     specs = expand_chaos("mtbf=10,step_s=1,seed=1,max=400", cfg)
     gaps = [b.step - a.step for a, b in zip(specs, specs[1:])]
     assert 8 < sum(gaps) / len(gaps) < 12

@@ -49,7 +49,7 @@ def _retry_proc(index: int, jobs: list) -> None:
     name, run_dir, cfg_dict, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg_dict, run_dir, 0, 0, 0)
+    w = RankWorker(cfg, run_dir, 0, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, [0])
     forwards = [0]

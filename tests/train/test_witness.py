@@ -13,7 +13,7 @@ from ftkit.train.witness import WitnessTable
 def model():
     configure_determinism(1)
     init_local_parallel("cpu")
-    return build_gpt(TrainConfig(seed=5), "cpu")
+    return build_gpt(TrainConfig(seed=5).gpt_spec(), "cpu")
 
 
 def _run(model, tokens, mask, adv, witness=None, ids=None):
