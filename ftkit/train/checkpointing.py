@@ -36,17 +36,20 @@ from ftkit.train.rundir import run_name
 
 if TYPE_CHECKING:
     from ftkit.train.config import TrainConfig
+    from ftkit.train.roster import CellRoster
 
 
 class RunCheckpoints:
     """Publication of checkpoints for one run (``enabled`` when ``checkpoint_every > 0``)."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: Path, coord: Any, events: Any, engines: Any, task: Any) -> None:
+    def __init__(
+        self, cfg: TrainConfig, run_dir: Path, roster: CellRoster, events: Any, engines: Any, task: Any
+    ) -> None:
         from ftkit.checkpoint.publish import Publisher
         from ftkit.checkpoint.retention import RetentionPolicy
         from ftkit.train.fault_points import injector_for
 
-        self.cfg, self.coord, self.events, self.engines, self.task = cfg, coord, events, engines, task
+        self.cfg, self.roster, self.events, self.engines, self.task = cfg, roster, events, engines, task
         self.enabled = cfg.checkpoints.every > 0
         self.dir = Path(run_dir) / "checkpoints"
         self.run = run_name(run_dir)  # the name the run's log carries (a moved run keeps it)
@@ -104,17 +107,17 @@ class RunCheckpoints:
         from ftkit.checkpoint.publish import Payload
         from ftkit.checkpoint.restore import state_payload
 
-        cfg, coord = self.cfg, self.coord
+        cfg, roster = self.cfg, self.roster
         self.step = step = (rollout + 1) * cfg.batch.steps_per_rollout - 1
         metric = self.eval_reward(rollout) if cfg.eval.best_metric == "eval_reward" else reward
-        alive = coord.book.alive()
-        answers = coord.wait(
-            {c: coord.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.recovery.step_timeout
+        alive = roster.alive()
+        answers = roster.wait(
+            {c: roster.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.recovery.step_timeout
         )
         verdicts = [v for c in sorted(answers.values) for v, _ in answers.values[c]]
         guards = [g for c in sorted(answers.values) for _, g in answers.values[c]]
         for c, cause in sorted(answers.failed.items()):
-            coord.fail(c, f"during the checkpoint preflight: {cause}")
+            roster.fail(c, f"during the checkpoint preflight: {cause}")
             verdicts.append(PreflightVerdict(False, f"cell{c}", (f"cell{c}: no preflight answer ({cause})",)))
         for c in sorted(answers.collective - set(answers.failed)):
             verdicts.append(PreflightVerdict(False, f"cell{c}", (f"cell{c}: collective error during preflight",)))
@@ -124,7 +127,7 @@ class RunCheckpoints:
             return self._note(
                 self.publisher.publish(step, Payload(files={}), guard, agreed, metric=metric, rollout=rollout)
             )
-        state = coord.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
+        state = roster.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
         meta = {
             "run": self.run,
             "cells": len(alive),

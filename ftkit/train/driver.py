@@ -64,7 +64,10 @@ from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 from ftkit.train.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
 
 if TYPE_CHECKING:
-    from ftkit.train.coordinator import StepOutcome
+    from ftkit.train.coordinator import StepCoordinator, StepOutcome
+    from ftkit.train.healing import Healer
+    from ftkit.train.placement import Placer
+    from ftkit.train.roster import CellRoster
 
 
 @dataclass
@@ -128,7 +131,10 @@ class Driver:
             self.task = AdditionTask(cfg.task.response_len)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
-        self.coord: Any = None
+        self.coord: StepCoordinator | None = None  # the session's steps (a recovery makes a new one)
+        self.roster: CellRoster | None = None  # the run's cells (a recovery starts a new session of it)
+        self.healer: Healer | None = None  # the session's healer (None: --no-heal)
+        self.placer: Placer | None = None
         self.engines: Any = None
         self.checkpoints: Any = None
         self.engine_totals: list[list[str]] = []
@@ -211,7 +217,7 @@ class Driver:
                     final = self._save_final()
                     break
                 except CellsLost as exc:
-                    if self.coord.healer is None or self.recoveries > cfg.recovery.max_retries:
+                    if not cfg.recovery.heal or self.recoveries > cfg.recovery.max_retries:
                         raise  # --no-heal, or lost again too often: the run fails (exit 1)
                     lost = exc
             status = "completed"
@@ -268,7 +274,7 @@ class Driver:
         from ftkit.train.placement import Placer
 
         cfg, plan = self.cfg, self.plan
-        placer = Placer(self.device, cfg.layout.ranks, self.events)
+        placer = self.placer = Placer(self.device, cfg.layout.ranks, self.events)
         spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
         cells = self._spawn_cells(placer, spread.cells, epoch, incarnation)
@@ -278,15 +284,19 @@ class Driver:
         self._restore()
         self.start_rollout = self.first_rollout
         self._push_weights(version=self.first_rollout)
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self.coord, self.events, self.engines, self.task)
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self._roster(), self.events, self.engines, self.task)
 
-    def _spawn_cells(self, placer: Any, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Any]:
+    def _spawn_cells(self, placer: Placer, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Any]:
         """A new cell book (from ``epoch``), the cells' actors (``incarnation``, on ``targets``),
         the step coordinator and the healer; returns the cells (not started yet)."""
+        from functools import partial
+
         from ftkit.train.cell_state import CellBook, CellState
         from ftkit.train.cells import start_cells
         from ftkit.train.coordinator import StepCoordinator
         from ftkit.train.healing import Healer
+        from ftkit.train.roster import CellRoster
+        from ftkit.train.waiting import RefWaiter
 
         cfg = self.cfg
         indices = list(range(cfg.cluster.cells))
@@ -297,25 +307,53 @@ class Driver:
         cells = start_cells(cfg, str(self.run_dir), indices, cfg.layout.ranks, self.device, incarnation, targets)
         for cell in cells:
             placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
-        self.coord = StepCoordinator(cfg, book, {cell.index: cell for cell in cells}, self.events)
-        self.coord.placer = placer
+        by_index = {cell.index: cell for cell in cells}
+        if self.roster is None:
+            waiter = RefWaiter(cfg.recovery.collective_timeout)
+            r = cfg.recovery
+            self.roster = CellRoster(
+                book,
+                by_index,
+                waiter,
+                lambda: self.events.sync(wait=False),
+                step_timeout=r.step_timeout,
+                min_cells=r.min_cells,
+                restarts=r.heal,
+                nodes=placer,
+            )
+        else:
+            self.roster.reset(book, by_index)
+        healer = None
         if cfg.recovery.heal:
             store = (self.store.host, self.store.port)
-            self.coord.healer = Healer(self.coord, cfg, str(self.run_dir), self.device, store)
+            spawn = partial(_spawn, cfg, str(self.run_dir), self.device)
+            healer = Healer(cfg, self.roster, spawn, store, placer)
+        self.healer = healer
+        self.coord = StepCoordinator(cfg, self.roster, healer)
         return cells
+
+    def _roster(self) -> CellRoster:
+        """The run's cells (set from the first ``_spawn_cells`` on)."""
+        assert self.roster is not None, "no cells started yet"
+        return self.roster
+
+    def _coord(self) -> StepCoordinator:
+        assert self.coord is not None, "no cells started yet"
+        return self.coord
 
     def _join_cells(self, cells: list[Any]) -> None:
         """``init_cell`` on every cell, then the first membership of the session."""
         from ftkit.train.cell_state import CellState
 
         store = (self.store.host, self.store.port)
-        answers = self.coord.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
+        roster = self._roster()
+        answers = roster.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
         for cell in cells:
             if cell.index in answers.values:
-                self.coord.book.transition(cell.index, CellState.alive, "started")
+                roster.book.transition(cell.index, CellState.alive, "started")
         for c, cause in answers.failed.items():
-            self.coord.fail(c, f"at start: {cause}")
-        self.coord.reconfigure("run start")
+            roster.fail(c, f"at start: {cause}")
+        self._coord().reconfigure("run start")
 
     def _restore(self) -> None:
         """Load the session plan's checkpoint into the cells (resume, recovery); without one
@@ -327,7 +365,7 @@ class Driver:
         if plan.checkpoint is not None:
             from ftkit.train.resume import restore_cells
 
-            rollout, step = restore_cells(self.coord, plan.checkpoint)
+            rollout, step = restore_cells(self._roster(), plan.checkpoint)
             self.first_rollout, self.steps_committed = rollout + 1, step + 1
 
     def _recover(self) -> None:
@@ -338,21 +376,20 @@ class Driver:
         from ftkit.train.recovery import recovery_plan
 
         self.recoveries += 1
-        old = self.coord
         self._stop_cells("every live cell was lost: restarting all cells", flush_s=0.0)
-        self.plan = recovery_plan(self.run_dir, self.cfg, old, self.on_warning)
+        self.plan = recovery_plan(self.run_dir, self.cfg, self._roster(), self.on_warning)
         self.on_warning(
             f"every live cell was lost; restarting the cells from {self.plan.fields()['checkpoint'] or 'the seed'}"
         )
         self.events.emit("run_resumed", **self.head, **self.plan.fields())
-        spread = old.placer.plan_cells(self.cfg.cluster.cells)
-        self._join_cells(self._spawn_cells(old.placer, spread, self.plan.last_epoch, self.plan.incarnation))
+        assert self.placer is not None
+        spread = self.placer.plan_cells(self.cfg.cluster.cells)
+        self._join_cells(self._spawn_cells(self.placer, spread, self.plan.last_epoch, self.plan.incarnation))
         self._restore()
         self.start_rollout = min(self.start_rollout, self.first_rollout)  # back to the seed: report from 0
         keep = self.first_rollout - self.start_rollout  # rewards and weights of rollouts still valid
         del self.rewards[keep:], self.engine_totals[keep:]
         self._push_weights(version=self.first_rollout)
-        self.checkpoints.coord = self.coord
 
     def _rollout(self, rollout: int) -> None:
         import ray
@@ -382,7 +419,7 @@ class Driver:
         for k in range(cfg.batch.steps_per_rollout):
             step = rollout * cfg.batch.steps_per_rollout + k
             self._check_gcs()
-            self._step_done(self.coord.run_step(rollout, step, batch_ref, dump), reward)
+            self._step_done(self._coord().run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
         if self.checkpoints.due(rollout):
             self.checkpoints.publish(rollout, reward)
@@ -432,7 +469,7 @@ class Driver:
         """Export the first live cell's weights, fingerprint them, load them on every engine."""
         from ftkit.tensors.fingerprint import fingerprint_tensors
 
-        state = self.coord.on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
+        state = self._roster().on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
         total, params = fingerprint_tensors(state)
         self.events.emit("weights_sent", rollout=version, version=version, total=total, params=params)
         self.engine_totals.append(self.engines.load(state, version))
@@ -443,7 +480,7 @@ class Driver:
         import shutil
 
         shutil.rmtree(self.run_dir / "final", ignore_errors=True)
-        paths = self.coord.on_first_cell("the final save", lambda cell: cell.save_final(str(self.run_dir)))
+        paths = self._roster().on_first_cell("the final save", lambda cell: cell.save_final(str(self.run_dir)))
         return sorted(p for rank_paths in paths for p in rank_paths)
 
     # --- helpers ------------------------------------------------------------------------
@@ -465,7 +502,7 @@ class Driver:
         """Flush every actor's event log (briefly when interrupted), then kill the actors;
         ``release=False`` (Ray's GCS is gone) leaves the cells' placement groups alone."""
         flush_s = 5.0 if interrupted else 60.0
-        if self.coord is not None:
+        if self.roster is not None:
             self._stop_cells("interrupted" if interrupted else "run end", flush_s, release)
         if self.engines is not None:
             self.engines.shutdown(flush_s)
@@ -478,17 +515,17 @@ class Driver:
 
         from ftkit.train.cell_state import CellState
 
-        coord = self.coord
-        if coord.healer is not None:
-            coord.healer.give_up(reason)
-        live = [cell for c, cell in coord.cells.items() if coord.book.state[c] == CellState.alive]
+        roster = self._roster()
+        if self.healer is not None:
+            self.healer.give_up(reason)
+        live = [cell for c, cell in roster.cells.items() if roster.book.state[c] == CellState.alive]
         with contextlib.suppress(Exception):  # an actor or group already gone is fine
             ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
-        for cell in coord.cells.values():
+        for cell in roster.cells.values():
             cell.kill(release_group=release)
         left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
-        for c in coord.book.in_state(*left):
-            coord.book.transition(c, CellState.stopped, reason)
+        for c in roster.book.in_state(*left):
+            roster.book.transition(c, CellState.stopped, reason)
 
 
 def analyze(run_dir: Path) -> Any:
@@ -512,3 +549,10 @@ def run_training(
     that verifies (``ftkit.train.resume``); ``on_warning`` hears why a newer one was skipped
     (default: a ``Warning:`` line on stderr)."""
     return Driver(cfg, on_step, on_event, resume, on_warning).run()
+
+
+def _spawn(cfg: TrainConfig, run_dir: str, device: str, cell: int, incarnation: int, target: str | None) -> Any:
+    """A restarted cell's new incarnation (``Healer``'s ``spawn``: ``ftkit.train.cells.spawn_cell``)."""
+    from ftkit.train.cells import spawn_cell
+
+    return spawn_cell(cfg, run_dir, cell, cfg.layout.ranks, device, incarnation, target)

@@ -27,20 +27,36 @@ Before the run's last step the coordinator waits for the cells still starting (b
 ``heal_timeout``): survivors never wait for a restart otherwise, but a run that lost a cell
 ends with all its cells where possible, and the last step's fingerprints prove each healed
 cell's state (FT107).
+
+Seams: the healer holds the session's ``CellRoster`` (the cells, their book, waiting and
+``fail``), a ``spawn`` function that creates a cell's new incarnation, and the placer's
+``HealPlacement`` side, all given at construction; it never sees the coordinator.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ftkit.train.cell_state import CellState
-from ftkit.train.cells import spawn_cell
-from ftkit.train.coordinator import MARGIN_S
 from ftkit.train.step_types import HealReport
+from ftkit.train.waiting import MARGIN_S, Answers
 
 if TYPE_CHECKING:
+    from ftkit.train.cells import Cell
     from ftkit.train.config import TrainConfig
+    from ftkit.train.roster import CellRoster
+
+#: ``spawn(cell, incarnation, target_node) -> Cell``: a new incarnation's actors, not waited for.
+Spawn = Callable[[int, int, "str | None"], "Cell"]
+
+
+class HealPlacement(Protocol):
+    """Where a restarted cell goes, and where it went (``ftkit.train.placement.Placer``)."""
+
+    def cell_target(self, cell: int) -> str | None: ...
+    def placed_cell(self, cell: int, incarnation: int, placement_group: Any) -> None: ...
+
 
 #: Heal attempts per boundary before the cell waits for the next one.
 HEAL_TRIES = 3
@@ -49,9 +65,15 @@ HEAL_TRIES = 3
 class Healer:
     """Restarts and heals cells for a ``StepCoordinator`` (see the module docstring)."""
 
-    def __init__(self, coord: Any, cfg: TrainConfig, run_dir: str, device: str, store: tuple[str, int]) -> None:
-        self.coord, self.cfg, self.run_dir, self.device, self.store = coord, cfg, run_dir, device, store
-        self.cfg = coord.cfg
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        roster: CellRoster,
+        spawn: Spawn,
+        store: tuple[str, int],
+        placer: HealPlacement | None = None,
+    ) -> None:
+        self.cfg, self.roster, self.spawn, self.store, self.placer = cfg, roster, spawn, store, placer
         self.starting: dict[int, tuple[list[Any], float]] = {}  # cell -> (init refs, restart time)
         self.ready: set[int] = set()  # started, not healed yet
         self.attempts: dict[int, int] = {}  # cell -> heal attempts so far (the fault point's attempt)
@@ -59,57 +81,49 @@ class Healer:
 
     def restart(self, cell: int) -> None:
         """Start a new incarnation of ``cell`` (``failed -> restarting``)."""
-        old = self.coord.cells[cell]
-        book = self.coord.book
-        book.transition(cell, CellState.restarting, f"restarting as incarnation {old.incarnation + 1}")
-        ranks = self.cfg.layout.ranks
-        placer = self.coord.placer
-        target = placer.cell_target(cell) if placer is not None else None
-        new = spawn_cell(self.cfg, self.run_dir, cell, ranks, self.device, old.incarnation + 1, target)
-        self.coord.cells[cell] = new
-        self.starting[cell] = (new.init(*self.store), time.monotonic())
+        old = self.roster.cells[cell]
+        self.roster.book.transition(cell, CellState.restarting, f"restarting as incarnation {old.incarnation + 1}")
+        target = self.placer.cell_target(cell) if self.placer is not None else None
+        new = self.spawn(cell, old.incarnation + 1, target)
+        self.roster.replace(cell, new)
+        self.starting[cell] = (new.init(*self.store), self.roster.now())
 
     def at_boundary(self, step: int, wait: bool = False) -> None:
         """Heal every restarted cell that is ready (see the module docstring); with ``wait``,
         first wait for the cells still starting (each at most until its ``heal_timeout``)."""
-        import ray
-
-        from ftkit.train.coordinator import classify
-
+        roster = self.roster
         for cell in sorted(self.starting):
             refs, since = self.starting[cell]
-            left = since + self.cfg.recovery.heal_timeout - time.monotonic() if wait else 0.0
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, left))
+            left = since + self.cfg.recovery.heal_timeout - self.roster.now() if wait else 0.0
+            ready = roster.ready(refs, max(0.0, left))
             if len(ready) < len(refs):
-                if time.monotonic() - since > self.cfg.recovery.heal_timeout:
+                if self.roster.now() - since > self.cfg.recovery.heal_timeout:
                     del self.starting[cell]
-                    self.coord.cells[cell].kill()
-                    self.coord.book.transition(
+                    roster.cells[cell].kill()
+                    roster.book.transition(
                         cell,
                         CellState.stopped,
                         f"not started within --heal-timeout {self.cfg.recovery.heal_timeout:g}s",
                     )
                 continue
             del self.starting[cell]
-            problems = [p for p in map(classify, refs) if p is not None]
+            problems = [p for p in map(roster.problem, refs) if p is not None]
             if problems:
-                self.coord.book.transition(cell, CellState.failed, f"restart failed: {problems[0][1]}")
-                self.coord.cells[cell].kill()
+                roster.book.transition(cell, CellState.failed, f"restart failed: {problems[0][1]}")
+                roster.cells[cell].kill()
                 self.restart(cell)
                 continue
             self.ready.add(cell)
-            if self.coord.placer is not None:
-                new = self.coord.cells[cell]
-                self.coord.placer.placed_cell(cell, new.incarnation, new.placement_group)
+            if self.placer is not None:
+                new = roster.cells[cell]
+                self.placer.placed_cell(cell, new.incarnation, new.placement_group)
         self._heal_ready(step)
 
     def _heal_ready(self, step: int) -> None:
         """Heal the ready cells in rounds: each round pairs every waiting recipient with a
         distinct live donor (as far as there are donors) and runs the transfers in parallel;
         a cell gets at most ``HEAL_TRIES`` attempts per boundary."""
-        import ray
-
-        coord, book = self.coord, self.coord.book
+        roster, book = self.roster, self.roster.book
         tries = dict.fromkeys(self.ready, 0)
         while True:
             donors = book.alive()
@@ -124,19 +138,15 @@ class Healer:
                 attempt = self.attempts.get(cell, 0)
                 self.attempts[cell] = attempt + 1
                 book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
-                inc = coord.cells[cell].incarnation
-                keys = [f"heal/c{cell}/i{inc}/a{attempt}/r{r}" for r in range(len(coord.cells[cell].workers))]
-                serving[cell] = coord.cells[donor].serve_state(keys)
-                loading[cell] = coord.cells[cell].load_state(keys, donor, book.epoch + 1, step, attempt)
+                inc = roster.cells[cell].incarnation
+                keys = [f"heal/c{cell}/i{inc}/a{attempt}/r{r}" for r in range(len(roster.cells[cell].workers))]
+                serving[cell] = roster.cells[donor].serve_state(keys)
+                loading[cell] = roster.cells[cell].load_state(keys, donor, book.epoch + 1, step, attempt)
             # one wait per recipient (they all run meanwhile): a large state may stream for longer
             # than the grace one wait gives the others after the first answer
-            answers = {cell: coord.wait({cell: refs}, self.cfg.recovery.step_timeout) for cell, refs in loading.items()}
+            answers = {c: roster.wait({c: refs}, self.cfg.recovery.step_timeout) for c, refs in loading.items()}
             grace = self.cfg.recovery.collective_timeout + MARGIN_S  # a served stream ends within it
-            ray.wait(
-                [r for refs in serving.values() for r in refs],
-                num_returns=sum(map(len, serving.values())),
-                timeout=grace,
-            )
+            roster.ready([r for refs in serving.values() for r in refs], grace)
             for cell, donor in pairs.items():
                 self._settle(cell, donor, step, answers[cell], serving[cell])
 
@@ -154,25 +164,21 @@ class Healer:
             pairs[cell] = next(d for d in donors[k:] + donors[:k] if d not in pairs.values())
         return pairs
 
-    def _settle(self, cell: int, donor: int, step: int, answers: Any, serving: list[Any]) -> None:
+    def _settle(self, cell: int, donor: int, step: int, answers: Answers, serving: list[Any]) -> None:
         """The outcome of one transfer to ``cell`` (see the module docstring)."""
-        import ray
-
-        from ftkit.train.coordinator import classify
-
-        coord, book = self.coord, self.coord.book
+        roster, book = self.roster, self.roster.book
         if cell not in answers.values:
-            done, _ = ray.wait(serving, num_returns=len(serving), timeout=0)
-            donor_problems = [p for p in map(classify, done) if p is not None and p[0] == "dead"]
+            done = roster.ready(serving, 0.0)
+            donor_problems = [p for p in map(roster.problem, done) if p is not None and p[0] == "dead"]
             if donor_problems or len(done) < len(serving):  # the donor failed, not the recipient
                 cause = donor_problems[0][1] if donor_problems else "its stream did not end within the deadline"
                 book.transition(cell, CellState.restarting, f"donor cell {donor} failed during the heal")
-                coord.fail(donor, f"as heal donor: {cause}")
+                roster.fail(donor, f"as heal donor: {cause}")
                 return
             self.ready.discard(cell)
             cause = answers.failed.get(cell, "heal failed")
             book.transition(cell, CellState.failed, f"heal from donor cell {donor}: {cause}")
-            coord.cells[cell].kill()
+            roster.cells[cell].kill()
             self.restart(cell)
             return
         reports: list[HealReport] = answers.values[cell]
@@ -180,7 +186,7 @@ class Healer:
         bad = [r for r in reports if not r.accepted]
         if not bad:
             self.ready.discard(cell)
-            coord.since[cell] = step
+            roster.joined(cell, step)
             book.transition(cell, CellState.alive, f"healed from donor cell {donor}, fingerprints equal")
             return
         r = bad[0]
@@ -194,7 +200,7 @@ class Healer:
     def give_up(self, reason: str = "run end") -> None:
         """At the run's end (or when every cell restarts at once): stop every cell still starting."""
         for cell in sorted(set(self.starting) | self.ready):
-            self.coord.cells[cell].kill()
-            self.coord.book.transition(cell, CellState.stopped, reason)
+            self.roster.cells[cell].kill()
+            self.roster.book.transition(cell, CellState.stopped, reason)
         self.starting.clear()
         self.ready.clear()

@@ -21,18 +21,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ftkit.train.resume_plan import ResumePlan, plan_resume
 
 if TYPE_CHECKING:
     from ftkit.train.config import TrainConfig
+    from ftkit.train.roster import CellRoster
 
 
-def recovery_plan(run_dir: Path, cfg: TrainConfig, coord: Any, warn: Callable[[str], None]) -> ResumePlan:
-    """What the cells of ``run_dir`` start again from after ``coord`` (the session that lost
+def recovery_plan(run_dir: Path, cfg: TrainConfig, roster: CellRoster, warn: Callable[[str], None]) -> ResumePlan:
+    """What the cells of ``run_dir`` start again from after ``roster`` (the session that lost
     every cell) is stopped; see the module docstring."""
-    epoch = coord.book.epoch
-    incarnation = max(cell.incarnation for cell in coord.cells.values()) + 1
+    epoch = roster.book.epoch
+    incarnation = max(cell.incarnation for cell in roster.cells.values()) + 1
     plan = plan_resume(run_dir, cfg, warn)
     return ResumePlan(plan.checkpoint, plan.skipped, max(epoch, plan.last_epoch), max(incarnation, plan.incarnation))

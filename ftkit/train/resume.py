@@ -1,13 +1,13 @@
 """Resuming training from a published checkpoint: the in-process primitive and its checks.
 
-``restore_cells(coord, checkpoint) -> (rollout, step)`` is what ``ftkit train --resume`` does
+``restore_cells(roster, checkpoint) -> (rollout, step)`` is what ``ftkit train --resume`` does
 after its cells started, and what a run that lost every cell reuses: it reads a checkpoint
 that verifies (``ftkit.checkpoint.restore.load``, fail-closed), puts its tensors in Ray's
 object store once and has every rank of every live cell load them
 (``RankWorker.restore_checkpoint``: parameters, optimizer moments and steps, counters,
 witness table). Each rank then fingerprints what it holds; a total other than the manifest's
 ``state_fingerprint`` raises in the rank and ``RestoreFailed`` here. A cell that dies while
-restoring is failed through the coordinator (``coord.fail``: restarted and healed from a live
+restoring is failed through the roster (``roster.fail``: restarted and healed from a live
 peer at the next step boundary, like any failure); no live cell left is ``RunFailed``.
 The returned ``(rollout, step)`` is the checkpoint's: training continues with step
 ``step + 1`` of rollout ``rollout + 1`` (a checkpoint is published at the end of a rollout).
@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.run_end import RunFailed
+
+if TYPE_CHECKING:
+    from ftkit.train.roster import CellRoster
 
 
 class RestoreFailed(RunFailed):
@@ -76,18 +79,18 @@ def read_checkpoint(checkpoint: Path, verified: bool = False) -> CheckpointState
     )
 
 
-def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, int]:
-    """Load ``checkpoint`` into every live cell of ``coord`` (see the module docstring);
+def restore_cells(roster: CellRoster, checkpoint: Path | CheckpointState) -> tuple[int, int]:
+    """Load ``checkpoint`` into every live cell of ``roster`` (see the module docstring);
     returns the checkpoint's ``(rollout, step)``."""
     import ray
 
     state = checkpoint if isinstance(checkpoint, CheckpointState) else read_checkpoint(checkpoint)
     ref = ray.put(state.files)
     while True:
-        coord.require_cells()
-        alive = coord.book.alive()
-        answers = coord.wait(
-            {c: coord.cells[c].restore_checkpoint(ref, state.meta) for c in alive}, coord.cfg.recovery.step_timeout
+        roster.require_cells()
+        alive = roster.book.alive()
+        answers = roster.wait(
+            {c: roster.cells[c].restore_checkpoint(ref, state.meta) for c in alive}, roster.step_timeout
         )
         wrong = {c: cause for c, cause in answers.failed.items() if cause.startswith("exception")}
         if wrong:
@@ -98,6 +101,6 @@ def restore_cells(coord: Any, checkpoint: Path | CheckpointState) -> tuple[int, 
                 "bookkeeping setting cannot be resumed here",
             )
         for c, cause in sorted(answers.failed.items()):
-            coord.fail(c, f"while restoring {state.path.name}: {cause}")
-        if all(c in answers.values for c in coord.book.alive()):
+            roster.fail(c, f"while restoring {state.path.name}: {cause}")
+        if all(c in answers.values for c in roster.book.alive()):
             return state.rollout, state.step

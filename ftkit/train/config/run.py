@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
 
+import ftkit.train.config.sections as s
 from ftkit.errors import ConfigError
-from ftkit.train.config import sections as s
 from ftkit.train.config.strict import type_problem
 
 if TYPE_CHECKING:
