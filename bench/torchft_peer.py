@@ -116,7 +116,7 @@ def replica(index: int, log_path: Path, lighthouse: str, base: dict[str, Any], t
     from ftkit.model.presets import get_preset
     from ftkit.train.config import TrainConfig
     from ftkit.train.config.run import leaves
-    from ftkit.train.task import PROMPT_LEN
+    from ftkit.train.rl.task import PROMPT_LEN
 
     cfg = TrainConfig(**{k: v for k, v in base.items() if k in leaves()})
     configure_determinism(cfg.compute.threads_per_rank)

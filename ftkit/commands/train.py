@@ -132,10 +132,10 @@ def parse_dump_what(text: str) -> tuple[str, ...]:
 
 
 def _resume_config(run_dir: Path, values: dict[str, Any], allow_layout_change: bool) -> TrainConfig:
-    """The config of ``--resume RUN_DIR`` (``ftkit.train.resume_plan.resume_config``); ``--out``
+    """The config of ``--resume RUN_DIR`` (``ftkit.train.recovery.resume_plan.resume_config``); ``--out``
     and ``--overwrite`` do not go with it."""
     from ftkit.errors import UsageError
-    from ftkit.train.resume_plan import resume_config
+    from ftkit.train.recovery.resume_plan import resume_config
 
     for name in ("out", "overwrite"):
         if name in values:
@@ -328,7 +328,7 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(0)
 
         from ftkit.commands.train_report import report
-        from ftkit.train.driver import run_training
+        from ftkit.train.control.driver import run_training
 
         if output.human:
             output.info(

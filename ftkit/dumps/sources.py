@@ -7,7 +7,7 @@
   dump entries; every other ``*.safetensors`` below it (rollouts/, final/, ...) is a plain file
   keyed by its relative path (the files of ``final/``, one per TP/PP rank, pair as one group by
   tensor name, their TP shards described by the ``sharding`` metadata key that
-  ``ftkit.train.rank_state.save_final`` writes, read into ``Source.shardings``), except under
+  ``ftkit.train.rank.state.save_final`` writes, read into ``Source.shardings``), except under
   ``checkpoints/``: which checkpoints a run holds
   depends on its non-finite guard (a faulted interval publishes none), and what they hold is
   the state ``final/`` and the dumps already show; compare two checkpoint directories

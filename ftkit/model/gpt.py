@@ -133,7 +133,7 @@ def build_gpt(spec: GPTSpec, device: str) -> Any:
     """The deterministic ``GPTModel`` of ``spec`` on ``device``.
 
     Megatron's parallel state must be initialised (by the cell's world or
-    ``init_local_parallel``). The model has no witness; see ``ftkit.train.witness``.
+    ``init_local_parallel``). The model has no witness; see ``ftkit.train.rank.witness``.
     """
     import torch
     from megatron.core import parallel_state

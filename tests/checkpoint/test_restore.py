@@ -13,7 +13,7 @@ from ftkit.checkpoint.publish import Publisher
 from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, load, newest_verified, state_payload
 from ftkit.checkpoint.retention import RetentionPolicy
 from ftkit.errors import InputError
-from ftkit.train.rank_state import fingerprint_state
+from ftkit.train.rank.state import fingerprint_state
 
 
 def _model_and_optimizer(seed: int):  # noqa: ANN202

@@ -12,12 +12,12 @@ from ftkit.cli import main
 from ftkit.errors import ConfigError, UsageError
 from ftkit.events.writer import EventWriter
 from ftkit.train.config import TrainConfig
-from ftkit.train.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
+from ftkit.train.recovery.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
 
 
 def _run_dir(tmp_path: Path, **kw: object) -> Path:
-    from ftkit.train.rundir import write_run_json
-    from ftkit.train.task import AdditionTask
+    from ftkit.train.control.rundir import write_run_json
+    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()
@@ -91,7 +91,7 @@ def test_plan_without_checkpoints_starts_from_the_seed_after_the_earlier_session
 
 
 def test_resume_dir_must_be_a_run(tmp_path: Path) -> None:
-    from ftkit.train.resume_plan import check_resume_dir
+    from ftkit.train.recovery.resume_plan import check_resume_dir
 
     with pytest.raises(UsageError, match="no such run directory"):
         check_resume_dir(tmp_path / "missing")

@@ -45,9 +45,9 @@ def synthetic_batch(cfg) -> dict:
 def _proc(index: int, jobs: list) -> None:
     from ftkit.tensors.st import write_safetensors_atomic
     from ftkit.train.config import TrainConfig
-    from ftkit.train.microshards import assign
-    from ftkit.train.step_types import StepTask
-    from ftkit.train.worker import RankWorker
+    from ftkit.train.rank.step_types import StepTask
+    from ftkit.train.rank.worker import RankWorker
+    from ftkit.train.rl.microshards import assign
 
     run_dir, cfg_dict, alive, steps, nan_step, cell, rank, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
@@ -86,8 +86,8 @@ def _roundtrip(w, out: Path) -> None:
 
     from ftkit.model.gpt import stage_position
     from ftkit.tensors.st import write_safetensors_atomic
-    from ftkit.train.canonical_state import local_state
-    from ftkit.train.state_codec import capture
+    from ftkit.train.rank.canonical_state import local_state
+    from ftkit.train.rank.state_codec import capture
 
     state = w.checkpoint_state()  # collective inside the cell
     if state:

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftkit.train.cell_state import CellBook, CellState
-from ftkit.train.roster import CellRoster
-from ftkit.train.step_types import Committed, HealReport, Reduced, StepTask
-from ftkit.train.waiting import RefWaiter
+from ftkit.train.control.cell_state import CellBook, CellState
+from ftkit.train.control.roster import CellRoster
+from ftkit.train.control.waiting import RefWaiter
+from ftkit.train.rank.step_types import Committed, HealReport, Reduced, StepTask
 
 
 @dataclass(eq=False)

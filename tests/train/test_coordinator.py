@@ -7,10 +7,10 @@ import pytest
 from fakecells import FakeRef, FakeRun, never
 
 from ftkit.train.config import TrainConfig
-from ftkit.train.coordinator import StepCoordinator
-from ftkit.train.roster import CellsLost
-from ftkit.train.run_end import RunFailed
-from ftkit.train.waiting import MARGIN_S
+from ftkit.train.control.coordinator import StepCoordinator
+from ftkit.train.control.roster import CellsLost
+from ftkit.train.control.run_end import RunFailed
+from ftkit.train.control.waiting import MARGIN_S
 
 
 class RecordingHealer:
@@ -65,7 +65,7 @@ def test_a_dead_cell_discards_the_attempt_everywhere_and_the_retry_commits_over_
 
 
 def test_a_non_finite_reduction_is_discarded_and_retried_without_a_reconfigure() -> None:
-    from ftkit.train.step_types import Reduced
+    from ftkit.train.rank.step_types import Reduced
 
     bad = {("compute_reduce", c, 0, 0): FakeRef(Reduced(c, 0, 0, 0, False, 0.0, 0)) for c in (0, 1)}
     run = FakeRun(cells=2, script=bad)
@@ -144,6 +144,6 @@ def test_the_dump_writer_is_the_first_cell_that_trained_the_whole_rollout() -> N
 
 
 def Reduced_ok(cell: int):  # noqa: N802 - reads as the value it makes
-    from ftkit.train.step_types import Reduced
+    from ftkit.train.rank.step_types import Reduced
 
     return Reduced(cell, 0, 0, 0, True, 1.5, 10)

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from ftkit.train.engines import GEN_CHUNK, InferenceEngine, split
-from ftkit.train.task import EOS, RESPONSE_TOKENS, AdditionTask
+from ftkit.train.rl.engines import GEN_CHUNK, InferenceEngine, split
+from ftkit.train.rl.task import EOS, RESPONSE_TOKENS, AdditionTask
 
 
 def test_split_gives_contiguous_chunk_aligned_ranges():
@@ -148,7 +148,7 @@ def test_an_engine_that_does_not_answer_in_time_is_failed_like_a_dead_one(monkey
     import ray
 
     from ftkit.train.config import TrainConfig
-    from ftkit.train.engine_pool import EnginePool
+    from ftkit.train.control.engine_pool import EnginePool
 
     asked: list[float] = []
 

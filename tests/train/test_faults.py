@@ -21,19 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ftkit import cli
-from ftkit.train.chaos import FATAL, expand_chaos, parse_chaos
 from ftkit.train.config import TrainConfig
-from ftkit.train.faults import (
-    KIND_POINTS,
-    POINTS,
-    WRITER_POINTS,
-    FaultInjector,
-    FaultSpec,
-    InjectedFault,
-    flip_bit,
-    parse_spec,
-    parse_specs,
-)
+from ftkit.train.faults.chaos import FATAL, expand_chaos, parse_chaos
+from ftkit.train.faults.injector import FaultInjector, InjectedFault, flip_bit
+from ftkit.train.faults.schedule import parse_specs
+from ftkit.train.faults.spec import KIND_POINTS, POINTS, WRITER_POINTS, FaultSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -291,7 +283,8 @@ def test_flip_bit_refuses_what_it_cannot_do_in_place():
 SCRIPT = """
 import sys
 from ftkit.events.writer import EventWriter
-from ftkit.train.faults import FaultInjector, parse_spec
+from ftkit.train.faults.injector import FaultInjector
+from ftkit.train.faults.spec import parse_spec
 w = EventWriter(sys.argv[1], run="t", role="trainer", cell=1, rank=0)
 inj = FaultInjector([parse_spec(sys.argv[2])], w.emit, w.sync, "trainer", cell=1, rank=0)
 inj.at("before_forward", step=0)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fakecells import FakeRef, FakeRun, never
 
 from ftkit.train.config import TrainConfig
-from ftkit.train.healing import HEAL_TRIES, Healer
-from ftkit.train.step_types import HealReport
+from ftkit.train.control.healing import HEAL_TRIES, Healer
+from ftkit.train.rank.step_types import HealReport
 
 
 def _healer(run: FakeRun, heal_timeout: float = 120.0) -> tuple[Healer, list[tuple[int, int, str | None]]]:

@@ -11,12 +11,12 @@ import pytest
 from ftkit.cli import main
 from ftkit.errors import ConfigError
 from ftkit.train.config import TrainConfig
-from ftkit.train.resume_plan import plan_resume, resume_config
+from ftkit.train.recovery.resume_plan import plan_resume, resume_config
 
 
 def _run_dir(tmp_path: Path) -> Path:
-    from ftkit.train.rundir import write_run_json
-    from ftkit.train.task import AdditionTask
+    from ftkit.train.control.rundir import write_run_json
+    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()

@@ -13,8 +13,8 @@ import pytest
 
 from ftkit.errors import UsageError
 from ftkit.train.config import TrainConfig
-from ftkit.train.rundir import RUN_SCHEMA, check_run_dir, make_run_dir, write_run_json
-from ftkit.train.task import AdditionTask
+from ftkit.train.control.rundir import RUN_SCHEMA, check_run_dir, make_run_dir, write_run_json
+from ftkit.train.rl.task import AdditionTask
 
 
 def test_fresh_and_empty_directories_are_used(tmp_path):
@@ -164,7 +164,7 @@ def test_out_on_a_read_only_file_system_is_refused(tmp_path):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", {str(tmp_path)!r}], check=True)
         from pathlib import Path
         from ftkit.errors import UsageError
-        from ftkit.train.rundir import check_run_dir
+        from ftkit.train.control.rundir import check_run_dir
         try:
             check_run_dir(Path({str(tmp_path / "run")!r}), overwrite=False)
         except UsageError as exc:

@@ -1,11 +1,11 @@
-"""The retry's reuse of a discarded attempt's micro-shard rows (``ftkit.train.shard_cache``)."""
+"""The retry's reuse of a discarded attempt's micro-shard rows (``ftkit.train.rank.shard_cache``)."""
 
 import math
 
 import pytest
 import torch
 
-from ftkit.train.shard_cache import ShardCache
+from ftkit.train.rank.shard_cache import ShardCache
 
 
 def test_a_discarded_attempts_rows_serve_the_same_steps_retry_only():
@@ -43,8 +43,8 @@ def _retry_proc(index: int, jobs: list) -> None:
     from cellrun import synthetic_batch
 
     from ftkit.train.config import TrainConfig
-    from ftkit.train.step_types import StepTask
-    from ftkit.train.worker import RankWorker
+    from ftkit.train.rank.step_types import StepTask
+    from ftkit.train.rank.worker import RankWorker
 
     name, run_dir, cfg_dict, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)

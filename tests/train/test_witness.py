@@ -5,8 +5,8 @@ import torch
 
 from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
 from ftkit.train.config import TrainConfig
-from ftkit.train.loss import pg_loss, targets
-from ftkit.train.witness import WitnessTable
+from ftkit.train.rank.loss import pg_loss, targets
+from ftkit.train.rank.witness import WitnessTable
 
 
 @pytest.fixture(scope="module")

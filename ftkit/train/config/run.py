@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
     from ftkit.model.gpt import GPTSpec
-    from ftkit.train.faults import FaultBounds, FaultSpec
+    from ftkit.train.faults.spec import FaultBounds, FaultSpec
 
 #: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
 #: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
@@ -82,7 +82,7 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         check_geometry(self)
-        from ftkit.train.faults import parse_specs
+        from ftkit.train.faults.schedule import parse_specs
 
         parse_specs(self.faults.inject, self.faults.chaos, self.fault_bounds())  # a bad spec: one-line ValueError
         if not self.reduction.bookkeeping and self.reduction.reduce == "exact":
@@ -104,15 +104,15 @@ class TrainConfig(BaseModel):
 
     def fault_bounds(self) -> FaultBounds:
         """What a fault spec may name in this run (cells, ranks, engines, steps)."""
-        from ftkit.train.faults import FaultBounds
+        from ftkit.train.faults.spec import FaultBounds
 
         return FaultBounds(
             self.cluster.cells, self.layout.ranks, self.engine.count, self.total_steps, self.batch.steps_per_rollout
         )
 
     def fault_specs(self) -> list[FaultSpec]:
-        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults)."""
-        from ftkit.train.faults import parse_specs
+        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults.spec)."""
+        from ftkit.train.faults.schedule import parse_specs
 
         return parse_specs(self.faults.inject, self.faults.chaos, self.fault_bounds())
 

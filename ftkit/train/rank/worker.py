@@ -1,0 +1,570 @@
+"""``RankWorker``: one megatron rank of one cell (the driver wraps it with ``ray.remote``).
+
+Lifecycle (docs/architecture.md, "Training"; the exactness design is docs/training.md, the
+fault handling docs/faults.md)::
+
+    w = RankWorker(cfg, run_dir, cell, rank, incarnation)    # cheap, no side effects
+    w.init_cell(host, port) -> pid   # the cell's world, megatron state, model, optimizer, witness, events
+    w.configure(epoch, alive)        # the rank position's cross-cell group over the alive cells
+    w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
+    w.commit(step, attempt, write_dumps) -> Committed  # phase 2, when every live cell reduced
+    w.discard(step, attempt)                           # phase 2, when anything failed
+    w.serve_state(key) / w.load_state(key, ...)  # heal: the state codec, streamed from a live donor
+    w.restore_checkpoint(files, meta)      # resume: a published checkpoint into this rank
+    w.export_weights(version) / w.save_final(run_dir) / w.shutdown()
+
+The checkpoint methods (``checkpoint_preflight``, ``checkpoint_state``, ``restore_checkpoint``,
+``save_final``) are inherited from ``ftkit.train.rank.checkpoints.RankCheckpoints``.
+
+``compute_reduce`` is collective twice over: inside the cell (megatron TP all-reduces) and
+across cells (the reducer). Every rank of every alive cell must call it for the same step
+with the same ``epoch``; a cross-cell failure raises ``CollectiveError`` (the driver then
+discards and reconfigures). ``batch`` is the rollout's batch (``samples_per_rollout`` rows;
+the worker takes step ``step % steps_per_rollout``'s slice) or already that step's slice.
+Nothing is stepped until ``commit``: the reduced gradient waits in the rank, and ``discard``
+drops it, leaving parameters and optimizer state untouched. A non-finite reduction is a
+collective decision (``Reduced.finite`` is the same on every cell; ``grad_nonfinite`` is
+emitted). Nothing is imported at module level beyond the standard library and ftkit's light
+modules, so Ray can pickle the class cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftkit.train.rank.checkpoints import RankCheckpoints
+from ftkit.train.rank.shard_cache import ShardCache
+from ftkit.train.rank.step_types import Committed, HealReport, Reduced, StepTask
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
+
+
+@dataclass
+class _Pending:
+    """A reduced step waiting for the driver's decision."""
+
+    task: StepTask
+    reduced: Any  # the flat reduced gradient, None when non-finite
+    witness_ids: list[int]
+    loss: float
+    tokens: int
+
+
+class RankWorker(RankCheckpoints):
+    """One rank (``rank`` = its rank in the cell's world of ``tp * pp``) of cell ``cell``."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str, cell: int, rank: int, incarnation: int) -> None:
+        self.cfg = cfg  # validated once, by the driver
+        self.run_dir = str(run_dir)
+        self.cell, self.rank, self.incarnation = int(cell), int(rank), int(incarnation)
+        self.link: Any = None
+        self._rows_buf: Any = None
+        self._pending: _Pending | None = None
+        self._started: StepTask | None = None  # the attempt compute_reduce last began
+        self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
+        self._heal_moments: dict[str, Any] = {}  # a restarted rank's optimizer moments, heal_room
+        self.counters = {"step": -1, "rollout": -1}  # the last committed step and its rollout
+        self.events: Any = None
+
+    # --- setup -----------------------------------------------------------------------
+    def init_cell(self, store_host: str, store_port: int) -> int:
+        """Join the cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the
+        driver's TCPStore), initialise megatron parallel state and build model, optimizer,
+        witness, event writer, fault injector and cross-cell link; returns this process's pid."""
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        from ftkit.events.writer import EventWriter
+        from ftkit.model.gpt import build_gpt, configure_determinism
+        from ftkit.train.config import STARTUP_TIMEOUT_S
+        from ftkit.train.control.rundir import run_name
+        from ftkit.train.faults.points import injector_for
+        from ftkit.train.rank.crosscell import CrossCellLink
+        from ftkit.train.rank.reducer import ExactReducer, GradLayout
+        from ftkit.train.rank.witness import WitnessTable
+
+        cfg = self.cfg
+        self.device = cfg.resolved_device()
+        configure_determinism(cfg.compute.threads_per_rank)
+        if self.device == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
+        startup = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
+        store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=startup)
+        dist.init_process_group(
+            "nccl" if self.device == "cuda" else "gloo",
+            store=dist.PrefixStore(f"cell{self.cell}/inc{self.incarnation}", store),
+            rank=self.rank,
+            world_size=cfg.layout.ranks,
+            timeout=startup,
+        )
+        ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.model = build_gpt(cfg.gpt_spec(), self.device)
+        self.params = list(self.model.named_parameters())
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False
+        )
+        has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
+        self.witness = WitnessTable(cfg.batch.samples_per_rollout, self.device) if has_witness else None
+        shapes = [(n, tuple(p.shape)) for n, p in self.params]
+        if self.witness is not None:
+            shapes.append(("witness", tuple(self.witness.param.shape)))
+        self.layout = GradLayout.of(shapes)
+        self.reducer = ExactReducer(self.layout, cfg.batch.micro_shards)
+        from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
+
+        counted = [
+            seg for seg, (_, p) in zip(self.layout.segments(), self.params) if param_is_not_tensor_parallel_duplicate(p)
+        ]
+        self.norm_ranges = _merge_ranges(counted)  # flat ranges the grad norm counts
+        self.events = EventWriter(
+            Path(self.run_dir) / "events",
+            run=run_name(self.run_dir),
+            role="trainer",
+            cell=self.cell,
+            rank=self.rank,
+            incarnation=self.incarnation,
+        )
+        self.faults = injector_for(cfg, self.events, "trainer", cell=self.cell, rank=self.rank)
+        link_store = dist.TCPStore(
+            store_host,
+            int(store_port),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=cfg.recovery.collective_timeout),
+        )
+        self.link = CrossCellLink(link_store, self.rank, self.cell, self.device, cfg.recovery.collective_timeout)
+        from ftkit.train.rank.dumps import RankDumps
+
+        self.dumps = RankDumps(self)
+        from ftkit.train.rank.pipeline import StagePipeline
+
+        self.pipe = StagePipeline(self.model, self.device) if cfg.layout.pp > 1 else None
+        from ftkit.checkpoint.guard import NonFiniteGuard
+
+        self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
+        if self.incarnation > 0 and self.device == "cpu":  # a restart: it will be healed
+            self._heal_moments = {
+                f"optimizer/{n}.{k}": torch.zeros_like(p, memory_format=torch.contiguous_format)
+                for n, p in self.params
+                for k in ("exp_avg", "exp_avg_sq")
+            }
+        return os.getpid()
+
+    def configure(self, epoch: int, alive: list[int]) -> None:
+        """Join the cross-cell group of ``epoch`` over ``alive`` (``CrossCellLink.configure``);
+        a step still held from an older epoch is dropped."""
+        self._pending = self._started = None
+        self.link.configure(epoch, alive)
+
+    # --- one optimizer step: phase 1 --------------------------------------------------
+    def compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
+        """Compute ``task.shards`` and reduce across cells; hold the result for phase 2.
+
+        ``Reduced.loss`` is the step's loss summed over all micro-shards (the same on every
+        cell). Raises ``CollectiveError`` when the cross-cell reduction fails. Any other
+        error drops this rank's cross-cell group first, so that its peers' collectives fail
+        at once instead of waiting out the collective timeout.
+        """
+        from ftkit.train.rank.crosscell import CollectiveError
+
+        try:
+            return self._compute_reduce(task, batch)
+        except CollectiveError:
+            raise
+        except BaseException:
+            self.link.abort()
+            raise
+
+    def _compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
+        import torch
+
+        from ftkit.train.rank.loss import step_tokens
+        from ftkit.train.rank.reducer import reduce_float
+        from ftkit.train.rl.microshards import shard_seed, shard_slices
+
+        cfg, faults = self.cfg, self.faults
+        at = {"step": task.step, "attempt": task.attempt, "rollout": task.rollout}
+        if task.epoch != self.link.epoch:
+            raise RuntimeError(
+                f"step {task.step} for epoch {task.epoch} but the cross-cell group is for "
+                f"epoch {self.link.epoch}: call configure first"
+            )
+        self._pending, self._started = None, task
+        data = self._step_batch(task.rollout, task.step, batch)
+        mine = sorted(int(m) for m in task.shards)
+        if not mine or mine[0] < 0 or mine[-1] >= cfg.batch.micro_shards or len(set(mine)) != len(mine):
+            raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.batch.micro_shards})")
+        norm = step_tokens(data["loss_mask"])
+        if self.witness is not None:
+            data["witness_rows"] = self.witness.rows(data["witness_ids"])
+        slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
+        keep = cfg.reduction.bookkeeping
+        # exact per-micro-shard rows, not recorded: a retry may reuse them (shard_cache)
+        reusable = keep and cfg.reduction.reduce == "exact" and not task.dump
+        reuse = self._shards.take(task.step) if reusable else {}
+        self._shards.clear()
+        # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
+        # bookkeeping (kept apart for the exact reduction), one shared row without.
+        rows = self._rows(len(mine) if keep else 1)
+        losses = torch.zeros(cfg.batch.micro_shards, dtype=torch.float64)
+        poison = faults.at("before_forward", **at)
+        first = True
+        for i, m in enumerate(mine):
+            if m in reuse:  # computed by this rank in a discarded attempt of this step
+                rows[i].copy_(reuse[m][0])
+                losses[m] = reuse[m][1]
+                continue
+            self._bind_grads(rows[i if keep else 0])
+            self._seed(shard_seed(cfg.rng.seed, task.rollout, task.step, m))
+            part = {k: v[slices[m]] for k, v in data.items()}
+            mid, first = (self._mid_backward(at) if first else None), False
+            with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
+                losses[m] = float(self._forward_backward(part, norm))
+            if mid is not None:
+                mid[1].remove()
+                poison = poison or next((kind for kind in mid[0] if kind), None)
+            self._check_bound(rows[i if keep else 0])
+        poison = poison or faults.at("before_reduce", **at)
+        if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
+            rows[0, 0] = math.nan
+        elif reusable and self.reducer.keeps_rows(rows):
+            self._shards.computed(task.step, mine, rows, losses)
+        if self.pipe is not None:  # only the last stage computed the losses
+            self.pipe.share_losses(losses)
+        allreduce = self._faulty_allreduce(at)
+        # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
+        # exact; the exact reduction carries it in its own integer collective.
+        if keep and cfg.reduction.reduce == "exact":
+            reduced = self.reducer.reduce(rows, allreduce, side=losses)
+            if reduced is None:
+                allreduce(losses, "sum")
+        else:
+            reduced = reduce_float(rows, allreduce)
+            allreduce(losses, "sum")
+        faults.at("after_reduce", **at)
+        tokens = int(data["loss_mask"].sum())
+        self.guard.observe(task.step, "reduced gradient", reduced is not None)
+        self.guard.observe_value(task.step, "loss", float(losses.sum()))
+        if reduced is None:
+            self.events.emit(
+                "grad_nonfinite",
+                rollout=task.rollout,
+                step=task.step,
+                cell=self.cell,
+                rank=self.rank,
+                where="reduced gradient",
+            )
+        ids = data["witness_ids"].tolist()
+        self._pending = _Pending(task, reduced, ids, float(losses.sum()), tokens)
+        return Reduced(self.cell, self.rank, task.step, task.attempt, reduced is not None, float(losses.sum()), tokens)
+
+    def _mid_backward(self, at: dict[str, int]) -> tuple[list[str | None], Any] | None:
+        """The ``mid_backward`` fault point as a gradient hook on the first parameter (its
+        gradient comes last in the backward pass, so the rest is already computed): the
+        kinds it returned and the hook handle. ``None`` when no fault is armed (no hook)."""
+        from ftkit.train.faults.points import NoFaults
+
+        if isinstance(self.faults, NoFaults):
+            return None
+        kinds: list[str | None] = []
+
+        def hook(grad: Any) -> None:
+            kinds.append(self.faults.at("mid_backward", **at))
+
+        return kinds, self.params[0][1].register_hook(hook)
+
+    def _faulty_allreduce(self, at: dict[str, int]) -> Any:
+        """The link's all-reduce, with the ``during_reduce`` point before its second call
+        (between the exact reduction's exponent and integer collectives)."""
+        calls = [0]
+
+        def allreduce(tensor: Any, op: str) -> None:
+            calls[0] += 1
+            if calls[0] == 2:
+                self.faults.at("during_reduce", **at)
+            self.link.allreduce(tensor, op)
+
+        return allreduce
+
+    # --- one optimizer step: phase 2 --------------------------------------------------
+    def commit(self, step: int, attempt: int, write_dumps: bool = True) -> Committed:
+        """Step the optimizer with the held reduced gradient; emit ``witness_counts``,
+        ``step_outcome`` committed and ``state_fingerprint``. ``write_dumps``: this cell writes
+        the rollout's replicated dump (when it is the rollout's last step)."""
+        pend = self._take(step, attempt)
+        self._shards.clear()
+        if pend.reduced is None:
+            raise RuntimeError(f"step {step} attempt {attempt} was not finite everywhere: it cannot commit")
+        task, ev = pend.task, self.events
+        grads = self.layout.unflatten(pend.reduced)
+        for name, p in self.params:
+            p.grad = grads[name]
+        if self.witness is not None:
+            ids, counts, contribs = self.witness.read(grads["witness"], pend.witness_ids)
+            ev.emit(
+                "witness_counts",
+                rollout=task.rollout,
+                step=step,
+                attempt=attempt,
+                cell=self.cell,
+                rank=self.rank,
+                ids=ids,
+                counts=counts,
+                contributions=contribs,
+            )
+        grad_norm = self._grad_norm(pend.reduced)
+        self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=True)
+        self.optimizer.step()
+        self.counters = {"step": step, "rollout": task.rollout}
+        self._outcome(task, "committed")
+        total = None
+        if self.cfg.reduction.bookkeeping:
+            total = self._fingerprint(task.rollout, step, attempt)
+        self.dumps.replicated(
+            task.rollout, step, task.dump_replicated, before_step=False, write=write_dumps, attempt=attempt
+        )
+        ev.sync(wait=False)  # the next emit waits for this fsync
+        return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
+
+    def _outcome(self, task: Any, outcome: str) -> None:
+        """Log this rank's ``step_outcome`` for ``task`` (a ``StepTask``)."""
+        self.events.emit(
+            "step_outcome",
+            rollout=task.rollout,
+            step=task.step,
+            attempt=task.attempt,
+            epoch=task.epoch,
+            cell=self.cell,
+            rank=self.rank,
+            outcome=outcome,
+            micro_shards=list(task.shards),
+        )
+
+    def discard(self, step: int, attempt: int) -> None:
+        """Drop the attempt (if this rank began it): ``step_outcome`` discarded, nothing stepped."""
+        task, self._started, self._pending = self._started, None, None
+        if self._shards.discarded(step):
+            self._rows_buf = None  # the kept rows are the cache's now
+        if task is None or task.step != step or task.attempt != attempt:
+            return
+        self._outcome(task, "discarded")
+        self.events.sync(wait=False)
+
+    def _take(self, step: int, attempt: int) -> _Pending:
+        pend, self._pending, self._started = self._pending, None, None
+        if pend is None or pend.task.step != step or pend.task.attempt != attempt:
+            held = None if pend is None else (pend.task.step, pend.task.attempt)
+            raise RuntimeError(f"commit of step {step} attempt {attempt}, but this rank holds {held}")
+        return pend
+
+    def _fingerprint(self, rollout: int, step: int, attempt: int) -> str:
+        """Emit ``state_fingerprint`` of the state now; returns its total."""
+        from ftkit.train.rank.state import fingerprint_state
+
+        total, pfp, ofp = fingerprint_state(self.model, self.optimizer, self.params)
+        self.events.emit(
+            "state_fingerprint",
+            rollout=rollout,
+            step=step,
+            attempt=attempt,
+            cell=self.cell,
+            rank=self.rank,
+            total=total,
+            params=pfp,
+            optimizer=ofp,
+        )
+        return total
+
+    def _step_batch(self, rollout: int, step: int, batch: dict[str, Any]) -> dict[str, Any]:
+        """This step's rows of ``batch`` (CPU tensors), see the module docstring."""
+        cfg = self.cfg
+        k, n = step % cfg.batch.steps_per_rollout, cfg.batch.step_samples
+        if step // cfg.batch.steps_per_rollout != rollout:
+            raise ValueError(
+                f"step {step} is not a step of rollout {rollout} ({cfg.batch.steps_per_rollout} steps per rollout)"
+            )
+        rows = batch["tokens"].shape[0]
+        if rows == cfg.batch.samples_per_rollout:
+            return {
+                key: batch[key][k * n : (k + 1) * n] for key in ("tokens", "loss_mask", "advantages", "witness_ids")
+            }
+        if rows == n:
+            return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
+        raise ValueError(
+            f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
+        )
+
+    def _forward_backward(self, part: dict[str, Any], norm: float) -> float:
+        """Forward and backward of one micro-shard; returns its (normalised) loss."""
+        import torch
+
+        from ftkit.train.rank.loss import pg_loss, targets
+
+        tokens = part["tokens"].to(self.device)
+        pos = torch.arange(tokens.shape[1], device=self.device).unsqueeze(0).expand_as(tokens)
+        labels = targets(tokens)
+        emb = None
+        if self.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
+            emb = self.model.embedding(input_ids=tokens, position_ids=pos)
+            emb = self.witness.apply(emb, part["witness_rows"])
+        if self.pipe is not None:
+            return self.pipe.forward_backward(
+                tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+            )
+        nll = self.model(tokens, pos, None, decoder_input=emb, labels=labels)
+        loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+        loss.backward()
+        return float(loss.detach())
+
+    def _seed(self, seed: int) -> None:
+        """Reseed this device's generator (``torch.manual_seed`` would also queue lazy seeds
+        for every accelerator type, with a formatted stack each: ~0.5 ms per micro-shard)."""
+        import torch
+
+        torch.default_generator.manual_seed(seed)
+        if self.device == "cuda":
+            torch.cuda.manual_seed(seed)
+
+    def _rows(self, k: int) -> Any:
+        """A zeroed ``[k, numel]`` float32 gradient buffer, kept between steps (a fresh one
+        per step would page-fault hundreds of MB in for a larger model)."""
+        import torch
+
+        buf = self._rows_buf
+        if buf is None or buf.shape[0] != k:
+            buf = self._rows_buf = torch.zeros(k, self.layout.numel, dtype=torch.float32, device=self.device)
+            return buf
+        return buf.zero_()
+
+    def _bind_grads(self, row: Any) -> None:
+        """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row``:
+        autograd then accumulates the backward in place, straight into the row."""
+        grads = self.layout.unflatten(row)
+        for name, p in self.params:
+            p.grad = grads[name]
+        if self.witness is not None:
+            self.witness.param.grad = grads["witness"]
+
+    def _check_bound(self, row: Any) -> None:
+        """Every gradient must still live in ``row`` (autograd accumulated in place)."""
+        lo, hi = row.data_ptr(), row.data_ptr() + row.numel() * row.element_size()
+        grads = [p.grad for _, p in self.params] + ([self.witness.param.grad] if self.witness is not None else [])
+        if any(g is None or not lo <= g.data_ptr() < hi for g in grads):
+            raise RuntimeError("a gradient left its micro-shard buffer (autograd replaced .grad)")
+
+    def _grad_norm(self, reduced: Any) -> float:
+        """L2 norm of the reduced gradient of the whole model (TP shards counted once)."""
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        sq = torch.zeros(1, dtype=torch.float64, device=reduced.device)
+        for a, b in self.norm_ranges:
+            sq += float(torch.linalg.vector_norm(reduced[a:b])) ** 2
+        group = ps.get_model_parallel_group()
+        if group.size() > 1:
+            dist.all_reduce(sq, group=group)
+        return float(sq.sqrt())
+
+    # --- state -------------------------------------------------------------------------
+    def export_weights(self, version: int) -> dict[str, Any]:
+        """Weights version ``version`` (the state after ``version`` rollouts) in the TP=1/PP=1
+        layout (TP shards and pipeline stages gathered, no witness); rank 0 returns them,
+        others {}. Collective inside the cell. Fault point ``during_weight_sync`` with
+        ``step = version * steps_per_rollout``."""
+        from ftkit.train.rank.pipeline import export_cell
+
+        self.faults.at("during_weight_sync", step=version * self.cfg.batch.steps_per_rollout, rollout=version)
+        return export_cell(self.model)
+
+    def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
+        """``(tensors, meta, total)``: this rank's complete state through the codec
+        (``state_codec.encode``, views, no copy) and its fingerprint total (the
+        ``state_fingerprint`` total of the same state)."""
+        from ftkit.train.rank.state import fingerprint_state
+        from ftkit.train.rank.state_codec import capture, encode
+
+        witness = None if self.witness is None else self.witness.param
+        tensors, meta = encode(capture(self.params, self.optimizer, witness, self.counters))
+        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        return tensors, meta, total
+
+    def serve_state(self, key: str) -> int:
+        """Heal donor: stream ``donor_state()`` to the recipient that connects through
+        ``key`` of the driver's TCPStore (``heal_stream.serve``, every wait bounded by the
+        collective timeout); the fingerprint total follows the bytes. Returns the bytes sent."""
+        from ftkit.train.rank import heal_stream
+        from ftkit.train.rank.state import fingerprint_state
+        from ftkit.train.rank.state_codec import capture, encode
+
+        witness = None if self.witness is None else self.witness.param
+        tensors, meta = encode(capture(self.params, self.optimizer, witness, self.counters))
+        return heal_stream.serve(
+            self.link.store,
+            key,
+            tensors,
+            meta,
+            lambda: fingerprint_state(self.model, self.optimizer, self.params)[0],
+            self.cfg.recovery.collective_timeout,
+        )
+
+    def heal_room(self) -> dict[str, Any]:
+        """Tensors a heal receives into, under their codec names: the parameters and, on a
+        restarted CPU rank, AdamW moments allocated (and touched) while it started, so that
+        the transfer does not page-fault fresh memory (``heal.destinations``)."""
+        room = {f"param/{n}": p.detach() for n, p in self.params}
+        room.update(self._heal_moments)
+        return room
+
+    def load_state(self, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
+        """Heal: receive the state a donor serves under ``key`` (``serve_state`` of the same
+        rank position of a live cell), fingerprint what this rank now holds and compare with
+        the donor's total (``ftkit.train.rank.heal.receive``). Emits ``heal`` when they are equal
+        (``HealReport.accepted``); a mismatch is returned, not raised. ``step``: the step the
+        cell joins before; ``attempt``: the heal attempt (fault point ``during_heal``)."""
+        from ftkit.checkpoint.guard import NonFiniteGuard
+        from ftkit.train.rank.heal import receive
+
+        report = receive(self, key, donor, epoch, step, attempt)
+        if report.accepted:
+            self._heal_moments = {}  # they are the optimizer's state now
+        # the guard of a healed rank covers what it computes from here on: the steps its donor
+        # saw before are the donor's to report (a guard from step 0 would reach back into
+        # intervals consumed at earlier boundaries)
+        self.guard = NonFiniteGuard(first_step=self.counters["step"] + 1)
+        return report
+
+    def shutdown(self) -> None:
+        """Close the event log and leave the cell's world (idempotent)."""
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        if self.events is not None:
+            self.events.close()
+            self.events = None
+        if self.link is not None:
+            self.link.abort()
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Adjacent ``(start, end)`` ranges merged: fewer, larger slices for the grad norm."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if out and out[-1][1] == a:
+            out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
