@@ -98,8 +98,10 @@ def _roundtrip(w, out: Path) -> None:
     full = load_file(out / "canonical.safetensors")
     params = {k.removeprefix("model."): t for k, t in full.items() if k.startswith("model.")}
     optim = {k.removeprefix("optimizer."): t for k, t in full.items() if k.startswith("optimizer.")}
-    mine = capture(w.params, w.optimizer, None, w.counters)
-    got_params, got_optim = local_state(params, optim, w.params, w.tp_rank, w.cfg.layout.tp, stage_position(w.model)[0])
+    mine = capture(w.ctx.params, w.ctx.optimizer, None, w.counters)
+    got_params, got_optim = local_state(
+        params, optim, w.ctx.params, w.ctx.tp_rank, w.cfg.layout.tp, stage_position(w.ctx.model)[0]
+    )
     same = (
         sorted(got_params) == sorted(mine.params)
         and sorted(got_optim) == sorted(mine.optimizer)

@@ -35,15 +35,24 @@ from ftkit.checkpoint.publish import Outcome
 from ftkit.train.control.rundir import run_name
 
 if TYPE_CHECKING:
+    from ftkit.events.writer import EventWriter
     from ftkit.train.config import TrainConfig
+    from ftkit.train.control.engine_pool import EnginePool
     from ftkit.train.control.roster import CellRoster
+    from ftkit.train.rl.task import AdditionTask
 
 
 class RunCheckpoints:
     """Publication of checkpoints for one run (``enabled`` when ``checkpoint_every > 0``)."""
 
     def __init__(
-        self, cfg: TrainConfig, run_dir: Path, roster: CellRoster, events: Any, engines: Any, task: Any
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        roster: CellRoster,
+        events: EventWriter,
+        engines: EnginePool,
+        task: AdditionTask,
     ) -> None:
         from ftkit.checkpoint.publish import Publisher
         from ftkit.checkpoint.retention import RetentionPolicy
@@ -56,10 +65,14 @@ class RunCheckpoints:
         self.step = -1
         self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
         injector = injector_for(cfg, events, "driver")
+
+        def log(type_: str, fields: dict[str, Any]) -> None:
+            events.emit(type_, **fields)
+
         self.publisher = Publisher(
             self.dir,
             RetentionPolicy(cfg.checkpoints.keep_last, cfg.checkpoints.keep_best, cfg.eval.best_metric),
-            on_event=lambda type_, fields: events.emit(type_, **fields),
+            on_event=log,
             at=lambda point: self._strike(injector, point),
         )
 

@@ -64,6 +64,7 @@ from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 from ftkit.train.control.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
 
 if TYPE_CHECKING:
+    from ftkit.train.control.cells import Cell
     from ftkit.train.control.coordinator import StepCoordinator, StepOutcome
     from ftkit.train.control.healing import Healer
     from ftkit.train.control.placement import Placer
@@ -262,7 +263,7 @@ class Driver:
             self.start_rollout,
         )
 
-    def _emit_cell_event(self, type_: str, **fields: Any) -> bool:
+    def _emit_cell_event(self, type_: str, **fields: object) -> bool:
         """Log a cell-state or reconfigure event, then tell ``on_event`` (the live view)."""
         written = bool(self.events.emit(type_, **fields))
         self.on_event(type_, fields)
@@ -341,7 +342,7 @@ class Driver:
         assert self.coord is not None, "no cells started yet"
         return self.coord
 
-    def _join_cells(self, cells: list[Any]) -> None:
+    def _join_cells(self, cells: list[Cell]) -> None:
         """``init_cell`` on every cell, then the first membership of the session."""
         from ftkit.train.control.cell_state import CellState
 

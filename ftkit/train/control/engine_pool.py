@@ -33,7 +33,11 @@ from typing import TYPE_CHECKING, Any
 from ftkit.train.control.run_end import RunFailed
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.events.writer import EventWriter
     from ftkit.train.config import TrainConfig
+    from ftkit.train.control.placement import Placer
 
 #: Restarts of one engine within one load / generate before the run gives up.
 MAX_RESTARTS = 3
@@ -47,9 +51,9 @@ class EnginePool:
         cfg: TrainConfig,
         run_dir: str,
         device: str,
-        placer: Any = None,
+        placer: Placer | None = None,
         targets: dict[int, str | None] | None = None,
-        events: Any = None,
+        events: EventWriter | None = None,
     ) -> None:
         import ray
 
@@ -114,14 +118,14 @@ class EnginePool:
             self.unplaced.discard(e)
             self.placer.placed_engine(e, self.engine_restarts.get(e, 0), node)
 
-    def load(self, state: dict[str, Any], version: int) -> list[str]:
+    def load(self, state: dict[str, Tensor], version: int) -> list[str]:
         """Every engine loads ``state`` as ``version``; their fingerprint totals, in engine order."""
         import ray
 
         self.weights = (ray.put(state), version)
         return [self._call(e, "load") for e in range(len(self.actors))]
 
-    def generate(self, prompts: Any, rollout: int, greedy: bool = False) -> Any:
+    def generate(self, prompts: Tensor, rollout: int, greedy: bool = False) -> Any:
         """int64 ``[n, response_len]`` responses for ``prompts`` (see the module docstring);
         ``greedy``: the engines' greedy decoding (``InferenceEngine.generate``)."""
         import ray
@@ -140,7 +144,7 @@ class EnginePool:
                 parts.append(self._call(e, "generate", prompts[a:b], rollout, a, greedy, reload=True))
         return torch.cat(parts, dim=0)
 
-    def _call(self, e: int, what: str, *args: Any, reload: bool = False) -> Any:
+    def _call(self, e: int, what: str, *args: object, reload: bool = False) -> Any:
         """``load`` (the current weights) or ``generate(*args)`` on engine ``e`` (after
         reloading the current weights when ``reload``); on failure the engine is replaced,
         reloads the current weights and the call is repeated."""

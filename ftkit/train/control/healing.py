@@ -43,6 +43,8 @@ from ftkit.train.control.waiting import MARGIN_S, Answers
 from ftkit.train.rank.step_types import HealReport
 
 if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
     from ftkit.train.config import TrainConfig
     from ftkit.train.control.cells import Cell
     from ftkit.train.control.roster import CellRoster
@@ -55,7 +57,7 @@ class HealPlacement(Protocol):
     """Where a restarted cell goes, and where it went (``ftkit.train.control.placement.Placer``)."""
 
     def cell_target(self, cell: int) -> str | None: ...
-    def placed_cell(self, cell: int, incarnation: int, placement_group: Any) -> None: ...
+    def placed_cell(self, cell: int, incarnation: int, placement_group: PlacementGroup | None) -> None: ...
 
 
 #: Heal attempts per boundary before the cell waits for the next one.
@@ -164,7 +166,7 @@ class Healer:
             pairs[cell] = next(d for d in donors[k:] + donors[:k] if d not in pairs.values())
         return pairs
 
-    def _settle(self, cell: int, donor: int, step: int, answers: Answers, serving: list[Any]) -> None:
+    def _settle(self, cell: int, donor: int, step: int, answers: Answers, serving: list[object]) -> None:
         """The outcome of one transfer to ``cell`` (see the module docstring)."""
         roster, book = self.roster, self.roster.book
         if cell not in answers.values:

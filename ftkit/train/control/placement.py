@@ -31,7 +31,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ray.util.placement_group import PlacementGroup
+
+    from ftkit.events.writer import EventWriter
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ def spread(
 class Placer:
     """Where the run's cells and engines are (see the module docstring)."""
 
-    def __init__(self, device: str, ranks: int, events: Any) -> None:
+    def __init__(self, device: str, ranks: int, events: EventWriter) -> None:
         self.device, self.ranks, self.events = device, ranks, events
         self.cell_nodes: dict[int, list[str]] = {}  # cell -> node per rank (current incarnation)
         self.engine_nodes: dict[int, str] = {}
@@ -179,7 +184,7 @@ class Placer:
         self.planned[("engine", engine)] = target
         return target
 
-    def placed_cell(self, cell: int, incarnation: int, placement_group: Any) -> None:
+    def placed_cell(self, cell: int, incarnation: int, placement_group: PlacementGroup | None) -> None:
         """Record and log where a placed cell's ranks run (one ``placement`` per rank)."""
         from ray.util.placement_group import placement_group_table
 

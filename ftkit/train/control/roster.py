@@ -65,11 +65,11 @@ class CellRoster:
         self.book, self.cells, self.since, self._to_restart = book, cells, dict.fromkeys(cells, 0), []
 
     # --- waiting ----------------------------------------------------------------------
-    def wait(self, refs: dict[int, list[Any]], timeout_s: float) -> Answers:
+    def wait(self, refs: dict[int, list[object]], timeout_s: float) -> Answers:
         """``RefWaiter.wait``: every cell's answers, never raising for a fault."""
         return self.waiter.wait(refs, timeout_s)
 
-    def ready(self, refs: list[Any], timeout_s: float) -> list[Any]:
+    def ready(self, refs: list[object], timeout_s: float) -> list[Any]:
         """``RefWaiter.ready``: the refs that answered within ``timeout_s``."""
         return self.waiter.ready(refs, timeout_s)
 
@@ -77,7 +77,7 @@ class CellRoster:
         """The waiter's clock (monotonic seconds): what deadlines are measured in."""
         return self.waiter.clock()
 
-    def problem(self, ref: Any) -> Problem | None:
+    def problem(self, ref: object) -> Problem | None:
         """What an answered ref that is not a value means (``None``: a value)."""
         return self.waiter.problem(ref)
 

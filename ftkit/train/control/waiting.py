@@ -39,7 +39,7 @@ class Answers:
         return not self.failed and not self.collective
 
 
-def ray_poll(pending: list[Any], timeout_s: float) -> tuple[list[Any], list[Any]]:
+def ray_poll(pending: list[object], timeout_s: float) -> tuple[list[Any], list[Any]]:
     """``ray.wait`` for one of ``pending`` (at most ``timeout_s``)."""
     import ray
 
@@ -86,13 +86,13 @@ class RefWaiter:
         self,
         grace_s: float,
         poll: Poll = ray_poll,
-        get: Callable[[Any], Any] = ray_get,
-        problem: Callable[[Any], Problem | None] = classify,
+        get: Callable[[object], object] = ray_get,
+        problem: Callable[[object], Problem | None] = classify,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.grace_s, self.poll, self.get, self.problem, self.clock = grace_s + MARGIN_S, poll, get, problem, clock
 
-    def ready(self, refs: list[Any], timeout_s: float) -> list[Any]:
+    def ready(self, refs: list[object], timeout_s: float) -> list[Any]:
         """The refs of ``refs`` that answered (value or failure) within ``timeout_s`` (0: now)."""
         done: list[Any] = []
         pending = list(refs)
@@ -104,7 +104,7 @@ class RefWaiter:
             done += got
         return done
 
-    def wait(self, refs: dict[int, list[Any]], timeout_s: float) -> Answers:
+    def wait(self, refs: dict[int, list[object]], timeout_s: float) -> Answers:
         """Wait for every cell's refs (see the module docstring)."""
         out = Answers()
         owner = {ref: (c, r) for c, rs in refs.items() for r, ref in enumerate(rs)}

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from ftkit.train.faults.spec import FaultSpec, Role
 
@@ -43,8 +43,8 @@ class FaultInjector:
     def __init__(
         self,
         specs: Sequence[FaultSpec],
-        emit: Callable[..., Any],
-        sync: Callable[[], Any],
+        emit: Callable[..., object],
+        sync: Callable[[], object],
         role: Role,
         cell: int | None = None,
         rank: int | None = None,

@@ -20,9 +20,10 @@ Where each point is (docs/faults.md has the recovery of each):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from ftkit.events.writer import EventWriter
     from ftkit.train.config import TrainConfig
 
 
@@ -43,7 +44,7 @@ class NoFaults:
 
 def injector_for(
     cfg: TrainConfig,
-    events: Any,
+    events: EventWriter,
     role: Literal["trainer", "engine", "driver"],
     cell: int | None = None,
     rank: int | None = None,

@@ -37,9 +37,12 @@ Heavy imports (torch, megatron) stay inside the functions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.tensors.sharding import Sharding
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 Named = list[tuple[str, Any]]
 
@@ -111,7 +114,7 @@ def gather(named: Named, optimizer: dict[str, Any], offset: int) -> tuple[dict[s
     return merged
 
 
-def _full(t: Any, sh: Sharding) -> Any:
+def _full(t: Tensor, sh: Sharding) -> Any:
     """The canonical tensor of this rank's ``t`` (all-gather over the TP group when split)."""
     import torch
     import torch.distributed as dist
@@ -129,7 +132,7 @@ def _full(t: Any, sh: Sharding) -> Any:
 
 
 def local_state(
-    params: dict[str, Any], optimizer: dict[str, Any], named: Named, tp_rank: int, tp_size: int, offset: int
+    params: dict[str, Tensor], optimizer: dict[str, Tensor], named: Named, tp_rank: int, tp_size: int, offset: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's ``(params, optimizer)`` (stage-local names, its TP shards) out of a canonical
     state (see the module docstring). ``ValueError`` when a parameter of the rank is missing

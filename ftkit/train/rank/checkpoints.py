@@ -14,26 +14,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ftkit.checkpoint.guard import NonFiniteGuard
     from ftkit.train.config import TrainConfig
+    from ftkit.train.rank.context import RankContext
+    from ftkit.train.rank.step_types import StepTask
 
 
 class RankCheckpoints:
-    """Checkpoint methods of one rank (mixed into ``RankWorker``)."""
+    """Checkpoint methods of one rank (mixed into ``RankWorker``): they read the rank's
+    ``RankContext`` and the worker's step bookkeeping (counters, guard, pending attempt)."""
 
     cfg: TrainConfig
+    ctx: RankContext
     cell: int
     rank: int
-    tp_rank: int
-    pp_rank: int
-    model: Any
-    params: list[tuple[str, Any]]
-    optimizer: Any
-    witness: Any  # WitnessTable or None
-    guard: Any  # NonFiniteGuard
-    faults: Any  # FaultInjector
+    guard: NonFiniteGuard
     counters: dict[str, int]
-    _pending: Any
-    _started: Any
+    _pending: object | None
+    _started: StepTask | None
 
     def checkpoint_preflight(self, step: int, checkpoints_dir: str) -> tuple[Any, Any]:
         """``(PreflightVerdict, GuardVerdict)`` of this rank for the checkpoint of ``step``.
@@ -47,7 +45,7 @@ class RankCheckpoints:
         from ftkit.train.rank.state_codec import capture
 
         guard = self.guard.consume(step)
-        state = capture(self.params, self.optimizer, None, self.counters)  # views, no copy
+        state = capture(self.ctx.params, self.ctx.optimizer, None, self.counters)  # views, no copy
         local = [*state.params.values(), *state.optimizer.values()]
         nbytes = sum(int(t.numel()) * t.element_size() + TENSOR_OVERHEAD for t in local) * self.cfg.layout.ranks
         verdict = preflight(
@@ -56,7 +54,7 @@ class RankCheckpoints:
             nbytes,
             guard,
             f"cell{self.cell}-rank{self.rank}",
-            at=lambda point: self.faults.at(point, step=step, rollout=self.counters["rollout"]),
+            at=lambda point: self.ctx.faults.at(point, step=step, rollout=self.counters["rollout"]),
         )
         return verdict, guard
 
@@ -80,12 +78,12 @@ class RankCheckpoints:
         from ftkit.train.rank.state import fingerprint_state
         from ftkit.train.rank.state_codec import capture
 
-        offset, _ = stage_position(self.model)
-        witness = None if self.witness is None else self.witness.param
-        state = capture(self.params, self.optimizer, witness, self.counters)
-        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
-        params, optimizer = gather(self.params, state.optimizer, offset)
-        mine = (total, rank_spec(self.params, self.tp_rank, self.pp_rank, self.cfg.layout.tp, offset))
+        offset, _ = stage_position(self.ctx.model)
+        witness = self.ctx.witness_param
+        state = capture(self.ctx.params, self.ctx.optimizer, witness, self.counters)
+        total, _, _ = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
+        params, optimizer = gather(self.ctx.params, state.optimizer, offset)
+        mine = (total, rank_spec(self.ctx.params, self.ctx.tp_rank, self.ctx.pp_rank, self.cfg.layout.tp, offset))
         ranks: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(mine, ranks, dst=0)
         if ranks is None:
@@ -124,28 +122,28 @@ class RankCheckpoints:
         from ftkit.train.rank.state_codec import RankState, restore
 
         extra = files[EXTRA]
-        if self.witness is not None and "witness" not in extra:
+        if self.ctx.witness is not None and "witness" not in extra:
             raise ValueError("the checkpoint holds no witness table, this run keeps one (bookkeeping)")
         step, rollout = (int(v) for v in extra["counters"].tolist())
         if (step, rollout) != (int(meta["step"]), int(meta["rollout"])):
             raise ValueError(f"checkpoint counters (step {step}, rollout {rollout}) disagree with its manifest")
-        offset = stage_position(self.model)[0]
+        offset = stage_position(self.ctx.model)[0]
         params, optim = local_state(
-            files[MODEL], files[OPTIMIZER], self.params, self.tp_rank, self.cfg.layout.tp, offset
+            files[MODEL], files[OPTIMIZER], self.ctx.params, self.ctx.tp_rank, self.cfg.layout.tp, offset
         )
         expected = self._expected_total(params, optim, meta)
         state = RankState(
             params=params,
             optimizer=optim,
-            witness=extra.get("witness") if self.witness is not None else None,
+            witness=extra.get("witness") if self.ctx.witness is not None else None,
             rng=torch.default_generator.get_state(),
             counters={"step": step, "rollout": rollout},
         )
-        restore(state, self.params, self.optimizer, None if self.witness is None else self.witness.param)
+        restore(state, self.ctx.params, self.ctx.optimizer, self.ctx.witness_param)
         self.counters = dict(state.counters)
         self._pending = self._started = None
         self.guard = NonFiniteGuard(first_step=step + 1)
-        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        total, _, _ = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
         if total != expected:
             raise ValueError(
                 f"cell {self.cell} rank {self.rank}: state fingerprint after restore {total} differs from the "
@@ -186,7 +184,7 @@ class RankCheckpoints:
             "model": self.cfg.model.preset,
             "seed": str(self.cfg.rng.seed),
         }
-        state = capture(self.params, self.optimizer, None, self.counters)
-        offset, _ = stage_position(self.model)
-        shardings = rank_shardings(self.params, self.tp_rank, self.cfg.layout.tp, offset)
-        return [str(save_final(run_dir, state, self.tp_rank, self.pp_rank, meta, offset, shardings))]
+        state = capture(self.ctx.params, self.ctx.optimizer, None, self.counters)
+        offset, _ = stage_position(self.ctx.model)
+        shardings = rank_shardings(self.ctx.params, self.ctx.tp_rank, self.cfg.layout.tp, offset)
+        return [str(save_final(run_dir, state, self.ctx.tp_rank, self.ctx.pp_rank, meta, offset, shardings))]

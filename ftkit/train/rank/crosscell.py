@@ -25,7 +25,11 @@ or in the rendezvous before declaring it gone.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.distributed import Store
 
 
 class CollectiveError(RuntimeError):
@@ -35,7 +39,7 @@ class CollectiveError(RuntimeError):
 class CrossCellLink:
     """This rank position's membership in the cross-cell group (see the module docstring)."""
 
-    def __init__(self, store: Any, rank: int, cell: int, device: str = "cpu", timeout_s: float = 300.0) -> None:
+    def __init__(self, store: Store, rank: int, cell: int, device: str = "cpu", timeout_s: float = 300.0) -> None:
         self.store, self.rank, self.cell = store, int(rank), int(cell)
         self.device, self.timeout_s = device, float(timeout_s)
         self.epoch: int | None = None
@@ -65,7 +69,7 @@ class CrossCellLink:
             raise CollectiveError(f"epoch {epoch}: cannot join the group of cells {members}: {exc}") from exc
         self.epoch, self.members = int(epoch), members
 
-    def allreduce(self, tensor: Any, op: str) -> None:
+    def allreduce(self, tensor: Tensor, op: str) -> None:
         """In-place all-reduce of ``tensor`` with ``op`` ("sum" or "max") across the members."""
         import torch.distributed as dist
 

@@ -28,32 +28,35 @@ import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ftkit.train.rank.context import RankContext
 
 # captures of the model's and the decoder's own outputs (``output``, ``decoder#1.output_grad.0``)
 _TOP_LEVEL = re.compile(r"^(?:(?:decoder)?(?:#\d+)?\.)?output(?:_grad)?(?:\.\d+)*$")
 
 
 class RankDumps:
-    """Dump state of one ``RankWorker`` (reads its cfg, model, ranks and event writer)."""
+    """Dump state of one rank (reads its ``RankContext``: cfg, model, ranks, event writer)."""
 
-    def __init__(self, worker: Any) -> None:
-        self.w = worker
-        self.what = set(worker.cfg.dumps.what)
+    def __init__(self, ctx: RankContext) -> None:
+        self.ctx = ctx
+        self.what = set(ctx.cfg.dumps.what)
         from ftkit.model.gpt import stage_position
 
-        self.root = Path(worker.run_dir) / "dumps"
+        self.root = Path(ctx.run_dir) / "dumps"
         self._replicated: dict[int, Any] = {}  # rollout -> open DumpWriter
-        self.offset, self.last_stage = stage_position(worker.model)
+        self.offset, self.last_stage = stage_position(ctx.model)
 
     def _cell_suffix(self) -> int | None:
-        return self.w.cell if self.w.cfg.dumps.cells == "all" else None
+        return self.ctx.cell if self.ctx.cfg.dumps.cells == "all" else None
 
     def _meta(self) -> dict[str, Any]:
-        return {"cell": self.w.cell, "rank": self.w.rank, "tp": self.w.tp_rank, "pp": self.w.pp_rank}
+        return {"cell": self.ctx.cell, "rank": self.ctx.rank, "tp": self.ctx.tp_rank, "pp": self.ctx.pp_rank}
 
     def _announce(self, rollout: int, info: Any) -> None:
-        self.w.events.emit(
+        self.ctx.events.emit(
             "dump_written",
             rollout=rollout,
             phase="fwd_bwd",
@@ -73,7 +76,7 @@ class RankDumps:
         from ftkit.dumps.layout import microshard_writer
         from ftkit.dumps.writer import DumpWriter
 
-        cap = ModuleCapture(self.w.model, activations=acts, grads=grads)
+        cap = ModuleCapture(self.ctx.model, activations=acts, grads=grads)
         with cap:
             yield
         dw = DumpWriter(
@@ -81,14 +84,14 @@ class RankDumps:
             prefix="actor",
             phase="fwd_bwd",
             rollout=rollout,
-            writer=microshard_writer(step, shard, self.w.tp_rank, self.w.pp_rank, self._cell_suffix()),
+            writer=microshard_writer(step, shard, self.ctx.tp_rank, self.ctx.pp_rank, self._cell_suffix()),
             meta=self._meta(),
         )
         for r in cap.take():
             name = capture_name(r.name, self.offset, self.last_stage)
             if name is not None:
                 dw.add(name, r.tensor, step=step, micro_shard=shard, sharding=r.sharding, copy=False)
-        self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
+        self.ctx.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
         self._announce(rollout, dw.write())
 
     def replicated(
@@ -102,14 +105,14 @@ class RankDumps:
         from ftkit.model.gpt import global_param_name
         from ftkit.tensors.sharding import param_sharding
 
-        cfg = self.w.cfg
+        cfg = self.ctx.cfg
         k = step % cfg.batch.steps_per_rollout
         if before_step:
             dw = self._writer(rollout)
             tp_size = cfg.layout.tp
-            for local, p in self.w.params:
+            for local, p in self.ctx.params:
                 name = global_param_name(local, self.offset)
-                sh = param_sharding(p, self.w.tp_rank, tp_size)
+                sh = param_sharding(p, self.ctx.tp_rank, tp_size)
                 if k == 0 and "weights" in self.what:
                     dw.add(f"{name}.param", p, step=step, sharding=sh)
                 if "grads" in self.what:
@@ -118,7 +121,7 @@ class RankDumps:
         if k == cfg.batch.steps_per_rollout - 1 and rollout in self._replicated:
             dw = self._replicated.pop(rollout)
             if write and len(dw):
-                self.w.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
+                self.ctx.faults.at("during_dump_write", step=step, attempt=attempt, rollout=rollout)
                 self._announce(rollout, dw.write())
 
     def _writer(self, rollout: int) -> Any:
@@ -131,7 +134,7 @@ class RankDumps:
                 prefix="actor",
                 phase="fwd_bwd",
                 rollout=rollout,
-                writer=replicated_writer(self.w.tp_rank, self.w.pp_rank, self._cell_suffix()),
+                writer=replicated_writer(self.ctx.tp_rank, self.ctx.pp_rank, self._cell_suffix()),
                 meta=self._meta(),
             )
         return self._replicated[rollout]

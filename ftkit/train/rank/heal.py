@@ -25,9 +25,12 @@ says rejected; the driver retries from another donor.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.rank.step_types import HealReport
+
+if TYPE_CHECKING:
+    from ftkit.train.rank.context import RankContext
 
 
 def destinations(room: dict[str, Any]) -> Any:
@@ -69,21 +72,25 @@ def destinations(room: dict[str, Any]) -> Any:
     return into
 
 
-def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: int = 0) -> HealReport:
-    """Receive the state the donor serves under ``key`` into ``worker`` before run-global
-    step ``step`` (its heal attempt ``attempt``); see the module docstring."""
+def receive(
+    ctx: RankContext, room: dict[str, Any], key: str, donor: int, epoch: int, step: int, attempt: int = 0
+) -> tuple[HealReport, dict[str, int]]:
+    """Receive the state the donor serves under ``key`` into the rank of ``ctx`` (the
+    tensors of ``room`` reused where they fit, ``destinations``) before run-global step
+    ``step`` (its heal attempt ``attempt``); see the module docstring. Returns the report and
+    the step counters the received state holds (the caller's from now on)."""
     from ftkit.train.rank import heal_stream
     from ftkit.train.rank.state import fingerprint_state
     from ftkit.train.rank.state_codec import decode, restore, state_bytes
 
-    cfg = worker.cfg
+    cfg = ctx.cfg
     tensors, meta, donor_total, seconds = heal_stream.receive(
-        worker.link.store, key, cfg.recovery.collective_timeout, destinations(worker.heal_room())
+        ctx.link.store, key, cfg.recovery.collective_timeout, destinations(room)
     )
     t1 = time.perf_counter()
     state = decode(tensors, meta)
-    rollout = step // worker.cfg.batch.steps_per_rollout
-    if worker.faults.at("during_heal", step=step, attempt=attempt, rollout=rollout) == "corrupt-transfer":
+    rollout = step // ctx.cfg.batch.steps_per_rollout
+    if ctx.faults.at("during_heal", step=step, attempt=attempt, rollout=rollout) == "corrupt-transfer":
         from ftkit.train.faults.injector import flip_bit
 
         name = next(iter(state.params))
@@ -91,20 +98,19 @@ def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: i
         flip_bit(state.params[name])
     t2 = time.perf_counter()
     seconds["decode"] = t2 - t1
-    witness = None if worker.witness is None else worker.witness.param
-    restore(state, worker.params, worker.optimizer, witness, owned=True)  # the received buffers
-    worker.counters = dict(state.counters)
+    witness = None if ctx.witness is None else ctx.witness.param
+    restore(state, ctx.params, ctx.optimizer, witness, owned=True)  # the received buffers
     t3 = time.perf_counter()
     seconds["load"] = t3 - t2
-    total, _, _ = fingerprint_state(worker.model, worker.optimizer, worker.params)
+    total, _, _ = fingerprint_state(ctx.model, ctx.optimizer, ctx.params)
     seconds["verify"] = time.perf_counter() - t3
     seconds["total"] = sum(seconds.values())
     size = state_bytes(tensors)
     accepted = total == donor_total
     if accepted:
-        worker.events.emit(
+        ctx.events.emit(
             "heal",
-            cell=worker.cell,
+            cell=ctx.cell,
             donor=donor,
             epoch=epoch,
             bytes=size,
@@ -112,5 +118,5 @@ def receive(worker: Any, key: str, donor: int, epoch: int, step: int, attempt: i
             total=total,
             donor_total=donor_total,
         )
-        worker.events.sync()
-    return HealReport(worker.cell, worker.rank, donor, accepted, size, total, donor_total, seconds)
+        ctx.events.sync()
+    return HealReport(ctx.cell, ctx.rank, donor, accepted, size, total, donor_total, seconds), dict(state.counters)

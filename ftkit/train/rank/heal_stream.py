@@ -32,7 +32,11 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.distributed import Store
 
 _LEN = struct.Struct(">Q")
 #: Bytes per ``recv_into`` / ``send`` call (large enough that the per-call cost vanishes).
@@ -54,9 +58,9 @@ def node_address() -> str:
 
 
 def serve(
-    store: Any,
+    store: Store,
     key: str,
-    tensors: dict[str, Any],
+    tensors: dict[str, Tensor],
     meta: dict[str, str],
     total: Callable[[], str],
     timeout_s: float,
@@ -88,7 +92,7 @@ def serve(
 
 
 def receive(
-    store: Any, key: str, timeout_s: float, into: Into | None = None
+    store: Store, key: str, timeout_s: float, into: Into | None = None
 ) -> tuple[dict[str, Any], dict[str, str], str, dict[str, float]]:
     """Connect to the donor serving ``key`` and receive its state:
     ``(tensors, meta, donor_total, seconds)`` (see the module docstring). Each storage goes
@@ -133,17 +137,17 @@ def _storage_index(name: str) -> int:
     return int(name.rsplit("/", 1)[-1])
 
 
-def _host_bytes(t: Any) -> Any:
+def _host_bytes(t: Tensor) -> Any:
     """A contiguous host uint8 tensor of ``t``'s bytes (``t`` itself when it already is one)."""
     return t if t.device.type == "cpu" and t.is_contiguous() else t.contiguous().cpu()
 
 
-def _buffer(t: Any) -> memoryview:
+def _buffer(t: Tensor) -> memoryview:
     """A writable byte view of a contiguous host uint8 tensor (no copy)."""
-    return memoryview(t.numpy()).cast("B")
+    return t.numpy().data.cast("B")
 
 
-def _send_json(conn: socket.socket, obj: Any) -> None:
+def _send_json(conn: socket.socket, obj: object) -> None:
     data = json.dumps(obj).encode()
     conn.sendall(_LEN.pack(len(data)) + data)
 

@@ -13,15 +13,18 @@ the loss is the same function under any TP size.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
-def step_tokens(loss_mask: Any) -> float:
+def step_tokens(loss_mask: Tensor) -> float:
     """The normaliser of a step: its learned tokens, at least 1 (an all-masked step has loss 0)."""
     return max(1.0, float(loss_mask.double().sum()))
 
 
-def targets(tokens: Any) -> Any:
+def targets(tokens: Tensor) -> Any:
     """Labels ``[b, s]``: ``tokens`` shifted left by one; the last position gets token 0
     (it is never learned: ``loss_mask`` is 0 there)."""
     import torch
@@ -31,7 +34,7 @@ def targets(tokens: Any) -> Any:
     return out
 
 
-def pg_loss(token_nll: Any, loss_mask: Any, advantages: Any, norm: float) -> Any:
+def pg_loss(token_nll: Tensor, loss_mask: Tensor, advantages: Tensor, norm: float) -> Any:
     """Scalar ``sum(A * nll * mask) / norm`` over a micro-shard (``token_nll`` ``[b, s]``)."""
     weighted = token_nll.float() * loss_mask.to(token_nll.device) * advantages.to(token_nll.device)[:, None]
     return weighted.sum() / norm

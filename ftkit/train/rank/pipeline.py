@@ -34,7 +34,10 @@ stage. The witness lives with the embedding, on the first stage.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class StagePipeline:
@@ -52,7 +55,7 @@ class StagePipeline:
         self.hidden = model.config.hidden_size
 
     def forward_backward(
-        self, tokens: Any, pos: Any, labels: Any, decoder_input: Any, loss_fn: Callable[[Any], Any]
+        self, tokens: Tensor, pos: Tensor, labels: Tensor, decoder_input: Any, loss_fn: Callable[[Tensor], Tensor]
     ) -> float:
         """Forward and backward of one micro-shard through every stage (see the module doc)."""
         import torch
@@ -82,7 +85,7 @@ class StagePipeline:
             self.model.set_input_tensor(None)
         return value
 
-    def share_losses(self, losses: Any) -> None:
+    def share_losses(self, losses: Tensor) -> None:
         """Overwrite ``losses`` with the last stage's (broadcast over the pipeline group)."""
         import torch.distributed as dist
 

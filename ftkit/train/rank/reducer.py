@@ -35,7 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from torch import Tensor
 
 # Exponent of an all-zero tensor: below any float32 exponent, so MAX ignores it.
 ZERO_EXPONENT = -(1 << 20)
@@ -76,7 +81,7 @@ class GradLayout:
         ends = list(self.offsets[1:]) + [self.numel]
         return list(zip(self.offsets, ends))
 
-    def unflatten(self, flat: Any) -> dict[str, Any]:
+    def unflatten(self, flat: Tensor) -> dict[str, Any]:
         """Views of a flat ``[numel]`` tensor as ``{name: tensor of its shape}``."""
         return {n: flat[a:b].view(s) for n, s, (a, b) in zip(self.names, self.shapes, self.segments())}
 
@@ -114,7 +119,7 @@ class ExactReducer:
         self.windows = _windows(self.segs, WINDOW)
         self._work: dict[str, Any] = {}
 
-    def _buf(self, name: str, dtype: Any, device: Any, size: int) -> Any:
+    def _buf(self, name: str, dtype: torch.dtype, device: torch.device, size: int) -> Any:
         import torch
 
         buf = self._work.get(name)
@@ -122,15 +127,15 @@ class ExactReducer:
             buf = self._work[name] = torch.empty(size, dtype=dtype, device=device)
         return buf
 
-    def _numpy(self, shards: Any) -> bool:
+    def _numpy(self, shards: Tensor) -> bool:
         return self.numpy_kernels and shards.device.type == "cpu"
 
-    def keeps_rows(self, shards: Any) -> bool:
+    def keeps_rows(self, shards: Tensor) -> bool:
         """Whether ``reduce`` leaves ``shards`` unchanged (the CPU kernels write only their own
         buffers; the torch kernels scale the rows in place)."""
         return self._numpy(shards)
 
-    def exponents(self, shards: Any) -> tuple[list[int], bool]:
+    def exponents(self, shards: Tensor) -> tuple[list[int], bool]:
         """Per tensor, ``e`` with every ``|g| < 2**e`` over the rows (``ZERO_EXPONENT`` for an
         all-zero tensor), and whether every value is finite."""
         import torch
@@ -147,7 +152,7 @@ class ExactReducer:
         exps[(tops == 0) | ~torch.isfinite(tops)] = ZERO_EXPONENT
         return exps.tolist(), finite
 
-    def reduce(self, shards: Any, allreduce: AllReduce, side: Any = None) -> Any | None:
+    def reduce(self, shards: Tensor, allreduce: AllReduce, side: Tensor | None = None) -> Any | None:
         """The exact sum (see the class docstring), or ``None``.
 
         ``side``: an optional float64 CPU vector in which every slot has at most one non-zero
@@ -200,7 +205,7 @@ class ExactReducer:
                 return None  # same integers everywhere, same decision
         return out
 
-    def _torch_quantize(self, shards: Any, shifts: list[int], q: Any) -> None:
+    def _torch_quantize(self, shards: Tensor, shifts: list[int], q: Tensor) -> None:
         """Per-tensor torch kernels (any device), in place in ``shards``: scale, round,
         float64 sum, int64."""
         import torch
@@ -254,7 +259,7 @@ def _windows(segs: Sequence[tuple[int, int]], width: int) -> list[_Window]:
     return [_Window(*c) for c in cuts]
 
 
-def _np_tops(x: Any, windows: list[_Window], count: int) -> Any:
+def _np_tops(x: np.ndarray, windows: list[_Window], count: int) -> Any:
     """Per tensor ``max(max(g), -min(g))`` over the rows of ``x`` (NaN propagates)."""
     import numpy as np
 
@@ -272,7 +277,7 @@ def _np_tops(x: Any, windows: list[_Window], count: int) -> Any:
     return np.maximum(hi, -lo)
 
 
-def _np_quantize(x: Any, shifts: list[int], windows: list[_Window], q: Any) -> None:
+def _np_quantize(x: np.ndarray, shifts: list[int], windows: list[_Window], q: np.ndarray) -> None:
     """``q = sum_rows(round(x * 2**shift))`` as int64, window by window (in cache)."""
     import numpy as np
 
@@ -297,7 +302,7 @@ def _np_quantize(x: Any, shifts: list[int], windows: list[_Window], q: Any) -> N
             np.copyto(q[w.start : w.end], a64, casting="unsafe")
 
 
-def _np_dequantize(q: Any, shifts: list[int], windows: list[_Window], out: Any) -> None:
+def _np_dequantize(q: np.ndarray, shifts: list[int], windows: list[_Window], out: np.ndarray) -> None:
     """``out = float32(q) * 2**-shift``, window by window."""
     import numpy as np
 
@@ -309,7 +314,7 @@ def _np_dequantize(q: Any, shifts: list[int], windows: list[_Window], out: Any) 
                 np.multiply(out[a:b], inverse[i], out=out[a:b])
 
 
-def reduce_float(shards: Any, allreduce: AllReduce) -> Any | None:
+def reduce_float(shards: Tensor, allreduce: AllReduce) -> Any | None:
     """Float32 sum of the rows of ``shards`` (``[k, numel]``, the cell's micro-shards or one
     row they accumulated into; overwritten), float all-reduce SUM; ``None`` if non-finite.
 

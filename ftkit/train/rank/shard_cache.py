@@ -25,7 +25,10 @@ Contract (one per rank, driven by ``RankWorker``):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class ShardCache:
@@ -35,7 +38,7 @@ class ShardCache:
         self._computed: tuple[int, list[int], Any, list[float]] | None = None
         self._kept: tuple[int, list[int], Any, list[float]] | None = None
 
-    def computed(self, step: int, shards: list[int], rows: Any, losses: Any) -> None:
+    def computed(self, step: int, shards: list[int], rows: Tensor, losses: Tensor) -> None:
         self._computed = (int(step), list(shards), rows, [float(losses[m]) for m in shards])
 
     def discarded(self, step: int) -> bool:

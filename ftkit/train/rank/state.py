@@ -15,12 +15,19 @@ model parameter and not in the optimizer, so it appears in none of these.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.nn import Module
+    from torch.optim import Optimizer
 
 FINAL_SCHEMA = "ftkit.final-state/1"
 
 
-def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[str, dict[str, str], dict[str, str]]:
+def fingerprint_state(
+    model: Module, optimizer: Optimizer, named: list[tuple[str, Tensor]] | None = None
+) -> tuple[str, dict[str, str], dict[str, str]]:
     """``(total, params, optimizer)``: per-tensor fingerprints and one state fingerprint.
 
     ``total`` combines both maps with ``param/`` and ``optimizer/`` name prefixes, so a

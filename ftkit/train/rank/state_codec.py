@@ -28,7 +28,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+    from torch.optim import Optimizer
 
 CODEC = "ftkit.rank-state/1"
 
@@ -71,7 +76,7 @@ def encode(state: RankState) -> tuple[dict[str, Any], dict[str, str]]:
     return tensors, meta
 
 
-def decode(tensors: dict[str, Any], meta: dict[str, str]) -> RankState:
+def decode(tensors: dict[str, Tensor], meta: dict[str, str]) -> RankState:
     """The ``RankState`` of an ``encode`` result (views of ``tensors``' storages)."""
     import torch
 
@@ -94,12 +99,14 @@ def decode(tensors: dict[str, Any], meta: dict[str, str]) -> RankState:
     )
 
 
-def state_bytes(tensors: dict[str, Any]) -> int:
+def state_bytes(tensors: dict[str, Tensor]) -> int:
     """Bytes an ``encode`` result carries (each storage once)."""
     return sum(int(t.numel()) * t.element_size() for t in tensors.values())
 
 
-def capture(named: list[tuple[str, Any]], optimizer: Any, witness: Any, counters: dict[str, int]) -> RankState:
+def capture(
+    named: list[tuple[str, Tensor]], optimizer: Optimizer, witness: Tensor | None, counters: dict[str, int]
+) -> RankState:
     """The live state of a rank (views, no copy); ``named``: its ``(name, parameter)`` pairs."""
     import torch
 
@@ -117,7 +124,9 @@ def capture(named: list[tuple[str, Any]], optimizer: Any, witness: Any, counters
     )
 
 
-def restore(state: RankState, named: list[tuple[str, Any]], optimizer: Any, witness: Any, owned: bool = False) -> None:
+def restore(
+    state: RankState, named: list[tuple[str, Tensor]], optimizer: Optimizer, witness: Tensor | None, owned: bool = False
+) -> None:
     """Copy ``state`` into the rank in place: parameters, optimizer state (replaced whole),
     witness table and RNG. Raises ``ValueError`` when names or shapes do not match.
 
@@ -151,7 +160,7 @@ def restore(state: RankState, named: list[tuple[str, Any]], optimizer: Any, witn
     torch.default_generator.set_state(state.rng.clone().contiguous())
 
 
-def _own(t: Any, device: Any, owned: bool) -> Any:
+def _own(t: Tensor, device: torch.device | str, owned: bool) -> Any:
     """``t`` on ``device``, never sharing memory with the caller's tensor unless ``owned``."""
     if t.device == device:
         return t if owned else t.clone()

@@ -27,7 +27,10 @@ a fresh zeroed row with the model's gradients before every micro-shard.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 def _witness_fn() -> Any:
@@ -37,13 +40,13 @@ def _witness_fn() -> Any:
         """Identity on ``x``; backward counts samples into the table's gradient."""
 
         @staticmethod
-        def forward(ctx: Any, x: Any, table: Any, rows: Any) -> Any:
+        def forward(ctx: Any, x: Tensor, table: Tensor, rows: Tensor) -> Any:
             ctx.save_for_backward(rows)
             ctx.table_shape = table.shape
             return x.view_as(x)
 
         @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
+        def backward(ctx: Any, grad: Tensor) -> Any:
             (rows,) = ctx.saved_tensors
             g = torch.zeros(ctx.table_shape, dtype=torch.float32, device=grad.device)
             ones = torch.ones(rows.shape[0], dtype=torch.float32, device=grad.device)
@@ -67,7 +70,7 @@ class WitnessTable:
         self.param = torch.nn.Parameter(torch.zeros(capacity, 2, dtype=torch.float32, device=device))
         self._fn = _witness_fn()
 
-    def rows(self, ids: Any) -> Any:
+    def rows(self, ids: Tensor) -> Any:
         """Table rows of ``ids`` (``id % capacity``); raises if two distinct ids collide."""
         import torch
 
@@ -81,14 +84,14 @@ class WitnessTable:
             )
         return rows.to(self.param.device)
 
-    def apply(self, x: Any, rows: Any) -> Any:
+    def apply(self, x: Tensor, rows: Tensor) -> Any:
         """``x`` (``[s, b, h]``) unchanged; its backward counts the ``b`` samples at table
         ``rows`` (from ``rows(ids)``, checked once per step rather than per micro-shard)."""
         if x.shape[1] != rows.shape[0]:
             raise ValueError(f"{rows.shape[0]} witness rows for a micro-batch of {x.shape[1]} samples")
         return self._fn.apply(x, self.param, rows)
 
-    def read(self, grad: Any, ids: Sequence[int]) -> tuple[list[int], list[int], list[float]]:
+    def read(self, grad: Tensor, ids: Sequence[int]) -> tuple[list[int], list[int], list[float]]:
         """``(ids, counts, contributions)`` from a reduced ``[capacity, 2]`` gradient for the
         distinct ``ids`` (sorted) whose count is non-zero. A count is an integer by
         construction; a non-integer value raises (it would mean a corrupted reduction)."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftkit.train.rank.checkpoints import RankCheckpoints
@@ -41,6 +40,8 @@ from ftkit.train.rank.shard_cache import ShardCache
 from ftkit.train.rank.step_types import Committed, HealReport, Reduced, StepTask
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from ftkit.train.config import TrainConfig
 
 
@@ -56,105 +57,58 @@ class _Pending:
 
 
 class RankWorker(RankCheckpoints):
-    """One rank (``rank`` = its rank in the cell's world of ``tp * pp``) of cell ``cell``."""
+    """One rank (``rank`` = its rank in the cell's world of ``tp * pp``) of cell ``cell``:
+    the actor's remote face over its ``RankContext`` (``self.ctx``, from ``init_cell``) and
+    the collaborators built on it (reducer, dumps, pipeline, guard)."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str, cell: int, rank: int, incarnation: int) -> None:
         self.cfg = cfg  # validated once, by the driver
         self.run_dir = str(run_dir)
         self.cell, self.rank, self.incarnation = int(cell), int(rank), int(incarnation)
-        self.link: Any = None
+        self._open = False  # init_cell built self.ctx, shutdown has not closed it yet
         self._rows_buf: Any = None
         self._pending: _Pending | None = None
         self._started: StepTask | None = None  # the attempt compute_reduce last began
         self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
         self._heal_moments: dict[str, Any] = {}  # a restarted rank's optimizer moments, heal_room
         self.counters = {"step": -1, "rollout": -1}  # the last committed step and its rollout
-        self.events: Any = None
 
     # --- setup -----------------------------------------------------------------------
     def init_cell(self, store_host: str, store_port: int) -> int:
-        """Join the cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the
-        driver's TCPStore), initialise megatron parallel state and build model, optimizer,
-        witness, event writer, fault injector and cross-cell link; returns this process's pid."""
-        import datetime
-
+        """Join the cell's world and build this rank's ``RankContext`` (``open_context``:
+        megatron state, model, optimizer, witness, event writer, fault injector, cross-cell
+        link), then the step's collaborators over it; returns this process's pid."""
         import torch
-        import torch.distributed as dist
-        from megatron.core import parallel_state as ps
 
-        from ftkit.events.writer import EventWriter
-        from ftkit.model.gpt import build_gpt, configure_determinism
-        from ftkit.train.config import STARTUP_TIMEOUT_S
-        from ftkit.train.control.rundir import run_name
-        from ftkit.train.faults.points import injector_for
-        from ftkit.train.rank.crosscell import CrossCellLink
+        from ftkit.train.rank.context import open_context
         from ftkit.train.rank.reducer import ExactReducer, GradLayout
-        from ftkit.train.rank.witness import WitnessTable
 
         cfg = self.cfg
-        self.device = cfg.resolved_device()
-        configure_determinism(cfg.compute.threads_per_rank)
-        if self.device == "cuda":
-            torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
-        startup = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
-        store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=startup)
-        dist.init_process_group(
-            "nccl" if self.device == "cuda" else "gloo",
-            store=dist.PrefixStore(f"cell{self.cell}/inc{self.incarnation}", store),
-            rank=self.rank,
-            world_size=cfg.layout.ranks,
-            timeout=startup,
-        )
-        ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
-        self.tp_rank = ps.get_tensor_model_parallel_rank()
-        self.pp_rank = ps.get_pipeline_model_parallel_rank()
-        self.model = build_gpt(cfg.gpt_spec(), self.device)
-        self.params = list(self.model.named_parameters())
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False
-        )
-        has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
-        self.witness = WitnessTable(cfg.batch.samples_per_rollout, self.device) if has_witness else None
-        shapes = [(n, tuple(p.shape)) for n, p in self.params]
-        if self.witness is not None:
-            shapes.append(("witness", tuple(self.witness.param.shape)))
+        ctx = self.ctx = open_context(cfg, self.run_dir, self.cell, self.rank, self.incarnation, store_host, store_port)
+        self._open = True
+        shapes = [(n, tuple(p.shape)) for n, p in self.ctx.params]
+        if self.ctx.witness is not None:
+            shapes.append(("witness", tuple(self.ctx.witness.param.shape)))
         self.layout = GradLayout.of(shapes)
         self.reducer = ExactReducer(self.layout, cfg.batch.micro_shards)
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
-        counted = [
-            seg for seg, (_, p) in zip(self.layout.segments(), self.params) if param_is_not_tensor_parallel_duplicate(p)
-        ]
+        segments = zip(self.layout.segments(), ctx.params)
+        counted = [seg for seg, (_, p) in segments if param_is_not_tensor_parallel_duplicate(p)]
         self.norm_ranges = _merge_ranges(counted)  # flat ranges the grad norm counts
-        self.events = EventWriter(
-            Path(self.run_dir) / "events",
-            run=run_name(self.run_dir),
-            role="trainer",
-            cell=self.cell,
-            rank=self.rank,
-            incarnation=self.incarnation,
-        )
-        self.faults = injector_for(cfg, self.events, "trainer", cell=self.cell, rank=self.rank)
-        link_store = dist.TCPStore(
-            store_host,
-            int(store_port),
-            is_master=False,
-            timeout=datetime.timedelta(seconds=cfg.recovery.collective_timeout),
-        )
-        self.link = CrossCellLink(link_store, self.rank, self.cell, self.device, cfg.recovery.collective_timeout)
         from ftkit.train.rank.dumps import RankDumps
 
-        self.dumps = RankDumps(self)
+        self.dumps = RankDumps(ctx)
         from ftkit.train.rank.pipeline import StagePipeline
 
-        self.pipe = StagePipeline(self.model, self.device) if cfg.layout.pp > 1 else None
+        self.pipe = StagePipeline(self.ctx.model, self.ctx.device) if cfg.layout.pp > 1 else None
         from ftkit.checkpoint.guard import NonFiniteGuard
 
         self.guard = NonFiniteGuard()  # consumed at every checkpoint boundary (checkpoint_preflight)
-        if self.incarnation > 0 and self.device == "cpu":  # a restart: it will be healed
+        if self.incarnation > 0 and self.ctx.device == "cpu":  # a restart: it will be healed
             self._heal_moments = {
                 f"optimizer/{n}.{k}": torch.zeros_like(p, memory_format=torch.contiguous_format)
-                for n, p in self.params
+                for n, p in self.ctx.params
                 for k in ("exp_avg", "exp_avg_sq")
             }
         return os.getpid()
@@ -163,10 +117,10 @@ class RankWorker(RankCheckpoints):
         """Join the cross-cell group of ``epoch`` over ``alive`` (``CrossCellLink.configure``);
         a step still held from an older epoch is dropped."""
         self._pending = self._started = None
-        self.link.configure(epoch, alive)
+        self.ctx.link.configure(epoch, alive)
 
     # --- one optimizer step: phase 1 --------------------------------------------------
-    def compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
+    def compute_reduce(self, task: StepTask, batch: dict[str, Tensor]) -> Reduced:
         """Compute ``task.shards`` and reduce across cells; hold the result for phase 2.
 
         ``Reduced.loss`` is the step's loss summed over all micro-shards (the same on every
@@ -181,22 +135,22 @@ class RankWorker(RankCheckpoints):
         except CollectiveError:
             raise
         except BaseException:
-            self.link.abort()
+            self.ctx.link.abort()
             raise
 
-    def _compute_reduce(self, task: StepTask, batch: dict[str, Any]) -> Reduced:
+    def _compute_reduce(self, task: StepTask, batch: dict[str, Tensor]) -> Reduced:
         import torch
 
         from ftkit.train.rank.loss import step_tokens
         from ftkit.train.rank.reducer import reduce_float
         from ftkit.train.rl.microshards import shard_seed, shard_slices
 
-        cfg, faults = self.cfg, self.faults
+        cfg, faults = self.cfg, self.ctx.faults
         at = {"step": task.step, "attempt": task.attempt, "rollout": task.rollout}
-        if task.epoch != self.link.epoch:
+        if task.epoch != self.ctx.link.epoch:
             raise RuntimeError(
                 f"step {task.step} for epoch {task.epoch} but the cross-cell group is for "
-                f"epoch {self.link.epoch}: call configure first"
+                f"epoch {self.ctx.link.epoch}: call configure first"
             )
         self._pending, self._started = None, task
         data = self._step_batch(task.rollout, task.step, batch)
@@ -204,8 +158,8 @@ class RankWorker(RankCheckpoints):
         if not mine or mine[0] < 0 or mine[-1] >= cfg.batch.micro_shards or len(set(mine)) != len(mine):
             raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.batch.micro_shards})")
         norm = step_tokens(data["loss_mask"])
-        if self.witness is not None:
-            data["witness_rows"] = self.witness.rows(data["witness_ids"])
+        if self.ctx.witness is not None:
+            data["witness_rows"] = self.ctx.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
         keep = cfg.reduction.bookkeeping
         # exact per-micro-shard rows, not recorded: a retry may reuse them (shard_cache)
@@ -255,7 +209,7 @@ class RankWorker(RankCheckpoints):
         self.guard.observe(task.step, "reduced gradient", reduced is not None)
         self.guard.observe_value(task.step, "loss", float(losses.sum()))
         if reduced is None:
-            self.events.emit(
+            self.ctx.events.emit(
                 "grad_nonfinite",
                 rollout=task.rollout,
                 step=task.step,
@@ -273,25 +227,25 @@ class RankWorker(RankCheckpoints):
         kinds it returned and the hook handle. ``None`` when no fault is armed (no hook)."""
         from ftkit.train.faults.points import NoFaults
 
-        if isinstance(self.faults, NoFaults):
+        if isinstance(self.ctx.faults, NoFaults):
             return None
         kinds: list[str | None] = []
 
-        def hook(grad: Any) -> None:
-            kinds.append(self.faults.at("mid_backward", **at))
+        def hook(grad: Tensor) -> None:
+            kinds.append(self.ctx.faults.at("mid_backward", **at))
 
-        return kinds, self.params[0][1].register_hook(hook)
+        return kinds, self.ctx.params[0][1].register_hook(hook)
 
     def _faulty_allreduce(self, at: dict[str, int]) -> Any:
         """The link's all-reduce, with the ``during_reduce`` point before its second call
         (between the exact reduction's exponent and integer collectives)."""
         calls = [0]
 
-        def allreduce(tensor: Any, op: str) -> None:
+        def allreduce(tensor: Tensor, op: str) -> None:
             calls[0] += 1
             if calls[0] == 2:
-                self.faults.at("during_reduce", **at)
-            self.link.allreduce(tensor, op)
+                self.ctx.faults.at("during_reduce", **at)
+            self.ctx.link.allreduce(tensor, op)
 
         return allreduce
 
@@ -304,12 +258,12 @@ class RankWorker(RankCheckpoints):
         self._shards.clear()
         if pend.reduced is None:
             raise RuntimeError(f"step {step} attempt {attempt} was not finite everywhere: it cannot commit")
-        task, ev = pend.task, self.events
+        task, ev = pend.task, self.ctx.events
         grads = self.layout.unflatten(pend.reduced)
-        for name, p in self.params:
+        for name, p in self.ctx.params:
             p.grad = grads[name]
-        if self.witness is not None:
-            ids, counts, contribs = self.witness.read(grads["witness"], pend.witness_ids)
+        if self.ctx.witness is not None:
+            ids, counts, contribs = self.ctx.witness.read(grads["witness"], pend.witness_ids)
             ev.emit(
                 "witness_counts",
                 rollout=task.rollout,
@@ -323,7 +277,7 @@ class RankWorker(RankCheckpoints):
             )
         grad_norm = self._grad_norm(pend.reduced)
         self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=True)
-        self.optimizer.step()
+        self.ctx.optimizer.step()
         self.counters = {"step": step, "rollout": task.rollout}
         self._outcome(task, "committed")
         total = None
@@ -335,9 +289,9 @@ class RankWorker(RankCheckpoints):
         ev.sync(wait=False)  # the next emit waits for this fsync
         return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
 
-    def _outcome(self, task: Any, outcome: str) -> None:
+    def _outcome(self, task: StepTask, outcome: str) -> None:
         """Log this rank's ``step_outcome`` for ``task`` (a ``StepTask``)."""
-        self.events.emit(
+        self.ctx.events.emit(
             "step_outcome",
             rollout=task.rollout,
             step=task.step,
@@ -357,7 +311,7 @@ class RankWorker(RankCheckpoints):
         if task is None or task.step != step or task.attempt != attempt:
             return
         self._outcome(task, "discarded")
-        self.events.sync(wait=False)
+        self.ctx.events.sync(wait=False)
 
     def _take(self, step: int, attempt: int) -> _Pending:
         pend, self._pending, self._started = self._pending, None, None
@@ -370,8 +324,8 @@ class RankWorker(RankCheckpoints):
         """Emit ``state_fingerprint`` of the state now; returns its total."""
         from ftkit.train.rank.state import fingerprint_state
 
-        total, pfp, ofp = fingerprint_state(self.model, self.optimizer, self.params)
-        self.events.emit(
+        total, pfp, ofp = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
+        self.ctx.events.emit(
             "state_fingerprint",
             rollout=rollout,
             step=step,
@@ -384,7 +338,7 @@ class RankWorker(RankCheckpoints):
         )
         return total
 
-    def _step_batch(self, rollout: int, step: int, batch: dict[str, Any]) -> dict[str, Any]:
+    def _step_batch(self, rollout: int, step: int, batch: dict[str, Tensor]) -> dict[str, Any]:
         """This step's rows of ``batch`` (CPU tensors), see the module docstring."""
         cfg = self.cfg
         k, n = step % cfg.batch.steps_per_rollout, cfg.batch.step_samples
@@ -403,24 +357,24 @@ class RankWorker(RankCheckpoints):
             f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
         )
 
-    def _forward_backward(self, part: dict[str, Any], norm: float) -> float:
+    def _forward_backward(self, part: dict[str, Tensor], norm: float) -> float:
         """Forward and backward of one micro-shard; returns its (normalised) loss."""
         import torch
 
         from ftkit.train.rank.loss import pg_loss, targets
 
-        tokens = part["tokens"].to(self.device)
-        pos = torch.arange(tokens.shape[1], device=self.device).unsqueeze(0).expand_as(tokens)
+        tokens = part["tokens"].to(self.ctx.device)
+        pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
         labels = targets(tokens)
         emb = None
-        if self.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
-            emb = self.model.embedding(input_ids=tokens, position_ids=pos)
-            emb = self.witness.apply(emb, part["witness_rows"])
+        if self.ctx.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
+            emb = self.ctx.model.embedding(input_ids=tokens, position_ids=pos)
+            emb = self.ctx.witness.apply(emb, part["witness_rows"])
         if self.pipe is not None:
             return self.pipe.forward_backward(
                 tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
             )
-        nll = self.model(tokens, pos, None, decoder_input=emb, labels=labels)
+        nll = self.ctx.model(tokens, pos, None, decoder_input=emb, labels=labels)
         loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
         loss.backward()
         return float(loss.detach())
@@ -431,7 +385,7 @@ class RankWorker(RankCheckpoints):
         import torch
 
         torch.default_generator.manual_seed(seed)
-        if self.device == "cuda":
+        if self.ctx.device == "cuda":
             torch.cuda.manual_seed(seed)
 
     def _rows(self, k: int) -> Any:
@@ -441,27 +395,28 @@ class RankWorker(RankCheckpoints):
 
         buf = self._rows_buf
         if buf is None or buf.shape[0] != k:
-            buf = self._rows_buf = torch.zeros(k, self.layout.numel, dtype=torch.float32, device=self.device)
+            buf = self._rows_buf = torch.zeros(k, self.layout.numel, dtype=torch.float32, device=self.ctx.device)
             return buf
         return buf.zero_()
 
-    def _bind_grads(self, row: Any) -> None:
+    def _bind_grads(self, row: Tensor) -> None:
         """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row``:
         autograd then accumulates the backward in place, straight into the row."""
         grads = self.layout.unflatten(row)
-        for name, p in self.params:
+        for name, p in self.ctx.params:
             p.grad = grads[name]
-        if self.witness is not None:
-            self.witness.param.grad = grads["witness"]
+        if self.ctx.witness is not None:
+            self.ctx.witness.param.grad = grads["witness"]
 
-    def _check_bound(self, row: Any) -> None:
+    def _check_bound(self, row: Tensor) -> None:
         """Every gradient must still live in ``row`` (autograd accumulated in place)."""
         lo, hi = row.data_ptr(), row.data_ptr() + row.numel() * row.element_size()
-        grads = [p.grad for _, p in self.params] + ([self.witness.param.grad] if self.witness is not None else [])
+        witness = self.ctx.witness_param
+        grads = [p.grad for _, p in self.ctx.params] + ([witness.grad] if witness is not None else [])
         if any(g is None or not lo <= g.data_ptr() < hi for g in grads):
             raise RuntimeError("a gradient left its micro-shard buffer (autograd replaced .grad)")
 
-    def _grad_norm(self, reduced: Any) -> float:
+    def _grad_norm(self, reduced: Tensor) -> float:
         """L2 norm of the reduced gradient of the whole model (TP shards counted once)."""
         import torch
         import torch.distributed as dist
@@ -483,8 +438,8 @@ class RankWorker(RankCheckpoints):
         ``step = version * steps_per_rollout``."""
         from ftkit.train.rank.pipeline import export_cell
 
-        self.faults.at("during_weight_sync", step=version * self.cfg.batch.steps_per_rollout, rollout=version)
-        return export_cell(self.model)
+        self.ctx.faults.at("during_weight_sync", step=version * self.cfg.batch.steps_per_rollout, rollout=version)
+        return export_cell(self.ctx.model)
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec
@@ -493,9 +448,9 @@ class RankWorker(RankCheckpoints):
         from ftkit.train.rank.state import fingerprint_state
         from ftkit.train.rank.state_codec import capture, encode
 
-        witness = None if self.witness is None else self.witness.param
-        tensors, meta = encode(capture(self.params, self.optimizer, witness, self.counters))
-        total, _, _ = fingerprint_state(self.model, self.optimizer, self.params)
+        witness = self.ctx.witness_param
+        tensors, meta = encode(capture(self.ctx.params, self.ctx.optimizer, witness, self.counters))
+        total, _, _ = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
         return tensors, meta, total
 
     def serve_state(self, key: str) -> int:
@@ -506,14 +461,14 @@ class RankWorker(RankCheckpoints):
         from ftkit.train.rank.state import fingerprint_state
         from ftkit.train.rank.state_codec import capture, encode
 
-        witness = None if self.witness is None else self.witness.param
-        tensors, meta = encode(capture(self.params, self.optimizer, witness, self.counters))
+        witness = self.ctx.witness_param
+        tensors, meta = encode(capture(self.ctx.params, self.ctx.optimizer, witness, self.counters))
         return heal_stream.serve(
-            self.link.store,
+            self.ctx.link.store,
             key,
             tensors,
             meta,
-            lambda: fingerprint_state(self.model, self.optimizer, self.params)[0],
+            lambda: fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)[0],
             self.cfg.recovery.collective_timeout,
         )
 
@@ -521,7 +476,7 @@ class RankWorker(RankCheckpoints):
         """Tensors a heal receives into, under their codec names: the parameters and, on a
         restarted CPU rank, AdamW moments allocated (and touched) while it started, so that
         the transfer does not page-fault fresh memory (``heal.destinations``)."""
-        room = {f"param/{n}": p.detach() for n, p in self.params}
+        room = {f"param/{n}": p.detach() for n, p in self.ctx.params}
         room.update(self._heal_moments)
         return room
 
@@ -534,7 +489,7 @@ class RankWorker(RankCheckpoints):
         from ftkit.checkpoint.guard import NonFiniteGuard
         from ftkit.train.rank.heal import receive
 
-        report = receive(self, key, donor, epoch, step, attempt)
+        report, self.counters = receive(self.ctx, self.heal_room(), key, donor, epoch, step, attempt)
         if report.accepted:
             self._heal_moments = {}  # they are the optimizer's state now
         # the guard of a healed rank covers what it computes from here on: the steps its donor
@@ -548,11 +503,10 @@ class RankWorker(RankCheckpoints):
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        if self.events is not None:
-            self.events.close()
-            self.events = None
-        if self.link is not None:
-            self.link.abort()
+        if self._open:
+            self._open = False
+            self.ctx.events.close()
+            self.ctx.link.abort()
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
         if dist.is_initialized():

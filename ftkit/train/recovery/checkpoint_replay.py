@@ -180,10 +180,12 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
         w.configure(0, [0])
         groups = read_groups(plan.checkpoint)  # verified by plan_replay; shards merged
         model, optim, extra = groups[MODEL], groups[OPTIMIZER], groups[EXTRA]
-        params, entries = local_state(model, optim, w.params, w.tp_rank, w.cfg.layout.tp, stage_position(w.model)[0])
+        params, entries = local_state(
+            model, optim, w.ctx.params, w.ctx.tp_rank, w.cfg.layout.tp, stage_position(w.ctx.model)[0]
+        )
         rng = torch.default_generator.get_state()  # every micro-shard reseeds it
-        witness = None if w.witness is None else w.witness.param
-        restore(RankState(params, entries, extra.get("witness"), rng), w.params, w.optimizer, witness)
+        witness = None if w.ctx.witness is None else w.ctx.witness.param
+        restore(RankState(params, entries, extra.get("witness"), rng), w.ctx.params, w.ctx.optimizer, witness)
         step, done = (int(x) for x in extra["counters"].tolist())
         w.counters = {"step": step, "rollout": done}
         batch = load_file(plan.batch)

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from ftkit.train.rl.seeds import torch_generator
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from ftkit.train.config import TrainConfig
 
 #: Sequences per forward pass of an engine; a fixed shape keeps results batch independent.
@@ -95,7 +97,7 @@ class InferenceEngine:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def load_weights(self, state: dict[str, Any], version: int, rollout: int, attempt: int = 0) -> str:
+    def load_weights(self, state: dict[str, Tensor], version: int, rollout: int, attempt: int = 0) -> str:
         """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
         emit ``engine_weights`` and return the fingerprint total of what the model holds.
         ``attempt``: how many times this version was sent to this engine index before (a
@@ -135,7 +137,7 @@ class InferenceEngine:
         self.events.sync()
         return total
 
-    def generate(self, prompts: Any, rollout: int, first_index: int, greedy: bool = False) -> Any:
+    def generate(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool = False) -> Any:
         """int64 ``[n, response_len]``: one sampled response per row of ``prompts [n, P]``.
 
         ``greedy``: the most likely allowed token at each position instead (evaluation,
@@ -152,7 +154,7 @@ class InferenceEngine:
             out[start : start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start, greedy)
         return out
 
-    def _generate_chunk(self, prompts: Any, rollout: int, first_index: int, greedy: bool) -> Any:
+    def _generate_chunk(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool) -> Any:
         import torch
 
         k, p = prompts.shape

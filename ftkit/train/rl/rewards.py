@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.train.rl.task import AdditionTask
 
 RewardFn = Callable[[Any, Any, Any], Any]
 
 _PERSON = b"ftkit-reward"
 
 
-def random_bit(prompt: Any, response: Any) -> int:
+def random_bit(prompt: Tensor, response: Tensor) -> int:
     """0 or 1: the low bit of blake2b(int64-le(prompt) || int64-le(response))."""
     import numpy as np
 
@@ -33,7 +38,7 @@ def random_bit(prompt: Any, response: Any) -> int:
     return h.digest()[0] & 1
 
 
-def deterministic_random(task: Any, prompts: Any, responses: Any) -> Any:
+def deterministic_random(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
     """float32 ``[n]`` of 0/1: ``random_bit`` of each sample's prompt and response."""
     import torch
 
@@ -41,7 +46,7 @@ def deterministic_random(task: Any, prompts: Any, responses: Any) -> Any:
     return torch.tensor([random_bit(p[i], r[i]) for i in range(len(p))], dtype=torch.float32)
 
 
-def task_reward(task: Any, prompts: Any, responses: Any) -> Any:
+def task_reward(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
     """float32 ``[n]``: the task's own reward."""
     return task.reward(prompts, responses)
 

@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 ROLLOUT_SCHEMA = "ftkit.rollout/1"
 BATCH_KEYS = ("tokens", "loss_mask", "advantages", "rewards", "witness_ids")
 _EPS = 1e-6
 
 
-def group_advantages(rewards: Any, group_size: int) -> Any:
+def group_advantages(rewards: Tensor, group_size: int) -> Any:
     """float32 ``[N]``: ``(r - mean(group)) / (std(group) + 1e-6)`` per group of ``group_size``
     consecutive samples (population std, computed in float64). A group whose rewards are all
     equal has zero advantages: it carries no learning signal."""
@@ -51,7 +54,7 @@ def witness_ids(rollout: int, count: int) -> Any:
     return torch.arange(rollout * count, (rollout + 1) * count, dtype=torch.int64)
 
 
-def build_batch(prompts: Any, responses: Any, rewards: Any, group_size: int, rollout: int) -> dict[str, Any]:
+def build_batch(prompts: Tensor, responses: Tensor, rewards: Tensor, group_size: int, rollout: int) -> dict[str, Any]:
     """The batch tensors of one rollout from per-sample ``prompts [N, P]``, ``responses
     [N, R]`` (int64) and ``rewards [N]``; see the module docstring."""
     import torch
@@ -81,7 +84,7 @@ def rollout_path(run_dir: str | os.PathLike[str], rollout: int) -> Path:
 
 
 def record(
-    run_dir: str | os.PathLike[str], rollout: int, batch: dict[str, Any], meta: dict[str, str] | None = None
+    run_dir: str | os.PathLike[str], rollout: int, batch: dict[str, Tensor], meta: dict[str, str] | None = None
 ) -> Path:
     """Write ``batch`` to ``rollout_path(run_dir, rollout)`` atomically; returns the path.
 

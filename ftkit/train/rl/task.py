@@ -18,9 +18,12 @@ Heavy imports (torch) stay inside the functions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.rl.seeds import torch_generator
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 PAD, BOS, EOS, PLUS, EQUALS = 0, 1, 2, 3, 4
 DIGIT0 = 5
@@ -70,7 +73,7 @@ class AdditionTask:
         return self._prompts(torch.randint(0, 10, (count, 2), generator=g, dtype=torch.int64))
 
     @staticmethod
-    def _prompts(operands: Any) -> Any:
+    def _prompts(operands: Tensor) -> Any:
         """``<bos> a + b =`` for each row ``(a, b)`` of ``operands`` (int64 ``[n, 2]``)."""
         import torch
 
@@ -100,21 +103,21 @@ class AdditionTask:
         pairs = torch.randperm(100, generator=torch_generator("heldout", seed))[:count]
         return self._prompts(torch.stack([pairs // 10, pairs % 10], dim=1))
 
-    def answers(self, prompts: Any) -> Any:
+    def answers(self, prompts: Tensor) -> Any:
         """The correct first ``ANSWER_LEN`` response tokens of each prompt (int64 ``[n, 3]``)."""
         import torch
 
         total = (prompts[:, 1] - DIGIT0) + (prompts[:, 3] - DIGIT0)
         return torch.stack([DIGIT0 + total // 10, DIGIT0 + total % 10, torch.full_like(total, EOS)], dim=1)
 
-    def reward(self, prompts: Any, responses: Any) -> Any:
+    def reward(self, prompts: Tensor, responses: Tensor) -> Any:
         """float32 ``[n]``: the fraction of the three scored positions answered correctly."""
         import torch
 
         right = responses[:, :ANSWER_LEN] == self.answers(prompts)
         return right.to(torch.float32).sum(dim=1) / ANSWER_LEN
 
-    def decode(self, tokens: Any) -> str:
+    def decode(self, tokens: Tensor) -> str:
         """Readable text of a token sequence, e.g. ``<bos>3+4=07<eos>``."""
         return "".join(
             _NAMES.get(int(t), str(int(t) - DIGIT0) if DIGIT0 <= int(t) < VOCAB_SIZE else f"<{int(t)}>") for t in tokens
