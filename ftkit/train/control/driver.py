@@ -50,65 +50,21 @@ the rollout it generates (version ``rollouts`` is the final state, generating no
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftkit import __version__
 from ftkit.errors import ConfigError, FtkitError
-from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
+from ftkit.train.config import TrainConfig
 from ftkit.train.control.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
+from ftkit.train.control.results import RunResult, StepReport, analyze
 
 if TYPE_CHECKING:
-    from ftkit.train.control.cells import Cell
-    from ftkit.train.control.coordinator import StepCoordinator, StepOutcome
-    from ftkit.train.control.healing import Healer
-    from ftkit.train.control.placement import Placer
-    from ftkit.train.control.roster import CellRoster
-
-
-@dataclass
-class StepReport:
-    """What the driver knows after one committed optimizer step (for live progress)."""
-
-    rollout: int
-    rollouts: int
-    step: int
-    steps: int
-    attempts: int  # attempts the step took to commit (1 without faults)
-    loss: float
-    grad_norm: float
-    reward: float
-    tokens_per_s: float
-    seconds: float
-    cells_alive: int
-    cells: int
-
-    @property
-    def committed(self) -> bool:
-        """Always true: a step that cannot commit ends the run (``RunFailed``) instead."""
-        return True
-
-
-@dataclass
-class RunResult:
-    """The outcome of ``run_training``."""
-
-    run_dir: Path
-    run: str
-    steps_committed: int
-    steps_total: int
-    seconds: float
-    final_files: list[str]
-    rewards: list[float] = field(default_factory=list)  # mean reward per rollout (of this session)
-    engine_totals: list[list[str]] = field(default_factory=list)  # per version from first_rollout, per engine
-    analysis: Any = None  # ftkit.analysis.engine result
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
-    first_rollout: int = 0  # the first rollout this session trained (> 0: resumed from a checkpoint)
+    from ftkit.train.control.coordinator import StepOutcome
+    from ftkit.train.control.session import CellSession
 
 
 class Driver:
@@ -132,10 +88,7 @@ class Driver:
             self.task = AdditionTask(cfg.task.response_len)
         except ValueError as exc:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
-        self.coord: StepCoordinator | None = None  # the session's steps (a recovery makes a new one)
-        self.roster: CellRoster | None = None  # the run's cells (a recovery starts a new session of it)
-        self.healer: Healer | None = None  # the session's healer (None: --no-heal)
-        self.placer: Placer | None = None
+        self.cells: CellSession | None = None  # the cells, their roster, coordinator and healer
         self.engines: Any = None
         self.checkpoints: Any = None
         self.engine_totals: list[list[str]] = []
@@ -154,14 +107,16 @@ class Driver:
         with signals_interrupt() as arm:
             return self._run(arm)
 
-    def _run(self, arm_signals: Callable[[], None]) -> RunResult:
+    def _open_run(self, arm_signals: Callable[[], None]) -> bool:
+        """Check the device and the run directory, connect Ray (``connect_ray``), plan a
+        resume, write ``run.json`` and open the driver's event log; returns whether this
+        process started its own Ray (``disconnect`` it at the end). Nothing is left connected
+        when it raises."""
         from ftkit.events.writer import EventWriter
         from ftkit.train.control.cells import check_resources
-        from ftkit.train.control.coordinator import CellsLost
-        from ftkit.train.control.run_end import RunInterrupted, interruption, ray_failure, write_status
         from ftkit.train.control.rundir import check_run_dir, make_run_dir, run_name, write_run_json
 
-        cfg, started = self.cfg, time.perf_counter()
+        cfg = self.cfg
         self.device = cfg.resolved_device()
         if self.device == "cuda" and not cuda_available():
             raise ConfigError(
@@ -191,6 +146,32 @@ class Driver:
         except BaseException:
             disconnect(own_ray)
             raise
+        return own_ray
+
+    def _train(self) -> list[str]:
+        """Every rollout from ``first_rollout`` on, then the final state (its files). When
+        every live cell is lost (``CellsLost``) and healing is on, the cells are all started
+        again (``_recover``), at most ``max_retries + 1`` times."""
+        from ftkit.train.control.coordinator import CellsLost
+
+        cfg, lost = self.cfg, False
+        while True:
+            try:
+                if lost:  # every live cell was lost: all of them again
+                    self._recover()
+                for rollout in range(self.first_rollout, cfg.schedule.rollouts):
+                    self._rollout(rollout)
+                return self._save_final()
+            except CellsLost:
+                if not cfg.recovery.heal or self.recoveries > cfg.recovery.max_retries:
+                    raise  # --no-heal, or lost again too often: the run fails (exit 1)
+                lost = True
+
+    def _run(self, arm_signals: Callable[[], None]) -> RunResult:
+        from ftkit.train.control.run_end import RunInterrupted, interruption, ray_failure, write_status
+
+        cfg, started = self.cfg, time.perf_counter()
+        own_ray = self._open_run(arm_signals)
         # From here on the run exists: whatever happens, its log says how it ended.
         self.head = head = {
             "config": cfg.model_dump(mode="json"),
@@ -208,19 +189,7 @@ class Driver:
         try:
             self.store = host_store()
             self._start()
-            lost: CellsLost | None = None
-            while True:
-                try:
-                    if lost is not None:  # every live cell was lost: all of them again
-                        self._recover()
-                    for rollout in range(self.first_rollout, cfg.schedule.rollouts):
-                        self._rollout(rollout)
-                    final = self._save_final()
-                    break
-                except CellsLost as exc:
-                    if not cfg.recovery.heal or self.recoveries > cfg.recovery.max_retries:
-                        raise  # --no-heal, or lost again too often: the run fails (exit 1)
-                    lost = exc
+            final = self._train()
             status = "completed"
         except RunInterrupted as exc:
             status, reason, code = "interrupted", exc.message.split(":")[0], exc.exit_code
@@ -273,88 +242,28 @@ class Driver:
         from ftkit.train.control.checkpoints import RunCheckpoints
         from ftkit.train.control.engine_pool import EnginePool
         from ftkit.train.control.placement import Placer
+        from ftkit.train.control.session import CellSession
 
         cfg, plan = self.cfg, self.plan
-        placer = self.placer = Placer(self.device, cfg.layout.ranks, self.events)
+        placer = Placer(self.device, cfg.layout.ranks, self.events)
         spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
+        session = self.cells = CellSession(
+            cfg, str(self.run_dir), self.device, (self.store.host, self.store.port), placer, self.events,
+            self._emit_cell_event,
+        )  # fmt: skip
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
-        cells = self._spawn_cells(placer, spread.cells, epoch, incarnation)
+        cells = session.spawn(spread.cells, epoch, incarnation)
         self.engines = EnginePool(cfg, str(self.run_dir), self.device, placer, spread.engines, self.events)
-        self._join_cells(cells)
+        session.join(cells)
         self.engines.ready()
         self._restore()
         self.start_rollout = self.first_rollout
         self._push_weights(version=self.first_rollout)
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, self._roster(), self.events, self.engines, self.task)
+        self.checkpoints = RunCheckpoints(cfg, self.run_dir, session.roster, self.events, self.engines, self.task)
 
-    def _spawn_cells(self, placer: Placer, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Any]:
-        """A new cell book (from ``epoch``), the cells' actors (``incarnation``, on ``targets``),
-        the step coordinator and the healer; returns the cells (not started yet)."""
-        from functools import partial
-
-        from ftkit.train.control.cell_state import CellBook, CellState
-        from ftkit.train.control.cells import start_cells
-        from ftkit.train.control.coordinator import StepCoordinator
-        from ftkit.train.control.healing import Healer
-        from ftkit.train.control.roster import CellRoster
-        from ftkit.train.control.waiting import RefWaiter
-
-        cfg = self.cfg
-        indices = list(range(cfg.cluster.cells))
-        book = CellBook(cfg.cluster.cells, self._emit_cell_event)
-        book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
-        for c in indices:
-            book.transition(c, CellState.starting, "run start")
-        cells = start_cells(cfg, str(self.run_dir), indices, cfg.layout.ranks, self.device, incarnation, targets)
-        for cell in cells:
-            placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
-        by_index = {cell.index: cell for cell in cells}
-        if self.roster is None:
-            waiter = RefWaiter(cfg.recovery.collective_timeout)
-            r = cfg.recovery
-            self.roster = CellRoster(
-                book,
-                by_index,
-                waiter,
-                lambda: self.events.sync(wait=False),
-                step_timeout=r.step_timeout,
-                min_cells=r.min_cells,
-                restarts=r.heal,
-                nodes=placer,
-            )
-        else:
-            self.roster.reset(book, by_index)
-        healer = None
-        if cfg.recovery.heal:
-            store = (self.store.host, self.store.port)
-            spawn = partial(_spawn, cfg, str(self.run_dir), self.device)
-            healer = Healer(cfg, self.roster, spawn, store, placer)
-        self.healer = healer
-        self.coord = StepCoordinator(cfg, self.roster, healer)
-        return cells
-
-    def _roster(self) -> CellRoster:
-        """The run's cells (set from the first ``_spawn_cells`` on)."""
-        assert self.roster is not None, "no cells started yet"
-        return self.roster
-
-    def _coord(self) -> StepCoordinator:
-        assert self.coord is not None, "no cells started yet"
-        return self.coord
-
-    def _join_cells(self, cells: list[Cell]) -> None:
-        """``init_cell`` on every cell, then the first membership of the session."""
-        from ftkit.train.control.cell_state import CellState
-
-        store = (self.store.host, self.store.port)
-        roster = self._roster()
-        answers = roster.wait({cell.index: cell.init(*store) for cell in cells}, STARTUP_TIMEOUT_S)
-        for cell in cells:
-            if cell.index in answers.values:
-                roster.book.transition(cell.index, CellState.alive, "started")
-        for c, cause in answers.failed.items():
-            roster.fail(c, f"at start: {cause}")
-        self._coord().reconfigure("run start")
+    def _session(self) -> CellSession:
+        assert self.cells is not None, "no cells started yet"
+        return self.cells
 
     def _restore(self) -> None:
         """Load the session plan's checkpoint into the cells (resume, recovery); without one
@@ -366,7 +275,7 @@ class Driver:
         if plan.checkpoint is not None:
             from ftkit.train.recovery.resume import restore_cells
 
-            rollout, step = restore_cells(self._roster(), plan.checkpoint)
+            rollout, step = restore_cells(self._session().roster, plan.checkpoint)
             self.first_rollout, self.steps_committed = rollout + 1, step + 1
 
     def _recover(self) -> None:
@@ -377,15 +286,15 @@ class Driver:
         from ftkit.train.recovery.all_lost import recovery_plan
 
         self.recoveries += 1
-        self._stop_cells("every live cell was lost: restarting all cells", flush_s=0.0)
-        self.plan = recovery_plan(self.run_dir, self.cfg, self._roster(), self.on_warning)
+        session = self._session()
+        session.stop("every live cell was lost: restarting all cells", flush_s=0.0)
+        self.plan = recovery_plan(self.run_dir, self.cfg, session.roster, self.on_warning)
         self.on_warning(
             f"every live cell was lost; restarting the cells from {self.plan.fields()['checkpoint'] or 'the seed'}"
         )
         self.events.emit("run_resumed", **self.head, **self.plan.fields())
-        assert self.placer is not None
-        spread = self.placer.plan_cells(self.cfg.cluster.cells)
-        self._join_cells(self._spawn_cells(self.placer, spread, self.plan.last_epoch, self.plan.incarnation))
+        spread = session.placer.plan_cells(self.cfg.cluster.cells)
+        session.join(session.spawn(spread, self.plan.last_epoch, self.plan.incarnation))
         self._restore()
         self.start_rollout = min(self.start_rollout, self.first_rollout)  # back to the seed: report from 0
         keep = self.first_rollout - self.start_rollout  # rewards and weights of rollouts still valid
@@ -420,7 +329,7 @@ class Driver:
         for k in range(cfg.batch.steps_per_rollout):
             step = rollout * cfg.batch.steps_per_rollout + k
             self._check_gcs()
-            self._step_done(self._coord().run_step(rollout, step, batch_ref, dump), reward)
+            self._step_done(self._session().coord.run_step(rollout, step, batch_ref, dump), reward)
         self._push_weights(version=rollout + 1)
         if self.checkpoints.due(rollout):
             self.checkpoints.publish(rollout, reward)
@@ -470,7 +379,7 @@ class Driver:
         """Export the first live cell's weights, fingerprint them, load them on every engine."""
         from ftkit.tensors.fingerprint import fingerprint_tensors
 
-        state = self._roster().on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
+        state = self._session().roster.on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
         total, params = fingerprint_tensors(state)
         self.events.emit("weights_sent", rollout=version, version=version, total=total, params=params)
         self.engine_totals.append(self.engines.load(state, version))
@@ -481,7 +390,7 @@ class Driver:
         import shutil
 
         shutil.rmtree(self.run_dir / "final", ignore_errors=True)
-        paths = self._roster().on_first_cell("the final save", lambda cell: cell.save_final(str(self.run_dir)))
+        paths = self._session().roster.on_first_cell("the final save", lambda cell: cell.save_final(str(self.run_dir)))
         return sorted(p for rank_paths in paths for p in rank_paths)
 
     # --- helpers ------------------------------------------------------------------------
@@ -503,37 +412,10 @@ class Driver:
         """Flush every actor's event log (briefly when interrupted), then kill the actors;
         ``release=False`` (Ray's GCS is gone) leaves the cells' placement groups alone."""
         flush_s = 5.0 if interrupted else 60.0
-        if self.roster is not None:
-            self._stop_cells("interrupted" if interrupted else "run end", flush_s, release)
+        if self.cells is not None:
+            self.cells.stop("interrupted" if interrupted else "run end", flush_s, release)
         if self.engines is not None:
             self.engines.shutdown(flush_s)
-
-    def _stop_cells(self, reason: str, flush_s: float, release: bool = True) -> None:
-        """Flush the live cells' event logs (at most ``flush_s``), kill every cell (releasing its
-        placement group unless ``release`` is false), and move each cell that is not stopped to
-        ``stopped`` with ``reason``."""
-        import ray
-
-        from ftkit.train.control.cell_state import CellState
-
-        roster = self._roster()
-        if self.healer is not None:
-            self.healer.give_up(reason)
-        live = [cell for c, cell in roster.cells.items() if roster.book.state[c] == CellState.alive]
-        with contextlib.suppress(Exception):  # an actor or group already gone is fine
-            ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
-        for cell in roster.cells.values():
-            cell.kill(release_group=release)
-        left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
-        for c in roster.book.in_state(*left):
-            roster.book.transition(c, CellState.stopped, reason)
-
-
-def analyze(run_dir: Path) -> Any:
-    """The analyzer's result over the run's own event log."""
-    from ftkit.analysis.engine import analyze_paths
-
-    return analyze_paths([run_dir / "events"])
 
 
 def run_training(
@@ -550,10 +432,3 @@ def run_training(
     that verifies (``ftkit.train.recovery.resume``); ``on_warning`` hears why a newer one was skipped
     (default: a ``Warning:`` line on stderr)."""
     return Driver(cfg, on_step, on_event, resume, on_warning).run()
-
-
-def _spawn(cfg: TrainConfig, run_dir: str, device: str, cell: int, incarnation: int, target: str | None) -> Any:
-    """A restarted cell's new incarnation (``Healer``'s ``spawn``: ``ftkit.train.control.cells.spawn_cell``)."""
-    from ftkit.train.control.cells import spawn_cell
-
-    return spawn_cell(cfg, run_dir, cell, cfg.layout.ranks, device, incarnation, target)
