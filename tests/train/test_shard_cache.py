@@ -53,13 +53,13 @@ def _retry_proc(index: int, jobs: list) -> None:
     w.init_cell("127.0.0.1", port)
     w.configure(0, [0])
     forwards = [0]
-    inner = w._forward_backward
+    inner = w.compute._forward_backward  # the step's phase 1 (StepCompute)
 
     def counted(part, norm):
         forwards[0] += 1
         return inner(part, norm)
 
-    w._forward_backward = counted
+    w.compute._forward_backward = counted
     attempt = 0
     if name == "reuse":
         w.compute_reduce(StepTask(0, 0, 0, 0, (0,)), batch)
