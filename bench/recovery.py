@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import json, sys
 from ftkit.train.config import TrainConfig
-from ftkit.train.driver import run_training
+from ftkit.train.control.driver import run_training
 values = {k: v for k, v in json.loads(sys.argv[1]).items() if k in TrainConfig.model_fields}
 steps = []
 run_training(TrainConfig(**values),
@@ -125,7 +125,7 @@ def loopback_copy(nbytes: int) -> float:
 
 
 def stream_copy(nbytes: int) -> float:
-    """Seconds the heal stream (``ftkit.train.heal_stream``: TCPStore rendezvous, header, the
+    """Seconds the heal stream (``ftkit.train.rank.heal_stream``: TCPStore rendezvous, header, the
     bytes into a preallocated, touched buffer as a heal's parameters and moments are, trailer)
     takes for the bytes of one ``nbytes`` storage between two threads, like ``loopback_copy``:
     its ``fetch`` phase."""
@@ -134,7 +134,7 @@ def stream_copy(nbytes: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from ftkit.train import heal_stream
+    from ftkit.train.rank import heal_stream
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(60))
     payload = {"storage/0": torch.randint(0, 255, (nbytes,), dtype=torch.uint8)}

@@ -115,14 +115,15 @@ def replica(index: int, log_path: Path, lighthouse: str, base: dict[str, Any], t
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
     from ftkit.model.presets import get_preset
     from ftkit.train.config import TrainConfig
-    from ftkit.train.task import PROMPT_LEN
+    from ftkit.train.config.run import leaves
+    from ftkit.train.rl.task import PROMPT_LEN
 
-    cfg = TrainConfig(**{k: v for k, v in base.items() if k in TrainConfig.model_fields})
-    configure_determinism(cfg.threads_per_rank)
+    cfg = TrainConfig(**{k: v for k, v in base.items() if k in leaves()})
+    configure_determinism(cfg.compute.threads_per_rank)
     init_local_parallel("cpu")
-    torch.manual_seed(cfg.seed)
-    model = build_gpt(cfg, "cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=False)
+    torch.manual_seed(cfg.rng.seed)
+    model = build_gpt(cfg.gpt_spec(), "cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
     params = [p for p in model.parameters() if p.requires_grad]
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 (open until the process is killed)
 
@@ -152,8 +153,8 @@ def replica(index: int, log_path: Path, lighthouse: str, base: dict[str, Any], t
         replica_id=f"replica{index}",
         checkpoint_transport=TimedTransport(timeout=timedelta(seconds=timeout), num_chunks=0),
     )
-    preset = get_preset(cfg.model)
-    step_samples, seq = cfg.step_samples, PROMPT_LEN + cfg.response_len  # ftkit's sample length
+    preset = get_preset(cfg.model.preset)
+    step_samples, seq = cfg.batch.step_samples, PROMPT_LEN + cfg.task.response_len  # ftkit's sample length
     position_ids = torch.arange(seq).unsqueeze(0)
     while True:
         t0 = time.perf_counter()
@@ -162,7 +163,7 @@ def replica(index: int, log_path: Path, lighthouse: str, base: dict[str, Any], t
         step = manager.current_step()
         half = step_samples // 2
         ids = list(range(step * step_samples + index * half, step * step_samples + (index + 1) * half))
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 2 + index)
+        gen = torch.Generator().manual_seed(cfg.rng.seed * 1_000_003 + step * 2 + index)
         tokens = torch.randint(0, preset.vocab_size, (half, seq + 1), generator=gen)
         loss = model(tokens[:, :-1], position_ids, None, labels=tokens[:, 1:]).float().mean()
         loss.backward()

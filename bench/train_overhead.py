@@ -49,7 +49,7 @@ STANDARD = {
 def cell_rate(base: dict, out: Path, bookkeeping: bool) -> float:
     """Steps/s of one ``run_training`` (steps after the first rollout)."""
     from ftkit.train.config import TrainConfig
-    from ftkit.train.driver import run_training
+    from ftkit.train.control.driver import run_training
 
     cfg = TrainConfig(
         **base,
@@ -69,20 +69,20 @@ def plain_rate(base: dict, run_dir: Path) -> float:
     import torch
 
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
-    from ftkit.train import rollouts
     from ftkit.train.config import TrainConfig
-    from ftkit.train.loss import pg_loss, step_tokens, targets
+    from ftkit.train.rank.loss import pg_loss, step_tokens, targets
+    from ftkit.train.rl import rollouts
 
     cfg = TrainConfig(**base)
-    configure_determinism(cfg.threads_per_rank)
+    configure_determinism(cfg.compute.threads_per_rank)
     init_local_parallel("cpu")
-    model = build_gpt(cfg, "cpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0, foreach=False)
-    n = cfg.step_samples
+    model = build_gpt(cfg.gpt_spec(), "cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
+    n = cfg.batch.step_samples
     seconds = []
-    for r in range(cfg.rollouts):
+    for r in range(cfg.schedule.rollouts):
         batch = rollouts.load(rollouts.rollout_path(run_dir, r))
-        for k in range(cfg.steps_per_rollout):
+        for k in range(cfg.batch.steps_per_rollout):
             part = {key: v[k * n : (k + 1) * n] for key, v in batch.items()}
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=False)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = {n: STANDARD[n] for n in args.only.split(",")}
     import ray
 
-    from ftkit.train.ray_session import LOCAL_RAY_CPUS
+    from ftkit.train.control.ray_session import LOCAL_RAY_CPUS
 
     ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, log_to_driver=False)
     docs = []

@@ -20,7 +20,7 @@ _ftkit() {
                 --out|-o|--config|--resume|--merged-log|--junit-xml) COMPREPLY=( $(compgen -f -- "$cur") ); return;;
                 --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;

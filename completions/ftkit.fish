@@ -49,6 +49,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l config -r -F -d 'Rea
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l print-config -d 'Print the resulting config as JSON and exit.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l overwrite -d 'Replace an existing run directory.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l resume -r -F -d 'Continue the run in RUN_DIR from its newest checkpoint that verifies (older ones on failure, the seed without any), with its run.json config; --rollouts may be raised, --cells/--engines and fault options changed; options that change the result are an error.'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l allow-layout-change -d 'With --resume: let --tp/--pp differ from the run\'s recorded layout'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l format -s f -x -a 'human json github' -d 'Output format: human (Rich tables), json (strict JSON, carries schema_version) or github (escaped workflow annotations, at most 10, and a step summary).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l merged-log -r -F -d 'Also write the run\'s event log as one time-ordered file (.gz: compressed) at the end, for CI artefacts (`ftkit analyze FILE`); the per-process files stay the record.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'

@@ -8,7 +8,7 @@ records, besides the canonical ``state_fingerprint``:
 * ``MANIFEST.json`` ``rank_totals``: ``{rank: total}``, the totals the ranks held when the
   state was gathered (the totals they logged for the checkpoint's step);
 * ``meta.json`` ``ranks``: ``{rank: {"tp_rank", "pp_rank", "params": {local name: [canonical
-  name, sharding]}}}`` (``ftkit.train.canonical_state.rank_spec``).
+  name, sharding]}}}`` (``ftkit.train.rank.canonical_state.rank_spec``).
 
 ``check_rank_totals`` slices every rank's shard back out of the stored tensors
 (``ftkit.tensors.sharding.shard_of``; optimizer entries per ``entry_sharding``), fingerprints

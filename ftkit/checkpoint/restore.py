@@ -13,7 +13,7 @@ With those prefixes the manifest's ``state_fingerprint`` is the ``total`` of the
 ``state_fingerprint`` event a TP=1/PP=1 rank logs at the checkpoint's step. A cell of several
 ranks (TP or PP > 1) stores the same canonical state; its ranks' own totals go into
 ``rank_totals`` and their shard specs into ``meta["ranks"]`` (``ftkit.checkpoint.rank_totals``
-recomputes each total from the stored tensors; ``ftkit.train.canonical_state.local_state``
+recomputes each total from the stored tensors; ``ftkit.train.rank.canonical_state.local_state``
 slices a rank's state back out for a run of any layout).
 
 Which checkpoint ``--resume`` takes is ``ftkit.checkpoint.selection.newest_trusted``.

@@ -7,7 +7,7 @@ unreadable or malformed input (including data that does not match its index fing
 
 ``ftkit dump --from-checkpoint CKPT --rollout N --out DIR [--tp T] [--pp P]`` writes a dump
 offline instead: rollout N's recorded batch replayed through the model of the checkpoint taken
-just before it (``ftkit.train.checkpoint_replay``), in the standard layout under DIR. Exit 0,
+just before it (``ftkit.train.recovery.checkpoint_replay``), in the standard layout under DIR. Exit 0,
 or 2 for a missing or unverifiable checkpoint, a rollout not recorded, a checkpoint that is not
 the one just before N, or an --out that is not new.
 """
@@ -176,7 +176,7 @@ def _from_checkpoint(
     from ftkit.extras import require
 
     require("train", "dump --from-checkpoint")
-    from ftkit.train.checkpoint_replay import plan_replay, replay
+    from ftkit.train.recovery.checkpoint_replay import plan_replay, replay
 
     plan = plan_replay(ckpt, rollout, out_dir, tp, pp)
     out.info(

@@ -36,13 +36,15 @@ def _choices(name: str, field: str) -> type[Enum]:
     for choices; deriving it keeps the command line and the config from drifting apart)."""
     import typing
 
-    from ftkit.train.config import TrainConfig
+    from ftkit.train.config.run import leaves
 
-    values = typing.get_args(TrainConfig.model_fields[field].annotation)
+    values = typing.get_args(leaves()[field].info.annotation)
     return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
 
 
 if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
+    from ftkit.train.config import TrainConfig
+
     ModelName: TypeAlias = Enum
     Reduce: TypeAlias = Enum
     Device: TypeAlias = Enum
@@ -62,9 +64,9 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
     """A Typer option; for a config ``field`` its help is the field's description and default,
     so the command line and ``TrainConfig`` cannot drift apart."""
     if field is not None:
-        from ftkit.train.config import TrainConfig
+        from ftkit.train.config.run import leaves
 
-        info = TrainConfig.model_fields[field]
+        info = leaves()[field].info
         default = info.default
         shown = ",".join(default) if isinstance(default, tuple) else default
         help = help or info.description or ""
@@ -129,11 +131,11 @@ def parse_dump_what(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-def _resume_config(run_dir: Path, values: dict[str, Any]) -> Any:
-    """The config of ``--resume RUN_DIR`` (``ftkit.train.resume.resume_config``); ``--out`` and
-    ``--overwrite`` do not go with it."""
+def _resume_config(run_dir: Path, values: dict[str, Any], allow_layout_change: bool) -> TrainConfig:
+    """The config of ``--resume RUN_DIR`` (``ftkit.train.recovery.resume_plan.resume_config``); ``--out``
+    and ``--overwrite`` do not go with it."""
     from ftkit.errors import UsageError
-    from ftkit.train.resume_plan import resume_config
+    from ftkit.train.recovery.resume_plan import resume_config
 
     for name in ("out", "overwrite"):
         if name in values:
@@ -141,10 +143,35 @@ def _resume_config(run_dir: Path, values: dict[str, Any]) -> Any:
                 f"--resume does not take --{name}: the run continues in {run_dir}",
                 hint="drop --" + name + " (or start a new run without --resume)",
             )
-    return resume_config(run_dir, values)
+    return resume_config(run_dir, values, allow_layout_change=allow_layout_change)
+
+
+def given_values(options: dict[str, Any]) -> dict[str, Any]:
+    """The config values the command line gave: every option named for a config field
+    (``ftkit.train.config.places.CLI_FIELDS``) that was set, as the config takes it (an
+    Enum's value, ``--dump-what``'s list parsed, repeated ``--inject`` as a tuple).
+    ``--overwrite`` counts only when given (it has no negative form)."""
+    from ftkit.train.config.places import CLI_FIELDS
+
+    given: dict[str, Any] = {}
+    for name in CLI_FIELDS:
+        value = options[name]
+        if value is None or (name == "overwrite" and value is False):
+            continue
+        if isinstance(value, Enum):
+            value = value.value
+        elif name == "dump_what":
+            value = parse_dump_what(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        given[name] = value
+    return given
 
 
 def register(app: typer.Typer) -> None:
+    # Over 80 lines for a reason: Typer reads the options from ``train``'s signature, one
+    # parameter per option (named for its config field: ``given_values`` relies on it); the
+    # body after the docstring is short, and the work is in ftkit.train.
     @app.command("train")
     def train(
         out: Annotated[Path | None, _opt("--out", "-o", field="out", file_okay=False)] = None,
@@ -247,6 +274,16 @@ def register(app: typer.Typer) -> None:
                 "--cells/--engines and fault options changed; options that change the result are an error.",
             ),
         ] = None,
+        allow_layout_change: Annotated[
+            bool,
+            _opt(
+                "--allow-layout-change",
+                panel=PANEL_CKPT,
+                help="With --resume: let --tp/--pp differ from the run's recorded layout. The result is then "
+                "not bitwise the uninterrupted run's; the change is logged (run_resumed.layout_change) and "
+                "reported as a layout change.",
+            ),
+        ] = False,
         fmt: FormatOpt = Format.human,
         merged_log: Annotated[
             Path | None,
@@ -278,67 +315,37 @@ def register(app: typer.Typer) -> None:
         also when the run cannot go on (--min-cells, --max-retries);
         130 / 143 / 129 on SIGINT / SIGTERM / SIGHUP.
         """
+        options = dict(locals())  # first: the parameters, each option named for its config field
         from ftkit.extras import require
 
         require("train", "ftkit train")
         from ftkit.train.config import load_config
 
         values: dict[str, Any] = read_config_file(config) if config is not None else {}
-        given = {
-            "out": out,
-            "cells": cells,
-            "tp": tp,
-            "pp": pp,
-            "engines": engines,
-            "rollouts": rollouts,
-            "steps_per_rollout": steps_per_rollout,
-            "samples_per_rollout": samples_per_rollout,
-            "group_size": group_size,
-            "lr": lr,
-            "micro_shards": micro_shards,
-            "model": model,
-            "seed": seed,
-            "reduce": reduce,
-            "reward": reward,
-            "device": device,
-            "ray_address": ray_address,
-            "dump_rollouts": dump_rollouts,
-            "dump_what": None if dump_what is None else parse_dump_what(dump_what),
-            "dump_cells": dump_cells,
-            "collective_timeout": collective_timeout,
-            "step_timeout": step_timeout,
-            "min_cells": min_cells,
-            "max_retries": max_retries,
-            "heal": heal,
-            "heal_timeout": heal_timeout,
-            "inject": None if inject is None else tuple(inject),
-            "chaos": chaos,
-            "checkpoint_every": checkpoint_every,
-            "keep_last": keep_last,
-            "keep_best": keep_best,
-            "best_metric": best_metric,
-        }
-        values.update({k: (v.value if isinstance(v, Enum) else v) for k, v in given.items() if v is not None})
-        if overwrite:
-            values["overwrite"] = True
-        cfg = _resume_config(resume, values) if resume is not None else load_config(values)
+        values.update(given_values(options))
+        if allow_layout_change and resume is None:
+            from ftkit.errors import UsageError
+
+            raise UsageError("--allow-layout-change goes with --resume", hint="drop it, or add --resume RUN_DIR")
+        cfg = _resume_config(resume, values, allow_layout_change) if resume is not None else load_config(values)
         output = Output(fmt)
         if print_config:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
 
         from ftkit.commands.train_report import report
-        from ftkit.train.driver import run_training
+        from ftkit.train.control.driver import run_training
 
         if output.human:
             output.info(
-                f"training {cfg.cells} cell(s) x tp {cfg.tp} x pp {cfg.pp}, {cfg.engines} engine(s), "
-                f"{cfg.rollouts} rollout(s) x {cfg.steps_per_rollout} step(s), model {cfg.model}, "
-                f"reduce {cfg.reduce} -> {cfg.out}"
+                f"training {cfg.cluster.cells} cell(s) x tp {cfg.layout.tp} x pp {cfg.layout.pp}, "
+                f"{cfg.engine.count} engine(s), {cfg.schedule.rollouts} rollout(s) x "
+                f"{cfg.batch.steps_per_rollout} step(s), model {cfg.model.preset}, "
+                f"reduce {cfg.reduction.reduce} -> {cfg.output.out}"
             )
         from ftkit.report.live import live_view
 
-        with live_view(output, cfg.rollouts * cfg.steps_per_rollout, cfg.cells) as view:
+        with live_view(output, cfg.total_steps, cfg.cluster.cells) as view:
             result = run_training(
                 cfg, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
             )

@@ -7,7 +7,7 @@
   dump entries; every other ``*.safetensors`` below it (rollouts/, final/, ...) is a plain file
   keyed by its relative path (the files of ``final/``, one per TP/PP rank, pair as one group by
   tensor name, their TP shards described by the ``sharding`` metadata key that
-  ``ftkit.train.rank_state.save_final`` writes, read into ``Source.shardings``), except under
+  ``ftkit.train.rank.state.save_final`` writes, read into ``Source.shardings``), except under
   ``checkpoints/``: which checkpoints a run holds
   depends on its non-finite guard (a faulted interval publishes none), and what they hold is
   the state ``final/`` and the dumps already show; compare two checkpoint directories
@@ -314,6 +314,9 @@ def _bad(path: Path, what: str) -> InputError:
 # run.json "config" fields that decide which tensors a run holds and their shapes (and the
 # data itself): runs that differ here cannot compare tensor for tensor. Cells, TP, PP, the
 # reduction and the dump settings are not among them (I3: results do not depend on them).
+# They are the fields of the config sections placed with ``pairs_dumps``
+# (``ftkit.train.config.places.DATA_SHAPING``); dumps/ sits below train/ and does not import
+# it, so tests/train/test_config_places.py holds this copy equal to the derived one.
 DATA_SHAPING = (
     "model",
     "samples_per_rollout",
@@ -321,9 +324,9 @@ DATA_SHAPING = (
     "micro_shards",
     "group_size",
     "response_len",
-    "rollouts",
-    "seed",
     "reward",
+    "seed",
+    "rollouts",
 )
 
 

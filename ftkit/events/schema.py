@@ -77,6 +77,11 @@ class RunResumed(RunStarted):
     checkpoint_step: int = Field(description="the last step the checkpoint holds (-1: none)")
     checkpoint_rollout: int = Field(description="the rollout the checkpoint ends (-1: none)")
     skipped: list[str] = Field(description="newer checkpoints skipped, with why (each also a warning)")
+    layout_change: dict[str, list[int]] | None = Field(
+        default=None,
+        description="set only when this session changed the TP x PP layout (--allow-layout-change): "
+        "{field: [recorded, now]}; from here on the run is not bitwise the uninterrupted run",
+    )
 
 
 class RunFinished(Envelope):

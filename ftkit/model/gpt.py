@@ -6,9 +6,9 @@ Contract:
   (a private ``HashStore``; gloo on CPU, nccl on CUDA) and initialises megatron's parallel
   state with TP = PP = 1. Engines, the plain baseline loop and tests use it. It is a no-op
   when a world already exists.
-* ``build_gpt(cfg, device)`` builds the ``GPTModel`` of ``cfg.model`` for the TP/PP layout
+* ``build_gpt(spec, device)`` builds the ``GPTModel`` of ``spec.preset`` for the TP/PP layout
   of megatron's *already initialised* parallel state. It is deterministic: the weights
-  depend on ``cfg.seed`` only. On CPU every weight is initialised through megatron's
+  depend on ``spec.seed`` only. On CPU every weight is initialised through megatron's
   CPU path (``use_cpu_initialization``), which draws the full master weight from the torch
   generator and keeps this rank's slice, so a TP=2 cell holds exactly the slices of the
   TP=1 model of the same seed. On CUDA with Transformer Engine the TE spec is used and its
@@ -31,6 +31,7 @@ Heavy imports (torch, megatron) stay inside the functions.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from ftkit.model.presets import get_preset
@@ -120,33 +121,37 @@ def transformer_config(model: str, tp: int, pp: int, device: str) -> Any:
     )
 
 
-def build_gpt(cfg: Any, device: str) -> Any:
-    """The deterministic ``GPTModel`` of ``cfg`` (a ``TrainConfig`` or its dict) on ``device``.
+@dataclass(frozen=True)
+class GPTSpec:
+    """What ``build_gpt`` builds: the preset (``ftkit.model.presets``) and the init seed."""
+
+    preset: str
+    seed: int
+
+
+def build_gpt(spec: GPTSpec, device: str) -> Any:
+    """The deterministic ``GPTModel`` of ``spec`` on ``device``.
 
     Megatron's parallel state must be initialised (by the cell's world or
-    ``init_local_parallel``). The model has no witness; see ``ftkit.train.witness``.
+    ``init_local_parallel``). The model has no witness; see ``ftkit.train.rank.witness``.
     """
     import torch
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    from ftkit.train.config import TrainConfig
-
-    if isinstance(cfg, dict):
-        cfg = TrainConfig.model_validate(cfg)
-    p = get_preset(cfg.model)
+    p = get_preset(spec.preset)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(spec.seed)
     if device == "cuda":
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
-        torch.cuda.manual_seed(cfg.seed)
-        model_parallel_cuda_manual_seed(cfg.seed)
+        torch.cuda.manual_seed(spec.seed)
+        model_parallel_cuda_manual_seed(spec.seed)
 
     def make(pp_size: int, pre: bool, post: bool) -> Any:
         return GPTModel(
-            config=transformer_config(cfg.model, tp, pp_size, device),
+            config=transformer_config(spec.preset, tp, pp_size, device),
             transformer_layer_spec=layer_spec(device),
             vocab_size=p.vocab_size,
             max_sequence_length=p.max_seq_len,

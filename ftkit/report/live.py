@@ -49,7 +49,7 @@ STATE_STYLE = {
 
 
 class StepLike(Protocol):
-    """What ``LiveView.on_step`` reads (``ftkit.train.driver.StepReport`` has these fields)."""
+    """What ``LiveView.on_step`` reads (``ftkit.train.control.driver.StepReport`` has these fields)."""
 
     rollout: int
     rollouts: int

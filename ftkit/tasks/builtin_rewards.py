@@ -10,7 +10,7 @@
   ``\\boxed{...}``, or a last non-empty line ``Answer: ...`` / ``Final answer: ...`` /
   ``#### ...``; else 0.0. It checks the form only, never correctness.
 * ``task`` and ``deterministic_random``: the rewards of the embedded addition task
-  (``ftkit.train.rewards``), per sample on the token ids (``task`` needs the addition task's
+  (``ftkit.train.rl.rewards``), per sample on the token ids (``task`` needs the addition task's
   vocabulary; ``deterministic_random`` hashes the ids of any vocabulary).
 
 All are pure functions of their arguments (deterministic by construction).
@@ -95,7 +95,7 @@ def addition_task(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_
     """The addition task's reward (``AdditionTask.reward``) of one sample's token ids."""
     import torch
 
-    from ftkit.train.task import ANSWER_LEN, AdditionTask  # the embedded task lives with the train core
+    from ftkit.train.rl.task import ANSWER_LEN, AdditionTask  # the embedded task lives with the train core
 
     if len(response_ids) < ANSWER_LEN:
         raise ValueError(f"the addition task scores {ANSWER_LEN} response tokens, got {len(response_ids)}")
@@ -106,8 +106,8 @@ def addition_task(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_
 
 
 def deterministic_random(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_: Any) -> float:
-    """0.0 or 1.0 from a stable hash of the ids (``ftkit.train.rewards.random_bit``)."""
-    from ftkit.train.rewards import random_bit
+    """0.0 or 1.0 from a stable hash of the ids (``ftkit.train.rl.rewards.random_bit``)."""
+    from ftkit.train.rl.rewards import random_bit
 
     return float(random_bit(list(prompt_ids), list(response_ids)))
 

@@ -4,7 +4,7 @@
 two-step; integer answers), each line ``{"prompt": ..., "answer": ...}``, scored by
 ``exact_match``. It is written by ``scripts/make_arithmetic_dataset.py`` (deterministic; a test
 checks the shipped bytes) and installed as package data. The embedded default of ``ftkit
-train`` stays the token-level addition task (``ftkit.train.task``), which needs no tokenizer.
+train`` stays the token-level addition task (``ftkit.train.rl.task``), which needs no tokenizer.
 """
 
 from __future__ import annotations

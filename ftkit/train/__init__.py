@@ -1,1 +1,5 @@
-"""Training: config, driver, cells, rank worker, micro-shards, exact reduction, witness, engines."""
+"""The training core of ``ftkit train``, in sub-packages: ``config`` (the run config of
+sections, what decides the result apart from how it is launched), ``control`` (the driver
+side: the run loop, the step coordinator, healing, placement), ``rank`` (one megatron rank
+as a Ray actor: compute, exact reduction, state), ``recovery`` (resume and restart from a
+checkpoint), ``faults`` (injected faults), ``rl`` (task, rewards, engines, rollouts)."""

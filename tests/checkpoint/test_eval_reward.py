@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ftkit.train.config import TrainConfig
-from ftkit.train.task import EOS, AdditionTask
+from ftkit.train.rl.task import EOS, AdditionTask
 
 
 class _Engines:
@@ -37,7 +37,7 @@ class _Events:
 
 
 def _checkpoints(tmp_path, engines: _Engines, events: _Events):  # noqa: ANN202
-    from ftkit.train.checkpointing import RunCheckpoints
+    from ftkit.train.control.checkpoints import RunCheckpoints
 
     cfg = TrainConfig(seed=5, response_len=4, best_metric="eval_reward", reward="task")
     return RunCheckpoints(cfg, tmp_path / "run", None, events, engines, engines.task)

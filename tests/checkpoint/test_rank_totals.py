@@ -23,7 +23,7 @@ from ftkit.checkpoint.shards import groups
 from ftkit.checkpoint.verify import verify_path
 from ftkit.events.writer import EventWriter
 from ftkit.tensors.fingerprint import combine, fingerprint
-from ftkit.train.canonical_state import local_state, rank_spec
+from ftkit.train.rank.canonical_state import local_state, rank_spec
 
 TP, PP, STEP = 2, 2, 3
 # canonical name -> (shape, split dim or None, stride)

@@ -14,7 +14,7 @@ from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, load, state_payloa
 from ftkit.checkpoint.retention import RetentionPolicy
 from ftkit.checkpoint.selection import newest_trusted
 from ftkit.errors import InputError
-from ftkit.train.rank_state import fingerprint_state
+from ftkit.train.rank.state import fingerprint_state
 
 
 def _model_and_optimizer(seed: int):  # noqa: ANN202

@@ -12,27 +12,28 @@ from ftkit.cli import main
 from ftkit.errors import ConfigError, UsageError
 from ftkit.events.writer import EventWriter
 from ftkit.train.config import TrainConfig
-from ftkit.train.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
+from ftkit.train.recovery.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
 
 
 def _run_dir(tmp_path: Path, **kw: object) -> Path:
-    from ftkit.train.rundir import write_run_json
-    from ftkit.train.task import AdditionTask
+    from ftkit.train.control.rundir import write_run_json
+    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()
     cfg = TrainConfig(out=run, rollouts=2, seed=5, inject=("kind=exit,point=before_forward,cell=0,step=1",), **kw)
-    write_run_json(run, cfg, "cpu", AdditionTask(cfg.response_len))
+    write_run_json(run, cfg, "cpu", AdditionTask(cfg.task.response_len))
     return run
 
 
 def test_resume_config_keeps_the_recorded_run_and_takes_free_options(tmp_path: Path) -> None:
     run = _run_dir(tmp_path)
     cfg = resume_config(run, {"rollouts": 6, "cells": 1, "engines": 2, "step_timeout": 30.0})
-    assert (cfg.seed, cfg.rollouts, cfg.cells, cfg.engines, cfg.step_timeout) == (5, 6, 1, 2, 30.0)
-    assert cfg.inject == () and cfg.chaos is None  # the earlier session's faults are not replayed
-    assert cfg.out == run and not cfg.overwrite
-    assert resume_config(run, {"seed": 5}).seed == 5  # the recorded value, given again, is fine
+    flat = cfg.model_dump()
+    assert [flat[k] for k in ("seed", "rollouts", "cells", "engines", "step_timeout")] == [5, 6, 1, 2, 30.0]
+    assert cfg.faults.inject == () and cfg.faults.chaos is None  # the earlier session's faults are not replayed
+    assert cfg.output.out == run and not cfg.output.overwrite
+    assert resume_config(run, {"seed": 5}).rng.seed == 5  # the recorded value, given again, is fine
 
 
 @pytest.mark.parametrize(
@@ -90,7 +91,7 @@ def test_plan_without_checkpoints_starts_from_the_seed_after_the_earlier_session
 
 
 def test_resume_dir_must_be_a_run(tmp_path: Path) -> None:
-    from ftkit.train.resume_plan import check_resume_dir
+    from ftkit.train.recovery.resume_plan import check_resume_dir
 
     with pytest.raises(UsageError, match="no such run directory"):
         check_resume_dir(tmp_path / "missing")

@@ -191,7 +191,7 @@ def _result(tmp_path, violation=None):
     """A ``RunResult`` around a synthetic run's analysis (the report renders any analysis)."""
     from ftkit.analysis.engine import analyze_paths
     from ftkit.testing.synthetic import SyntheticSpec, generate
-    from ftkit.train.driver import RunResult
+    from ftkit.train.control.driver import RunResult
 
     generate(
         tmp_path,
@@ -246,7 +246,7 @@ def test_report_formats(tmp_path, capsys, monkeypatch):
 
 def test_step_line():
     from ftkit.report.live import step_text as step_line
-    from ftkit.train.driver import StepReport
+    from ftkit.train.control.driver import StepReport
 
     line = step_line(
         StepReport(

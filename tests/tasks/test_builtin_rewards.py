@@ -14,8 +14,8 @@ from ftkit.tasks.builtin_rewards import (
     last_boxed,
     parse_number,
 )
-from ftkit.train.rewards import random_bit
-from ftkit.train.task import AdditionTask
+from ftkit.train.rl.rewards import random_bit
+from ftkit.train.rl.task import AdditionTask
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 def synthetic_batch(cfg) -> dict:
     """A rollout batch shaped like the driver's (prompt 5 tokens, response ``response_len``)."""
     g = torch.Generator().manual_seed(1234)
-    n, s = cfg.samples_per_rollout, 5 + cfg.response_len
+    n, s = cfg.batch.samples_per_rollout, 5 + cfg.task.response_len
     tokens = torch.randint(0, 15, (n, s), generator=g)
     loss_mask = torch.zeros(n, s)
     loss_mask[:, 4 : s - 1] = 1.0
@@ -45,18 +45,18 @@ def synthetic_batch(cfg) -> dict:
 def _proc(index: int, jobs: list) -> None:
     from ftkit.tensors.st import write_safetensors_atomic
     from ftkit.train.config import TrainConfig
-    from ftkit.train.microshards import assign
-    from ftkit.train.step_types import StepTask
-    from ftkit.train.worker import RankWorker
+    from ftkit.train.rank.step_types import StepTask
+    from ftkit.train.rank.worker import RankWorker
+    from ftkit.train.rl.microshards import assign
 
     run_dir, cfg_dict, alive, steps, nan_step, cell, rank, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg_dict, run_dir, cell, rank, 0)
+    w = RankWorker(cfg, run_dir, cell, rank, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, alive)
     results = []
-    shards = tuple(assign(cfg.micro_shards, alive)[cell])
+    shards = tuple(assign(cfg.batch.micro_shards, alive)[cell])
     for step in range(steps):
         attempt = 0
         if step == nan_step:
@@ -86,8 +86,8 @@ def _roundtrip(w, out: Path) -> None:
 
     from ftkit.model.gpt import stage_position
     from ftkit.tensors.st import write_safetensors_atomic
-    from ftkit.train.canonical_state import local_state
-    from ftkit.train.state_codec import capture
+    from ftkit.train.rank.canonical_state import local_state
+    from ftkit.train.rank.state_codec import capture
 
     state = w.checkpoint_state()  # collective inside the cell
     if state:
@@ -98,8 +98,10 @@ def _roundtrip(w, out: Path) -> None:
     full = load_file(out / "canonical.safetensors")
     params = {k.removeprefix("model."): t for k, t in full.items() if k.startswith("model.")}
     optim = {k.removeprefix("optimizer."): t for k, t in full.items() if k.startswith("optimizer.")}
-    mine = capture(w.params, w.optimizer, None, w.counters)
-    got_params, got_optim = local_state(params, optim, w.params, w.tp_rank, w.cfg.tp, stage_position(w.model)[0])
+    mine = capture(w.ctx.params, w.ctx.optimizer, None, w.counters)
+    got_params, got_optim = local_state(
+        params, optim, w.ctx.params, w.ctx.tp_rank, w.cfg.layout.tp, stage_position(w.ctx.model)[0]
+    )
     same = (
         sorted(got_params) == sorted(mine.params)
         and sorted(got_optim) == sorted(mine.optimizer)

@@ -14,7 +14,7 @@ import pytest
 def ray_session():
     import ray
 
-    from ftkit.train.ray_session import LOCAL_RAY_CPUS
+    from ftkit.train.control.ray_session import LOCAL_RAY_CPUS
 
     started = not ray.is_initialized()
     if started:

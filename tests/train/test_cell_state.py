@@ -3,7 +3,7 @@
 import pytest
 
 from ftkit.events.schema import parse_event
-from ftkit.train.cell_state import LEGAL, CellBook, CellState
+from ftkit.train.control.cell_state import LEGAL, CellBook, CellState
 
 
 def book(cells=2):

@@ -9,22 +9,22 @@ from ftkit.train.config import TrainConfig, load_config
 def test_defaults_are_the_documented_ones():
     c = TrainConfig()
     assert (
-        c.cells,
-        c.tp,
-        c.pp,
-        c.engines,
-        c.rollouts,
-        c.steps_per_rollout,
-        c.samples_per_rollout,
-        c.group_size,
-        c.micro_shards,
-        c.model,
-        c.reduce,
-        c.device,
-        c.threads_per_rank,
+        c.cluster.cells,
+        c.layout.tp,
+        c.layout.pp,
+        c.engine.count,
+        c.schedule.rollouts,
+        c.batch.steps_per_rollout,
+        c.batch.samples_per_rollout,
+        c.task.group_size,
+        c.batch.micro_shards,
+        c.model.preset,
+        c.reduction.reduce,
+        c.compute.device,
+        c.compute.threads_per_rank,
     ) == (2, 1, 1, 1, 8, 2, 64, 8, 8, "tiny", "exact", "auto", 1)
-    assert (c.step_samples, c.shard_samples) == (32, 4)
-    assert c.lr == 5e-3
+    assert (c.batch.step_samples, c.batch.shard_samples) == (32, 4)
+    assert c.objective.lr == 5e-3
 
 
 @pytest.mark.parametrize(
@@ -96,5 +96,5 @@ def test_values_are_strictly_typed_and_the_field_is_named(values, message):
 
 def test_strict_types_accept_what_options_and_files_give():
     cfg = load_config({"cells": 2, "lr": 1, "out": "runs/x", "dump_what": ["grads"], "ray_address": None})
-    assert cfg.lr == 1.0 and cfg.dump_what == ("grads",)
+    assert cfg.objective.lr == 1.0 and cfg.dumps.what == ("grads",)
     assert TrainConfig.model_validate(cfg.model_dump()) == cfg  # what the workers receive

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ftkit.train.crosscell import CollectiveError, CrossCellLink
+from ftkit.train.rank.crosscell import CollectiveError, CrossCellLink
 
 
 def links(timeout_s=2.0):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def test_exact_reducer_cuda_kernels_equal_the_cpu_kernels() -> None:
-    from ftkit.train.reducer import ExactReducer, GradLayout
+    from ftkit.train.rank.reducer import ExactReducer, GradLayout
 
     g = torch.Generator().manual_seed(0)
     layout = GradLayout.of([("a", (64, 33)), ("b", (1000,)), ("z", (17,)), ("c", (5, 7, 3))])
@@ -33,12 +33,12 @@ def test_exact_reducer_cuda_kernels_equal_the_cpu_kernels() -> None:
 def _proc(index: int, jobs: list[Any]) -> None:
     from cellrun import synthetic_batch
 
-    import ftkit.train.crosscell as cc
+    import ftkit.train.rank.crosscell as cc
     from ftkit.train.config import TrainConfig
-    from ftkit.train.microshards import assign
-    from ftkit.train.state_codec import decode, encode
-    from ftkit.train.step_types import StepTask
-    from ftkit.train.worker import RankWorker
+    from ftkit.train.rank.state_codec import decode, encode
+    from ftkit.train.rank.step_types import StepTask
+    from ftkit.train.rank.worker import RankWorker
+    from ftkit.train.rl.microshards import assign
 
     run_dir, cfg_dict, alive, steps, cell, port = jobs[index]
     if len(alive) > 1:  # NCCL cannot put two ranks on one GPU: this run's cross-cell group is gloo
@@ -57,10 +57,10 @@ def _proc(index: int, jobs: list[Any]) -> None:
         cc.CrossCellLink.__init__, cc.CrossCellLink.allreduce = gloo_init, host_allreduce
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg_dict, run_dir, cell, 0, 0)
+    w = RankWorker(cfg, run_dir, cell, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, alive)
-    shards = tuple(assign(cfg.micro_shards, alive)[cell])
+    shards = tuple(assign(cfg.batch.micro_shards, alive)[cell])
     for s in range(steps):
         assert w.compute_reduce(StepTask(0, s, 0, 0, shards), batch).finite
         w.commit(s, 0, write_dumps=False)
@@ -112,10 +112,10 @@ def test_a_cuda_rank_is_deterministic_and_membership_invariant(tmp_path: Path) -
 
 def test_engine_generation_does_not_depend_on_the_split(tmp_path: Path) -> None:
     from ftkit.train.config import TrainConfig
-    from ftkit.train.engines import InferenceEngine
-    from ftkit.train.task import AdditionTask
+    from ftkit.train.rl.engines import InferenceEngine
+    from ftkit.train.rl.task import AdditionTask
 
     (tmp_path / "events").mkdir()
-    engine = InferenceEngine(TrainConfig(device="cuda").model_dump(mode="json"), str(tmp_path), 0)
+    engine = InferenceEngine(TrainConfig(device="cuda"), str(tmp_path), 0)
     prompts = AdditionTask(8).prompts(0, 0, 8).repeat_interleave(4, dim=0)
     assert torch.equal(engine.generate(prompts, 0, 0)[16:], engine.generate(prompts[16:], 0, 16))

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from ftkit.cli import main
 from ftkit.train.config import TrainConfig
-from ftkit.train.driver import run_training
+from ftkit.train.control.driver import run_training
 
 BASE = dict(rollouts=2, steps_per_rollout=2, samples_per_rollout=16, micro_shards=4, group_size=4, seed=11)
 RUNS = {

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from ftkit.train.engines import GEN_CHUNK, InferenceEngine, split
-from ftkit.train.task import EOS, RESPONSE_TOKENS, AdditionTask
+from ftkit.train.rl.engines import GEN_CHUNK, InferenceEngine, split
+from ftkit.train.rl.task import EOS, RESPONSE_TOKENS, AdditionTask
 
 
 def test_split_gives_contiguous_chunk_aligned_ranges():
@@ -36,7 +36,7 @@ from ftkit.train.config import TrainConfig
 configure_determinism(1)
 init_local_parallel("cpu")
 for seed in (0, 5):
-    model = build_gpt(TrainConfig(seed=seed, response_len=6), "cpu")
+    model = build_gpt(TrainConfig(seed=seed, response_len=6).gpt_spec(), "cpu")
     write_safetensors_atomic(f"{sys.argv[1]}/seed{seed}.safetensors",
                              {n: p.detach() for n, p in model.named_parameters()})
 """
@@ -148,7 +148,7 @@ def test_an_engine_that_does_not_answer_in_time_is_failed_like_a_dead_one(monkey
     import ray
 
     from ftkit.train.config import TrainConfig
-    from ftkit.train.engine_pool import EnginePool
+    from ftkit.train.control.engine_pool import EnginePool
 
     asked: list[float] = []
 

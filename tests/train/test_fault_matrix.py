@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from ftkit.train.faults import KIND_POINTS, TRAINER_POINTS, WRITER_POINTS
+from ftkit.train.faults.spec import KIND_POINTS, TRAINER_POINTS, WRITER_POINTS
 
 pytestmark = pytest.mark.slow
 

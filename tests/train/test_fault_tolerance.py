@@ -24,7 +24,7 @@ from faultkit import Trigger, all_events
 
 from ftkit.cli import main
 from ftkit.train.config import TrainConfig
-from ftkit.train.driver import run_training
+from ftkit.train.control.driver import run_training
 
 BASE = dict(
     rollouts=4,

@@ -9,7 +9,7 @@ import torch
 
 from ftkit.errors import ConfigError
 from ftkit.train import rollouts
-from ftkit.train.grpo import (
+from ftkit.train.rl.grpo import (
     GrpoConfig,
     aggregate,
     group_advantages,

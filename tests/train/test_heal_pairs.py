@@ -1,6 +1,6 @@
 """Which donor heals which recipient (``Healer._pair``): different donors in parallel."""
 
-from ftkit.train.healing import Healer
+from ftkit.train.control.healing import Healer
 
 
 def test_recipients_get_different_donors_while_there_are_donors():

@@ -1,4 +1,4 @@
-"""The heal stream (``ftkit.train.heal_stream``): real sockets, a real TCPStore rendezvous."""
+"""The heal stream (``ftkit.train.rank.heal_stream``): real sockets, a real TCPStore rendezvous."""
 
 import datetime
 import socket
@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ftkit.train import heal_stream
-from ftkit.train.state_codec import RankState, decode, encode, state_bytes
+from ftkit.train.rank import heal_stream
+from ftkit.train.rank.state_codec import RankState, decode, encode, state_bytes
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_a_recipient_that_never_connects_times_the_donor_out(store):
 
 
 def test_a_storage_that_is_one_tensor_of_the_room_is_received_in_place(store):
-    from ftkit.train.heal import destinations
+    from ftkit.train.rank.heal import destinations
 
     state = _state()
     tensors, meta = encode(state)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftkit.train.logprob_stats import MismatchStats, compare_logprobs
+from ftkit.train.rl.logprob_stats import MismatchStats, compare_logprobs
 
 
 def test_identical_log_probs_have_no_mismatch():

@@ -2,7 +2,7 @@
 
 import torch
 
-from ftkit.train.loss import pg_loss, step_tokens, targets
+from ftkit.train.rank.loss import pg_loss, step_tokens, targets
 
 
 def test_micro_shard_losses_add_up_to_the_step_loss_for_any_cut():

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftkit.train.microshards import assign, shard_seed, shard_slices
+from ftkit.train.rl.microshards import assign, shard_seed, shard_slices
 
 
 def test_shard_slices_cut_equal_consecutive_ranges():

@@ -13,8 +13,8 @@ from test_driver import BASE, events_of, fingerprints, tensors_of
 from ftkit.cli import main
 from ftkit.model.gpt import global_param_name, local_param_name
 from ftkit.train.config import TrainConfig
-from ftkit.train.driver import run_training
-from ftkit.train.rank_dumps import capture_name
+from ftkit.train.control.driver import run_training
+from ftkit.train.rank.dumps import capture_name
 
 RUNS = {
     "pp1": dict(cells=1),

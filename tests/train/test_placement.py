@@ -1,11 +1,11 @@
-"""``ftkit.train.placement.spread``: the plan of cells and engines over nodes (no Ray)."""
+"""``ftkit.train.control.placement.spread``: the plan of cells and engines over nodes (no Ray)."""
 
 import math
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ftkit.train.placement import Node, spread
+from ftkit.train.control.placement import Node, spread
 
 
 def nodes(*slots: int) -> list[Node]:

@@ -3,7 +3,7 @@
 import torch
 
 from ftkit.tensors.fingerprint import combine, fingerprint
-from ftkit.train.rank_state import fingerprint_state
+from ftkit.train.rank.state import fingerprint_state
 
 
 def _stepped():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftkit.errors import ConfigError
-from ftkit.train.ray_probe import probe_ray_address, split_address
+from ftkit.train.control.ray_probe import probe_ray_address, split_address
 
 
 @pytest.fixture()
@@ -111,7 +111,7 @@ def test_train_with_a_dead_address_is_exit_2_before_anything_starts(tmp_path: Pa
 
 
 def test_reasons_are_plain_text() -> None:
-    from ftkit.train.ray_session import plain_line
+    from ftkit.train.control.ray_session import plain_line
 
     assert plain_line("\x1b[36mray::Worker\x1b[39m died\nsecond line") == "ray::Worker died"
     assert plain_line("") == ""

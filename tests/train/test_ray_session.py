@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from ftkit.train.config import TrainConfig
-from ftkit.train.ray_session import connect_ray
-from ftkit.train.run_end import RunInterrupted
+from ftkit.train.control.ray_session import connect_ray
+from ftkit.train.control.run_end import RunInterrupted
 
 
 def test_ray_init_s_own_sigterm_exit_becomes_an_interruption(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ftkit.train.crosscell import CrossCellLink
-from ftkit.train.microshards import assign
-from ftkit.train.reducer import ExactReducer, GradLayout, reduce_float
+from ftkit.train.rank.crosscell import CrossCellLink
+from ftkit.train.rank.reducer import ExactReducer, GradLayout, reduce_float
+from ftkit.train.rl.microshards import assign
 
 M = 6
 LAYOUT = GradLayout.of([("w", (5, 3)), ("b", (7,)), ("zero", (2, 2)), ("tiny", (3,))])
@@ -147,7 +147,7 @@ def _kernel_rows(k: int, layout: GradLayout) -> torch.Tensor:
 
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_numpy_and_torch_kernels_give_the_same_bits(k):
-    from ftkit.train.reducer import WINDOW
+    from ftkit.train.rank.reducer import WINDOW
 
     # small tensors sharing a window, one spanning several windows, an all-zero one
     shapes = [(f"t{i}", (3, 7)) for i in range(8)] + [("big", (3 * WINDOW + 5,)), ("zero", (4,)), ("last", (9,))]
@@ -176,7 +176,7 @@ def test_numpy_and_torch_kernels_give_the_same_bits(k):
 
 
 def test_numpy_kernels_see_a_nan_in_any_window():
-    from ftkit.train.reducer import WINDOW
+    from ftkit.train.rank.reducer import WINDOW
 
     layout = GradLayout.of([("a", (5,)), ("big", (2 * WINDOW + 3,))])
     rows = torch.ones(2, layout.numel)

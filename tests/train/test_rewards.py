@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from ftkit.train.rewards import REWARDS, deterministic_random, get_reward, random_bit
-from ftkit.train.task import AdditionTask
+from ftkit.train.rl.rewards import REWARDS, deterministic_random, get_reward, random_bit
+from ftkit.train.rl.task import AdditionTask
 
 
 def _batch(n=256, seed=0):
@@ -33,7 +33,7 @@ def test_deterministic_random_is_a_balanced_stable_hash():
 
 def test_random_bit_matches_a_fresh_interpreter():
     code = (
-        "from ftkit.train.rewards import random_bit; "
+        "from ftkit.train.rl.rewards import random_bit; "
         "print(''.join(str(random_bit([1, 5, 3, i % 10, 4], [i, 2, 7])) for i in range(64)))"
     )
     out = subprocess.run(

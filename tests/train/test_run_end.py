@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from ftkit.train.run_end import RunFailed, RunInterrupted, interruption, signals_interrupt, write_status
+from ftkit.train.control.run_end import RunFailed, RunInterrupted, interruption, signals_interrupt, write_status
 
 
 def test_exit_codes_are_1_and_128_plus_the_signal():
@@ -59,7 +59,7 @@ def test_a_failure_of_ray_itself_is_a_run_failure_not_a_bug():
     code inside an actor (RayTaskError) and anything not Ray's stay what they are."""
     import ray.exceptions as rex
 
-    from ftkit.train.run_end import ray_failure
+    from ftkit.train.control.run_end import ray_failure
 
     failed = ray_failure(rex.TaskPlacementGroupRemoved())
     assert isinstance(failed, RunFailed) and failed.exit_code == 1

@@ -13,8 +13,8 @@ import pytest
 
 from ftkit.errors import UsageError
 from ftkit.train.config import TrainConfig
-from ftkit.train.rundir import RUN_SCHEMA, check_run_dir, make_run_dir, write_run_json
-from ftkit.train.task import AdditionTask
+from ftkit.train.control.rundir import RUN_SCHEMA, check_run_dir, make_run_dir, write_run_json
+from ftkit.train.rl.task import AdditionTask
 
 
 def test_fresh_and_empty_directories_are_used(tmp_path):
@@ -27,7 +27,7 @@ def _a_run(path: Path) -> Path:
     """A run directory as ftkit leaves it (run.json and every area, temporaries included)."""
     path.mkdir(parents=True)
     cfg = TrainConfig()
-    write_run_json(path, cfg, "cpu", AdditionTask(cfg.response_len))
+    write_run_json(path, cfg, "cpu", AdditionTask(cfg.task.response_len))
     for rel in (
         "events/driver-i0.jsonl",
         "events/rank-c0-r0-i0.jsonl.gz",
@@ -78,7 +78,7 @@ def test_run_json_records_config_layout_and_seed(tmp_path):
     cfg = TrainConfig(
         cells=3, micro_shards=8, samples_per_rollout=32, group_size=4, seed=9, reward="deterministic_random"
     )
-    write_run_json(tmp_path, cfg, "cpu", AdditionTask(cfg.response_len))
+    write_run_json(tmp_path, cfg, "cpu", AdditionTask(cfg.task.response_len))
     doc = json.loads((tmp_path / "run.json").read_text())
     assert doc["schema"] == RUN_SCHEMA and doc["seed"] == 9 and doc["run"] == tmp_path.name
     assert TrainConfig.model_validate(doc["config"]) == cfg  # the config round-trips
@@ -164,7 +164,7 @@ def test_out_on_a_read_only_file_system_is_refused(tmp_path):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", {str(tmp_path)!r}], check=True)
         from pathlib import Path
         from ftkit.errors import UsageError
-        from ftkit.train.rundir import check_run_dir
+        from ftkit.train.control.rundir import check_run_dir
         try:
             check_run_dir(Path({str(tmp_path / "run")!r}), overwrite=False)
         except UsageError as exc:

@@ -1,11 +1,11 @@
-"""The retry's reuse of a discarded attempt's micro-shard rows (``ftkit.train.shard_cache``)."""
+"""The retry's reuse of a discarded attempt's micro-shard rows (``ftkit.train.rank.shard_cache``)."""
 
 import math
 
 import pytest
 import torch
 
-from ftkit.train.shard_cache import ShardCache
+from ftkit.train.rank.shard_cache import ShardCache
 
 
 def test_a_discarded_attempts_rows_serve_the_same_steps_retry_only():
@@ -43,23 +43,23 @@ def _retry_proc(index: int, jobs: list) -> None:
     from cellrun import synthetic_batch
 
     from ftkit.train.config import TrainConfig
-    from ftkit.train.step_types import StepTask
-    from ftkit.train.worker import RankWorker
+    from ftkit.train.rank.step_types import StepTask
+    from ftkit.train.rank.worker import RankWorker
 
     name, run_dir, cfg_dict, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg_dict, run_dir, 0, 0, 0)
+    w = RankWorker(cfg, run_dir, 0, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, [0])
     forwards = [0]
-    inner = w._forward_backward
+    inner = w.compute._forward_backward  # the step's phase 1 (StepCompute)
 
     def counted(part, norm):
         forwards[0] += 1
         return inner(part, norm)
 
-    w._forward_backward = counted
+    w.compute._forward_backward = counted
     attempt = 0
     if name == "reuse":
         w.compute_reduce(StepTask(0, 0, 0, 0, (0,)), batch)

@@ -5,8 +5,8 @@ import pickle
 import pytest
 import torch
 
-from ftkit.train.rank_state import fingerprint_state
-from ftkit.train.state_codec import CODEC, RankState, capture, decode, encode, restore, state_bytes
+from ftkit.train.rank.state import fingerprint_state
+from ftkit.train.rank.state_codec import CODEC, RankState, capture, decode, encode, restore, state_bytes
 
 
 class Tiny(torch.nn.Module):

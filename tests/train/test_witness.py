@@ -5,15 +5,15 @@ import torch
 
 from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
 from ftkit.train.config import TrainConfig
-from ftkit.train.loss import pg_loss, targets
-from ftkit.train.witness import WitnessTable
+from ftkit.train.rank.loss import pg_loss, targets
+from ftkit.train.rank.witness import WitnessTable
 
 
 @pytest.fixture(scope="module")
 def model():
     configure_determinism(1)
     init_local_parallel("cpu")
-    return build_gpt(TrainConfig(seed=5), "cpu")
+    return build_gpt(TrainConfig(seed=5).gpt_spec(), "cpu")
 
 
 def _run(model, tokens, mask, adv, witness=None, ids=None):

@@ -1,0 +1,258 @@
+"""The typed configuration of ``ftkit train`` (``TrainConfig``): one frozen pydantic model
+of sections (``ftkit.train.config.sections``), ``extra="forbid"``.
+
+It is built once, by the command (options, ``--config FILE``, ``--print-config``) or a
+resumed run's ``run.json``, validated there, and handed as the object itself to the driver
+and every actor (validation does not run again on the way). Input comes in either form:
+nested (``{"layout": {"tp": 2}}``) or flat by the fields' flat names (``{"tp": 2}``, what the
+command line, older ``run.json`` files and older config files give); the record form
+(``model_dump``: ``run.json``, the ``run_started`` event, checkpoints, ``--print-config``) is
+the flat one, so records keep their shape. Validation gives one clear line per bad value or
+bad combination, naming the flat field; ``load_config`` turns a pydantic ``ValidationError``
+into ``ftkit.errors.ConfigError`` (exit 2).
+
+The batch geometry is fixed here: a rollout of ``samples_per_rollout`` samples is trained in
+``steps_per_rollout`` optimizer steps of ``step_samples`` samples, each cut into
+``micro_shards`` micro-shards of ``shard_samples`` samples. A micro-shard is the unit of work a
+cell computes, so there must be at least as many micro-shards as cells.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
+
+import ftkit.train.config.sections as s
+from ftkit.errors import ConfigError
+from ftkit.train.config.strict import type_problem
+
+if TYPE_CHECKING:
+    from pydantic.fields import FieldInfo
+
+    from ftkit.model.gpt import GPTSpec
+    from ftkit.train.faults.spec import FaultBounds, FaultSpec
+
+#: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
+#: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
+#: faults are detected by ``collective_timeout`` and ``step_timeout``.
+STARTUP_TIMEOUT_S = 300.0
+
+
+class TrainConfig(BaseModel):
+    """Everything a training run needs to be reproduced (recorded in ``run.json``): first
+    what decides the result, then how the run is launched."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: s.ModelSection = s.ModelSection()
+    batch: s.BatchSection = s.BatchSection()
+    task: s.TaskSection = s.TaskSection()
+    rng: s.SeedSection = s.SeedSection()
+    schedule: s.ScheduleSection = s.ScheduleSection()
+    objective: s.ObjectiveSection = s.ObjectiveSection()
+    reduction: s.ReductionSection = s.ReductionSection()
+    compute: s.ComputeSection = s.ComputeSection()
+    layout: s.LayoutSection = s.LayoutSection()
+    eval: s.EvalSection = s.EvalSection()
+    cluster: s.ClusterSection = s.ClusterSection()
+    engine: s.EngineSection = s.EngineSection()
+    recovery: s.RecoverySection = s.RecoverySection()
+    faults: s.FaultsSection = s.FaultsSection()
+    dumps: s.DumpsSection = s.DumpsSection()
+    checkpoints: s.CheckpointsSection = s.CheckpointsSection()
+    output: s.OutputSection = s.OutputSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest(cls, values: Any) -> Any:
+        """Flat names into their sections (nested sections merged with them); every value
+        strictly typed (``ftkit.train.config.strict``), the message naming the flat field."""
+        return nest(values) if isinstance(values, dict) else values
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Callable[[TrainConfig], dict[str, Any]]) -> dict[str, Any]:
+        """The record form: one key per field, its flat name, in section order."""
+        nested = handler(self)
+        return {leaf.flat: nested[leaf.section][leaf.name] for leaf in leaves().values()}
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        check_geometry(self)
+        from ftkit.train.faults.schedule import parse_specs
+
+        parse_specs(self.faults.inject, self.faults.chaos, self.fault_bounds())  # a bad spec: one-line ValueError
+        if not self.reduction.bookkeeping and self.reduction.reduce == "exact":
+            # bookkeeping off means the plain float path; say so rather than silently ignore.
+            raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
+        return self
+
+    # --- derived ----------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        """Optimizer steps of the whole run (rollouts x steps per rollout)."""
+        return self.schedule.rollouts * self.batch.steps_per_rollout
+
+    def gpt_spec(self) -> GPTSpec:
+        """What ``ftkit.model.gpt.build_gpt`` builds for this run (preset and init seed)."""
+        from ftkit.model.gpt import GPTSpec
+
+        return GPTSpec(self.model.preset, self.rng.seed)
+
+    def fault_bounds(self) -> FaultBounds:
+        """What a fault spec may name in this run (cells, ranks, engines, steps)."""
+        from ftkit.train.faults.spec import FaultBounds
+
+        return FaultBounds(
+            self.cluster.cells, self.layout.ranks, self.engine.count, self.total_steps, self.batch.steps_per_rollout
+        )
+
+    def fault_specs(self) -> list[FaultSpec]:
+        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults.spec)."""
+        from ftkit.train.faults.schedule import parse_specs
+
+        return parse_specs(self.faults.inject, self.faults.chaos, self.fault_bounds())
+
+    def resolved_device(self) -> str:
+        """``cpu`` or ``cuda``; ``auto`` picks cuda when torch sees a GPU (imports torch)."""
+        if self.compute.device != "auto":
+            return self.compute.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def dumps_rollout(self, rollout: int) -> bool:
+        """Whether rollout ``rollout`` (0-based) is dumped according to ``dump_rollouts``."""
+        spec = self.dumps.rollouts
+        if spec == "none":
+            return False
+        if spec == "all":
+            return True
+        last = self.schedule.rollouts - 1
+        wanted = {0 if p.strip() == "first" else last if p.strip() == "last" else int(p) for p in spec.split(",")}
+        return rollout in wanted
+
+
+def check_geometry(cfg: TrainConfig) -> None:
+    """The batch geometry, the cell count and the layout must fit together and fit the model
+    (a ``ValueError`` naming the flat fields)."""
+    b, cells = cfg.batch, cfg.cluster.cells
+    K, M, B = b.steps_per_rollout, b.micro_shards, b.samples_per_rollout
+    if B % (K * M):
+        raise ValueError(
+            f"samples_per_rollout ({B}) must be divisible by steps_per_rollout * micro_shards ({K} * {M} = {K * M})"
+        )
+    if cfg.recovery.min_cells > cells:
+        raise ValueError(f"min_cells ({cfg.recovery.min_cells}) must be at most cells ({cells})")
+    if cells > M:
+        raise ValueError(f"micro_shards ({M}) must be at least cells ({cells})")
+    if B % cfg.task.group_size:
+        raise ValueError(f"samples_per_rollout ({B}) must be divisible by group_size ({cfg.task.group_size})")
+    from ftkit.model.presets import get_preset
+
+    name, tp, pp = cfg.model.preset, cfg.layout.tp, cfg.layout.pp
+    preset = get_preset(name)
+    if preset.num_heads % tp:
+        raise ValueError(f"tp ({tp}) must divide the {name} model's heads ({preset.num_heads})")
+    if preset.vocab_size % tp:
+        raise ValueError(f"tp ({tp}) must divide the vocabulary ({preset.vocab_size})")
+    if preset.num_layers % pp:
+        raise ValueError(
+            f"pp ({pp}) must divide the {name} model's {preset.num_layers} layers "
+            "(each pipeline stage holds the same number)"
+        )
+    if cfg.task.response_len >= preset.max_seq_len // 2:
+        raise ValueError(
+            f"response_len ({cfg.task.response_len}) must be below half the {name} model's "
+            f"sequence length ({preset.max_seq_len})"
+        )
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One config field: its section, its name there, its flat name and the section's place."""
+
+    section: str
+    name: str
+    flat: str
+    place: s.Place
+    info: FieldInfo
+
+    @property
+    def cli(self) -> bool:
+        """Whether a command-line option sets it (else a --config file only)."""
+        extra = self.info.json_schema_extra
+        return not (isinstance(extra, dict) and extra.get("cli") is False)
+
+
+@functools.cache
+def leaves() -> dict[str, Leaf]:
+    """Every field of ``TrainConfig`` by flat name, in section order."""
+    out: dict[str, Leaf] = {}
+    for section, info in TrainConfig.model_fields.items():
+        cls = info.annotation
+        assert isinstance(cls, type) and issubclass(cls, s.Section), f"TrainConfig.{section} is not a section"
+        for name, field in cls.model_fields.items():
+            flat = field.alias or name
+            assert flat not in out, f"flat name {flat!r} in two sections"
+            out[flat] = Leaf(section, name, flat, cls.PLACE, field)
+    return out
+
+
+def nest(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (flat names, sections, or both; a flat name wins over the same field in a
+    section) as sections of field names, each value strictly typed; unknown keys are left in
+    place for pydantic to refuse by name."""
+    by_leaf, sections = leaves(), TrainConfig.model_fields
+    flat: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in sections and isinstance(value, (dict, s.Section)):
+            given = value.model_dump() if isinstance(value, s.Section) else value
+            for name, v in given.items():
+                leaf = next((f for f in by_leaf.values() if f.section == key and name in (f.name, f.flat)), None)
+                if leaf is None:
+                    rest.setdefault(key, {})[name] = v
+                else:
+                    flat.setdefault(leaf.flat, v)
+        elif key in by_leaf:
+            flat[key] = value
+        else:
+            rest[key] = value
+    for name, value in flat.items():
+        leaf = by_leaf[name]
+        problem = type_problem(leaf.info.annotation, value)
+        if problem:
+            raise ValueError(f"{name}: {problem}")
+        section = rest.setdefault(leaf.section, {})
+        if isinstance(section, dict):
+            section[leaf.name] = value
+    return rest
+
+
+def _flat_loc(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error location as the flat field name where it is one (``layout.tp`` -> ``tp``)."""
+    if len(loc) >= 2 and isinstance(loc[0], str) and isinstance(loc[1], str):
+        for leaf in leaves().values():
+            if leaf.section == loc[0] and loc[1] in (leaf.name, leaf.flat):
+                return ".".join(str(p) for p in (leaf.flat, *loc[2:]))
+    return ".".join(str(p) for p in loc)
+
+
+def load_config(values: dict[str, Any]) -> TrainConfig:
+    """Validate ``values`` (flat or nested) into a ``TrainConfig``; any problem is a one-line
+    ``ConfigError``."""
+    try:
+        return TrainConfig.model_validate(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = _flat_loc(tuple(err.get("loc", ())))
+        msg = str(err.get("msg", "invalid value"))
+        msg = msg.removeprefix("Value error, ")
+        raise ConfigError(
+            f"{loc}: {msg}" if loc else msg,
+            hint="Fix the option or the --config file; --print-config shows the values in use.",
+        ) from None

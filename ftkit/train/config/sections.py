@@ -1,0 +1,264 @@
+"""The sections of a run's config, each with its ``Place``: what it means for the run.
+
+A section is a small frozen pydantic model; its ``PLACE`` says whether its fields decide the
+run's result (a resumed session must keep them: ``resume="fixed"``; the TP x PP layout only
+with ``--allow-layout-change``: ``resume="layout"``), or only how the run is launched
+(``resume="free"``), and whether they decide which tensors a run's dumps hold and their shapes
+(``pairs_dumps``: runs that differ there cannot compare tensor for tensor). Everything that
+needs those facts (resume compatibility, dump pairing, the command line) derives them from
+here (``ftkit.train.config.places``); a field has a meaning only through its section.
+
+Each field has a *flat name* (its alias, else its own name): the key of the flat record
+``run.json``, the ``run_started`` event and checkpoints hold, and of the command-line option.
+Flat names are unique across sections. New kinds of thing plug in as fields of their section:
+a Hugging Face path beside ``model.preset``, prompts beside ``task.reward``, a loss kind or
+GRPO clip / KL beside ``objective.lr``, an engine ``kind`` beside ``engine.count``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.config import JsonDict
+
+DumpPart = Literal["activations", "grads", "weights"]
+DUMP_WHAT: tuple[DumpPart, ...] = ("activations", "grads", "weights")
+
+
+@dataclass(frozen=True)
+class Place:
+    """What a section's fields mean for a run (see the module docstring)."""
+
+    resume: Literal["fixed", "layout", "free"]
+    pairs_dumps: bool
+
+
+#: ``json_schema_extra`` of a field that a ``--config`` file sets but no command-line option does.
+FILE_ONLY: JsonDict = {"cli": False}
+
+
+class Section(BaseModel):
+    """A config section: frozen, no unknown fields, fields by name or flat name (alias)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    PLACE: ClassVar[Place]
+
+
+# --- what determines the result -------------------------------------------------------------
+class ModelSection(Section):
+    """The model trained (a preset today; a Hugging Face checkpoint path later)."""
+
+    PLACE = Place("fixed", pairs_dumps=True)
+    preset: Literal["tiny", "small"] = Field("tiny", alias="model", description="Model preset.")
+
+
+class BatchSection(Section):
+    """The batch geometry: a rollout of ``samples_per_rollout`` samples is trained in
+    ``steps_per_rollout`` optimizer steps, each cut into ``micro_shards`` micro-shards."""
+
+    PLACE = Place("fixed", pairs_dumps=True)
+    samples_per_rollout: int = Field(64, ge=1, description="Samples (prompt+response) per rollout.")
+    steps_per_rollout: int = Field(2, ge=1, description="Optimizer steps per rollout.")
+    micro_shards: int = Field(8, ge=1, description="Micro-shards per optimizer step.")
+
+    @property
+    def step_samples(self) -> int:
+        """Samples per optimizer step (B / K)."""
+        return self.samples_per_rollout // self.steps_per_rollout
+
+    @property
+    def shard_samples(self) -> int:
+        """Samples per micro-shard (B / (K * M))."""
+        return self.step_samples // self.micro_shards
+
+
+class TaskSection(Section):
+    """What the engines are asked and how their answers are scored."""
+
+    PLACE = Place("fixed", pairs_dumps=True)
+    group_size: int = Field(8, ge=1, description="Responses per prompt (advantage group).")
+    response_len: int = Field(8, ge=1, description="Generated tokens per response.", json_schema_extra=FILE_ONLY)
+    reward: Literal["task", "deterministic_random"] = Field(
+        "task",
+        description="task: the addition task's verifiable reward; deterministic_random: "
+        "0/1 from a stable hash of prompt and response tokens (fault tests).",
+    )
+
+
+class SeedSection(Section):
+    """The seed of init, sampling and every RNG stream."""
+
+    PLACE = Place("fixed", pairs_dumps=True)
+    seed: int = Field(0, ge=0, description="Seed of init, sampling and every RNG stream.")
+
+
+class ScheduleSection(Section):
+    """How long the run is: a resumed session may raise it (never lower it)."""
+
+    PLACE = Place("free", pairs_dumps=True)
+    rollouts: int = Field(8, ge=1, description="Rollouts to train.")
+
+
+class ObjectiveSection(Section):
+    """The loss and the optimizer (a loss kind, GRPO clip / KL later)."""
+
+    PLACE = Place("fixed", pairs_dumps=False)
+    lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
+
+
+class ReductionSection(Section):
+    """How gradients are summed across micro-shards and cells."""
+
+    PLACE = Place("fixed", pairs_dumps=False)
+    reduce: Literal["exact", "float"] = Field(
+        "exact",
+        description="exact: int64 fixed-point reduction (membership invariant); "
+        "float: plain float all-reduce (faster, not invariant).",
+    )
+    bookkeeping: bool = Field(
+        True,
+        description="False turns off fingerprints, witness and exact reduction (overhead bench).",
+        json_schema_extra=FILE_ONLY,
+    )
+
+
+class ComputeSection(Section):
+    """Where and with how many threads a rank computes (both change float bits)."""
+
+    PLACE = Place("fixed", pairs_dumps=False)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available.")
+    threads_per_rank: int = Field(
+        1, ge=1, le=64, description="torch intra-op threads per rank.", json_schema_extra=FILE_ONLY
+    )
+
+
+class LayoutSection(Section):
+    """A cell's TP x PP layout: it changes float bits, so a resume keeps it unless
+    ``--allow-layout-change`` says otherwise (the change is then logged as one)."""
+
+    PLACE = Place("layout", pairs_dumps=False)
+    tp: int = Field(1, ge=1, le=8, description="Tensor-parallel ranks per cell.")
+    pp: int = Field(1, ge=1, le=8, description="Pipeline-parallel ranks per cell.")
+
+    @property
+    def ranks(self) -> int:
+        """Ranks per cell (TP x PP)."""
+        return self.tp * self.pp
+
+
+class EvalSection(Section):
+    """How published checkpoints are scored (eval_reward adds held-out evaluation)."""
+
+    PLACE = Place("fixed", pairs_dumps=False)
+    best_metric: Literal["reward", "eval_reward"] = Field(
+        "reward",
+        description="What ranks checkpoints: reward (the rollout's mean reward) or eval_reward (mean reward of "
+        "the run's fixed held-out prompts, greedy decoding on the engines, at each publication).",
+    )
+
+
+# --- how the run is launched ----------------------------------------------------------------
+class ClusterSection(Section):
+    """How many cells, and on which Ray cluster."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    cells: int = Field(2, ge=1, le=64, description="Independent model replicas (cells).")
+    ray_address: str | None = Field(
+        None,
+        description="Join this Ray cluster (host:port of its head) instead of starting a local one; "
+        "cells and engines are spread over its nodes (docs/clusters.md).",
+    )
+
+
+class EngineSection(Section):
+    """The inference engines (a ``kind`` megatron | vllm later)."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    count: int = Field(1, ge=1, le=16, alias="engines", description="Inference engine actors.")
+
+
+class RecoverySection(Section):
+    """Fault detection deadlines and what the run does about a failed cell."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    collective_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a cross-cell collective waits for a peer before the step is discarded "
+        "(a dead or hung cell).",
+    )
+    step_timeout: float = Field(
+        60.0, gt=0, description="Seconds a step attempt may take before its unfinished cells are declared hung."
+    )
+    min_cells: int = Field(1, ge=1, description="Fewest live cells to go on with; below it the run fails (exit 1).")
+    max_retries: int = Field(5, ge=0, description="Retries of one step after failed attempts; then the run fails.")
+    heal: bool = Field(True, description="Restart failed cells and heal them from a live peer.")
+    heal_timeout: float = Field(
+        120.0, gt=0, description="Seconds a restarted cell may take to be placed and start before it is given up."
+    )
+
+
+class FaultsSection(Section):
+    """Faults injected on purpose (never carried over to a resumed session)."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    inject: tuple[str, ...] = Field(
+        (),
+        description="Faults to inject, one spec each: kind=...,point=...,cell=...,step=... (docs/fault-injection.md).",
+    )
+    chaos: str | None = Field(
+        None, description="Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md)."
+    )
+
+
+class DumpsSection(Section):
+    """Which rollouts are dumped, what the dumps hold, and by which cells."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    rollouts: str = Field(
+        "first,last",
+        alias="dump_rollouts",
+        description="Rollouts to dump: 'none', 'all', or a comma list of 'first', 'last' and rollout indices.",
+    )
+    what: tuple[DumpPart, ...] = Field(DUMP_WHAT, alias="dump_what", description="What dumps hold.")
+    cells: Literal["first", "all"] = Field(
+        "first", alias="dump_cells", description="Replicated state dumped by the first live cell, or by all cells."
+    )
+
+    @field_validator("rollouts")
+    @classmethod
+    def _check_rollouts(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v in ("none", "all"):
+            return v
+        for part in v.split(","):
+            part = part.strip()
+            if part not in ("first", "last") and not (part.isdigit()):
+                raise ValueError(f"{part!r} is not 'first', 'last' or a rollout index")
+        return v
+
+
+class CheckpointsSection(Section):
+    """How often checkpoints are published and how many are kept."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    every: int = Field(
+        1,
+        ge=0,
+        alias="checkpoint_every",
+        description="Publish a checkpoint every N rollouts (0: never; any --tp/--pp, stored in the TP=1/PP=1 "
+        "layout; docs/checkpoints.md).",
+    )
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept: the newest N ...")
+    keep_best: int = Field(1, ge=0, description="... plus the best K by --best-metric (finite, untainted).")
+
+
+class OutputSection(Section):
+    """Where the run directory goes."""
+
+    PLACE = Place("free", pairs_dumps=False)
+    out: Path = Field(Path("runs/train"), description="Run directory to create.")
+    overwrite: bool = Field(False, description="Replace an existing run directory.")

@@ -1,0 +1,160 @@
+"""Checkpoints of a training run: the driver's side of ``ftkit.checkpoint`` (docs/checkpoints.md).
+
+At the end of every ``checkpoint_every``-th rollout (``due``), ``publish``:
+
+1. asks every rank of every live cell for its preflight (``RankWorker.checkpoint_preflight``:
+   consumes the rank's non-finite guard, checks disk space and the target; no collective), under
+   the step deadline; a cell that does not answer fails (the coordinator handles it like any
+   failure) and counts as a failed verdict;
+2. ``agree``: one failing rank means nobody serialises; the publication is rejected with every
+   reason (``checkpoint_rejected``) and training goes on;
+3. otherwise fetches the state of the first live cell (``checkpoint_state``, collective inside
+   the cell: parameters, optimizer moments and steps gathered to the TP=1/PP=1 layout, counters,
+   witness table, every rank's logged fingerprint total and its ``rank_spec``) and publishes it
+   in this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
+
+The checkpoint's step is the rollout's last step. Its metric (``--best-metric``) is the
+rollout's mean reward, or with ``eval_reward`` the mean reward of the run's fixed held-out
+prompts (``AdditionTask.heldout_prompts``) answered by greedy decoding on the engines, which
+hold exactly the checkpoint's weights at that moment; it is computed at every boundary and
+logged as a ``metric`` event (``values: {"eval_reward": ...}``); a non-finite logit makes it
+NaN, which retention never ranks best. The publication fault points run here (the writer is
+the driver), except ``publish_preflight``, which every rank runs. Any layout is checkpointed:
+the checkpoint holds the TP=1/PP=1 state, its manifest ``rank_totals`` every rank's total
+(``{rank: total}``) and ``meta.json`` ``ranks`` every rank's spec, from which
+``verify-checkpoint`` recomputes each total from the stored tensors
+(``ftkit.checkpoint.rank_totals``) before comparing them with the event log.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ftkit.checkpoint.publish import Outcome
+from ftkit.train.control.rundir import run_name
+
+if TYPE_CHECKING:
+    from ftkit.events.writer import EventWriter
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.control.engine_pool import EnginePool
+    from ftkit.train.control.roster import CellRoster
+    from ftkit.train.rl.task import AdditionTask
+
+
+class RunCheckpoints:
+    """Publication of checkpoints for one run (``enabled`` when ``checkpoint_every > 0``)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        roster: CellRoster,
+        events: EventWriter,
+        engines: EnginePool,
+        task: AdditionTask,
+    ) -> None:
+        from ftkit.checkpoint.publish import Publisher
+        from ftkit.checkpoint.retention import RetentionPolicy
+        from ftkit.train.faults.points import injector_for
+
+        self.cfg, self.roster, self.events, self.engines, self.task = cfg, roster, events, engines, task
+        self.enabled = cfg.checkpoints.every > 0
+        self.dir = Path(run_dir) / "checkpoints"
+        self.run = run_name(run_dir)  # the name the run's log carries (a moved run keeps it)
+        self.step = -1
+        self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
+        injector = injector_for(cfg, events, "driver")
+
+        def log(type_: str, fields: dict[str, Any]) -> None:
+            events.emit(type_, **fields)
+
+        self.publisher = Publisher(
+            self.dir,
+            RetentionPolicy(cfg.checkpoints.keep_last, cfg.checkpoints.keep_best, cfg.eval.best_metric),
+            on_event=log,
+            at=lambda point: self._strike(injector, point),
+        )
+
+    def _strike(self, injector: Any, point: str) -> str | None:
+        """The injector's hook at a writer phase: the kind it returns (``enospc``, which the
+        publisher applies), or None. An injected ``exception`` there is an error of
+        that phase, handled like the I/O errors it stands for: the publication is rejected with
+        the reason and training goes on (``sigkill``, ``exit`` and ``hang`` strike the driver
+        itself: docs/faults.md, what remains unprotected)."""
+        import errno
+
+        from ftkit.train.faults.injector import InjectedFault
+
+        try:
+            kind: str | None = injector.at(point, step=self.step)
+        except InjectedFault as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
+        return kind
+
+    def due(self, rollout: int) -> bool:
+        """Whether the end of ``rollout`` is a publication boundary."""
+        every: int = self.cfg.checkpoints.every
+        return self.enabled and (rollout + 1) % every == 0
+
+    def eval_reward(self, rollout: int) -> float:
+        """Mean reward (``--reward``) of the held-out prompts under greedy decoding on the
+        engines; NaN when a logit was not finite. Logged as a ``metric`` event."""
+        import math
+
+        from ftkit.train.rl.rewards import get_reward
+
+        prompts = self.task.heldout_prompts(self.cfg.rng.seed)
+        responses = self.engines.generate(prompts, rollout, greedy=True)
+        value = float(get_reward(self.cfg.task.reward)(self.task, prompts, responses).double().mean())
+        if bool((responses < 0).any()):
+            value = math.nan
+        self.events.emit("metric", rollout=rollout, step=None, values={"eval_reward": value})
+        return value
+
+    def publish(self, rollout: int, reward: float) -> Outcome:
+        """Preflight everywhere, agree, publish (or reject); never raises for a rejection.
+        ``reward`` is the rollout's mean reward (the metric unless ``--best-metric eval_reward``)."""
+        from ftkit.checkpoint.guard import GuardVerdict, merge
+        from ftkit.checkpoint.preflight import PreflightVerdict, agree
+        from ftkit.checkpoint.publish import Payload
+        from ftkit.checkpoint.restore import state_payload
+
+        cfg, roster = self.cfg, self.roster
+        self.step = step = (rollout + 1) * cfg.batch.steps_per_rollout - 1
+        metric = self.eval_reward(rollout) if cfg.eval.best_metric == "eval_reward" else reward
+        alive = roster.alive()
+        answers = roster.wait(
+            {c: roster.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.recovery.step_timeout
+        )
+        verdicts = [v for c in sorted(answers.values) for v, _ in answers.values[c]]
+        guards = [g for c in sorted(answers.values) for _, g in answers.values[c]]
+        for c, cause in sorted(answers.failed.items()):
+            roster.fail(c, f"during the checkpoint preflight: {cause}")
+            verdicts.append(PreflightVerdict(False, f"cell{c}", (f"cell{c}: no preflight answer ({cause})",)))
+        for c in sorted(answers.collective - set(answers.failed)):
+            verdicts.append(PreflightVerdict(False, f"cell{c}", (f"cell{c}: collective error during preflight",)))
+        agreed = agree(verdicts)
+        guard = merge(guards) if guards else GuardVerdict(step, step, False)
+        if not agreed.ok:
+            return self._note(
+                self.publisher.publish(step, Payload(files={}), guard, agreed, metric=metric, rollout=rollout)
+            )
+        state = roster.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
+        meta = {
+            "run": self.run,
+            "cells": len(alive),
+            "layout": {"tp": cfg.layout.tp, "pp": cfg.layout.pp},
+            "ranks": state["ranks"],
+            "seed": cfg.rng.seed,
+            "model": cfg.model.preset,
+            "config": cfg.model_dump(mode="json"),
+        }
+        payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, state["rank_totals"])
+        return self._note(self.publisher.publish(step, payload, guard, agreed, metric=metric, rollout=rollout))
+
+    def _note(self, out: Outcome) -> Outcome:
+        self.summary.append(
+            {"step": out.step, "published": out.published, "path": str(out.path or ""), "reason": out.reason}
+        )
+        return out

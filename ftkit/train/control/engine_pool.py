@@ -1,0 +1,206 @@
+"""The inference engines of a run, restarted when they die.
+
+``EnginePool(cfg, run_dir, device)`` starts ``cfg.engine.count`` ``InferenceEngine``
+actors. ``load(state, version)`` puts the weights in Ray's object store once and has every
+engine load them (each emits ``engine_weights``); ``generate(prompts, rollout)`` gives each
+engine its contiguous range of whole chunks (``engines.split``) and concatenates the answers.
+
+An engine that dies (or errs) in either call is replaced: a new actor (its event file is the
+next incarnation of ``engine-r<e>``, whose first event is ``engine_restart`` with the cause
+and the failed call), re-sent the current weights (a new ``engine_weights`` of
+the same version, fingerprinted like the first) and, in ``generate``, asked again for exactly
+the samples it owed. A sample's response depends only on (weights, prompt, seed, rollout,
+sample index), so the rollout's data does not depend on the fault. Each engine is restarted
+at most ``MAX_RESTARTS`` times per call; beyond that the run fails (``RunFailed``).
+
+An engine that does not answer is as failed as one that died: every call waits at most
+``--step-timeout`` seconds (a ``hang``, a ``SIGSTOP``ped process), plus ``--heal-timeout`` for
+an actor that has not answered anything yet (its process start and imports), then the engine
+is killed and replaced like a dead one.
+
+With a ``Placer`` (``ftkit.train.control.placement``), each engine asks for the node the plan gave it
+(soft node affinity), a replacement for a live node with the fewest engines (a lost node's
+engines move), and every engine's node is logged (``placement``) once it answers. With an
+event writer, each replacement is logged first (``engine_failed``: the analyzer then excuses
+the dead engine's log for ending without ``log_closed``).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ftkit.train.control.run_end import RunFailed
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.events.writer import EventWriter
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.control.placement import Placer
+
+#: Restarts of one engine within one load / generate before the run gives up.
+MAX_RESTARTS = 3
+
+
+class EnginePool:
+    """The engine actors of a run (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str,
+        device: str,
+        placer: Placer | None = None,
+        targets: dict[int, str | None] | None = None,
+        events: EventWriter | None = None,
+    ) -> None:
+        import ray
+
+        from ftkit.train.control.cells import actor_resources
+        from ftkit.train.rl.engines import InferenceEngine
+
+        self.cfg, self.run_dir, self.placer, self.events = cfg, run_dir, placer, events
+        res = actor_resources(device)
+        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
+        self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engine.count)]
+        self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
+        self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
+        self.restarts = 0
+        self.engine_restarts: dict[int, int] = {}  # engine -> its restarts (placement incarnation)
+        self.unplaced: set[int] = set(range(cfg.engine.count))  # engines whose node is not logged yet
+        self.fresh: set[int] = set(range(cfg.engine.count))  # engines that have not answered a call yet
+
+    def _spawn(self, e: int, target: str | None, restarted: tuple[str, str] | None = None) -> Any:
+        """A new actor for engine ``e``, asking for node ``target`` (soft) when given;
+        ``restarted``: ``(cause, during)`` when it replaces a failed one (``engine_restart``)."""
+        if target is None:
+            return self.cls.remote(self.cfg, self.run_dir, e, restarted)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        strategy = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
+        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg, self.run_dir, e, restarted)
+
+    def ready(self) -> None:
+        """Wait until every engine is constructed (and log where they run)."""
+        import ray
+
+        ray.get([a.ready.remote() for a in self.actors])
+        for e in range(len(self.actors)):
+            self._placed(e)
+
+    def _get(self, e: int, ref: Any) -> Any:
+        """``ray.get(ref)`` of a call on engine ``e``, within its deadline (the module
+        docstring); a missed deadline raises ``GetTimeoutError`` (a ``RayError``), which the
+        callers handle like a dead engine."""
+        import ray
+
+        wait = self.cfg.recovery.step_timeout + (self.cfg.recovery.heal_timeout if e in self.fresh else 0.0)
+        try:
+            out = ray.get(ref, timeout=wait)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ray.exceptions.GetTimeoutError(
+                f"engine {e} did not answer within {wait:g}s (--step-timeout"
+                f"{' + --heal-timeout: its first call' if e in self.fresh else ''})"
+            ) from exc
+        self.fresh.discard(e)
+        return out
+
+    def _placed(self, e: int) -> None:
+        """Log engine ``e``'s node once per actor (after it answered a call)."""
+        import ray
+
+        if self.placer is not None and e in self.unplaced:
+            try:
+                node = ray.get(self.actors[e].node.remote(), timeout=60)
+            except ray.exceptions.RayError:  # died since it answered: its replacement is logged
+                return
+            self.unplaced.discard(e)
+            self.placer.placed_engine(e, self.engine_restarts.get(e, 0), node)
+
+    def load(self, state: dict[str, Tensor], version: int) -> list[str]:
+        """Every engine loads ``state`` as ``version``; their fingerprint totals, in engine order."""
+        import ray
+
+        self.weights = (ray.put(state), version)
+        return [self._call(e, "load") for e in range(len(self.actors))]
+
+    def generate(self, prompts: Tensor, rollout: int, greedy: bool = False) -> Any:
+        """int64 ``[n, response_len]`` responses for ``prompts`` (see the module docstring);
+        ``greedy``: the engines' greedy decoding (``InferenceEngine.generate``)."""
+        import ray
+        import torch
+
+        from ftkit.train.rl.engines import split
+
+        ranges = [(e, a, b) for e, (a, b) in enumerate(split(prompts.shape[0], len(self.actors))) if b > a]
+        refs = {e: self.actors[e].generate.remote(prompts[a:b], rollout, a, greedy) for e, a, b in ranges}
+        parts = []
+        for e, a, b in ranges:
+            try:
+                parts.append(self._get(e, refs[e]))
+            except ray.exceptions.RayError as exc:
+                self._restart(e, exc, "generate")
+                parts.append(self._call(e, "generate", prompts[a:b], rollout, a, greedy, reload=True))
+        return torch.cat(parts, dim=0)
+
+    def _call(self, e: int, what: str, *args: object, reload: bool = False) -> Any:
+        """``load`` (the current weights) or ``generate(*args)`` on engine ``e`` (after
+        reloading the current weights when ``reload``); on failure the engine is replaced,
+        reloads the current weights and the call is repeated."""
+        import ray
+
+        reload = reload or what == "load"
+        for _ in range(MAX_RESTARTS + 1):
+            try:
+                total = None
+                if reload and self.weights is not None:
+                    ref, version = self.weights
+                    attempt = self.sends.get((e, version), 0)
+                    self.sends[(e, version)] = attempt + 1
+                    total = self._get(e, self.actors[e].load_weights.remote(ref, version, version, attempt))
+                reload = False
+                out = total if what == "load" else self._get(e, self.actors[e].generate.remote(*args))
+                self._placed(e)
+                return out
+            except ray.exceptions.RayError as exc:
+                self._restart(e, exc, what)
+                reload = True
+        raise RunFailed(
+            f"engine {e} failed {MAX_RESTARTS + 1} times in a row during {what}",
+            hint="the engine's event files and `ray logs` say why it dies",
+        )
+
+    def _restart(self, e: int, exc: BaseException, during: str) -> None:
+        """Replace engine ``e`` by a new actor (the caller reloads the weights); the new engine
+        logs ``engine_restart`` with the cause and the call (``during``) that failed."""
+        import contextlib
+
+        import ray
+
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write(f"engine {e} failed ({type(exc).__name__}: {first[:200]}); restarting it\n")
+        if self.events is not None:
+            reason = f"{type(exc).__name__}: {first[:300]}"
+            self.events.emit("engine_failed", engine=e, incarnation=self.engine_restarts.get(e, 0), reason=reason)
+        with contextlib.suppress(Exception):  # already gone is fine
+            ray.kill(self.actors[e], no_restart=True)
+        self.restarts += 1
+        self.engine_restarts[e] = self.engine_restarts.get(e, 0) + 1
+        self.unplaced.add(e)
+        self.fresh.add(e)
+        target = self.placer.engine_target(e) if self.placer is not None else None
+        self.actors[e] = self._spawn(e, target, (f"{type(exc).__name__}: {first[:200]}", during))
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Flush the engines' logs (at most ``timeout_s``), then kill them."""
+        import contextlib
+
+        import ray
+
+        with contextlib.suppress(Exception):  # an engine already gone is fine
+            ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout_s)
+        for a in self.actors:
+            with contextlib.suppress(Exception):  # already gone is fine
+                ray.kill(a, no_restart=True)
+        self.actors = []

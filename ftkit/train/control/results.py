@@ -1,0 +1,55 @@
+"""What ``run_training`` reports: ``StepReport`` after every committed step (live progress),
+``RunResult`` at the end (with ``analyze``: the analyzer's result over the run's own log)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class StepReport:
+    """What the driver knows after one committed optimizer step (for live progress)."""
+
+    rollout: int
+    rollouts: int
+    step: int
+    steps: int
+    attempts: int  # attempts the step took to commit (1 without faults)
+    loss: float
+    grad_norm: float
+    reward: float
+    tokens_per_s: float
+    seconds: float
+    cells_alive: int
+    cells: int
+
+    @property
+    def committed(self) -> bool:
+        """Always true: a step that cannot commit ends the run (``RunFailed``) instead."""
+        return True
+
+
+@dataclass
+class RunResult:
+    """The outcome of ``run_training``."""
+
+    run_dir: Path
+    run: str
+    steps_committed: int
+    steps_total: int
+    seconds: float
+    final_files: list[str]
+    rewards: list[float] = field(default_factory=list)  # mean reward per rollout (of this session)
+    engine_totals: list[list[str]] = field(default_factory=list)  # per version from first_rollout, per engine
+    analysis: Any = None  # ftkit.analysis.engine result
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # one per publication boundary
+    first_rollout: int = 0  # the first rollout this session trained (> 0: resumed from a checkpoint)
+
+
+def analyze(run_dir: Path) -> Any:
+    """The analyzer's result over the run's own event log."""
+    from ftkit.analysis.engine import analyze_paths
+
+    return analyze_paths([run_dir / "events"])

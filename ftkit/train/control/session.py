@@ -1,0 +1,140 @@
+"""``CellSession``: the run's cells, as the driver starts, joins and stops them.
+
+One ``CellSession`` per run holds the placer, the ``CellRoster`` (the cells of the current
+session, ``ftkit.train.control.roster``), and the session's ``StepCoordinator`` and ``Healer``.
+``spawn(targets, epoch, incarnation)`` makes a new cell book (from ``epoch``), the cells'
+actors (``incarnation``, on ``targets``), the coordinator and the healer (none with
+``--no-heal``), each given what it uses at construction; ``join(cells)`` runs ``init_cell`` on
+every cell and forms the session's first membership; ``stop(reason, flush_s)`` flushes the live
+cells' logs and kills every cell. A recovery after every cell was lost (``Driver._recover``)
+spawns and joins again: the roster starts a new session of cells, coordinator and healer are
+new (their attempt counts start over, as in a new process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from ftkit.train.config import STARTUP_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from ftkit.events.writer import EventWriter
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.control.cells import Cell
+    from ftkit.train.control.coordinator import StepCoordinator
+    from ftkit.train.control.healing import Healer
+    from ftkit.train.control.placement import Placer
+    from ftkit.train.control.roster import CellRoster
+
+
+class CellSession:
+    """The cells of a run (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: str,
+        device: str,
+        store: tuple[str, int],
+        placer: Placer,
+        events: EventWriter,
+        emit_cell_event: Callable[..., bool],
+    ) -> None:
+        self.cfg, self.run_dir, self.device, self.store, self.placer = cfg, run_dir, device, store, placer
+        self.events, self.emit_cell_event = events, emit_cell_event
+        self._roster: CellRoster | None = None
+        self._coord: StepCoordinator | None = None
+        self.healer: Healer | None = None
+
+    @property
+    def roster(self) -> CellRoster:
+        assert self._roster is not None, "no cells spawned yet"
+        return self._roster
+
+    @property
+    def coord(self) -> StepCoordinator:
+        assert self._coord is not None, "no cells spawned yet"
+        return self._coord
+
+    def spawn(self, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Cell]:
+        """A new cell book, the cells' actors, the coordinator and the healer; returns the
+        cells (not started yet)."""
+        from ftkit.train.control.cell_state import CellBook, CellState
+        from ftkit.train.control.cells import start_cells
+        from ftkit.train.control.coordinator import StepCoordinator
+        from ftkit.train.control.healing import Healer
+        from ftkit.train.control.roster import CellRoster
+        from ftkit.train.control.waiting import RefWaiter
+
+        cfg, r = self.cfg, self.cfg.recovery
+        indices = list(range(cfg.cluster.cells))
+        book = CellBook(cfg.cluster.cells, self.emit_cell_event)
+        book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
+        for c in indices:
+            book.transition(c, CellState.starting, "run start")
+        cells = start_cells(cfg, self.run_dir, indices, cfg.layout.ranks, self.device, incarnation, targets)
+        for cell in cells:
+            self.placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
+        by_index = {cell.index: cell for cell in cells}
+        if self._roster is None:
+            self._roster = CellRoster(
+                book,
+                by_index,
+                RefWaiter(r.collective_timeout),
+                lambda: self.events.sync(wait=False),
+                step_timeout=r.step_timeout,
+                min_cells=r.min_cells,
+                restarts=r.heal,
+                nodes=self.placer,
+            )
+        else:
+            self._roster.reset(book, by_index)
+        spawn = partial(_spawn, cfg, self.run_dir, self.device)
+        self.healer = Healer(cfg, self._roster, spawn, self.store, self.placer) if r.heal else None
+        self._coord = StepCoordinator(cfg, self._roster, self.healer)
+        return cells
+
+    def join(self, cells: list[Cell]) -> None:
+        """``init_cell`` on every cell, then the first membership of the session."""
+        from ftkit.train.control.cell_state import CellState
+
+        roster = self.roster
+        answers = roster.wait({cell.index: cell.init(*self.store) for cell in cells}, STARTUP_TIMEOUT_S)
+        for cell in cells:
+            if cell.index in answers.values:
+                roster.book.transition(cell.index, CellState.alive, "started")
+        for c, cause in answers.failed.items():
+            roster.fail(c, f"at start: {cause}")
+        self.coord.reconfigure("run start")
+
+    def stop(self, reason: str, flush_s: float, release: bool = True) -> None:
+        """Flush the live cells' event logs (at most ``flush_s``), kill every cell (releasing its
+        placement group unless ``release`` is false), and move each cell that is not stopped to
+        ``stopped`` with ``reason``."""
+        import ray
+
+        from ftkit.train.control.cell_state import CellState
+
+        if self._roster is None:  # nothing was spawned
+            return
+        roster = self._roster
+        if self.healer is not None:
+            self.healer.give_up(reason)
+        live = [cell for c, cell in roster.cells.items() if roster.book.state[c] == CellState.alive]
+        with contextlib.suppress(Exception):  # an actor or group already gone is fine
+            ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
+        for cell in roster.cells.values():
+            cell.kill(release_group=release)
+        left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)
+        for c in roster.book.in_state(*left):
+            roster.book.transition(c, CellState.stopped, reason)
+
+
+def _spawn(cfg: TrainConfig, run_dir: str, device: str, cell: int, incarnation: int, target: str | None) -> Cell:
+    """A restarted cell's new incarnation (``Healer``'s ``spawn``: ``ftkit.train.control.cells.spawn_cell``)."""
+    from ftkit.train.control.cells import spawn_cell
+
+    return spawn_cell(cfg, run_dir, cell, cfg.layout.ranks, device, incarnation, target)

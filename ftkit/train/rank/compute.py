@@ -1,0 +1,255 @@
+"""Phase 1 of an optimizer step on one rank: ``StepCompute.run(task, batch, guard)``.
+
+The rank's micro-shards of the step (``task.shards``) are computed one by one, each with its
+seed from (seed, rollout, step, micro-shard) and its gradient accumulated straight into its own
+zeroed row (one shared row without bookkeeping), the ``before_forward`` / ``mid_backward`` /
+``before_reduce`` / ``during_reduce`` / ``after_reduce`` fault points armed on the way; then the
+rows are reduced across cells (the exact int64 reduction, or the plain float one) with the
+per-micro-shard losses riding along. Nothing is stepped: the result is a ``Reduced`` for the
+driver and a ``Pending`` the worker holds until ``commit`` or ``discard``. A survivor of a
+discarded attempt reuses the micro-shard rows it computed then (``ShardCache``: ``forget``
+drops them, ``discarded(step)`` keeps them for the retry). Collaborators are given at
+construction: the rank's ``RankContext``, its reducer and gradient layout, dumps and pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ftkit.train.rank.shard_cache import ShardCache
+from ftkit.train.rank.step_types import Reduced, StepTask
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.checkpoint.guard import NonFiniteGuard
+    from ftkit.train.rank.context import RankContext
+    from ftkit.train.rank.dumps import RankDumps
+    from ftkit.train.rank.pipeline import StagePipeline
+    from ftkit.train.rank.reducer import ExactReducer, GradLayout
+
+
+@dataclass
+class Pending:
+    """A reduced step waiting for the driver's decision."""
+
+    task: StepTask
+    reduced: Any  # the flat reduced gradient, None when non-finite
+    witness_ids: list[int]
+    loss: float
+    tokens: int
+
+
+class StepCompute:
+    """Phase 1 of the steps of one rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        ctx: RankContext,
+        reducer: ExactReducer,
+        layout: GradLayout,
+        dumps: RankDumps,
+        pipe: StagePipeline | None,
+    ) -> None:
+        self.ctx, self.cfg, self.reducer, self.layout, self.dumps, self.pipe = (
+            ctx, ctx.cfg, reducer, layout, dumps, pipe
+        )  # fmt: skip
+        self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
+        self._rows_buf: Any = None
+
+    def forget(self) -> None:
+        """Drop the micro-shard rows kept for a retry (the step committed, or another began)."""
+        self._shards.clear()
+
+    def discarded(self, step: int) -> None:
+        """``step``'s attempt was discarded: its kept rows wait for the retry."""
+        if self._shards.discarded(step):
+            self._rows_buf = None  # the kept rows are the cache's now
+
+    def run(self, task: StepTask, batch: dict[str, Tensor], guard: NonFiniteGuard) -> tuple[Reduced, Pending]:
+        """Phase 1 of ``task`` (the epoch already checked): see the module docstring."""
+        import torch
+
+        from ftkit.train.rank.loss import step_tokens
+        from ftkit.train.rank.reducer import reduce_float
+        from ftkit.train.rl.microshards import shard_seed, shard_slices
+
+        cfg, faults, ctx = self.cfg, self.ctx.faults, self.ctx
+        at = {"step": task.step, "attempt": task.attempt, "rollout": task.rollout}
+        data = self._step_batch(task.rollout, task.step, batch)
+        mine = sorted(int(m) for m in task.shards)
+        if not mine or mine[0] < 0 or mine[-1] >= cfg.batch.micro_shards or len(set(mine)) != len(mine):
+            raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.batch.micro_shards})")
+        norm = step_tokens(data["loss_mask"])
+        if self.ctx.witness is not None:
+            data["witness_rows"] = self.ctx.witness.rows(data["witness_ids"])
+        slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
+        keep = cfg.reduction.bookkeeping
+        # exact per-micro-shard rows, not recorded: a retry may reuse them (shard_cache)
+        reusable = keep and cfg.reduction.reduce == "exact" and not task.dump
+        reuse = self._shards.take(task.step) if reusable else {}
+        self._shards.clear()
+        # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
+        # bookkeeping (kept apart for the exact reduction), one shared row without.
+        rows = self._rows(len(mine) if keep else 1)
+        losses = torch.zeros(cfg.batch.micro_shards, dtype=torch.float64)
+        poison = faults.at("before_forward", **at)
+        first = True
+        for i, m in enumerate(mine):
+            if m in reuse:  # computed by this rank in a discarded attempt of this step
+                rows[i].copy_(reuse[m][0])
+                losses[m] = reuse[m][1]
+                continue
+            self._bind_grads(rows[i if keep else 0])
+            self._seed(shard_seed(cfg.rng.seed, task.rollout, task.step, m))
+            part = {k: v[slices[m]] for k, v in data.items()}
+            mid, first = (self._mid_backward(at) if first else None), False
+            with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
+                losses[m] = float(self._forward_backward(part, norm))
+            if mid is not None:
+                mid[1].remove()
+                poison = poison or next((kind for kind in mid[0] if kind), None)
+            self._check_bound(rows[i if keep else 0])
+        poison = poison or faults.at("before_reduce", **at)
+        if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
+            rows[0, 0] = math.nan
+        elif reusable and self.reducer.keeps_rows(rows):
+            self._shards.computed(task.step, mine, rows, losses)
+        if self.pipe is not None:  # only the last stage computed the losses
+            self.pipe.share_losses(losses)
+        allreduce = self._faulty_allreduce(at)
+        # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
+        # exact; the exact reduction carries it in its own integer collective.
+        if keep and cfg.reduction.reduce == "exact":
+            reduced = self.reducer.reduce(rows, allreduce, side=losses)
+            if reduced is None:
+                allreduce(losses, "sum")
+        else:
+            reduced = reduce_float(rows, allreduce)
+            allreduce(losses, "sum")
+        faults.at("after_reduce", **at)
+        tokens = int(data["loss_mask"].sum())
+        guard.observe(task.step, "reduced gradient", reduced is not None)
+        guard.observe_value(task.step, "loss", float(losses.sum()))
+        if reduced is None:
+            self.ctx.events.emit(
+                "grad_nonfinite",
+                rollout=task.rollout,
+                step=task.step,
+                cell=ctx.cell,
+                rank=ctx.rank,
+                where="reduced gradient",
+            )
+        ids = data["witness_ids"].tolist()
+        pending = Pending(task, reduced, ids, float(losses.sum()), tokens)
+        return Reduced(
+            ctx.cell, ctx.rank, task.step, task.attempt, reduced is not None, float(losses.sum()), tokens
+        ), pending
+
+    def _step_batch(self, rollout: int, step: int, batch: dict[str, Tensor]) -> dict[str, Any]:
+        """This step's rows of ``batch`` (CPU tensors), see the module docstring."""
+        cfg = self.cfg
+        k, n = step % cfg.batch.steps_per_rollout, cfg.batch.step_samples
+        if step // cfg.batch.steps_per_rollout != rollout:
+            raise ValueError(
+                f"step {step} is not a step of rollout {rollout} ({cfg.batch.steps_per_rollout} steps per rollout)"
+            )
+        rows = batch["tokens"].shape[0]
+        if rows == cfg.batch.samples_per_rollout:
+            return {
+                key: batch[key][k * n : (k + 1) * n] for key in ("tokens", "loss_mask", "advantages", "witness_ids")
+            }
+        if rows == n:
+            return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
+        raise ValueError(
+            f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
+        )
+
+    def _forward_backward(self, part: dict[str, Tensor], norm: float) -> float:
+        """Forward and backward of one micro-shard; returns its (normalised) loss."""
+        import torch
+
+        from ftkit.train.rank.loss import pg_loss, targets
+
+        tokens = part["tokens"].to(self.ctx.device)
+        pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
+        labels = targets(tokens)
+        emb = None
+        if self.ctx.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
+            emb = self.ctx.model.embedding(input_ids=tokens, position_ids=pos)
+            emb = self.ctx.witness.apply(emb, part["witness_rows"])
+        if self.pipe is not None:
+            return self.pipe.forward_backward(
+                tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+            )
+        nll = self.ctx.model(tokens, pos, None, decoder_input=emb, labels=labels)
+        loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+        loss.backward()
+        return float(loss.detach())
+
+    def _seed(self, seed: int) -> None:
+        """Reseed this device's generator (``torch.manual_seed`` would also queue lazy seeds
+        for every accelerator type, with a formatted stack each: ~0.5 ms per micro-shard)."""
+        import torch
+
+        torch.default_generator.manual_seed(seed)
+        if self.ctx.device == "cuda":
+            torch.cuda.manual_seed(seed)
+
+    def _rows(self, k: int) -> Any:
+        """A zeroed ``[k, numel]`` float32 gradient buffer, kept between steps (a fresh one
+        per step would page-fault hundreds of MB in for a larger model)."""
+        import torch
+
+        buf = self._rows_buf
+        if buf is None or buf.shape[0] != k:
+            buf = self._rows_buf = torch.zeros(k, self.layout.numel, dtype=torch.float32, device=self.ctx.device)
+            return buf
+        return buf.zero_()
+
+    def _bind_grads(self, row: Tensor) -> None:
+        """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row``:
+        autograd then accumulates the backward in place, straight into the row."""
+        grads = self.layout.unflatten(row)
+        for name, p in self.ctx.params:
+            p.grad = grads[name]
+        if self.ctx.witness is not None:
+            self.ctx.witness.param.grad = grads["witness"]
+
+    def _check_bound(self, row: Tensor) -> None:
+        """Every gradient must still live in ``row`` (autograd accumulated in place)."""
+        lo, hi = row.data_ptr(), row.data_ptr() + row.numel() * row.element_size()
+        witness = self.ctx.witness_param
+        grads = [p.grad for _, p in self.ctx.params] + ([witness.grad] if witness is not None else [])
+        if any(g is None or not lo <= g.data_ptr() < hi for g in grads):
+            raise RuntimeError("a gradient left its micro-shard buffer (autograd replaced .grad)")
+
+    def _mid_backward(self, at: dict[str, int]) -> tuple[list[str | None], Any] | None:
+        """The ``mid_backward`` fault point as a gradient hook on the first parameter (its
+        gradient comes last in the backward pass, so the rest is already computed): the
+        kinds it returned and the hook handle. ``None`` when no fault is armed (no hook)."""
+        from ftkit.train.faults.points import NoFaults
+
+        if isinstance(self.ctx.faults, NoFaults):
+            return None
+        kinds: list[str | None] = []
+
+        def hook(grad: Tensor) -> None:
+            kinds.append(self.ctx.faults.at("mid_backward", **at))
+
+        return kinds, self.ctx.params[0][1].register_hook(hook)
+
+    def _faulty_allreduce(self, at: dict[str, int]) -> Any:
+        """The link's all-reduce, with the ``during_reduce`` point before its second call
+        (between the exact reduction's exponent and integer collectives)."""
+        calls = [0]
+
+        def allreduce(tensor: Tensor, op: str) -> None:
+            calls[0] += 1
+            if calls[0] == 2:
+                self.ctx.faults.at("during_reduce", **at)
+            self.ctx.link.allreduce(tensor, op)
+
+        return allreduce

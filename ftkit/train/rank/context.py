@@ -1,0 +1,114 @@
+"""``RankContext``: what one rank's collaborators share, built once when the rank joins its cell.
+
+``open_context(cfg, run_dir, cell, rank, incarnation, store_host, store_port)`` joins the
+cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the driver's TCPStore),
+initialises megatron's parallel state and builds the model, the optimizer, the witness, the
+event writer, the fault injector and the cross-cell link. The step phases, the dumps
+(``RankDumps(ctx)``), the heal (``heal.receive(ctx, ...)``) and the checkpoints are handed the
+context and read exactly these; none of them reaches into ``RankWorker``, the actor's thin
+remote face. Mutable step bookkeeping (counters, the pending reduction, the guard) stays with
+the worker, which passes it where it is needed.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.optim import Optimizer
+
+    from ftkit.events.writer import EventWriter
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.faults.points import Injector
+    from ftkit.train.rank.crosscell import CrossCellLink
+    from ftkit.train.rank.witness import WitnessTable
+
+
+@dataclass
+class RankContext:
+    """One rank of one cell, set up (see the module docstring)."""
+
+    cfg: TrainConfig
+    run_dir: str
+    cell: int
+    rank: int  # in the cell's world of tp * pp
+    incarnation: int
+    device: str
+    tp_rank: int
+    pp_rank: int
+    model: Any  # megatron's GPTModel (this rank's stage and TP shard)
+    params: list[tuple[str, Tensor]]
+    optimizer: Optimizer
+    witness: WitnessTable | None  # first pipeline stage with bookkeeping only
+    events: EventWriter
+    faults: Injector
+    link: CrossCellLink
+
+    @property
+    def witness_param(self) -> Tensor | None:
+        return None if self.witness is None else self.witness.param
+
+
+def open_context(
+    cfg: TrainConfig, run_dir: str, cell: int, rank: int, incarnation: int, store_host: str, store_port: int
+) -> RankContext:
+    """Join the cell's world and build what the rank computes with (see the module docstring)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from ftkit.events.writer import EventWriter
+    from ftkit.model.gpt import build_gpt, configure_determinism
+    from ftkit.train.config import STARTUP_TIMEOUT_S
+    from ftkit.train.control.rundir import run_name
+    from ftkit.train.faults.points import injector_for
+    from ftkit.train.rank.crosscell import CrossCellLink
+    from ftkit.train.rank.witness import WitnessTable
+
+    device = cfg.resolved_device()
+    configure_determinism(cfg.compute.threads_per_rank)
+    if device == "cuda":
+        torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
+    startup = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
+    store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=startup)
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo",
+        store=dist.PrefixStore(f"cell{cell}/inc{incarnation}", store),
+        rank=rank,
+        world_size=cfg.layout.ranks,
+        timeout=startup,
+    )
+    ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
+    model = build_gpt(cfg.gpt_spec(), device)
+    params = list(model.named_parameters())
+    optimizer = torch.optim.AdamW([p for _, p in params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
+    has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
+    witness = WitnessTable(cfg.batch.samples_per_rollout, device) if has_witness else None
+    events = EventWriter(
+        Path(run_dir) / "events", run=run_name(run_dir), role="trainer", cell=cell, rank=rank, incarnation=incarnation
+    )
+    faults = injector_for(cfg, events, "trainer", cell=cell, rank=rank)
+    collective = datetime.timedelta(seconds=cfg.recovery.collective_timeout)
+    link_store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=collective)
+    link = CrossCellLink(link_store, rank, cell, device, cfg.recovery.collective_timeout)
+    return RankContext(
+        cfg,
+        run_dir,
+        cell,
+        rank,
+        incarnation,
+        device,
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        model,
+        params,
+        optimizer,
+        witness,
+        events,
+        faults,
+        link,
+    )

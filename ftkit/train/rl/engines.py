@@ -1,0 +1,193 @@
+"""Inference engines: processes holding the current policy weights that generate responses.
+
+``InferenceEngine`` is a plain class; the driver wraps it with ``ray.remote`` (one actor per
+engine). Each holds a TP=1 megatron-core ``GPTModel`` (``build_gpt`` after
+``init_local_parallel``), so it has its own world of one and never joins a training group.
+
+Contract:
+
+* ``load_weights(state, version, rollout, attempt=0)`` copies every parameter of the model from ``state`` (the
+  names of the TP=1 model's ``named_parameters``, exactly: a missing or extra name raises),
+  then fingerprints what the model *holds* afterwards and emits ``engine_weights``; it returns
+  the fingerprint total, which must equal the driver's ``weights_sent`` fingerprint. The
+  ``during_weight_sync`` fault point is between the copy and the fingerprint
+  (``corrupt-engine`` flips one bit of the loaded weights: FT102 reports it).
+* ``generate(prompts, rollout, first_index)`` samples ``response_len`` tokens per prompt.
+  Sample ``i`` (its global index in the rollout, ``first_index + row``) draws from the stream
+  ``("sample", seed, rollout, i)`` and the model runs on fixed chunks of ``GEN_CHUNK``
+  sequences of fixed length, so a response depends only on (weights, prompt, seed, rollout,
+  sample index): never on which engine produced it or how many engines there are.
+  ``split(n, engines)`` gives each engine a contiguous range of whole chunks.
+
+Sampling is temperature 1 over the task's response tokens only (the other logits are
+ignored): inverse-CDF in float64 with one uniform per token from the sample's stream.
+``generate(..., greedy=True)`` takes the most likely of those tokens instead and draws no
+random number (the evaluation of ``--best-metric eval_reward``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from ftkit.train.rl.seeds import torch_generator
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.train.config import TrainConfig
+
+#: Sequences per forward pass of an engine; a fixed shape keeps results batch independent.
+GEN_CHUNK = 16
+
+
+def split(n: int, engines: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, stop)`` sample ranges per engine, made of whole ``GEN_CHUNK``
+    chunks (the last chunk of the rollout may be short); an engine may get an empty range."""
+    chunks = -(-n // GEN_CHUNK)
+    base, extra = divmod(chunks, engines)
+    out, start = [], 0
+    for e in range(engines):
+        stop = min(n, start + (base + (1 if e < extra else 0)) * GEN_CHUNK)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+class InferenceEngine:
+    """One inference engine (see the module docstring for the contract)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str, engine: int, restarted: tuple[str, str] | None = None) -> None:
+        """``restarted``: ``(cause, during)`` when this engine replaces one that failed; it is
+        logged as ``engine_restart``, the first event of this engine's log."""
+        from ftkit.events.writer import EventWriter
+        from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+        from ftkit.train.control.rundir import run_name
+        from ftkit.train.rl.task import AdditionTask
+
+        self.cfg = cfg  # validated once, by the driver
+        self.engine = engine
+        self.device = self.cfg.resolved_device()
+        configure_determinism(self.cfg.compute.threads_per_rank)
+        init_local_parallel(self.device)
+        self.model = build_gpt(self.cfg.gpt_spec(), self.device).eval()
+        self.task = AdditionTask(self.cfg.task.response_len)
+        self.version: int | None = None
+        self.events = EventWriter(
+            os.path.join(run_dir, "events"),
+            run=run_name(run_dir),
+            role="engine",
+            cell=None,
+            rank=engine,
+        )  # file engine-r<engine>-i<n>.jsonl
+        if restarted is not None:
+            self.events.emit("engine_restart", engine=engine, cause=restarted[0], during=restarted[1])
+            self.events.sync()
+        from ftkit.train.faults.points import injector_for
+
+        self.faults = injector_for(self.cfg, self.events, "engine", engine=engine)
+
+    def ready(self) -> int:
+        """Returns the engine index once constructed (lets the driver wait for startup)."""
+        return self.engine
+
+    def node(self) -> str:
+        """The Ray node id (hex) this engine runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def load_weights(self, state: dict[str, Tensor], version: int, rollout: int, attempt: int = 0) -> str:
+        """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
+        emit ``engine_weights`` and return the fingerprint total of what the model holds.
+        ``attempt``: how many times this version was sent to this engine index before (a
+        restarted engine is re-sent it), the ``during_weight_sync`` fault point's attempt."""
+        import torch
+
+        from ftkit.tensors.fingerprint import fingerprint_tensors
+
+        params = dict(self.model.named_parameters())
+        missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
+        if missing or extra:
+            raise ValueError(
+                f"engine {self.engine}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                src = state[name]
+                if src.shape != p.shape or src.dtype != p.dtype:
+                    raise ValueError(
+                        f"engine {self.engine}: {name} is {src.dtype}{tuple(src.shape)}, "
+                        f"the model holds {p.dtype}{tuple(p.shape)}"
+                    )
+                p.copy_(src)
+            sync_step = version * self.cfg.batch.steps_per_rollout
+            if (
+                self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
+                == "corrupt-engine"
+            ):
+                from ftkit.train.faults.injector import flip_bit
+
+                flip_bit(next(iter(params.values())))
+        total, per_tensor = fingerprint_tensors({n: p.detach() for n, p in params.items()})
+        self.version = version
+        self.events.emit(
+            "engine_weights", rollout=rollout, version=version, engine=self.engine, total=total, params=per_tensor
+        )
+        self.events.sync()
+        return total
+
+    def generate(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool = False) -> Any:
+        """int64 ``[n, response_len]``: one sampled response per row of ``prompts [n, P]``.
+
+        ``greedy``: the most likely allowed token at each position instead (evaluation,
+        ``--best-metric eval_reward``): no random stream is drawn, so it changes nothing a
+        training rollout samples; ``rollout`` and ``first_index`` are then unused. A position
+        whose logits are not all finite gets the token ``-1`` (no valid answer).
+        """
+        import torch
+
+        n = prompts.shape[0]
+        out = torch.empty((n, self.task.response_len), dtype=torch.int64)
+        for start in range(0, n, GEN_CHUNK):
+            rows = prompts[start : start + GEN_CHUNK]
+            out[start : start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start, greedy)
+        return out
+
+    def _generate_chunk(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool) -> Any:
+        import torch
+
+        k, p = prompts.shape
+        r, s = self.task.response_len, self.task.seq_len
+        tokens = torch.zeros((GEN_CHUNK, s), dtype=torch.int64)  # short chunks padded to GEN_CHUNK rows
+        tokens[:k, :p] = prompts
+        uniforms = None
+        if not greedy:
+            uniforms = torch.stack(
+                [
+                    torch.rand(
+                        r,
+                        generator=torch_generator("sample", self.cfg.rng.seed, rollout, first_index + i),
+                        dtype=torch.float64,
+                    )
+                    for i in range(k)
+                ]
+            )
+        allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
+        positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(GEN_CHUNK, s)
+        with torch.no_grad():
+            for j in range(r):
+                logits = self.model(tokens.to(self.device), positions.to(self.device), None)
+                step = logits[:k, p - 1 + j].to("cpu", torch.float64)[:, allowed]
+                if uniforms is None:  # greedy; ties go to the first allowed token
+                    picked = allowed[step.argmax(dim=-1)]
+                    tokens[:k, p + j] = torch.where(step.isfinite().all(dim=-1), picked, -1)
+                    continue
+                cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
+                pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
+                tokens[:k, p + j] = allowed[pick.squeeze(1)]
+        return tokens[:k, p:]
+
+    def shutdown(self) -> None:
+        """Flush and close the engine's event log."""
+        self.events.close()
