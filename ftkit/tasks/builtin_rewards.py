@@ -109,7 +109,10 @@ def deterministic_random(*, prompt_ids: Sequence[int], response_ids: Sequence[in
     """0.0 or 1.0 from a stable hash of the ids (``ftkit.train.rl.rewards.random_bit``)."""
     from ftkit.train.rl.rewards import random_bit
 
-    return float(random_bit(list(prompt_ids), list(response_ids)))
+    import torch
+
+    ids = torch.tensor(list(prompt_ids), dtype=torch.int64), torch.tensor(list(response_ids), dtype=torch.int64)
+    return float(random_bit(*ids))
 
 
 BUILTINS: dict[str, Callable[..., float]] = {

@@ -9,6 +9,7 @@ import torch
 
 from ftkit.errors import ConfigError
 from ftkit.train import rollouts
+from ftkit.train.loss import pg_loss
 from ftkit.train.rl.grpo import (
     GrpoConfig,
     aggregate,
@@ -21,7 +22,6 @@ from ftkit.train.rl.grpo import (
     token_logprobs,
     token_loss,
 )
-from ftkit.train.loss import pg_loss
 
 
 def test_token_logprobs_are_float32_log_softmax_at_the_targets():
