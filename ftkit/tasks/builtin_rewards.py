@@ -107,9 +107,9 @@ def addition_task(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_
 
 def deterministic_random(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_: Any) -> float:
     """0.0 or 1.0 from a stable hash of the ids (``ftkit.train.rl.rewards.random_bit``)."""
-    from ftkit.train.rl.rewards import random_bit
-
     import torch
+
+    from ftkit.train.rl.rewards import random_bit
 
     ids = torch.tensor(list(prompt_ids), dtype=torch.int64), torch.tensor(list(response_ids), dtype=torch.int64)
     return float(random_bit(*ids))
