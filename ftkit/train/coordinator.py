@@ -33,7 +33,7 @@ from typing import Any
 
 from ftkit.train.cell_state import CellBook, CellState
 from ftkit.train.cells import Cell
-from ftkit.train.run_end import RunFailed
+from ftkit.train.run_end import RunFailed, raise_if_interrupted
 from ftkit.train.step_types import Committed, Reduced, StepTask
 
 #: Seconds added to every deadline derived from a timeout (scheduling, event fsyncs).
@@ -196,6 +196,7 @@ class StepCoordinator:
 
         cfg, t0 = self.cfg, time.perf_counter()
         for attempt in range(cfg.max_retries + 1):
+            raise_if_interrupted()  # a signal something swallowed stops the run here at the latest
             if attempt == 0:  # failures since the last commit (outside a step: a weight export)
                 self.restart_failed()
             if self.healer is not None:

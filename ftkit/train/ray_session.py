@@ -14,7 +14,7 @@ import datetime
 import logging
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ftkit.errors import ConfigError
@@ -27,10 +27,12 @@ LOCAL_RAY_CPUS = 8
 def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> bool:
     """Make sure Ray is initialised; returns whether this call did it (and must shut it down).
 
-    ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``); ``rearm`` is called right
-    after it to put the caller's back, and a SIGTERM that lands while Ray starts is the
-    caller's ``RunInterrupted`` (exit 143), not Ray's bare exit status 15: the half-started Ray
-    is shut down first."""
+    A signal that lands while Ray starts is only recorded (``signals_deferred``: an exception
+    raised in the middle of Ray's start-up aborted the driver) and becomes the caller's
+    ``RunInterrupted`` (exit 128 + the signal) once ``ray.init`` returns, after the half-started
+    Ray and every process it spawned are stopped (``disconnect``). ``ray.init`` would install its
+    own SIGTERM handlers (``sys.exit``); they are kept out while it runs, and ``rearm`` is called
+    right after it to put the caller's back."""
     import ray
 
     if ray.is_initialized():
@@ -40,20 +42,23 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
 
         probe_ray_address(cfg.ray_address, timeout_s=5.0)
     quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
-    try:
-        if cfg.ray_address:
-            ray.init(address=cfg.ray_address, **quiet)
-        else:
-            ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
-        rearm()
-    except SystemExit as exc:
-        if exc.code != signal.SIGTERM:
-            raise
-        from ftkit.train.run_end import RunInterrupted
+    from ftkit.train.run_end import RunInterrupted, signals_deferred
 
+    _Spawned.before = {p.pid for p in descendants()}
+    try:
+        with signals_deferred(), _own_signal_handlers():
+            if cfg.ray_address:
+                ray.init(address=cfg.ray_address, **quiet)
+            else:
+                ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+        rearm()
+    except (RunInterrupted, SystemExit) as exc:
+        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
+            raise
+        signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGTERM
         with contextlib.suppress(Exception):
-            ray.shutdown()
-        raise RunInterrupted(signal.SIGTERM, started=False) from None
+            disconnect(own_ray=True)
+        raise RunInterrupted(signum, started=False) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.ray_address or "a local Ray instance"
         raise ConfigError(
@@ -90,8 +95,27 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """While Ray starts, its calls that install SIGTERM handlers (``sys.exit`` in the driver,
+    the local node's "kill every process, exit 1") do nothing: the caller's handlers stay."""
+    import ray._private.utils as ray_utils
+
+    install = getattr(ray_utils, "set_sigterm_handler", None)
+    if install is None:  # another Ray: its handlers are put back by ``rearm`` afterwards
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = install
+
+
 def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
-    """Shut Ray down if this run started (or joined) it. With its GCS gone, ``ray.shutdown``
+    """Shut Ray down if this run started (or joined) it; a local Ray that this process started
+    leaves no process behind (``stop_descendants``: its dashboard and runtime-env agents
+    outlived it by a minute or more). With its GCS gone, ``ray.shutdown``
     would wait on it until Ray's client ends the process (about a minute after the loss), at
     exit too: it is skipped and unregistered; the local Ray's raylet dies with this process."""
     import ray
@@ -105,7 +129,45 @@ def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
         hard_exit.request()  # Ray's client crashes at interpreter exit without its GCS
         return
     if own_ray:
+        spawned = [p for p in descendants() if p.pid not in _Spawned.before]
         ray.shutdown()
+        stop_descendants(spawned)
+
+
+class _Spawned:
+    """The descendants this process had before ``connect_ray`` started Ray: not Ray's, never
+    stopped by ``disconnect``."""
+
+    before: set[int] = set()
+
+
+def descendants() -> list[Any]:
+    """This process's descendants now (``psutil.Process``es): a local Ray's GCS, raylet, workers
+    and agents. Taken before Ray shuts down, when they are still children: afterwards the agents
+    are orphans that no longer say whose they were."""
+    import psutil
+
+    try:
+        return list(psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def stop_descendants(procs: list[Any], grace_s: float = 5.0) -> None:
+    """SIGTERM, then after ``grace_s`` SIGKILL, whichever of ``procs`` (from ``descendants``)
+    still run. Only processes this process started are ever signalled: psutil checks that a pid
+    still names the same process (its creation time) before it signals it."""
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, left = psutil.wait_procs(alive, timeout=grace_s)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=grace_s)
 
 
 class GcsWatch:
