@@ -150,6 +150,7 @@ class Driver:
     def _run(self, arm_signals: Callable[[], None]) -> RunResult:
         from ftkit.events.writer import EventWriter
         from ftkit.train.cells import check_resources
+        from ftkit.train.code_identity import check_same_code
         from ftkit.train.coordinator import CellsLost
         from ftkit.train.run_end import RunInterrupted, interruption, ray_failure, write_status
         from ftkit.train.rundir import check_run_dir, make_run_dir, run_name, write_run_json
@@ -169,6 +170,7 @@ class Driver:
             check_run_dir(cfg.out, cfg.overwrite)
         own_ray = connect_ray(cfg, rearm=arm_signals)  # ray.init installs its own SIGTERM handler
         try:
+            check_same_code()  # the actors import the driver's ftkit, not a checkout in the working directory
             check_resources(cfg.cells, cfg.tp * cfg.pp, cfg.engines, self.device)
             if self.resume:
                 from ftkit.train.resume_plan import plan_resume
