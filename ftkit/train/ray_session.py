@@ -22,6 +22,12 @@ from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 
 #: Logical CPUs of the local Ray instance (more than the cores: actors ask for fractions).
 LOCAL_RAY_CPUS = 8
+#: Ray's notice that a local instance it starts has token authentication on (noise on the stderr of
+#: a run whose Ray ftkit starts and stops itself).
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+#: The raylet's notices of a worker that died: the deaths ftkit detects and logs itself (``cell_state``,
+#: ``engine_failed``), printed by Ray's driver on *stdout*, which carries ftkit's data only.
+_WORKER_DIED = re.compile(r"worker died|was killed", re.IGNORECASE)
 
 
 def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> bool:
@@ -50,8 +56,10 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
             if cfg.ray_address:
                 ray.init(address=cfg.ray_address, **quiet)
             else:
-                ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+                with _quiet_logger(TOKEN_NOTICE_LOGGER):
+                    ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
         rearm()
+        _route_raylet_notices()
     except (RunInterrupted, SystemExit) as exc:
         if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
@@ -93,6 +101,40 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Warnings of logger ``name`` are not shown inside the block."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _route_raylet_notices() -> None:
+    """Ray's driver prints the raylet's error notices on stdout (``print_to_stdstream`` with
+    ``is_err`` false): drop the worker deaths (see ``_WORKER_DIED``) and send any other notice to
+    stderr. Idempotent; a Ray without that function is left alone."""
+    import ray._private.worker as ray_worker
+
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "ftkit_routed", False):
+        return
+
+    def route(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            lines = [line for line in data.get("lines", []) if not _WORKER_DIED.search(str(line))]
+            if not lines:
+                return
+            data = {**data, "lines": lines, "is_err": True}
+        original(data, ignore_prefix)
+
+    route.ftkit_routed = True  # type: ignore[attr-defined]  # marks the wrapper: installed once
+    ray_worker.print_to_stdstream = route
 
 
 @contextlib.contextmanager
