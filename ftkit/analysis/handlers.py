@@ -73,7 +73,7 @@ class EventHandlers(Watermark):
 
     def _engine_failed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.closure.engine_failed(ev["engine"], ev["time"])
-        self.recovery.engine_failed(ev["time"], ev["engine"])
+        self.recovery.engine_failed(ev["time"], ev["engine"], ev["reason"], self.where(fi, line))
 
     def _engine_restart(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.engine_restarted(ev["time"], ev["engine"])
@@ -110,7 +110,7 @@ class EventHandlers(Watermark):
         if ev["new"] in DEAD_STATES:  # "stopped" is a deliberate stop at a step boundary, not a death
             self._died(ev["cell"])
             self.closure.declared_dead(ev["cell"], ev["time"])
-            self.recovery.detected(ev["time"], ev["cell"])
+            self.recovery.cell_failed(ev["time"], ev["cell"], ev["reason"], self.where(fi, line))
 
     def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.epochs[ev["epoch"]] = frozenset(ev["alive_after"])

@@ -1,4 +1,12 @@
-"""The recovery table: one row per ``fault_injected``, filled in as the replay goes on.
+"""The recovery table: one row per fault, injected or not, filled in as the replay goes on.
+
+A row is a ``fault_injected``, or a failure the driver detected that no injected fault explains
+(``injected`` false, ``kind`` ``detected``, ``cause`` the driver's reason): a cell declared failed
+(``cell_state`` -> failed / errored) or an engine declared failed (``engine_failed``) that is not
+the detection of an earlier, not yet explained injected fault of that cell (of a kind that can
+fail a cell: not in ``NEVER_FAILS_A_CELL``) or engine. So an outside kill, a hang nobody
+injected, or a healthy cell failed by mistake is in the table and FT113 checks that the run
+recovered from it.
 
 - ``detect_s``: first sign of the fault after it struck: the faulted cell turned ``errored``, any
   step attempt ``failed`` / ``discarded``, or a ``grad_nonfinite``;
@@ -46,6 +54,8 @@ class FaultRow:
     time: float
     where: tuple[str, int] = field(repr=False)
     engine: int | None = None
+    injected: bool = True
+    cause: str | None = None
     detect_s: float | None = None
     reconfigure_s: float | None = None
     next_commit_s: float | None = None
@@ -54,16 +64,25 @@ class FaultRow:
     steps_discarded: int = 0
     samples_lost: int | None = None
     recovered_by: str | None = None
+    explained: bool = field(default=False, repr=False)  # an injected row whose cell / engine failure was seen
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("where")
+        d.pop("explained")
         d["file"], d["line"] = self.where
         return d
 
 
 #: Fault kinds that only delay work: a run recovers from one when its step commits anyway.
 ABSORBABLE = frozenset({"slow"})
+#: Injected kinds that never fail a cell by design (the cells agree on a non-finite gradient, discard
+#: and retry): a cell failure after one of them is not its detection. Any other kind, ftkit's or
+#: another producer's, is taken to be detected by the next failure of its cell.
+NEVER_FAILS_A_CELL = frozenset({"nan-grad"})
+#: Ways of recovering that end a fault's story: it waits no longer for a reconfigure or a heal (a
+#: nan-grad's retried step once took the reconfigure and heal of the next fault on its cell).
+SETTLED = frozenset({"retry", "absorbed"})
 
 
 class RecoveryTracker:
@@ -84,24 +103,58 @@ class RecoveryTracker:
         self._by_rollout: dict[int | None, list[FaultRow]] = {}
 
     def fault(self, ev: dict[str, Any], where: tuple[str, int]) -> None:
-        row = FaultRow(
-            len(self.rows),
-            ev["kind"],
-            ev["point"],
-            ev.get("cell"),
-            ev.get("rank"),
-            ev.get("rollout"),
-            ev.get("step"),
-            float(ev["time"]),
-            where,
-            ev.get("engine"),
+        self._add(
+            FaultRow(
+                len(self.rows),
+                ev["kind"],
+                ev["point"],
+                ev.get("cell"),
+                ev.get("rank"),
+                ev.get("rollout"),
+                ev.get("step"),
+                float(ev["time"]),
+                where,
+                ev.get("engine"),
+            )
         )
+
+    def _add(self, row: FaultRow) -> None:
         self.rows.append(row)
         self._times.append(max(row.time, self._times[-1]) if self._times else row.time)
         for what, waiting in self._waiting.items():
-            if row.engine is None or what not in ("reconfigure", "heal"):
+            if (row.engine is None or what not in ("reconfigure", "heal")) and (row.injected or what != "detect"):
                 waiting.append(row)
         self._by_rollout.setdefault(row.rollout, []).append(row)
+
+    def cell_failed(self, t: float, cell: int, cause: str, where: tuple[str, int]) -> None:
+        """The driver declared ``cell`` failed at ``t`` for ``cause``: the detection of the latest
+        injected fault of that cell that fails cells and is not explained yet, else a row of its own."""
+        self.detected(t, cell)
+        for r in reversed(self.rows):
+            if (
+                r.injected
+                and not r.explained
+                and r.engine is None
+                and r.kind not in NEVER_FAILS_A_CELL
+                and r.cell in (None, cell)
+                and r.time <= t
+                and r.recovered_by is None
+            ):
+                r.explained = True
+                return
+        self._add(FaultRow(len(self.rows), "detected", "", cell, None, None, None, t, where, None, False, cause, 0.0))
+
+    def engine_failed(self, t: float, engine: int, cause: str, where: tuple[str, int]) -> None:
+        """The driver found ``engine`` failed at ``t`` (``engine_failed``): the detection of the
+        engine's latest unexplained injected fault, else a row of its own."""
+        if self._waiting["detect"]:
+            for r in self._take("detect", t, lambda r: r.engine == engine):
+                r.detect_s = t - r.time
+        for r in reversed(self.rows):
+            if r.injected and not r.explained and r.engine == engine and r.time <= t and r.recovered_by is None:
+                r.explained = True
+                return
+        self._add(FaultRow(len(self.rows), "detected", "", None, None, None, None, t, where, engine, False, cause, 0.0))
 
     def _take(self, what: str, t: float, match: Callable[[FaultRow], bool] = lambda r: True) -> list[FaultRow]:
         """Rows waiting for ``what`` that struck at or before ``t`` and ``match``; no longer waiting."""
@@ -116,6 +169,9 @@ class RecoveryTracker:
             if r.recovered_by is None:
                 r.recovered_by = how
         self._waiting["recover"] = [r for r in self._waiting["recover"] if r.recovered_by is None]
+        if how in SETTLED and rows:
+            for what in ("reconfigure", "heal"):
+                self._waiting[what] = [r for r in self._waiting[what] if r not in rows]
 
     def detected(self, t: float, cell: int | None = None) -> None:
         """A failure sign of the cells at ``t`` (for ``cell`` when it names one)."""
@@ -123,12 +179,6 @@ class RecoveryTracker:
             for r in self._take(
                 "detect", t, lambda r: r.engine is None and (cell is None or r.cell is None or r.cell == cell)
             ):
-                r.detect_s = t - r.time
-
-    def engine_failed(self, t: float, engine: int) -> None:
-        """The driver found ``engine`` failed at ``t`` (``engine_failed``)."""
-        if self._waiting["detect"]:
-            for r in self._take("detect", t, lambda r: r.engine == engine):
                 r.detect_s = t - r.time
 
     def engine_restarted(self, t: float, engine: int) -> None:

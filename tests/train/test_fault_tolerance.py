@@ -79,6 +79,10 @@ def test_sigkill_of_a_rank_is_survived_healed_and_bitwise_equal(baseline, tmp_pa
     assert healed and healed <= {(e["step"], e["total"]) for e in all_events(baseline.run_dir, "state_fingerprint")}
     discarded = [e for e in all_events(out, "step_outcome") if e["outcome"] == "discarded"]
     assert all(e["cell"] == 0 for e in discarded)
+    # nobody injected the kill: the detected failure is the recovery table's row, recovered and healed
+    (row,) = result.analysis.recovery
+    assert (row["injected"], row["kind"], row["cell"]) == (False, "detected", 1), row
+    assert row["recovered_by"] == "reconfigure" and row["heal_s"] is not None and row["samples_lost"] == 0, row
 
 
 def test_sigstopped_rank_is_detected_by_deadline_killed_and_replaced(baseline, tmp_path):

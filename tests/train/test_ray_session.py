@@ -41,3 +41,23 @@ def test_other_exits_and_a_started_ray_are_left_alone(monkeypatch: pytest.Monkey
     monkeypatch.setattr(ray, "init", init)
     with pytest.raises(SystemExit):
         connect_ray(TrainConfig())
+
+
+def test_raylet_notices_never_reach_stdout_and_worker_deaths_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's driver prints the raylet's notices on stdout, which carries ftkit's data only."""
+    import ray._private.worker as ray_worker
+
+    from ftkit.train import ray_session
+
+    printed: list[dict] = []
+    monkeypatch.setattr(ray_worker, "print_to_stdstream", lambda data, ignore_prefix: printed.append(data))
+    ray_session._route_raylet_notices()
+    ray_session._route_raylet_notices()  # installed once, not wrapped twice
+    died = "A worker died or was killed while executing a task by an unexpected system error."
+    ray_worker.print_to_stdstream({"pid": "raylet", "lines": [died], "is_err": False}, False)
+    assert printed == []
+    ray_worker.print_to_stdstream({"pid": "raylet", "lines": [died, "out of disk"], "is_err": False}, False)
+    assert printed == [{"pid": "raylet", "lines": ["out of disk"], "is_err": True}]
+    worker_line = {"pid": 123, "lines": ["hello"], "is_err": False}
+    ray_worker.print_to_stdstream(worker_line, False)
+    assert printed[-1] is worker_line

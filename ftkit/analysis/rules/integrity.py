@@ -55,7 +55,8 @@ class FaultUnrecovered(Rule):
     code = "FT113"
     name = "fault-unrecovered"
     description = (
-        "a fault_injected with no following reconfigure, heal or committed retry, or a run that did not complete"
+        "a fault (injected, or a cell or engine failure the driver detected) with no following reconfigure, heal "
+        "or committed retry, or a run that did not complete"
     )
     fix = "the run did not recover from a fault: see the recovery table and the driver's log"
 
@@ -64,9 +65,14 @@ class FaultUnrecovered(Rule):
         for row in r.recovery.rows:
             self.check()
             if row.recovered_by is None:
+                what = (
+                    f"fault {row.kind} at {row.point} (cell {row.cell}, step {row.step})"
+                    if row.injected
+                    else f"failure of {'cell ' + str(row.cell) if row.engine is None else 'engine ' + str(row.engine)}"
+                    f" ({row.cause})"
+                )
                 self.report(
-                    f"fault {row.kind} at {row.point} (cell {row.cell}, step {row.step}) was not followed by "
-                    f"a reconfigure, heal or committed retry",
+                    f"{what} was not followed by a reconfigure, heal or committed retry",
                     cell=row.cell,
                     rank=row.rank,
                     step=row.step,

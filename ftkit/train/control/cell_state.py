@@ -63,7 +63,14 @@ class CellBook:
         self.emit = emit
 
     def transition(self, cell: int, new: CellState, reason: str) -> None:
-        """Move ``cell`` to ``new`` (emits ``cell_state``); an illegal move raises ``RuntimeError``."""
+        """Move ``cell`` to ``new`` (emits ``cell_state``); an illegal move raises ``RuntimeError``.
+        Once a signal stopped the run, no cell is failed any more: whatever made it look failed
+        (a call that the signal cut short) raises the interruption instead
+        (``ftkit.train.control.run_end.pending_interruption``)."""
+        if new is CellState.failed:
+            from ftkit.train.control.run_end import raise_if_interrupted
+
+            raise_if_interrupted()
         old = self.state[cell]
         if new not in LEGAL[old]:
             raise RuntimeError(f"cell {cell}: illegal transition {old.value} -> {new.value} ({reason})")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ftkit.train.control.roster import CellRoster, CellsLost
-from ftkit.train.control.run_end import RunFailed
+from ftkit.train.control.run_end import RunFailed, raise_if_interrupted
 from ftkit.train.control.waiting import MARGIN_S
 from ftkit.train.rank.step_types import Committed, Reduced, StepTask
 
@@ -121,6 +121,7 @@ class StepCoordinator:
 
         cfg, roster, t0 = self.cfg, self.roster, time.perf_counter()
         for attempt in range(cfg.recovery.max_retries + 1):
+            raise_if_interrupted()  # a signal something swallowed stops the run here at the latest
             if attempt == 0:  # failures since the last commit (outside a step: a weight export)
                 self.restart_failed()
             if self.healer is not None:

@@ -114,6 +114,7 @@ class Driver:
         when it raises."""
         from ftkit.events.writer import EventWriter
         from ftkit.train.control.cells import check_resources
+        from ftkit.train.control.code_identity import check_same_code
         from ftkit.train.control.rundir import check_run_dir, make_run_dir, run_name, write_run_json
 
         cfg = self.cfg
@@ -131,6 +132,7 @@ class Driver:
             check_run_dir(cfg.output.out, cfg.output.overwrite)
         own_ray = connect_ray(cfg, rearm=arm_signals)  # ray.init installs its own SIGTERM handler
         try:
+            check_same_code()  # the actors import the driver's ftkit, not a checkout in the working directory
             check_resources(cfg.cluster.cells, cfg.layout.ranks, cfg.engine.count, self.device)
             if self.resume:
                 from ftkit.train.recovery.resume_plan import plan_resume

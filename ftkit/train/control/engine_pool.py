@@ -178,6 +178,9 @@ class EnginePool:
 
         import ray
 
+        from ftkit.train.control.run_end import raise_if_interrupted
+
+        raise_if_interrupted()  # a call a signal cut short is the run stopping, not an engine failing
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         sys.stderr.write(f"engine {e} failed ({type(exc).__name__}: {first[:200]}); restarting it\n")
         if self.events is not None:

@@ -14,7 +14,7 @@ import datetime
 import logging
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ftkit.errors import ConfigError
@@ -22,15 +22,23 @@ from ftkit.train.config import STARTUP_TIMEOUT_S, TrainConfig
 
 #: Logical CPUs of the local Ray instance (more than the cores: actors ask for fractions).
 LOCAL_RAY_CPUS = 8
+#: Ray's notice that a local instance it starts has token authentication on (noise on the stderr of
+#: a run whose Ray ftkit starts and stops itself).
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+#: The raylet's notices of a worker that died: the deaths ftkit detects and logs itself (``cell_state``,
+#: ``engine_failed``), printed by Ray's driver on *stdout*, which carries ftkit's data only.
+_WORKER_DIED = re.compile(r"worker died|was killed", re.IGNORECASE)
 
 
 def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> bool:
     """Make sure Ray is initialised; returns whether this call did it (and must shut it down).
 
-    ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``); ``rearm`` is called right
-    after it to put the caller's back, and a SIGTERM that lands while Ray starts is the
-    caller's ``RunInterrupted`` (exit 143), not Ray's bare exit status 15: the half-started Ray
-    is shut down first."""
+    A signal that lands while Ray starts is only recorded (``signals_deferred``: an exception
+    raised in the middle of Ray's start-up aborted the driver) and becomes the caller's
+    ``RunInterrupted`` (exit 128 + the signal) once ``ray.init`` returns, after the half-started
+    Ray and every process it spawned are stopped (``disconnect``). ``ray.init`` would install its
+    own SIGTERM handlers (``sys.exit``); they are kept out while it runs, and ``rearm`` is called
+    right after it to put the caller's back."""
     import ray
 
     if ray.is_initialized():
@@ -40,20 +48,25 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
 
         probe_ray_address(cfg.cluster.ray_address, timeout_s=5.0)
     quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
-    try:
-        if cfg.cluster.ray_address:
-            ray.init(address=cfg.cluster.ray_address, **quiet)
-        else:
-            ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
-        rearm()
-    except SystemExit as exc:
-        if exc.code != signal.SIGTERM:
-            raise
-        from ftkit.train.control.run_end import RunInterrupted
+    from ftkit.train.control.run_end import RunInterrupted, signals_deferred
 
+    _Spawned.before = {p.pid for p in descendants()}
+    try:
+        with signals_deferred(), _own_signal_handlers():
+            if cfg.cluster.ray_address:
+                ray.init(address=cfg.cluster.ray_address, **quiet)
+            else:
+                with _quiet_logger(TOKEN_NOTICE_LOGGER):
+                    ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+        rearm()
+        _route_raylet_notices()
+    except (RunInterrupted, SystemExit) as exc:
+        if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
+            raise
+        signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGTERM
         with contextlib.suppress(Exception):
-            ray.shutdown()
-        raise RunInterrupted(signal.SIGTERM, started=False) from None
+            disconnect(own_ray=True)
+        raise RunInterrupted(signum, started=False) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.cluster.ray_address or "a local Ray instance"
         raise ConfigError(
@@ -90,8 +103,61 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@contextlib.contextmanager
+def _quiet_logger(name: str) -> Iterator[None]:
+    """Warnings of logger ``name`` are not shown inside the block."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _route_raylet_notices() -> None:
+    """Ray's driver prints the raylet's error notices on stdout (``print_to_stdstream`` with
+    ``is_err`` false): drop the worker deaths (see ``_WORKER_DIED``) and send any other notice to
+    stderr. Idempotent; a Ray without that function is left alone."""
+    import ray._private.worker as ray_worker
+
+    original = getattr(ray_worker, "print_to_stdstream", None)
+    if original is None or getattr(original, "ftkit_routed", False):
+        return
+
+    def route(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") == "raylet":
+            lines = [line for line in data.get("lines", []) if not _WORKER_DIED.search(str(line))]
+            if not lines:
+                return
+            data = {**data, "lines": lines, "is_err": True}
+        original(data, ignore_prefix)
+
+    route.ftkit_routed = True  # type: ignore[attr-defined]  # marks the wrapper: installed once
+    ray_worker.print_to_stdstream = route
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """While Ray starts, its calls that install SIGTERM handlers (``sys.exit`` in the driver,
+    the local node's "kill every process, exit 1") do nothing: the caller's handlers stay."""
+    import ray._private.utils as ray_utils
+
+    install = getattr(ray_utils, "set_sigterm_handler", None)
+    if install is None:  # another Ray: its handlers are put back by ``rearm`` afterwards
+        yield
+        return
+    ray_utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        ray_utils.set_sigterm_handler = install
+
+
 def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
-    """Shut Ray down if this run started (or joined) it. With its GCS gone, ``ray.shutdown``
+    """Shut Ray down if this run started (or joined) it; a local Ray that this process started
+    leaves no process behind (``stop_descendants``: its dashboard and runtime-env agents
+    outlived it by a minute or more). With its GCS gone, ``ray.shutdown``
     would wait on it until Ray's client ends the process (about a minute after the loss), at
     exit too: it is skipped and unregistered; the local Ray's raylet dies with this process."""
     import ray
@@ -105,7 +171,45 @@ def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
         hard_exit.request()  # Ray's client crashes at interpreter exit without its GCS
         return
     if own_ray:
+        spawned = [p for p in descendants() if p.pid not in _Spawned.before]
         ray.shutdown()
+        stop_descendants(spawned)
+
+
+class _Spawned:
+    """The descendants this process had before ``connect_ray`` started Ray: not Ray's, never
+    stopped by ``disconnect``."""
+
+    before: set[int] = set()
+
+
+def descendants() -> list[Any]:
+    """This process's descendants now (``psutil.Process``es): a local Ray's GCS, raylet, workers
+    and agents. Taken before Ray shuts down, when they are still children: afterwards the agents
+    are orphans that no longer say whose they were."""
+    import psutil
+
+    try:
+        return list(psutil.Process().children(recursive=True))
+    except psutil.Error:
+        return []
+
+
+def stop_descendants(procs: list[Any], grace_s: float = 5.0) -> None:
+    """SIGTERM, then after ``grace_s`` SIGKILL, whichever of ``procs`` (from ``descendants``)
+    still run. Only processes this process started are ever signalled: psutil checks that a pid
+    still names the same process (its creation time) before it signals it."""
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, left = psutil.wait_procs(alive, timeout=grace_s)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=grace_s)
 
 
 class GcsWatch:

@@ -61,7 +61,9 @@ def interruption(exc: BaseException) -> RunInterrupted | None:
     """The ``RunInterrupted`` behind ``exc``: ``exc`` itself, or the exception it was raised
     from or during. A signal that lands while a C extension runs comes out wrapped: inside Ray's
     Cython ``CoreWorker.wait`` the handler's exception surfaces as a ``SystemError`` ("returned a
-    result with an exception set") whose ``__cause__`` it is."""
+    result with an exception set") whose ``__cause__`` it is; Ray's deserialiser wraps it in a
+    ``RaySystemError`` that keeps no link to it, so a recorded signal (``pending_interruption``)
+    counts too."""
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -69,7 +71,7 @@ def interruption(exc: BaseException) -> RunInterrupted | None:
             return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
-    return None
+    return pending_interruption()
 
 
 def ray_failure(exc: BaseException) -> RunFailed | None:
@@ -112,25 +114,69 @@ def write_status(
     fsync_dir(run_dir)
 
 
+class _Signals:
+    """What ``signals_interrupt`` has received in this process: the first signal (later ones are
+    ignored, so the cleanup finishes) and whether raising is deferred (``signals_deferred``)."""
+
+    fired: int | None = None
+    deferring: int = 0
+
+
+def pending_interruption() -> RunInterrupted | None:
+    """The interruption a signal received inside ``signals_interrupt`` asked for, or ``None``.
+
+    A signal's ``RunInterrupted`` is raised wherever the main thread happens to be, and code
+    that is not ftkit's may swallow or wrap it: Ray deserialising a checkpoint turns it into a
+    ``RaySystemError``, which reads like a dead cell. So the signal is also recorded here, and
+    every place that would take an exception for a failure (a cell or engine declared failed,
+    the driver's last handler) and every step boundary asks first: a signal is never swallowed
+    and never becomes a cell failure."""
+    return RunInterrupted(_Signals.fired) if _Signals.fired is not None else None
+
+
+def raise_if_interrupted() -> None:
+    """Raise the pending interruption, if a signal was received (``pending_interruption``)."""
+    stop = pending_interruption()
+    if stop is not None:
+        raise stop
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Inside the block a signal is only recorded; it is raised when the block ends. For code
+    that must not be interrupted half-way by a Python exception: ``ray.init`` starting the local
+    Ray (an exception raised in the middle of its C++ start-up aborted or crashed the driver,
+    exit -6 / -11, and orphaned Ray's agents). Nests; a no-op outside ``signals_interrupt``."""
+    _Signals.deferring += 1
+    try:
+        yield
+    finally:
+        _Signals.deferring -= 1
+    if not _Signals.deferring:
+        raise_if_interrupted()
+
+
 @contextlib.contextmanager
 def signals_interrupt() -> Iterator[Callable[[], None]]:
     """Inside the block, SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session: by default
     it would kill the driver at once and orphan the local Ray's processes) raise
     ``RunInterrupted`` in the main thread (once:
-    a second signal during the cleanup is ignored, so the cleanup finishes). The block gets
+    a second signal during the cleanup is ignored, so the cleanup finishes) and are recorded
+    (``pending_interruption``; inside ``signals_deferred`` they are only recorded). The block gets
     ``arm()``, which installs the handlers again: call it after anything that installs its
     own (``ray.init`` sets a SIGTERM handler that exits). The previous handlers come back
     afterwards. Outside the main thread this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
-    fired: list[int] = []
+    _Signals.fired, _Signals.deferring = None, 0
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        if fired:
+        if _Signals.fired is not None:
             return
-        fired.append(signum)
-        raise RunInterrupted(signum)
+        _Signals.fired = signum
+        if not _Signals.deferring:
+            raise RunInterrupted(signum)
 
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.getsignal(s) for s in signals}
@@ -145,3 +191,4 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        _Signals.fired, _Signals.deferring = None, 0
