@@ -1,6 +1,6 @@
 """Sample witnesses in the model: exact per-sample counts carried by the gradient (invariant I2).
 
-``ftkit train`` attaches one to every rank (``ftkit.train.witness`` re-exports it); another
+``ftkit train`` attaches one to every rank (``ftkit.train.rank.witness`` re-exports it); another
 trainer may too, for counts read from the reduced gradient itself rather than from the sample
 ids the rank trained (``ftkit.evidence.EvidenceRun.witness_counts``: pass the ``read`` result
 as ``counted``).

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ftkit.errors import ConfigError
-from ftkit.train import rollouts
-from ftkit.train.loss import pg_loss
+from ftkit.train.rank.loss import pg_loss
+from ftkit.train.rl import rollouts
 from ftkit.train.rl.grpo import (
     GrpoConfig,
     aggregate,

@@ -47,7 +47,7 @@ def test_raylet_notices_never_reach_stdout_and_worker_deaths_are_dropped(monkeyp
     """Ray's driver prints the raylet's notices on stdout, which carries ftkit's data only."""
     import ray._private.worker as ray_worker
 
-    from ftkit.train import ray_session
+    from ftkit.train.control import ray_session
 
     printed: list[dict] = []
     monkeypatch.setattr(ray_worker, "print_to_stdstream", lambda data, ignore_prefix: printed.append(data))

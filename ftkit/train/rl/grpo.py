@@ -1,6 +1,6 @@
 """The GRPO objective as pure torch functions (no model, no ftkit.train import).
 
-Layout (as the rollout batch of ``ftkit.train.rollouts``): ``[n, s]`` tensors where position
+Layout (as the rollout batch of ``ftkit.train.rl.rollouts``): ``[n, s]`` tensors where position
 ``t`` scores token ``t+1`` (``next_token_logprobs``), a float or bool ``mask`` that is 1 where a
 response token is learned, ``advantages`` ``[n]`` per sample. Samples ``[g*G, (g+1)*G)`` are
 the ``G`` responses to prompt ``g``.
@@ -48,7 +48,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 from ftkit.errors import ConfigError
 
@@ -77,13 +80,13 @@ class GrpoConfig:
             raise ConfigError(f"unknown aggregation {self.aggregation!r}", hint=f"one of: {', '.join(AGGREGATIONS)}")
 
 
-def token_logprobs(logits: Any, targets: Any) -> Any:
+def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     """float32 ``[..., s]``: ``log_softmax(float32(logits))`` gathered at ``targets`` ``[..., s]``."""
     logp = logits.float().log_softmax(dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
-def next_token_logprobs(logits: Any, tokens: Any) -> Any:
+def next_token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """float32 ``[n, s]``: position ``t`` holds ``log p(tokens[t+1] | tokens[<=t])`` from
     ``logits[:, t]``; the last position (no next token) is 0."""
     import torch
@@ -94,7 +97,7 @@ def next_token_logprobs(logits: Any, tokens: Any) -> Any:
     return torch.cat([out[:, :-1], torch.zeros_like(out[:, -1:])], dim=1)
 
 
-def group_advantages(rewards: Any, group_size: int, scale: bool = True) -> Any:
+def group_advantages(rewards: Tensor, group_size: int, scale: bool = True) -> Tensor:
     """float32 ``[n]``: per group of ``group_size`` consecutive samples, ``r - mean`` divided by
     ``std + 1e-6`` (population std) when ``scale``; float64 inside; zero for an equal group."""
     import torch
@@ -112,7 +115,7 @@ def group_advantages(rewards: Any, group_size: int, scale: bool = True) -> Any:
     return centred.reshape(n).to(torch.float32)
 
 
-def k3(logprobs: Any, ref_logprobs: Any) -> Any:
+def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """The k3 estimate ``exp(d) - d - 1`` with ``d = ref - logp``, per token (>= 0; 0 iff equal)."""
     d = ref_logprobs - logprobs
     return d.exp() - d - 1.0
@@ -129,12 +132,12 @@ class TokenTerms:
 
 
 def token_loss(
-    logprobs: Any,
-    old_logprobs: Any,
-    advantages: Any,
-    mask: Any,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
     cfg: GrpoConfig,
-    ref_logprobs: Any = None,
+    ref_logprobs: Tensor | None = None,
 ) -> TokenTerms:
     """The per-token GRPO loss and its parts; ``ref_logprobs`` is needed when ``cfg.kl_coef > 0``."""
     import torch
@@ -159,7 +162,7 @@ def token_loss(
     )
 
 
-def loss_norm(step_mask: Any, aggregation: Aggregation = "token") -> float:
+def loss_norm(step_mask: Tensor, aggregation: Aggregation = "token") -> float:
     """The normaliser of a step, from the mask of its *whole* batch: learned tokens (``token``)
     or samples (``sequence``), at least 1 (an empty step has loss 0)."""
     if aggregation == "token":
@@ -167,7 +170,7 @@ def loss_norm(step_mask: Any, aggregation: Aggregation = "token") -> float:
     return float(max(1, step_mask.shape[0]))
 
 
-def aggregate(token_losses: Any, mask: Any, norm: float, aggregation: Aggregation = "token") -> Any:
+def aggregate(token_losses: Tensor, mask: Tensor, norm: float, aggregation: Aggregation = "token") -> Tensor:
     """Scalar loss of a micro-shard (``token_losses`` 0 where masked) under the step's ``norm``."""
     if aggregation == "token":
         return token_losses.sum() / norm
@@ -176,13 +179,13 @@ def aggregate(token_losses: Any, mask: Any, norm: float, aggregation: Aggregatio
 
 
 def grpo_loss(
-    logprobs: Any,
-    old_logprobs: Any,
-    advantages: Any,
-    mask: Any,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
     norm: float,
     cfg: GrpoConfig | None = None,
-    ref_logprobs: Any = None,
+    ref_logprobs: Tensor | None = None,
 ) -> tuple[Any, TokenTerms]:
     """A micro-shard's scalar GRPO loss (``norm`` from ``loss_norm`` of its step) and its terms."""
     cfg = cfg or GrpoConfig()

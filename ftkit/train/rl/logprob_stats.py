@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 @dataclass(frozen=True)
@@ -55,13 +56,13 @@ class LogprobComparison:
         return asdict(self)
 
 
-def _array(x: Any) -> np.ndarray:
+def _array(x: ArrayLike) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor: no import of torch needed to read it
         x = x.detach().cpu().numpy()
     return np.asarray(x)
 
 
-def compare_logprobs(engine: Any, trainer: Any, mask: Any) -> LogprobComparison:
+def compare_logprobs(engine: ArrayLike, trainer: ArrayLike, mask: ArrayLike) -> LogprobComparison:
     """Compare ``engine`` and ``trainer`` log-probs ``[n, s]`` on ``mask`` (see the module doc)."""
     e, t, m = _array(engine).astype(np.float32), _array(trainer).astype(np.float32), _array(mask).astype(bool)
     if not (e.shape == t.shape == m.shape) or e.ndim != 2:
