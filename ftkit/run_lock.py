@@ -11,9 +11,10 @@ process asking for it gets ``UsageError`` (exit 2) naming that owner, whether it
 running (checked when it is on this host) and how to stop it.
 
 ``flock`` is per host: on a file system shared by several hosts (NFS) it protects only where
-the file system propagates it. Where the lock file cannot be created (a parent that is not
-writable, a name too long), the caller goes on unlocked; the run directory checks that follow
-refuse such an ``--out`` anyway.
+the file system propagates it. Where the lock file cannot be created (a parent that does not
+exist yet or is not writable, a name too long), the caller goes on unlocked: nothing is created
+before the run directory checks, which refuse an unusable ``--out`` with their own message (a
+new run in a parent that does not exist yet is the one case left unlocked).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ def hold_run_dir(out: Path) -> Iterator[None]:
     ``UsageError`` at entry when another process holds it."""
     path = lock_path(out)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0), 0o644)
     except OSError:
         yield  # an unusable place: the run directory checks refuse it with their own message
