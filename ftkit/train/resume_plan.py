@@ -93,6 +93,13 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
                 hint=f"run 'ftkit verify-checkpoint {run_dir}' to see what is wrong",
             ) from None
     events = Path(run_dir) / "events"
+    if state is None and not any(checkpoints.glob("step_*")):
+        from ftkit.checkpoint.selection import published_in_log
+
+        gone = published_in_log(events)
+        if gone:
+            note(f"{checkpoints} holds none of the {len(gone)} checkpoint(s) the log records as published "
+                 f"(newest {gone[-1]}): training again from the seed's initial state")  # fmt: skip
     return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events))
 
 
