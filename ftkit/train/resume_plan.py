@@ -66,8 +66,8 @@ def plan_resume(run_dir: Path, cfg: Any, warn: Callable[[str], None]) -> ResumeP
     """Reconcile ``run_dir/checkpoints`` through its journal and read the newest checkpoint
     that verifies (each newer one skipped is passed to ``warn`` and kept in the plan); the
     records newer than it are retired (``retire_newer``).
-    ``ConfigError`` (exit 2) for a journal or retention record that cannot be read, or a
-    checkpoint of another run's configuration."""
+    ``ConfigError`` (exit 2) for a journal or retention record that cannot be read, or a run
+    without its event log (a checkpoint of another run's configuration is skipped)."""
     from ftkit.checkpoint.selection import newest_trusted
 
     skipped: list[str] = []
@@ -174,7 +174,10 @@ def _other_run(checkpoint: Path, cfg: Any) -> str | None:
     from ftkit.checkpoint.layout import META
 
     meta = json.loads((checkpoint / META).read_text())
-    recorded = {"seed": meta.get("seed"), "model": meta.get("model"), **(meta.get("config") or {})}
+    config = meta.get("config", {}) if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        return f"its {META} holds no config object"
+    recorded = {"seed": meta.get("seed"), "model": meta.get("model"), **config}
     ours = cfg.model_dump(mode="json")
     for key in sorted(set(recorded) & set(ours) - FREE_FIELDS):
         if recorded[key] is not None and recorded[key] != ours[key]:
