@@ -11,7 +11,7 @@ from typing import Any
 
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.journal import read_journal, read_latest
-from ftkit.checkpoint.layout import DELETING, RETENTION
+from ftkit.checkpoint.layout import DELETING, RETENTION, parse_step
 from ftkit.checkpoint.results import CheckpointResult
 from ftkit.checkpoint.retention import Record, RetentionPolicy, records_from_json, select
 from ftkit.errors import InputError
@@ -91,10 +91,14 @@ def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collect
         return []
     by_name = {r.name: r for r in results}
     recorded = {r.name for r in records}
+    links = {p.name for p in root.iterdir() if p.is_symlink() and parse_step(p.name) is not None}
+    for name in sorted(links - recorded):
+        col.add("FT211", f"{name}: a symbolic link, not a checkpoint directory (never published)", checkpoint=name)
     for rec in records:
         res = by_name.get(rec.name)
         if res is None:
-            col.add("FT211", f"{RETENTION} records {rec.name}, which is absent", checkpoint=rec.name, **where)
+            what = "a symbolic link, not a checkpoint directory" if rec.name in links else "absent"
+            col.add("FT211", f"{RETENTION} records {rec.name}, which is {what}", checkpoint=rec.name, **where)
         elif res.manifest_sha256 is not None and res.manifest_sha256 != rec.manifest_sha256:
             col.add("FT211", f"{rec.name}: MANIFEST.json differs from the one recorded", checkpoint=rec.name, **where)
         elif res.manifest is not None and (

@@ -14,6 +14,10 @@ lost every cell) does before anything loads a checkpoint:
    (``on_warning`` hears the first finding), so is one ``accept`` refuses (the caller's own
    test, e.g. the run's result-determining config); the first one left wins.
 
+``published_in_log(events)`` lists the checkpoints the run's log records as published, so a
+resume that finds none of them left (``checkpoints/`` deleted) says so instead of silently
+training again from the seed.
+
 Findings that name no checkpoint (a retention policy not followed, ...) do not make any one
 checkpoint untrustworthy; they are passed to ``on_warning`` once. Nothing is loaded here:
 ``ftkit.checkpoint.restore.load(path, verified=True)`` reads the winner without hashing it again.
@@ -78,3 +82,27 @@ def newest_trusted(
             return path
         warn(f"{rec.name} does not verify ({why}); trying an older checkpoint")
     return None
+
+
+def published_in_log(events: Path) -> list[str]:
+    """Names of the checkpoints the drivers' logs in ``events`` record as published
+    (``checkpoint_published``), in log order, each once; torn or foreign lines are skipped."""
+    import json
+
+    names: dict[str, None] = {}
+    for path in sorted(Path(events).glob("driver-i*.jsonl")):
+        with open(path, "rb") as f:
+            for line in f:
+                if b'"checkpoint_published"' not in line:
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:  # the torn last line of a killed driver
+                    continue
+                if (
+                    isinstance(ev, dict)
+                    and ev.get("type") == "checkpoint_published"
+                    and isinstance(ev.get("path"), str)
+                ):
+                    names[Path(ev["path"]).name] = None
+    return list(names)

@@ -239,6 +239,9 @@ def _read_index(path: Path, src: Source, walker: TreeWalker) -> str:
                 raise _bad(path, f"tensor entry {i} repeats {what} {short_repr(key)} (each tensor once per index)")
             seen.add((what, key))
         src.entries.append(e)
+    unlisted = sorted(set(header.tensors) - {key for what, key in seen if what == "key"})
+    if unlisted:
+        raise _bad(path, f"{file_name} holds tensor(s) the index does not list: {short_repr(unlisted)}")
     return file_name
 
 

@@ -225,9 +225,9 @@ def read_header(path: str | os.PathLike[str]) -> Header:
         raise _bad(p, f"header is not valid JSON ({exc})") from exc
     if not isinstance(doc, dict):
         raise _bad(p, "header is not a JSON object")
-    meta = doc.pop("__metadata__", None) or {}
+    meta = doc.pop("__metadata__", {})  # absent, or an object of strings: null and [] are not
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise _bad(p, "__metadata__ must map strings to strings")
+        raise _bad(p, "__metadata__ must be absent or an object mapping strings to strings")
     for text in (*doc, *meta, *meta.values()):
         if not is_text(text):
             raise _bad(p, f"{short_repr(text)} is not valid Unicode text (a lone surrogate)")

@@ -251,3 +251,25 @@ def test_resume_refuses_checkpoints_without_the_runs_event_log(tmp_path: Path) -
     shutil.rmtree(run / "events")
     with pytest.raises(ConfigError, match="no event log"):
         plan_resume(run, resume_config(run, {}), lambda message: None)
+
+
+def test_resume_with_the_checkpoints_deleted_warns(tmp_path: Path) -> None:
+    """Issue 26 item 13: ``checkpoints/`` deleted after the log recorded publications: the plan
+    starts from the seed, and says so."""
+    import shutil
+
+    from ftkit.checkpoint.publish import Publisher
+    from ftkit.checkpoint.retention import RetentionPolicy
+
+    run = _run_dir(tmp_path)
+    from ckpt_helpers import publish
+
+    with EventWriter(run / "events", run="run", role="driver") as driver:
+        pub = Publisher(run / "checkpoints", RetentionPolicy(), on_event=lambda t, f: driver.emit(t, **f))
+        assert publish(pub, 3).published
+    shutil.rmtree(run / "checkpoints")
+    warnings: list[str] = []
+    plan = plan_resume(run, resume_config(run, {}), warnings.append)
+    assert plan.checkpoint is None
+    assert warnings == [f"{run / 'checkpoints'} holds none of the 1 checkpoint(s) the log records as published "
+                        "(newest step_000003): training again from the seed's initial state"]  # fmt: skip

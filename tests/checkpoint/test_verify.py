@@ -490,3 +490,16 @@ def test_ft214_manifest_sha256_of_the_publication_differs(run) -> None:
 
 def test_analyzer_finds_no_manifest_problem_in_a_clean_run(run) -> None:
     assert analyze_paths([run / "events"], select=["FT110"]).findings == []
+
+
+def test_ft211_a_symlinked_step_directory_is_named_a_link(run, tmp_path) -> None:
+    """Issue 26 item 13: a recorded step directory replaced by a link to an identical copy is
+    not "absent"; an unrecorded step link is a finding too."""
+    away = tmp_path / "away"
+    shutil.copytree(ck(run), away)
+    shutil.rmtree(ck(run))
+    os.symlink(away, ck(run))
+    os.symlink(away, ck(run, 99))
+    messages = [f.message for f in verify_path(run / "checkpoints").findings if f.code == "FT211"]
+    assert any("records step_000007, which is a symbolic link" in m for m in messages)
+    assert any(m.startswith("step_000099: a symbolic link") for m in messages)

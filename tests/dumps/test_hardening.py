@@ -288,3 +288,31 @@ def test_a_malformed_run_json_is_exit_2(tmp_path, capsys):
     b = _run_dir(tmp_path / "b", 8, {"x.output": torch.ones(2)})
     (a / "run.json").write_text("[" * 100_000)
     _exit2(capsys, "compare-dumps", a, b)
+
+
+def test_a_tensor_in_the_data_file_but_not_in_the_index(pair, capsys):
+    """Issue 26 item 13: the data file holds one more tensor than its index lists (the index's
+    ``file_bytes`` fixed up as a consistent forger would): exit 2 for compare-dumps and dump."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    a, b = pair
+    data, index = a / DATA, a / INDEX
+    tensors = load_file(str(data))
+    save_file({**tensors, "hidden": np.zeros(3, dtype=np.float32)}, str(data))
+    doc = json.loads(index.read_text())
+    if "file_bytes" in doc:
+        doc["file_bytes"] = data.stat().st_size
+    index.write_text(json.dumps(doc))
+    err = _exit2(capsys, "compare-dumps", "--exact", a, b)
+    assert "does not list" in err and "hidden" in err
+    _exit2(capsys, "compare-dumps", "--exact", b, a)
+    _exit2(capsys, "dump", a)
+
+
+@pytest.mark.parametrize("meta", [[], None, [1, 2], {"k": 5}])
+def test_metadata_is_absent_or_an_object_of_strings(pair, capsys, meta):
+    """Issue 26 item 13: one rule for ``__metadata__`` (``[]`` and ``null`` were taken as empty)."""
+    a, b = pair
+    _rewrite_header(a / DATA, lambda h: {**h, "__metadata__": meta})
+    assert "__metadata__ must be absent or an object" in _exit2(capsys, "compare-dumps", a, b)

@@ -25,7 +25,9 @@ def test_the_digest_is_of_the_sources_wherever_they_are(tmp_path, monkeypatch):
     shutil.copytree(here.path, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     monkeypatch.setattr(ftkit, "__file__", str(copy / "__init__.py"))
     assert code_identity.code_identity() == CodeIdentity(str(copy), here.digest)  # moved: same code
-    (copy / "train" / "control" / "driver.py").write_text((copy / "train" / "control" / "driver.py").read_text() + "\n# changed\n")
+    (copy / "train" / "control" / "driver.py").write_text(
+        (copy / "train" / "control" / "driver.py").read_text() + "\n# changed\n"
+    )
     assert code_identity.code_identity().digest != here.digest
 
 

@@ -432,5 +432,9 @@ def run_training(
     step, ``on_event(type, fields)`` every cell-state change and reconfiguration the driver logs
     (for a live view). ``resume``: continue the run in ``cfg.output.out`` from its newest checkpoint
     that verifies (``ftkit.train.recovery.resume``); ``on_warning`` hears why a newer one was skipped
-    (default: a ``Warning:`` line on stderr)."""
-    return Driver(cfg, on_step, on_event, resume, on_warning).run()
+    (default: a ``Warning:`` line on stderr). One process trains a run directory at a time
+    (``ftkit.run_lock.hold_run_dir``: ``UsageError`` naming the owner)."""
+    from ftkit.run_lock import hold_run_dir
+
+    with hold_run_dir(cfg.output.out):
+        return Driver(cfg, on_step, on_event, resume, on_warning).run()

@@ -75,8 +75,8 @@ def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) ->
     """Reconcile ``run_dir/checkpoints`` through its journal and read the newest checkpoint
     that verifies (each newer one skipped is passed to ``warn`` and kept in the plan); the
     records newer than it are retired (``retire_newer``).
-    ``ConfigError`` (exit 2) for a journal or retention record that cannot be read, or a
-    checkpoint of another run's configuration."""
+    ``ConfigError`` (exit 2) for a journal or retention record that cannot be read, or a run
+    without its event log (a checkpoint of another run's configuration is skipped)."""
     from ftkit.checkpoint.selection import newest_trusted
 
     skipped: list[str] = []
@@ -102,6 +102,13 @@ def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) ->
                 hint=f"run 'ftkit verify-checkpoint {run_dir}' to see what is wrong",
             ) from None
     events = Path(run_dir) / "events"
+    if state is None and not any(checkpoints.glob("step_*")):
+        from ftkit.checkpoint.selection import published_in_log
+
+        gone = published_in_log(events)
+        if gone:
+            note(f"{checkpoints} holds none of the {len(gone)} checkpoint(s) the log records as published "
+                 f"(newest {gone[-1]}): training again from the seed's initial state")  # fmt: skip
     change = layout_change(run_dir, cfg)
     if change:
         shown = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
@@ -200,7 +207,10 @@ def _other_run(checkpoint: Path, cfg: TrainConfig) -> str | None:
     from ftkit.checkpoint.layout import META
 
     meta = json.loads((checkpoint / META).read_text())
-    recorded = {"seed": meta.get("seed"), "model": meta.get("model"), **(meta.get("config") or {})}
+    config = meta.get("config", {}) if isinstance(meta, dict) else None
+    if not isinstance(config, dict):
+        return f"its {META} holds no config object"
+    recorded = {"seed": meta.get("seed"), "model": meta.get("model"), **config}
     ours = cfg.model_dump(mode="json")
     for key in sorted(set(recorded) & set(ours) - FREE_FIELDS):
         if recorded[key] is not None and recorded[key] != ours[key]:
