@@ -335,7 +335,7 @@ def register(app: typer.Typer) -> None:
             )
         from ftkit.report.live import live_view
 
-        with live_view(output, cfg.rollouts * cfg.steps_per_rollout, cfg.cells) as view:
+        with live_view(output, cfg.rollouts * cfg.steps_per_rollout, cfg.cells, Path(cfg.out) / "events") as view:
             result = run_training(
                 cfg, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
             )
