@@ -18,6 +18,7 @@ percent) stays crisp.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from html import escape
@@ -191,9 +192,7 @@ def _timeline(tl: Timeline) -> str:
     lanes = _lanes(tl)
     row = {lane: i for i, lane in enumerate(lanes)}
     span = tl.duration or 1.0
-
-    def x(t: float) -> float:
-        return max(0.0, min(_W, (t - tl.start) / span * _W))
+    x, t_train = time_axis(tl)
 
     h = len(lanes) * _LANE_H
     out = [
@@ -233,11 +232,26 @@ def _timeline(tl: Timeline) -> str:
         )
     out.append("</svg>")
     labels = "".join(f"<div title='{escape(lane)}'>{escape(lane)}</div>" for lane in lanes)
+    offset, trained = t_train - tl.start, tl.end - t_train
+    seconds = [0.0] + [offset + t for t in nice_ticks(trained, 10)] if offset else nice_ticks(span, 10)
     ticks = "".join(
         f"<span style='left:{x(tl.start + t) / _W * 100:.2f}%{';transform:none' if not t else ''}'>{_fmt_s(t)}</span>"
-        for t in nice_ticks(span, 10)
-        if x(tl.start + t) < _W * 0.97
+        for t in seconds
+        if x(tl.start + t) < _W * 0.97 and (not t or x(tl.start + t) > _W * STARTUP_SHARE + 30)
     )
+    if offset:
+        out.insert(
+            1 + len(lanes),
+            f"<rect class='startup' x='0' y='0' width='{_W * STARTUP_SHARE:.0f}' height='{h}' fill='#8c959f' "
+            f"fill-opacity='0.18'><title>start-up: {_fmt_s(offset)} before the first step, drawn compressed"
+            "</title></rect>",
+        )
+        startup_note = (
+            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
+            f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest."
+        )
+    else:
+        startup_note = ""
     return (
         _TIMELINE_CSS
         + legend([(s, c) for s, c in STATE_COLORS.items()])
@@ -249,8 +263,37 @@ def _timeline(tl: Timeline) -> str:
         + f"<div class='axis'>{ticks}</div></div></div></div>"
         + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
         f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
-        "the analyzer's findings at their step. Hover for details.</p>"
+        f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
     )
+
+
+STARTUP_SHARE = 0.08  # of the width, for a start-up drawn compressed
+STARTUP_LONG = 0.25  # a start-up longer than this share of the run is compressed
+
+
+def time_axis(tl: Timeline) -> tuple[Any, float]:
+    """``(x, t_train)``: ``x(t)`` maps a log time into ``[0, _W]``; ``t_train`` is when the first
+    step began. When the start-up before it takes over ``STARTUP_LONG`` of the run (Ray and
+    megatron starting: 43 of 51 s), it is compressed into the first ``STARTUP_SHARE`` of the
+    width, so faults and heals during training are not squeezed to one edge; otherwise
+    ``t_train`` is the first event and the axis is linear."""
+    span = tl.duration or 1.0
+    first = min((b.t0 for b in tl.bins if b.attempts and math.isfinite(b.t0)), default=tl.start)
+    startup = first - tl.start
+    if startup <= STARTUP_LONG * span or tl.end <= first:
+
+        def linear(t: float) -> float:
+            return max(0.0, min(_W, (t - tl.start) / span * _W))
+
+        return linear, tl.start
+    a, rest = _W * STARTUP_SHARE, tl.end - first
+
+    def piecewise(t: float) -> float:
+        if t <= first:
+            return max(0.0, (t - tl.start) / startup * a)
+        return min(_W, a + (t - first) / rest * (_W - a))
+
+    return piecewise, first
 
 
 def _mark_groups(tl: Timeline) -> list[list[Marker]]:

@@ -207,3 +207,25 @@ def test_findings_are_drawn_at_their_step(tmp_path: Path) -> None:
     marks = with_findings(tl, result).markers_of("finding")
     assert steps and {m.step for m in marks} == steps and all(m.lane == "steps" for m in marks)
     assert render_timeline_html(tl, result, "fail").count("class='mark-finding'") == len(marks)
+
+
+def test_a_long_start_up_is_compressed_so_training_fills_the_width(tmp_path: Path) -> None:
+    """Issue 24 item 7: Ray and megatron starting took 43 of 51 s; the timeline opens on the
+    training span (the start-up shaded in the first 8%), not with faults squeezed to one edge."""
+    from ftkit.analysis.engine import analyze_paths
+    from ftkit.report.timeline_html import _W, STARTUP_SHARE, render_timeline_html, time_axis
+
+    events = generate(tmp_path, SPEC).events_dir
+    short = build_timeline([events])
+    assert time_axis(short)[1] == short.start  # a short start-up: the axis stays linear
+    driver = events / "driver-i0.jsonl"
+    lines = [json.loads(line) for line in driver.read_text().splitlines()]
+    lines[0]["time"] -= 5 * short.duration  # the run started long before its first step
+    driver.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    tl = build_timeline([events])
+    x, t_train = time_axis(tl)
+    assert t_train > tl.start and x(t_train) == pytest.approx(_W * STARTUP_SHARE) and x(tl.end) == _W
+    page = render_timeline_html(tl, analyze_paths([events]), "pass")
+    steps = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", page)]
+    assert min(steps) >= _W * STARTUP_SHARE - 1 and max(steps) > _W * 0.8
+    assert "class='startup'" in page and "drawn compressed" in page
