@@ -50,6 +50,7 @@ class Opt:
     choices: list[str] = field(default_factory=list)
     default: str = ""
     required: bool = False
+    multiple: bool = False  # repeatable (``--rule A --rule B``)
 
     @property
     def is_flag(self) -> bool:
@@ -103,6 +104,10 @@ def _kind(param: Any, choices: list[str]) -> str:
 def _describe(param: Any) -> Opt:
     descriptor = getattr(param, "type_descriptor", None)
     choices = _annotation_choices(descriptor.annotation) if descriptor is not None else []
+    if getattr(param, "metavar", None) == "CODE":  # --rule / --skip-rule: the analyzer's rule codes
+        from ftkit.analysis.registry import all_rules
+
+        choices = list(all_rules())
     default = param.default
     shown = "" if default in (None, False, (), []) or callable(default) else str(getattr(default, "value", default))
     return Opt(
@@ -113,6 +118,7 @@ def _describe(param: Any) -> Opt:
         choices=choices,
         default=shown,
         required=bool(param.required),
+        multiple=bool(getattr(param, "multiple", False)),
     )
 
 

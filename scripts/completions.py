@@ -26,14 +26,28 @@ def _valued(opts: list[Opt]) -> list[str]:
     return [n for o in opts if not o.is_flag for n in o.names]
 
 
+_BASH_FILES = r"""_ftkit_files() {
+    # file names for the word being completed, as the user typed it: quotes and backslash
+    # escapes removed first (runs/quick\ s is the directory "runs/quick s"), one name a line
+    local IFS=$'\n' c
+    c=${1#[\"\']}
+    c=${c//\\\\/$'\x01'}; c=${c//\\/}; c=${c//$'\x01'/\\}
+    COMPREPLY=( $(compgen -f -- "$c") )
+}"""
+
+
 def render_bash(root_opts: list[Opt], commands: list[Cmd]) -> str:
+    """``--opt VALUE`` and ``--opt=VALUE`` complete alike (bash splits the word at ``=``), file
+    names with spaces or quotes complete whole (``_ftkit_files``)."""
     names = [n for c in commands for n in [c.name, *c.aliases]]
     lines = [
         f"# bash {HEADER}",
+        _BASH_FILES,
         "_ftkit() {",
         "    local cur prev cmd i",
         '    cur="${COMP_WORDS[COMP_CWORD]}"',
         '    prev="${COMP_WORDS[COMP_CWORD-1]}"',
+        '    if [[ "$cur" == "=" ]]; then cur=""; elif [[ "$prev" == "=" ]]; then prev="${COMP_WORDS[COMP_CWORD-2]}"; fi',
         '    cmd=""',
         '    for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done',
         '    case "$cmd" in',
@@ -49,16 +63,14 @@ def render_bash(root_opts: list[Opt], commands: list[Cmd]) -> str:
                 )
         paths = [n for o in c.options if o.kind == "path" for n in o.names]
         if paths:
-            lines.append(f'                {"|".join(paths)}) COMPREPLY=( $(compgen -f -- "$cur") ); return;;')
+            lines.append(f'                {"|".join(paths)}) _ftkit_files "$cur"; return;;')
         silent = [n for o in c.options if o.kind in ("number", "text") for n in o.names]
         if silent:
             lines.append(f"                {'|'.join(silent)}) COMPREPLY=(); return;;")
         lines.append("            esac")
         opts = f'COMPREPLY=( $(compgen -W "{" ".join(_names(c.options))}" -- "$cur") )'
         if c.arguments:
-            lines.append(
-                f'            if [[ "$cur" == -* ]]; then {opts}; else COMPREPLY=( $(compgen -f -- "$cur") ); fi; return;;'
-            )
+            lines.append(f'            if [[ "$cur" == -* ]]; then {opts}; else _ftkit_files "$cur"; fi; return;;')
         else:
             lines.append(f"            {opts}; return;;")
     lines += ["    esac", "}", "complete -o filenames -F _ftkit ftkit", ""]
@@ -71,8 +83,12 @@ def _zsh_quote(text: str) -> str:
 
 def _zsh_spec(o: Opt) -> str:
     """One ``_arguments`` spec. A single name is written bare: zsh does not brace-expand
-    ``{--version}`` and would pass the braces through (an error on every Tab)."""
-    names = o.names[0] if len(o.names) == 1 else "{" + ",".join(o.names) + "}"
+    ``{--version}`` and would pass the braces through (an error on every Tab). A long option
+    that takes a value is written ``--opt=`` (its value may follow in the same word after
+    ``=`` or as the next word); a repeatable option starts with ``*`` and excludes nothing, so
+    it is offered again."""
+    spelled = [n + "=" if n.startswith("--") and not o.is_flag else n for n in o.names]
+    names = spelled[0] if len(spelled) == 1 else "{" + ",".join(spelled) + "}"
     if o.kind == "flag":
         action = ""
     elif o.kind == "choice":
@@ -81,7 +97,8 @@ def _zsh_spec(o: Opt) -> str:
         action = f":{o.metavar.lower()}:_files"
     else:
         action = f":{o.metavar.lower()}: "
-    return f"'({' '.join(o.names)})'{names}'[{_zsh_quote(o.help)}]{action}'"
+    exclude = "'*'" if o.multiple else f"'({' '.join(o.names)})'"
+    return f"{exclude}{names}'[{_zsh_quote(o.help)}]{action}'"
 
 
 def render_zsh(root_opts: list[Opt], commands: list[Cmd]) -> str:

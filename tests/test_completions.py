@@ -179,3 +179,33 @@ def test_zsh_completion_has_no_errors(zsh: Pane) -> None:
 def test_fish_completion(fish: Pane) -> None:
     fish.complete("ftkit ", 1, ("analyze-events", "compare-dumps"))
     _common_cases(fish, 1)
+
+
+def _issue24_cases(pane: Pane, tabs: int) -> None:
+    """Rule codes complete for --rule / --skip-rule (issue 24 item 8)."""
+    shown = pane.complete("ftkit analyze-events x --rule FT11", tabs, ("FT111", "FT113"))
+    assert SENTINEL not in shown and "FT101" not in shown
+
+
+def test_bash_spaces_equals_and_rule_codes(bash: Pane, workdir: Path) -> None:
+    (workdir / "runs" / "quick s").mkdir(parents=True)
+    (workdir / "runs" / "quick s" / "run.json").write_text("{}")
+    shown = bash.complete("ftkit analyze-events runs/quick\\ s/r", 1, ("run.json",))
+    assert "runs/quick\\ s/run.json" in shown and "\\\\" not in shown
+    shown = bash.complete("ftkit analyze-events runs/qu", 1, ("quick\\ s",))
+    assert "\\\\" not in shown
+    shown = bash.complete("ftkit compare-dumps a b --format=", 2, ("json", "github"))
+    assert SENTINEL not in shown
+    _issue24_cases(bash, 2)
+
+
+def test_zsh_equals_repeatable_options_and_rule_codes(zsh: Pane) -> None:
+    shown = zsh.complete("ftkit compare-dumps a b --format=", 1, ("json", "github"))
+    assert SENTINEL not in shown
+    zsh.complete("ftkit analyze-events x --rule FT101 --sk", 1, ("--skip-rule",))
+    zsh.complete("ftkit analyze-events x --rule FT101 --ru", 1, ("--rule FT101 --rule",))  # offered again
+    _issue24_cases(zsh, 1)
+
+
+def test_fish_rule_codes(fish: Pane) -> None:
+    _issue24_cases(fish, 1)

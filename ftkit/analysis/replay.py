@@ -26,7 +26,7 @@ from ftkit.findings import Severity
 
 __all__ = ["LAG", "NotPerProcess", "Replay"]
 
-TICK = 1 << 16  # events between two progress calls
+TICK = 1 << 8  # events between two progress calls (the bar moves on logs of a few hundred lines)
 #: Event types that may follow ``run_finished`` (a writer closing, a later session resuming the run).
 AFTER_FINISH_OK = frozenset({"log_closed", "run_resumed"})
 

@@ -345,7 +345,7 @@ def register(app: typer.Typer) -> None:
             )
         from ftkit.report.live import live_view
 
-        with live_view(output, cfg.total_steps, cfg.cluster.cells) as view:
+        with live_view(output, cfg.total_steps, cfg.cluster.cells, Path(cfg.output.out) / "events") as view:
             result = run_training(
                 cfg, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
             )

@@ -12,6 +12,29 @@ from ftkit.report.escaping import literal
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 MAX_FINDINGS = 100
+Column = tuple[str, int, bool]  # (header, priority: 0 is kept first, text: left-aligned and wrapped)
+RULE_COLUMNS: list[Column] = [
+    ("code", 0, True),
+    ("rule", 1, True),
+    ("severity", 4, True),
+    ("checked", 3, False),
+    ("findings", 2, False),
+]
+RECOVERY_PRIORITY = (
+    "index",
+    "kind",
+    "recovered_by",
+    "samples_lost",
+    "cell",
+    "step",
+    "detect_s",
+    "next_commit_s",
+    "heal_s",
+    "steps_discarded",
+    "reconfigure_s",
+    "engine",
+    "heal_bytes",
+)
 
 
 def render_human(console: Console, result: AnalysisResult, outcome: str) -> None:
@@ -40,15 +63,7 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
             f"[bold]Placement[/bold] ({placed['nodes']} nodes, last incarnations): {literal('; '.join(where))}"
         )
 
-    rules = Table(title="Rules", title_justify="left")
-    for col, just in (
-        ("code", "left"),
-        ("rule", "left"),
-        ("severity", "left"),
-        ("checked", "right"),
-        ("findings", "right"),
-    ):
-        rules.add_column(col, justify=just)  # type: ignore[arg-type]
+    rows = []
     for r in result.rules:
         if r.status == "not run":
             shown = "[dim]not run[/dim]"
@@ -56,8 +71,8 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
             style = _STYLE[r.severity.value] if r.findings else "green"
             shown = f"[{style}]{r.findings}[/{style}]"
         checked = "[yellow]not covered[/yellow]" if r.status == "not covered" else str(r.checked)
-        rules.add_row(r.code, r.rule, r.severity.value, checked, shown)
-    console.print(rules)
+        rows.append([r.code, r.rule, r.severity.value, checked, shown])
+    console.print(_fitted("Rules", RULE_COLUMNS, rows, console.width))
 
     if result.findings:
         table = Table(title="Findings", title_justify="left", show_lines=False)
@@ -72,16 +87,43 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
             console.print(f"... {len(result.findings) - MAX_FINDINGS} more (use --format json for all)")
 
     if result.recovery:
-        rec = Table(title="Recovery (seconds after each fault)", title_justify="left")
-        for col in RECOVERY_COLUMNS:
-            rec.add_column(col, justify="left" if col in ("kind", "recovered_by") else "right")
+        rows = []
         for row in result.recovery:
             cells = [literal(recovery_cell(row.get(c))) for c in RECOVERY_COLUMNS]
             lost = row.get("samples_lost")
             if lost:
                 cells[RECOVERY_COLUMNS.index("samples_lost")] = f"[bold red]{literal(lost)}[/bold red]"
-            rec.add_row(*cells)
-        console.print(rec)
+            rows.append(cells)
+        columns = [(c, RECOVERY_PRIORITY.index(c), c in ("kind", "recovered_by")) for c in RECOVERY_COLUMNS]
+        console.print(_fitted("Recovery (seconds after each fault)", columns, rows, console.width))
 
     style = "bold green" if outcome == "pass" else "bold red"
     console.print(f"[{style}]{literal(verdict_line(result, outcome))}[/{style}]")
+
+
+def _fitted(title: str, columns: list[Column], rows: list[list[str]], width: int) -> Table:
+    """A table of the columns that fit ``width``, taken by priority (the two first always):
+    a narrow terminal loses the least important columns whole, said in the caption, instead of
+    every column shrinking to ``x…``; text columns wrap rather than cut."""
+    from rich.text import Text
+
+    def need(i: int) -> int:
+        cells = [Text.from_markup(row[i]).cell_len for row in rows]
+        return max([len(columns[i][0]), *cells]) + 3  # padding and border
+
+    kept: list[int] = []
+    used = 1
+    for i in sorted(range(len(columns)), key=lambda i: columns[i][1]):
+        if len(kept) < 2 or used + need(i) <= width:
+            kept.append(i)
+            used += need(i)
+    kept.sort()
+    left = [columns[i][0] for i in range(len(columns)) if i not in kept]
+    caption = f"not shown at this width: {', '.join(left)} (--format json has them)" if left else None
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for i in kept:
+        header, _, text = columns[i]
+        table.add_column(header, justify="left" if text else "right", overflow="fold", min_width=min(len(header), 8))
+    for row in rows:
+        table.add_row(*(row[i] for i in kept))
+    return table

@@ -34,6 +34,9 @@ input.search{margin:6px 0;padding:3px 6px;width:26em;font:inherit}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .swatch{display:inline-block;width:12px;height:12px;vertical-align:-2px;margin-right:4px;border:1px solid #0002}
 .scroll{overflow-x:auto;max-width:100%}svg text{font:11px system-ui,sans-serif;fill:#1f2328}
+svg.chart text{font-size:17px}svg.chart text.title{font-size:22px;font-weight:600}
+@media (max-width:640px){body{margin:12px}table{display:block;overflow-x:auto;max-width:100%}
+input.search{width:100%;box-sizing:border-box}}
 .kv{display:grid;grid-template-columns:max-content auto;gap:1px 14px}.kv b{font-weight:600}
 """
 

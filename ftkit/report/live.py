@@ -3,7 +3,9 @@
 ``LiveView`` is fed by the driver's callbacks: ``on_step(StepReport)`` after every optimizer
 step, and, where the driver offers them, ``on_cell_state(cell, state, reason)``,
 ``on_fault(text)`` and ``on_heal(text)`` -- or all three at once through
-``on_event(event_type, fields)`` with what the driver logs. Without a cell-state feed the cells
+``on_event(event_type, fields)`` with what the driver logs. Faults and heals are logged by the
+ranks and healers, not the driver: given the run's ``events/`` (``live_view(..., events_dir)``)
+the view reads them from the log at every callback (``ftkit.report.live_tail``). Without a cell-state feed the cells
 shown are the step's alive count. It shows, in place, when stderr is a terminal
 (``live=True``): a progress bar over the run's steps with the rollout, the cells' states at a
 glance (one coloured block per cell: alive, failed, restarting, healing, stopped ...), the
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TextIO
 
@@ -34,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ftkit.report.escaping import literal
+from ftkit.report.live_tail import EventTail
 
 _SHOWN = {"errored": "failed"}  # event-log state -> shown state
 STATE_STYLE = {
@@ -81,7 +85,10 @@ def step_text(r: StepLike) -> str:
 class LiveView:
     """See the module docstring. ``stream`` defaults to ``sys.stderr``."""
 
-    def __init__(self, total_steps: int, cells: int, live: bool, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, total_steps: int, cells: int, live: bool, stream: TextIO | None = None, tail: EventTail | None = None
+    ) -> None:
+        self.tail = tail
         self.total = max(total_steps, 1)
         self.states: dict[int, str] = {c: "pending" for c in range(cells)}
         self.state_fed = False
@@ -102,6 +109,7 @@ class LiveView:
 
     # ------------------------------------------------------------------ feed
     def on_step(self, report: StepLike) -> None:
+        self._drain()
         self.last, self.done = report, report.step + 1
         self.total = max(report.steps, 1)
         self.discarded += not report.committed
@@ -110,16 +118,38 @@ class LiveView:
         self._show(step_text(report))
 
     def on_cell_state(self, cell: int, state: str, reason: str | None = None) -> None:
+        self._drain()
         self.state_fed = True
         self.states[cell] = _SHOWN.get(state, state)
         self._show(f"cell {cell}: {state}" + (f" ({reason})" if reason else ""))
 
     def on_event(self, event_type: str, fields: dict[str, Any]) -> None:
         """Feed from the driver's event stream (the type and fields it logs): ``cell_state``,
-        ``fault_injected`` and ``heal`` update the view, other types are ignored."""
+        ``fault_injected`` and ``heal`` update the view, other types are ignored. With a ``tail``
+        the faults and heals come from the run's log instead (every process's, not only the
+        driver's), so the driver's own copies are not shown twice."""
         if event_type == "cell_state":
             self.on_cell_state(int(fields["cell"]), str(fields["new"]), fields.get("reason"))
-        elif event_type == "fault_injected":
+            return
+        self._drain()
+        if self.tail is None:
+            self._logged(event_type, fields)
+
+    def _drain(self) -> None:
+        """Show the faults and heals the tail found since the last callback (never raises)."""
+        if self.tail is None:
+            return
+        try:
+            events = self.tail.poll()
+        except Exception:  # noqa: BLE001 - the view never raises into training
+            return
+        for ev in events:
+            with contextlib.suppress(TypeError, ValueError, AttributeError):  # a damaged line: skipped
+                self._logged(str(ev.get("type")), ev)
+
+    def _logged(self, event_type: str, fields: dict[str, Any]) -> None:
+        """A fault or a heal as the log holds it."""
+        if event_type == "fault_injected":
             self.on_fault(
                 f"{fields.get('kind')} at {fields.get('point')}, cell {fields.get('cell')} rank {fields.get('rank')}, "
                 f"step {fields.get('step')}"
@@ -197,8 +227,10 @@ class LiveView:
         self.close()
 
 
-def live_view(output: Any, total_steps: int, cells: int) -> LiveView:
+def live_view(output: Any, total_steps: int, cells: int, events_dir: Path | None = None) -> LiveView:
     """The view for a command's ``Output``: live in human mode on an interactive stderr, plain
-    lines otherwise."""
+    lines otherwise; with ``events_dir`` (the run's ``events/``) it shows the faults and heals
+    every process logs there (``EventTail``)."""
     live = bool(output.human and output.err.is_terminal)
-    return LiveView(total_steps, cells, live, stream=output.err.file)
+    tail = EventTail(events_dir) if events_dir is not None else None
+    return LiveView(total_steps, cells, live, stream=output.err.file, tail=tail)

@@ -9,6 +9,7 @@ chart however many there are.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from html import escape
 
@@ -16,8 +17,9 @@ from ftkit.analysis.timeline_model import Timeline
 from ftkit.report.html_page import legend, nice_ticks
 
 METRIC_ORDER = ("reward", "loss", "grad_norm", "tokens_per_s")
+FAULT, DISCARDED = "#24292f", "#fb8f44"  # the timeline's colours for the same marks
 MAX_CHARTS = 6
-_CW, _CH, _CL, _CB, _CT = 620, 170, 60, 22, 22  # chart width, height, left, bottom and top margins
+_CW, _CH, _CL, _CB, _CT = 620, 200, 72, 30, 34  # chart width, height, left, bottom and top margins
 
 
 def metric_charts(tl: Timeline) -> str:
@@ -32,7 +34,7 @@ def metric_charts(tl: Timeline) -> str:
     charts = [_chart(name, tl, faults, discarded) for name in names]
     agg = f" Each point is the mean of {tl.width} steps; the band spans their min and max." if tl.width > 1 else ""
     return (
-        legend([("injected fault", "#cf222e"), ("attempt not committed", "#fb8f44")])
+        legend([("injected fault", FAULT), ("attempt not committed", DISCARDED)])
         + "<div class='charts'>"
         + "".join(charts)
         + f"</div><p class='muted'>x: optimizer step.{agg}</p>"
@@ -59,19 +61,19 @@ def _chart(name: str, tl: Timeline, faults: Sequence[int], discarded: Sequence[i
     out = [
         f"<svg viewBox='0 0 {_CW} {_CH}' class='chart' data-metric='{escape(name)}' role='img' "
         f"aria-label='{escape(name)} by step'>",
-        f"<text x='{_CL}' y='13' font-weight='600' font-size='13'>{escape(name)}</text>",
+        f"<text class='title' x='{_CL}' y='{_CT - 8}'>{escape(name)}</text>",
     ]
-    for v in (lo, (lo + hi) / 2, hi):
+    for v in y_ticks(lo, hi):
         out.append(
             f"<line x1='{_CL}' x2='{_CW - 10}' y1='{sy(v):.1f}' y2='{sy(v):.1f}' stroke='#eaeef2'/>"
-            f"<text x='{_CL - 4}' y='{sy(v) + 4:.1f}' text-anchor='end'>{v:.4g}</text>"
+            f"<text x='{_CL - 6}' y='{sy(v) + 5:.1f}' text-anchor='end'>{tick_label(v)}</text>"
         )
     for s in nice_ticks(last - first, 8):
         step = first + s
-        out.append(f"<text x='{sx(step):.1f}' y='{_CH - 6}' text-anchor='middle'>{step:.0f}</text>")
+        out.append(f"<text x='{sx(step):.1f}' y='{_CH - 8}' text-anchor='middle'>{step:.0f}</text>")
     for cls, steps, colour, y0, y1, title in (
-        ("chart-discarded", discarded, "#fb8f44", _CH - _CB - 8, _CH - _CB, "attempt not committed at step"),
-        ("chart-fault", faults, "#cf222e", _CT, _CH - _CB, "fault injected at step"),
+        ("chart-discarded", discarded, DISCARDED, _CH - _CB - 8, _CH - _CB, "attempt not committed at step"),
+        ("chart-fault", faults, FAULT, _CT, _CH - _CB, "fault injected at step"),
     ):
         xs = sorted({round(sx(step)) for step in steps})  # one stroke per pixel column, however many
         if xs:
@@ -97,3 +99,26 @@ def _chart(name: str, tl: Timeline, faults: Sequence[int], discarded: Sequence[i
             )
     out.append("</svg>")
     return "".join(out)
+
+
+def y_ticks(lo: float, hi: float) -> list[float]:
+    """Round values (1, 2 or 5 times a power of ten apart) from ``lo`` to ``hi``, 3 to 6 of them."""
+    offsets = nice_ticks(hi - lo, 4)
+    step = offsets[1] if len(offsets) > 1 else (hi - lo) or 1.0
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    v = first
+    while v <= hi + step * 1e-9:
+        ticks.append(0.0 if abs(v) < step * 1e-9 else v)
+        v += step
+    return ticks or [lo, hi]
+
+
+def tick_label(v: float) -> str:
+    """A short label for a round tick value: ``0.25``, ``1.5k``, ``2M``, ``1e-05``."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:.3g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:.3g}k"
+    return f"{v:.3g}"

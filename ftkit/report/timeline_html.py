@@ -18,6 +18,7 @@ percent) stays crisp.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from html import escape
@@ -52,17 +53,22 @@ STATE_COLORS = {
     "pending": "#d0d7de",
     "stopped": "#8c959f",
 }
-MARK_STYLE = {  # kind -> (colour, stroke width, dash, legend text)
-    "fault": ("#cf222e", 3, "", "fault injected"),
-    "detected": ("#fb8f44", 2, "", "fault detected"),
+MARK_STYLE = {  # kind -> (colour, stroke width, dash, legend text); one colour, one meaning:
+    # black the injected cause, red a failure (as the failed state), purple healing, blue a
+    # membership change, orange a step that did not commit, teal weights moving, grey a
+    # checkpoint, pink a rejected one, dark red an analyzer finding
+    "fault": ("#24292f", 3, "", "fault injected"),
+    "detected": ("#cf222e", 2, "", "failure detected"),
     "heal": ("#8250df", 3, "", "heal"),
     "reconfigure": ("#0969da", 2, "", "reconfigure"),
-    "discarded": ("#cf222e", 2, "3 2", "attempt not committed"),
-    "weights": ("#1a7f37", 1, "", "weights pushed"),
-    "engine": ("#1a7f37", 1, "", "engine loaded"),
+    "discarded": ("#fb8f44", 2, "3 2", "attempt not committed"),
+    "weights": ("#1b7c83", 1, "", "weights pushed / loaded"),
+    "engine": ("#1b7c83", 1, "", "weights pushed / loaded"),
     "checkpoint": ("#57606a", 2, "", "checkpoint"),
-    "rejected": ("#cf222e", 2, "1 2", "checkpoint rejected"),
+    "rejected": ("#bf3989", 2, "1 2", "checkpoint rejected"),
+    "finding": ("#82071e", 4, "", "analyzer finding"),
 }
+COMMITTED, NOT_COMMITTED = STATE_COLORS["alive"], MARK_STYLE["discarded"][0]  # the steps lane's blocks
 LISTED = ("fault", "detected", "heal", "reconfigure", "discarded", "rejected")  # in the searchable event list
 DENSE = 100  # marks of one kind on one lane drawn one by one up to this many, bucketed beyond
 _LANE_H, _W = 22, 1000.0
@@ -73,7 +79,8 @@ _TIMELINE_CSS = """<style>
 .tl .inner{position:relative;width:100%}.tl svg{display:block;width:100%}
 .tl .axis{position:relative;height:18px;font-size:11px;color:#57606a}
 .tl .axis span{position:absolute;transform:translateX(-50%);white-space:nowrap}
-.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(420px,1fr));gap:8px 18px}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(420px,100%),1fr));gap:8px 18px}
+@media (max-width:640px){.tl .axis span:nth-child(even){display:none}}
 .charts svg{width:100%;height:auto}
 </style>"""
 _ZOOM_JS = """
@@ -101,7 +108,7 @@ def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: st
         f"<span class='muted'>run {escape(str(run))}</span></h1>",
         _summary(timeline, result),
         "<h2>Timeline</h2>",
-        _timeline(timeline),
+        _timeline(with_findings(timeline, result)),
         "<h2>Metrics by step</h2>",
         metric_charts(timeline),
         "<h2>Recovery</h2>",
@@ -114,6 +121,33 @@ def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: st
         _event_list(timeline),
     ]
     return page(f"ftkit analyze-events: {run}", body, _ZOOM_JS)
+
+
+def with_findings(tl: Timeline, result: AnalysisResult) -> Timeline:
+    """``tl`` plus one ``finding`` mark on the steps lane per finding whose evidence names a step
+    the timeline holds (at the end of that step's block), so a FAIL run shows where it failed."""
+    from dataclasses import replace
+
+    marks = []
+    for f in result.findings:
+        step = f.evidence.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            continue
+        b = next((b for b in tl.bins if b.first <= step < b.first + tl.width and b.attempts), None)
+        if b is not None:
+            label = f"{f.code} {f.rule} at step {step}: {f.message}"
+            marks.append(
+                Marker(
+                    "finding",
+                    b.t1,
+                    "steps",
+                    label,
+                    str(f.evidence.get("file") or ""),
+                    int(f.evidence.get("line") or 0),
+                    step,
+                )
+            )
+    return replace(tl, markers=[*tl.markers, *marks]) if marks else tl
 
 
 def _summary(tl: Timeline, result: AnalysisResult) -> str:
@@ -158,9 +192,7 @@ def _timeline(tl: Timeline) -> str:
     lanes = _lanes(tl)
     row = {lane: i for i, lane in enumerate(lanes)}
     span = tl.duration or 1.0
-
-    def x(t: float) -> float:
-        return max(0.0, min(_W, (t - tl.start) / span * _W))
+    x, t_train = time_axis(tl)
 
     h = len(lanes) * _LANE_H
     out = [
@@ -200,23 +232,68 @@ def _timeline(tl: Timeline) -> str:
         )
     out.append("</svg>")
     labels = "".join(f"<div title='{escape(lane)}'>{escape(lane)}</div>" for lane in lanes)
+    offset, trained = t_train - tl.start, tl.end - t_train
+    seconds = [0.0] + [offset + t for t in nice_ticks(trained, 10)] if offset else nice_ticks(span, 10)
     ticks = "".join(
         f"<span style='left:{x(tl.start + t) / _W * 100:.2f}%{';transform:none' if not t else ''}'>{_fmt_s(t)}</span>"
-        for t in nice_ticks(span, 10)
-        if x(tl.start + t) < _W * 0.97
+        for t in seconds
+        if x(tl.start + t) < _W * 0.97 and (not t or x(tl.start + t) > _W * STARTUP_SHARE + 30)
     )
+    if offset:
+        out.insert(
+            1 + len(lanes),
+            f"<rect class='startup' x='0' y='0' width='{_W * STARTUP_SHARE:.0f}' height='{h}' fill='#8c959f' "
+            f"fill-opacity='0.18'><title>start-up: {_fmt_s(offset)} before the first step, drawn compressed"
+            "</title></rect>",
+        )
+        startup_note = (
+            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
+            f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest."
+        )
+    else:
+        startup_note = ""
     return (
         _TIMELINE_CSS
         + legend([(s, c) for s, c in STATE_COLORS.items()])
-        + legend([(text, c) for c, _, _, text in MARK_STYLE.values()])
+        + legend(list(dict.fromkeys((text, c) for c, _, _, text in MARK_STYLE.values())))
         + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
         "</label>"
         + f"<div class='tl'><div class='lab'>{labels}</div><div class='scroll'><div class='inner' id='tl-inner'>"
         + "".join(out)
         + f"<div class='axis'>{ticks}</div></div></div></div>"
         + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
-        f"{tl.width} step(s) per block; red blocks hold attempts that did not commit. Hover for details.</p>"
+        f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
+        f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
     )
+
+
+STARTUP_SHARE = 0.08  # of the width, for a start-up drawn compressed
+STARTUP_LONG = 0.25  # a start-up longer than this share of the run is compressed
+
+
+def time_axis(tl: Timeline) -> tuple[Any, float]:
+    """``(x, t_train)``: ``x(t)`` maps a log time into ``[0, _W]``; ``t_train`` is when the first
+    step began. When the start-up before it takes over ``STARTUP_LONG`` of the run (Ray and
+    megatron starting: 43 of 51 s), it is compressed into the first ``STARTUP_SHARE`` of the
+    width, so faults and heals during training are not squeezed to one edge; otherwise
+    ``t_train`` is the first event and the axis is linear."""
+    span = tl.duration or 1.0
+    first = min((b.t0 for b in tl.bins if b.attempts and math.isfinite(b.t0)), default=tl.start)
+    startup = first - tl.start
+    if startup <= STARTUP_LONG * span or tl.end <= first:
+
+        def linear(t: float) -> float:
+            return max(0.0, min(_W, (t - tl.start) / span * _W))
+
+        return linear, tl.start
+    a, rest = _W * STARTUP_SHARE, tl.end - first
+
+    def piecewise(t: float) -> float:
+        if t <= first:
+            return max(0.0, (t - tl.start) / startup * a)
+        return min(_W, a + (t - first) / rest * (_W - a))
+
+    return piecewise, first
 
 
 def _mark_groups(tl: Timeline) -> list[list[Marker]]:
@@ -240,7 +317,7 @@ def _mark_groups(tl: Timeline) -> list[list[Marker]]:
 
 def _step_rect(b: StepBin, tl: Timeline, x: Any, y: int) -> str:
     x0, x1 = x(b.t0), x(b.t1)
-    colour = "#cf222e" if b.not_committed else "#2da44e"
+    colour = NOT_COMMITTED if b.not_committed else COMMITTED
     steps = f"step {b.first}" if tl.width == 1 else f"steps {b.first}-{b.first + tl.width - 1}"
     return (
         f"<rect class='steps' x='{x0:.2f}' y='{y + 4}' width='{max(x1 - x0, 0.3):.2f}' height='{_LANE_H - 8}' "

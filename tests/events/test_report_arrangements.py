@@ -28,7 +28,7 @@ from ftkit.testing.synthetic import SyntheticSpec, generate
 
 _PATH = re.compile(r"(?:/[^\s'\"<>]*/)?[\w.-]+\.jsonl(?:\.gz)?(?::\d+)?")
 _LINE = re.compile(r"\bline: \d+")  # JUnit's evidence lines
-_FILES = re.compile(r"\b\d+ file(?:s|\(s\))")
+_FILES = re.compile(r"\b\d+ file(?:s|\(s\))?\b")
 _BOX = re.compile(r"[\s\u2500-\u257f]+")  # Rich's table borders and padding: their width follows the paths
 _LINK = re.compile(r"<a [^>]*>[^<]*</a>")
 

@@ -10,6 +10,7 @@ script writes its findings as JSON into the DOM, which ``--dump-dom`` returns.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import os
@@ -66,12 +67,13 @@ def _browser(chromium: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def load(chromium: str, page: Path, check_js: str, tmp: Path) -> dict:
-    """Load ``page`` (with the harness) and return ``{"errors": [...], "facts": <check_js's return>}``."""
+def load(chromium: str, page: Path, check_js: str, tmp: Path, size: str = "1280,1000") -> dict:
+    """Load ``page`` (with the harness) in a ``size`` window and return ``{"errors": [...], "facts":
+    <check_js's return>}``."""
     text = page.read_text(encoding="utf-8")
     probe = tmp / f"probe-{page.name}"
     probe.write_text(text.replace("<head>", "<head>" + HARNESS, 1).replace("</body>", CHECK % check_js + "</body>", 1))
-    res = _browser(chromium, "--window-size=1280,1000", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
+    res = _browser(chromium, f"--window-size={size}", "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
     m = re.search(r"<pre id=\"__result\">(.*?)</pre>", res.stdout, re.S)
     assert m, f"no result from the page; chromium said: {res.stderr[-2000:]}"
     return json.loads(html.unescape(m.group(1)))
@@ -169,6 +171,47 @@ def test_timeline_screenshot_shows_the_story(chromium: str, timeline_page: Path,
     )
     assert share["alive"] > 20_000  # three long lanes of alive cells
     assert all(share[k] > 50 for k in ("failed", "healing", "reconfigure", "stopped")), share
+
+
+READABLE_CHECK = """
+var q=function(s){return document.querySelectorAll(s);}, box=function(e){return e.getBoundingClientRect();};
+var titles=Array.prototype.map.call(q('svg.chart text.title'),function(t){return box(t).height;});
+var outside=0, small=0;
+Array.prototype.forEach.call(q('svg.chart'),function(svg){var sb=box(svg);
+  Array.prototype.forEach.call(svg.querySelectorAll('text'),function(t){var b=box(t);
+    if(b.left<sb.left-0.5||b.right>sb.right+0.5||b.top<sb.top-0.5||b.bottom>sb.bottom+0.5){outside++;}
+    if(b.height<8){small++;}});});
+var spans=Array.prototype.filter.call(q('.tl .axis span'),
+  function(s){return getComputedStyle(s).display!=='none';}).map(box);
+var overlap=0; for(var i=1;i<spans.length;i++){if(spans[i].left<spans[i-1].right){overlap++;}}
+return {overflow:document.documentElement.scrollWidth-window.innerWidth, titles:titles, outside:outside,
+  small:small, axisOverlap:overlap, findingMarks:q('.mark-finding').length,
+  ticks:Array.prototype.map.call(q('svg.chart text[text-anchor=end]'),function(t){return t.textContent;})};
+"""
+
+
+@pytest.mark.parametrize("size", ["1400,1000", "390,844"])
+def test_timeline_is_readable_on_a_desktop_and_a_phone(chromium: str, failing_page: Path, tmp_path: Path, size) -> None:
+    """Issue 24 item 7: chart titles and ticks readable and inside their charts, round tick values
+    (never raw min/mid/max), the page no wider than the window, axis labels apart, and the
+    analyzer's finding drawn at its step."""
+    result = load(chromium, failing_page, READABLE_CHECK, tmp_path, size)
+    assert result["errors"] == []
+    f = result["facts"]
+    assert f["overflow"] <= 0 and f["outside"] == 0 and f["small"] == 0 and f["axisOverlap"] == 0, f
+    assert f["titles"] and min(f["titles"]) >= 11, f["titles"]
+    assert f["findingMarks"] >= 1
+    assert all(re.fullmatch(r"-?\d+(\.\d{1,2})?[kM]?", t) for t in f["ticks"]), f["ticks"]
+
+
+@pytest.fixture(scope="module")
+def failing_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fail")
+    spec = SyntheticSpec(cells=3, engines=2, rollouts=3, steps_per_rollout=4, samples_per_rollout=8, faults=2)
+    generate(d, dataclasses.replace(spec, violation="FT106"))
+    page = d / "timeline.html"
+    assert cli.main(["analyze-events", str(d / "events"), "--html", str(page), "--format", "json"]) == 1
+    return page
 
 
 HEAT_CHECK = """

@@ -119,3 +119,42 @@ def test_event_feed_and_step_only_feed() -> None:
         "fault: kill at backward, cell 1 rank 0, step 3",
         "heal: cell 1 from cell 0: 3.0 MiB in 0.75s",
     ]
+
+
+def test_faults_and_heals_logged_by_other_processes_reach_the_view(tmp_path) -> None:
+    """The ranks and healers log faults and heals, the driver only cell states: with the run's
+    events/ the view reads them from the log (issue 24 item 6); what a resumed run's earlier
+    sessions logged is not news, a line still being written waits for its newline."""
+    from ftkit.events.writer import EventWriter
+    from ftkit.report.live_tail import EventTail
+
+    events = tmp_path / "events"
+    old = EventWriter(events, run="r", role="trainer", cell=1, rank=0, incarnation=0)
+    old.emit("fault_injected", kind="kill", point="old", cell=1, rank=0, rollout=0, step=0)
+    old.close()
+    out = io.StringIO()
+    with LiveView(4, 2, live=False, stream=out, tail=EventTail(events)) as view:
+        view.on_cell_state(0, "alive")
+        rank = EventWriter(events, run="r", role="trainer", cell=1, rank=0, incarnation=1)
+        rank.emit("fault_injected", kind="kill", point="backward", cell=1, rank=0, rollout=0, step=3)
+        view.on_cell_state(1, "failed", "rank died")
+        assert view.fault == "kill at backward, cell 1 rank 0, step 3"
+        driver = EventWriter(events, run="r", role="driver", incarnation=0)
+        driver.emit(
+            "heal",
+            cell=1,
+            donor=0,
+            epoch=2,
+            bytes=3 << 20,
+            seconds={"send": 0.5, "load": 0.25},
+            total="ab",
+            donor_total="ab",
+        )
+        with open(events / "partial.jsonl", "wb") as fh:
+            fh.write(b'{"type": "heal", "cell": 9')  # no newline yet
+        view.on_step(Report(0, 1, 3, 4, True, 0.4, 1.0, 0.5, 100.0, 2, 2))
+        assert view.heal == "cell 1 from cell 0: 3.0 MiB in 0.75s"
+        view.on_event("heal", {"cell": 7, "donor": 0, "bytes": 1, "seconds": {}})  # the driver's copy: not twice
+    text = out.getvalue()
+    assert "old" not in text and "cell 9" not in text and "cell 7" not in text
+    assert text.count("fault: kill at backward") == 1 and text.count("heal: cell 1 from cell 0") == 1

@@ -175,3 +175,57 @@ def test_real_train_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert _run(capsys, "analyze-events", out, "--html", page)[0] == 0
     text = page.read_text()
     assert all(f"data-metric='{m}'" in text for m in ("reward", "loss", "grad_norm", "tokens_per_s"))
+
+
+def test_one_colour_one_meaning() -> None:
+    """Issue 24 item 7: a colour on the timeline means one thing. The only shared colours are a
+    state and the mark of the same event (failed / failure detected, healing / heal), committed
+    steps with alive cells, and the two ends of a weight transfer (one legend entry)."""
+    from ftkit.report.metric_charts import DISCARDED, FAULT
+    from ftkit.report.timeline_html import COMMITTED, MARK_STYLE, NOT_COMMITTED, STATE_COLORS
+
+    meanings: dict[str, set[str]] = {}
+    for state, colour in STATE_COLORS.items():
+        meanings.setdefault(colour, set()).add(state)
+    for colour, _, _, text in MARK_STYLE.values():
+        meanings.setdefault(colour, set()).add(text)
+    shared = {frozenset(m) for m in meanings.values() if len(m) > 1}
+    assert shared == {frozenset({"failed", "failure detected"}), frozenset({"healing", "heal"})}
+    assert STATE_COLORS["alive"] == COMMITTED and MARK_STYLE["discarded"][0] == NOT_COMMITTED
+    assert (MARK_STYLE["fault"][0], MARK_STYLE["discarded"][0]) == (FAULT, DISCARDED)
+
+
+def test_findings_are_drawn_at_their_step(tmp_path: Path) -> None:
+    """A FAIL run shows its finding on the steps lane, at the step the evidence names."""
+    from ftkit.analysis.engine import analyze_paths
+    from ftkit.report.timeline_html import render_timeline_html, with_findings
+
+    events = generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2, violation="FT106"))
+    result = analyze_paths([events.events_dir])
+    tl = build_timeline([events.events_dir])
+    steps = {f.evidence.get("step") for f in result.findings} - {None}
+    marks = with_findings(tl, result).markers_of("finding")
+    assert steps and {m.step for m in marks} == steps and all(m.lane == "steps" for m in marks)
+    assert render_timeline_html(tl, result, "fail").count("class='mark-finding'") == len(marks)
+
+
+def test_a_long_start_up_is_compressed_so_training_fills_the_width(tmp_path: Path) -> None:
+    """Issue 24 item 7: Ray and megatron starting took 43 of 51 s; the timeline opens on the
+    training span (the start-up shaded in the first 8%), not with faults squeezed to one edge."""
+    from ftkit.analysis.engine import analyze_paths
+    from ftkit.report.timeline_html import _W, STARTUP_SHARE, render_timeline_html, time_axis
+
+    events = generate(tmp_path, SPEC).events_dir
+    short = build_timeline([events])
+    assert time_axis(short)[1] == short.start  # a short start-up: the axis stays linear
+    driver = events / "driver-i0.jsonl"
+    lines = [json.loads(line) for line in driver.read_text().splitlines()]
+    lines[0]["time"] -= 5 * short.duration  # the run started long before its first step
+    driver.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    tl = build_timeline([events])
+    x, t_train = time_axis(tl)
+    assert t_train > tl.start and x(t_train) == pytest.approx(_W * STARTUP_SHARE) and x(tl.end) == _W
+    page = render_timeline_html(tl, analyze_paths([events]), "pass")
+    steps = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", page)]
+    assert min(steps) >= _W * STARTUP_SHARE - 1 and max(steps) > _W * 0.8
+    assert "class='startup'" in page and "drawn compressed" in page
