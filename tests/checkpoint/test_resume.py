@@ -117,11 +117,17 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
     newest.write_bytes(bytes(data))
     run = run.rename(tmp_path / "moved")  # a run directory moved before its resume keeps its name
 
-    resumed = _ftkit("train", "--resume", str(run), "--rollouts", "4", "--pp", "1", "--format", "json")
+    refused = _ftkit("train", "--resume", str(run), "--rollouts", "4", "--pp", "1", "--format", "json")
+    assert refused.returncode == 2 and "--allow-layout-change" in refused.stderr  # a layout change is asked for
+    resumed = _ftkit(
+        "train", "--resume", str(run), "--rollouts", "4", "--pp", "1", "--allow-layout-change", "--format", "json"
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "layout change on resume (pp 2 -> 1" in resumed.stderr
     assert "Warning:" in resumed.stderr and "step_000003 does not verify" in resumed.stderr
     (event,) = _events(run, "run_resumed")
     assert (event["checkpoint"], event["checkpoint_step"], event["checkpoint_rollout"]) == ("step_000001", 1, 0)
+    assert event["layout_change"] == {"pp": [2, 1]}
     assert any("step_000003" in s for s in event["skipped"])
     # the first session's files are as it left them; the second wrote new incarnations
     assert {name: (run / "events" / name).read_bytes() for name in before} == before
