@@ -15,7 +15,7 @@ _ftkit() {
     cmd=""
     for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done
     case "$cmd" in
-        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint --version --debug" -- "$cur") ); return;;
+        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
                 --model) COMPREPLY=( $(compgen -W "tiny small" -- "$cur") ); return;;
@@ -29,7 +29,7 @@ _ftkit() {
                 --out|-o|--config|--resume|--merged-log|--junit-xml) _ftkit_files "$cur"; return;;
                 --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
@@ -70,6 +70,13 @@ _ftkit() {
                 --junit-xml) _ftkit_files "$cur"; return;;
             esac
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--events --no-events --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
+        check-model)
+            case "$prev" in
+                --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+                --junit-xml) _ftkit_files "$cur"; return;;
+                --prompt|--atol|--rtol) COMPREPLY=(); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--prompt --atol --rtol --format -f --junit-xml --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit

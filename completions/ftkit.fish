@@ -9,7 +9,7 @@ complete -c ftkit -n '__fish_use_subcommand' -a dump -d 'Inspect a dump: prefixe
 complete -c ftkit -n '__fish_use_subcommand' -a compare-dumps -d 'Compare two runs tensor by tensor and report where they first diverge.'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze-events -d 'Replay a run\'s event log and apply the forensic rules (FT101-FT113).'
 complete -c ftkit -n '__fish_use_subcommand' -a analyze -d 'Alias of analyze-events.'
-complete -c ftkit -n '__fish_use_subcommand' -a verify-checkpoint -d 'Verify checkpoints, failing closed (rules FT201-FT217, docs/checkpoints.md).'
+complete -c ftkit -n '__fish_use_subcommand' -a verify-checkpoint -d 'Verify checkpoints, failing closed (rules FT201-FT218, docs/checkpoints.md).'
 complete -c ftkit -n '__fish_use_subcommand' -a check-model -d 'Check that ftkit\'s megatron-core model of a Hugging Face checkpoint computes what transformers computes.'
 complete -c ftkit -n '__fish_use_subcommand' -l version -d 'Print the version and exit.'
 complete -c ftkit -n '__fish_use_subcommand' -l debug -d 'Show tracebacks for errors.'
