@@ -34,7 +34,7 @@ from typing import Any
 from ftkit import __version__
 from ftkit.checkpoint.guard import NonFiniteGuard
 from ftkit.events.writer import EventWriter
-from ftkit.evidence.collectives import broadcast_json, gather_json, rank_and_world
+from ftkit.evidence.collectives import IdGather, broadcast_json, gather_json, rank_and_world
 from ftkit.evidence.profile import EvidenceProfile
 
 RUN_SCHEMA = "ftkit.run/1"
@@ -62,6 +62,8 @@ class EvidenceRun:
         self.guard = NonFiniteGuard()
         self.driver: EventWriter | None = None
         self._closed = False
+        self._ids = IdGather()
+        self._pending: tuple[Any, dict[str, int]] | None = None  # a deferred witness gather
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
         name = run or self.dir.resolve().name
         if self.rank == 0:
@@ -110,8 +112,10 @@ class EvidenceRun:
     ) -> None:
         """A committed step: ``step_outcome``, then what the profile promises at it among
         ``fingerprint`` (needs ``model``, ``optimizer``), ``witness_counts`` (needs ``samples``: the
-        ids this rank trained; a collective) and ``metric``. Call after ``optimizer.step()``."""
+        ids this rank trained; a collective, overlapped with the next step: its line is written by the
+        next ``step``, ``flush`` or ``close``) and ``metric``. Call after ``optimizer.step()``."""
         p = self.profile
+        self.flush()
         self.step_outcome(step, rollout=rollout, attempt=attempt)
         if p.due("state_fingerprint", step):
             if model is None:
@@ -120,7 +124,7 @@ class EvidenceRun:
         if p.due("witness_counts", step):
             if samples is None:
                 raise ValueError(f"the profile promises witness_counts at step {step}: pass samples=")
-            self.witness_counts(step, samples, rollout=rollout, attempt=attempt)
+            self.witness_counts(step, samples, rollout=rollout, attempt=attempt, defer=True)
         if metrics is not None and p.due("metric", step):
             self.metric(step, rollout=rollout, **metrics)
         self.log.sync(wait=False)
@@ -128,6 +132,7 @@ class EvidenceRun:
     def step_outcome(self, step: int, outcome: str = "committed", *, rollout: int = 0, attempt: int = 0) -> None:
         """This rank's ``step_outcome``: ``committed``, or ``discarded`` / ``failed`` for an attempt
         that made no optimizer step (a retry keeps ``step`` and raises ``attempt``)."""
+        self.flush()
         self.log.emit(
             "step_outcome",
             rollout=rollout,
@@ -167,25 +172,43 @@ class EvidenceRun:
         rollout: int = 0,
         attempt: int = 0,
         counted: tuple[list[int], list[int], list[float]] | None = None,
+        defer: bool = False,
     ) -> None:
         """Log the step's global per-sample counts. From ``samples`` (the ids this rank trained in
-        the step, a sample twice if it was trained twice): every rank's ids are gathered (a
+        the step, a sample twice if it was trained twice): every rank's ids are gathered (one
         collective) and every rank logs the same global counts; the contribution channel is 1.0 per
-        occurrence (the sample was in a trained batch). ``counted``: ``(ids, counts, contributions)``
-        read from a reduced witness gradient (``WitnessTable.read``) instead; no collective."""
-        if counted is None:
-            tally: dict[int, int] = {}
-            for ids in gather_json([int(i) for i in samples]):
-                for i in ids:
-                    tally[i] = tally.get(i, 0) + 1
-            order = sorted(tally)
-            counted = (order, [tally[i] for i in order], [float(tally[i]) for i in order])
-        ids, counts, contributions = counted
+        occurrence (the sample was in a trained batch). ``defer``: the gather runs in the
+        background and its line is written by the next ``flush`` (``step``, ``publish_checkpoint``
+        and ``close`` flush first). ``counted``: ``(ids, counts, contributions)`` read from a
+        reduced witness gradient (``WitnessTable.read``) instead; no collective."""
+        self.flush()
+        where = {"rollout": rollout, "step": step, "attempt": attempt}
+        if counted is not None:
+            self._emit_counts(where, *counted)
+            return
+        self._pending = (self._ids.start([int(i) for i in samples]), where)
+        if not defer:
+            self.flush()
+
+    def flush(self) -> None:
+        """Finish a deferred witness gather and write its line (no-op when none is pending)."""
+        if self._pending is None:
+            return
+        handle, where = self._pending
+        self._pending = None
+        tally: dict[int, int] = {}
+        for ids in self._ids.wait(handle):
+            for i in ids:
+                tally[i] = tally.get(i, 0) + 1
+        order = sorted(tally)
+        self._emit_counts(where, order, [tally[i] for i in order], [float(tally[i]) for i in order])
+
+    def _emit_counts(
+        self, where: dict[str, int], ids: list[int], counts: list[int], contributions: list[float]
+    ) -> None:
         self.log.emit(
             "witness_counts",
-            rollout=rollout,
-            step=step,
-            attempt=attempt,
+            **where,
             cell=self.rank,
             rank=0,
             ids=list(ids),
@@ -202,8 +225,10 @@ class EvidenceRun:
     def observe_grads(self, step: int, model: Any, *, rollout: int = 0) -> bool:
         """Check every gradient of ``model`` for NaN / Inf (after ``backward``, before
         ``optimizer.step``): each non-finite one is logged (``grad_nonfinite``) and recorded in this
-        rank's non-finite guard, which ``publish_checkpoint`` consumes. Returns whether all were
-        finite; the caller should then skip the optimizer step and log the step as ``discarded``."""
+        rank's non-finite guard, which ``publish_checkpoint`` consumes (a gradient whose finite
+        values sum past the float32 range counts as non-finite: the guard errs on the safe side).
+        Returns whether all were finite; if not, the caller should skip the optimizer step and log
+        the attempt as ``discarded`` (and retry it)."""
         import torch
 
         from ftkit.evidence.fingerprint import unwrap
@@ -211,7 +236,8 @@ class EvidenceRun:
         named = [(n, p.grad) for n, p in unwrap(model).named_parameters() if p.grad is not None]
         if not named:
             return True
-        finite = torch.stack([g.isfinite().all() for _, g in named])
+        # One reduction per gradient: NaN and Inf survive a sum (so does an overflow: counted too).
+        finite = torch.stack([g.detach().sum(dtype=torch.float32) for _, g in named]).isfinite()
         if bool(finite.all()):
             return True
         for (name, _), ok in zip(named, finite.tolist()):
@@ -233,6 +259,7 @@ class EvidenceRun:
         ``ftkit.evidence.checkpoints.publish``. Returns whether it was published (on every rank)."""
         from ftkit.evidence.checkpoints import publish
 
+        self.flush()
         return publish(self, step, model, optimizer, **options)
 
     # ------------------------------------------------------------------ end
@@ -242,6 +269,7 @@ class EvidenceRun:
         if self._closed:
             return
         self._closed = True
+        self.flush()
         self.log.close()
         gather_json(self.rank)  # every rank's log is closed before the run is declared finished
         if self.driver is not None:
