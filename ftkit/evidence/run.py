@@ -9,7 +9,8 @@ as its other collectives):
   compares replicas across. Rank 0 writes ``run.json`` (if absent) and holds a second log with the
   run's ``driver`` role: ``run_started``, the ``evidence_profile``, the cells' states, the epoch-0
   membership, the witness allocations, the metrics, the checkpoint publications and at ``close``
-  ``run_finished``. Every rank writes its own ``trainer`` log (``events/trainer-c<rank>-r0-i<n>.jsonl``,
+  ``run_finished``. ``engines=N``: the inference engines that must report every weight sync
+  (``ftkit.evidence.engines``). Every rank writes its own ``trainer`` log (``events/trainer-c<rank>-r0-i<n>.jsonl``,
   ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training).
 - Per committed step, in this order: ``step_outcome`` (``step``), then the evidence the profile
   promises at that step: ``fingerprint``, ``witness_counts`` (a collective), ``metric`` (rank 0
@@ -52,6 +53,7 @@ class EvidenceRun:
         config: Mapping[str, Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        engines: int = 0,
         producer: str = "ftkit.evidence",
     ) -> None:
         self.dir = Path(run_dir)
@@ -67,7 +69,8 @@ class EvidenceRun:
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
         name = run or self.dir.resolve().name
         if self.rank == 0:
-            name = _write_run_json(self.dir, name, dict(config or {}), self.world_size, self.profile, producer)
+            layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
+            name = _write_run_json(self.dir, name, dict(config or {}), layout, self.profile, producer)
             self.driver = EventWriter(self.dir / "events", name, "driver")
             self.driver.emit(
                 "run_started",
@@ -75,7 +78,7 @@ class EvidenceRun:
                 num_cells=self.world_size,
                 tp=1,
                 pp=1,
-                num_engines=0,
+                num_engines=engines,
                 ftkit_version=__version__,
             )
             self.driver.emit("evidence_profile", producer=producer, kinds=self.profile.kinds())
@@ -222,6 +225,19 @@ class EvidenceRun:
         if self.driver is not None:
             self.driver.emit("metric", rollout=rollout, step=step, values={k: _scalar(v) for k, v in values.items()})
 
+    def weights_sent(self, rollout: int, version: int, weights: Any) -> str | None:
+        """Log ``weights_sent`` for weights ``version`` pushed to the engines (rank 0 logs it; the
+        others ignore the call and get None): a module or ``{name: tensor}``
+        (``ftkit.evidence.engines``). Every engine of ``engines=`` must then report it (FT102)."""
+        if self.driver is None:
+            return None
+        from ftkit.evidence.engines import weights_fingerprint
+
+        total, params = weights_fingerprint(weights)
+        self.driver.emit("weights_sent", rollout=rollout, version=version, total=total, params=params)
+        self.driver.sync()
+        return total
+
     def observe_grads(self, step: int, model: Any, *, rollout: int = 0) -> bool:
         """Check every gradient of ``model`` for NaN / Inf (after ``backward``, before
         ``optimizer.step``): each non-finite one is logged (``grad_nonfinite``) and recorded in this
@@ -291,7 +307,7 @@ def _scalar(value: Any) -> float | None:
 
 
 def _write_run_json(
-    run_dir: Path, name: str, config: dict[str, Any], world: int, profile: EvidenceProfile, producer: str
+    run_dir: Path, name: str, config: dict[str, Any], layout: dict[str, int], profile: EvidenceProfile, producer: str
 ) -> str:
     """Write ``run.json`` unless the run directory has one; returns the run's name (the recorded one)."""
     from ftkit.tensors.st import write_bytes_atomic
@@ -310,7 +326,7 @@ def _write_run_json(
         "created": time.time(),
         "producer": producer,
         "config": config,
-        "layout": {"cells": world, "tp": 1, "pp": 1, "engines": 0},
+        "layout": layout,
         "evidence_profile": profile.kinds(),
     }
     write_bytes_atomic(path, (json.dumps(doc, indent=2) + "\n").encode())
