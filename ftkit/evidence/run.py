@@ -25,9 +25,7 @@ The collectives use the default process group; run them on every rank or on none
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,8 +35,7 @@ from ftkit.checkpoint.guard import NonFiniteGuard
 from ftkit.events.writer import EventWriter
 from ftkit.evidence.collectives import IdGather, broadcast_json, gather_json, rank_and_world
 from ftkit.evidence.profile import EvidenceProfile
-
-RUN_SCHEMA = "ftkit.run/1"
+from ftkit.evidence.rundir import scalar, write_run_json
 
 
 class EvidenceRun:
@@ -70,7 +67,7 @@ class EvidenceRun:
         name = run or self.dir.resolve().name
         if self.rank == 0:
             layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
-            name = _write_run_json(self.dir, name, dict(config or {}), layout, self.profile, producer)
+            name = write_run_json(self.dir, name, dict(config or {}), layout, self.profile, producer)
             self.driver = EventWriter(self.dir / "events", name, "driver")
             self.driver.emit(
                 "run_started",
@@ -223,7 +220,7 @@ class EvidenceRun:
         """The run's scalar metrics of ``step`` (``None``: per rollout); rank 0 logs them (pass
         values already averaged over ranks), the others ignore the call."""
         if self.driver is not None:
-            self.driver.emit("metric", rollout=rollout, step=step, values={k: _scalar(v) for k, v in values.items()})
+            self.driver.emit("metric", rollout=rollout, step=step, values={k: scalar(v) for k, v in values.items()})
 
     def weights_sent(self, rollout: int, version: int, weights: Any) -> str | None:
         """Log ``weights_sent`` for weights ``version`` pushed to the engines (rank 0 logs it; the
@@ -299,35 +296,3 @@ class EvidenceRun:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.close("completed" if exc_type is None else "failed", None if exc_type is None else exc_type.__name__)
-
-
-def _scalar(value: Any) -> float | None:
-    """A metric value as a float (tensors and numpy scalars too); ``None`` stays ``None``."""
-    return None if value is None else float(value.item() if hasattr(value, "item") else value)
-
-
-def _write_run_json(
-    run_dir: Path, name: str, config: dict[str, Any], layout: dict[str, int], profile: EvidenceProfile, producer: str
-) -> str:
-    """Write ``run.json`` unless the run directory has one; returns the run's name (the recorded one)."""
-    from ftkit.tensors.st import write_bytes_atomic
-
-    path = run_dir / "run.json"
-    try:
-        recorded = json.loads(path.read_bytes()).get("run")
-        if isinstance(recorded, str) and recorded:
-            return recorded
-    except (OSError, ValueError, AttributeError):
-        pass
-    doc = {
-        "schema": RUN_SCHEMA,
-        "run": name,
-        "ftkit_version": __version__,
-        "created": time.time(),
-        "producer": producer,
-        "config": config,
-        "layout": layout,
-        "evidence_profile": profile.kinds(),
-    }
-    write_bytes_atomic(path, (json.dumps(doc, indent=2) + "\n").encode())
-    return name
