@@ -11,7 +11,9 @@ as its other collectives):
   membership, the witness allocations, the metrics, the checkpoint publications and at ``close``
   ``run_finished``. ``engines=N``: the inference engines that must report every weight sync
   (``ftkit.evidence.engines``). Every rank writes its own ``trainer`` log (``events/trainer-c<rank>-r0-i<n>.jsonl``,
-  ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training).
+  ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training;
+  ``incarnation=None`` claims the next free ``<n>``, so a restarted process never writes over its
+  predecessor's log).
 - Per committed step, in this order: ``step_outcome`` (``step``), then the evidence the profile
   promises at that step: ``fingerprint``, ``witness_counts`` (a collective), ``metric`` (rank 0
   logs, the others ignore it), ``dump``, ``publish_checkpoint`` (a collective). ``step`` does the
@@ -51,6 +53,7 @@ class EvidenceRun:
         rank: int | None = None,
         world_size: int | None = None,
         engines: int = 0,
+        incarnation: int | None = None,
         producer: str = "ftkit.evidence",
     ) -> None:
         self.dir = Path(run_dir)
@@ -86,7 +89,9 @@ class EvidenceRun:
             )
             self.driver.sync()
         self.run = str(broadcast_json(name))  # also the barrier: no rank logs before run_started
-        self.log = EventWriter(self.dir / "events", self.run, "trainer", cell=self.rank, rank=0)
+        self.log = EventWriter(
+            self.dir / "events", self.run, "trainer", cell=self.rank, rank=0, incarnation=incarnation
+        )
 
     # ------------------------------------------------------------------ samples
     def allocate(self, rollout: int, ids: Iterable[int], expected: int = 1) -> None:
