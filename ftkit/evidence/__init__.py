@@ -12,9 +12,19 @@ read the run as one of ``ftkit train``'s. See docs/library.md (the contract of e
 evidence profile, what each rule needs).
 """
 
+from ftkit.evidence.engines import EngineLog, weights_fingerprint
 from ftkit.evidence.fingerprint import fingerprint_state, named_state, unwrap
 from ftkit.evidence.profile import EvidenceProfile
 from ftkit.evidence.run import EvidenceRun
 from ftkit.evidence.witness_table import WitnessTable
 
-__all__ = ["EvidenceProfile", "EvidenceRun", "WitnessTable", "fingerprint_state", "named_state", "unwrap"]
+__all__ = [
+    "EngineLog",
+    "EvidenceProfile",
+    "EvidenceRun",
+    "WitnessTable",
+    "fingerprint_state",
+    "named_state",
+    "unwrap",
+    "weights_fingerprint",
+]

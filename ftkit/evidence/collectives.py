@@ -54,3 +54,44 @@ def gather_json(value: Any) -> list[Any]:
 def broadcast_json(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (the others pass anything, ``None``)."""
     return gather_json(value if rank_and_world()[0] == 0 else None)[0]
+
+
+class IdGather:
+    """All-gathers every rank's list of ints (the sample ids of a step) in ONE collective per call,
+    optionally asynchronous (``start`` returns at once; ``wait`` gives the lists in rank order).
+
+    Each rank sends ``[n, id_0, ..., id_{n-1}]`` padded to a capacity all ranks hold alike; when a
+    rank's list did not fit, every rank sees that from the gathered lengths, grows the capacity the
+    same way and gathers again (synchronously), so the ranks never disagree on a size.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+
+    def start(self, ids: list[int]) -> Any:
+        """Begin the gather of this rank's ``ids``; returns a handle for ``wait``."""
+        import torch
+        import torch.distributed as dist
+
+        if rank_and_world()[1] == 1:
+            return ([list(ids)], None, ids)
+        slot = torch.zeros(self.capacity + 1, dtype=torch.int64, device=_device())
+        slot[0] = len(ids)
+        fit = ids[: self.capacity]
+        if fit:
+            slot[1 : len(fit) + 1] = torch.tensor(fit, dtype=torch.int64)
+        parts = [torch.zeros_like(slot) for _ in range(dist.get_world_size())]
+        return (parts, dist.all_gather(parts, slot, async_op=True), ids)
+
+    def wait(self, handle: Any) -> list[list[int]]:
+        """The lists of every rank, in rank order (collective again only when one did not fit)."""
+        parts, work, ids = handle
+        if work is None:
+            return list(parts)
+        work.wait()
+        rows = [p.cpu().tolist() for p in parts]
+        longest = max(r[0] for r in rows)
+        if longest > self.capacity:
+            self.capacity = 2 * longest
+            return self.wait(self.start(ids))
+        return [r[1 : r[0] + 1] for r in rows]

@@ -9,8 +9,11 @@ as its other collectives):
   compares replicas across. Rank 0 writes ``run.json`` (if absent) and holds a second log with the
   run's ``driver`` role: ``run_started``, the ``evidence_profile``, the cells' states, the epoch-0
   membership, the witness allocations, the metrics, the checkpoint publications and at ``close``
-  ``run_finished``. Every rank writes its own ``trainer`` log (``events/trainer-c<rank>-r0-i<n>.jsonl``,
-  ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training).
+  ``run_finished``. ``engines=N``: the inference engines that must report every weight sync
+  (``ftkit.evidence.engines``). Every rank writes its own ``trainer`` log (``events/trainer-c<rank>-r0-i<n>.jsonl``,
+  ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training;
+  ``incarnation=None`` claims the next free ``<n>``, so a restarted process never writes over its
+  predecessor's log).
 - Per committed step, in this order: ``step_outcome`` (``step``), then the evidence the profile
   promises at that step: ``fingerprint``, ``witness_counts`` (a collective), ``metric`` (rank 0
   logs, the others ignore it), ``dump``, ``publish_checkpoint`` (a collective). ``step`` does the
@@ -24,9 +27,7 @@ The collectives use the default process group; run them on every rank or on none
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,9 @@ from typing import Any
 from ftkit import __version__
 from ftkit.checkpoint.guard import NonFiniteGuard
 from ftkit.events.writer import EventWriter
-from ftkit.evidence.collectives import broadcast_json, gather_json, rank_and_world
+from ftkit.evidence.collectives import IdGather, broadcast_json, gather_json, rank_and_world
 from ftkit.evidence.profile import EvidenceProfile
-
-RUN_SCHEMA = "ftkit.run/1"
+from ftkit.evidence.rundir import scalar, write_run_json
 
 
 class EvidenceRun:
@@ -52,6 +52,8 @@ class EvidenceRun:
         config: Mapping[str, Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        engines: int = 0,
+        incarnation: int | None = None,
         producer: str = "ftkit.evidence",
     ) -> None:
         self.dir = Path(run_dir)
@@ -62,10 +64,13 @@ class EvidenceRun:
         self.guard = NonFiniteGuard()
         self.driver: EventWriter | None = None
         self._closed = False
+        self._ids = IdGather()
+        self._pending: tuple[Any, dict[str, int]] | None = None  # a deferred witness gather
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
         name = run or self.dir.resolve().name
         if self.rank == 0:
-            name = _write_run_json(self.dir, name, dict(config or {}), self.world_size, self.profile, producer)
+            layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
+            name = write_run_json(self.dir, name, dict(config or {}), layout, self.profile, producer)
             self.driver = EventWriter(self.dir / "events", name, "driver")
             self.driver.emit(
                 "run_started",
@@ -73,7 +78,7 @@ class EvidenceRun:
                 num_cells=self.world_size,
                 tp=1,
                 pp=1,
-                num_engines=0,
+                num_engines=engines,
                 ftkit_version=__version__,
             )
             self.driver.emit("evidence_profile", producer=producer, kinds=self.profile.kinds())
@@ -84,7 +89,9 @@ class EvidenceRun:
             )
             self.driver.sync()
         self.run = str(broadcast_json(name))  # also the barrier: no rank logs before run_started
-        self.log = EventWriter(self.dir / "events", self.run, "trainer", cell=self.rank, rank=0)
+        self.log = EventWriter(
+            self.dir / "events", self.run, "trainer", cell=self.rank, rank=0, incarnation=incarnation
+        )
 
     # ------------------------------------------------------------------ samples
     def allocate(self, rollout: int, ids: Iterable[int], expected: int = 1) -> None:
@@ -110,8 +117,10 @@ class EvidenceRun:
     ) -> None:
         """A committed step: ``step_outcome``, then what the profile promises at it among
         ``fingerprint`` (needs ``model``, ``optimizer``), ``witness_counts`` (needs ``samples``: the
-        ids this rank trained; a collective) and ``metric``. Call after ``optimizer.step()``."""
+        ids this rank trained; a collective, overlapped with the next step: its line is written by the
+        next ``step``, ``flush`` or ``close``) and ``metric``. Call after ``optimizer.step()``."""
         p = self.profile
+        self.flush()
         self.step_outcome(step, rollout=rollout, attempt=attempt)
         if p.due("state_fingerprint", step):
             if model is None:
@@ -120,7 +129,7 @@ class EvidenceRun:
         if p.due("witness_counts", step):
             if samples is None:
                 raise ValueError(f"the profile promises witness_counts at step {step}: pass samples=")
-            self.witness_counts(step, samples, rollout=rollout, attempt=attempt)
+            self.witness_counts(step, samples, rollout=rollout, attempt=attempt, defer=True)
         if metrics is not None and p.due("metric", step):
             self.metric(step, rollout=rollout, **metrics)
         self.log.sync(wait=False)
@@ -128,6 +137,7 @@ class EvidenceRun:
     def step_outcome(self, step: int, outcome: str = "committed", *, rollout: int = 0, attempt: int = 0) -> None:
         """This rank's ``step_outcome``: ``committed``, or ``discarded`` / ``failed`` for an attempt
         that made no optimizer step (a retry keeps ``step`` and raises ``attempt``)."""
+        self.flush()
         self.log.emit(
             "step_outcome",
             rollout=rollout,
@@ -167,25 +177,43 @@ class EvidenceRun:
         rollout: int = 0,
         attempt: int = 0,
         counted: tuple[list[int], list[int], list[float]] | None = None,
+        defer: bool = False,
     ) -> None:
         """Log the step's global per-sample counts. From ``samples`` (the ids this rank trained in
-        the step, a sample twice if it was trained twice): every rank's ids are gathered (a
+        the step, a sample twice if it was trained twice): every rank's ids are gathered (one
         collective) and every rank logs the same global counts; the contribution channel is 1.0 per
-        occurrence (the sample was in a trained batch). ``counted``: ``(ids, counts, contributions)``
-        read from a reduced witness gradient (``WitnessTable.read``) instead; no collective."""
-        if counted is None:
-            tally: dict[int, int] = {}
-            for ids in gather_json([int(i) for i in samples]):
-                for i in ids:
-                    tally[i] = tally.get(i, 0) + 1
-            order = sorted(tally)
-            counted = (order, [tally[i] for i in order], [float(tally[i]) for i in order])
-        ids, counts, contributions = counted
+        occurrence (the sample was in a trained batch). ``defer``: the gather runs in the
+        background and its line is written by the next ``flush`` (``step``, ``publish_checkpoint``
+        and ``close`` flush first). ``counted``: ``(ids, counts, contributions)`` read from a
+        reduced witness gradient (``WitnessTable.read``) instead; no collective."""
+        self.flush()
+        where = {"rollout": rollout, "step": step, "attempt": attempt}
+        if counted is not None:
+            self._emit_counts(where, *counted)
+            return
+        self._pending = (self._ids.start([int(i) for i in samples]), where)
+        if not defer:
+            self.flush()
+
+    def flush(self) -> None:
+        """Finish a deferred witness gather and write its line (no-op when none is pending)."""
+        if self._pending is None:
+            return
+        handle, where = self._pending
+        self._pending = None
+        tally: dict[int, int] = {}
+        for ids in self._ids.wait(handle):
+            for i in ids:
+                tally[i] = tally.get(i, 0) + 1
+        order = sorted(tally)
+        self._emit_counts(where, order, [tally[i] for i in order], [float(tally[i]) for i in order])
+
+    def _emit_counts(
+        self, where: dict[str, int], ids: list[int], counts: list[int], contributions: list[float]
+    ) -> None:
         self.log.emit(
             "witness_counts",
-            rollout=rollout,
-            step=step,
-            attempt=attempt,
+            **where,
             cell=self.rank,
             rank=0,
             ids=list(ids),
@@ -197,13 +225,28 @@ class EvidenceRun:
         """The run's scalar metrics of ``step`` (``None``: per rollout); rank 0 logs them (pass
         values already averaged over ranks), the others ignore the call."""
         if self.driver is not None:
-            self.driver.emit("metric", rollout=rollout, step=step, values={k: _scalar(v) for k, v in values.items()})
+            self.driver.emit("metric", rollout=rollout, step=step, values={k: scalar(v) for k, v in values.items()})
+
+    def weights_sent(self, rollout: int, version: int, weights: Any) -> str | None:
+        """Log ``weights_sent`` for weights ``version`` pushed to the engines (rank 0 logs it; the
+        others ignore the call and get None): a module or ``{name: tensor}``
+        (``ftkit.evidence.engines``). Every engine of ``engines=`` must then report it (FT102)."""
+        if self.driver is None:
+            return None
+        from ftkit.evidence.engines import weights_fingerprint
+
+        total, params = weights_fingerprint(weights)
+        self.driver.emit("weights_sent", rollout=rollout, version=version, total=total, params=params)
+        self.driver.sync()
+        return total
 
     def observe_grads(self, step: int, model: Any, *, rollout: int = 0) -> bool:
         """Check every gradient of ``model`` for NaN / Inf (after ``backward``, before
         ``optimizer.step``): each non-finite one is logged (``grad_nonfinite``) and recorded in this
-        rank's non-finite guard, which ``publish_checkpoint`` consumes. Returns whether all were
-        finite; the caller should then skip the optimizer step and log the step as ``discarded``."""
+        rank's non-finite guard, which ``publish_checkpoint`` consumes (a gradient whose finite
+        values sum past the float32 range counts as non-finite: the guard errs on the safe side).
+        Returns whether all were finite; if not, the caller should skip the optimizer step and log
+        the attempt as ``discarded`` (and retry it)."""
         import torch
 
         from ftkit.evidence.fingerprint import unwrap
@@ -211,7 +254,8 @@ class EvidenceRun:
         named = [(n, p.grad) for n, p in unwrap(model).named_parameters() if p.grad is not None]
         if not named:
             return True
-        finite = torch.stack([g.isfinite().all() for _, g in named])
+        # One reduction per gradient: NaN and Inf survive a sum (so does an overflow: counted too).
+        finite = torch.stack([g.detach().sum(dtype=torch.float32) for _, g in named]).isfinite()
         if bool(finite.all()):
             return True
         for (name, _), ok in zip(named, finite.tolist()):
@@ -233,6 +277,7 @@ class EvidenceRun:
         ``ftkit.evidence.checkpoints.publish``. Returns whether it was published (on every rank)."""
         from ftkit.evidence.checkpoints import publish
 
+        self.flush()
         return publish(self, step, model, optimizer, **options)
 
     # ------------------------------------------------------------------ end
@@ -242,6 +287,7 @@ class EvidenceRun:
         if self._closed:
             return
         self._closed = True
+        self.flush()
         self.log.close()
         gather_json(self.rank)  # every rank's log is closed before the run is declared finished
         if self.driver is not None:
@@ -255,35 +301,3 @@ class EvidenceRun:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.close("completed" if exc_type is None else "failed", None if exc_type is None else exc_type.__name__)
-
-
-def _scalar(value: Any) -> float | None:
-    """A metric value as a float (tensors and numpy scalars too); ``None`` stays ``None``."""
-    return None if value is None else float(value.item() if hasattr(value, "item") else value)
-
-
-def _write_run_json(
-    run_dir: Path, name: str, config: dict[str, Any], world: int, profile: EvidenceProfile, producer: str
-) -> str:
-    """Write ``run.json`` unless the run directory has one; returns the run's name (the recorded one)."""
-    from ftkit.tensors.st import write_bytes_atomic
-
-    path = run_dir / "run.json"
-    try:
-        recorded = json.loads(path.read_bytes()).get("run")
-        if isinstance(recorded, str) and recorded:
-            return recorded
-    except (OSError, ValueError, AttributeError):
-        pass
-    doc = {
-        "schema": RUN_SCHEMA,
-        "run": name,
-        "ftkit_version": __version__,
-        "created": time.time(),
-        "producer": producer,
-        "config": config,
-        "layout": {"cells": world, "tp": 1, "pp": 1, "engines": 0},
-        "evidence_profile": profile.kinds(),
-    }
-    write_bytes_atomic(path, (json.dumps(doc, indent=2) + "\n").encode())
-    return name

@@ -183,11 +183,14 @@ def _published_run(tmp_path: Path, steps: tuple[int, ...] = (3, 7), **update: ob
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     run = _run_dir(tmp_path)
-    cfg = resume_config(run, {}).model_copy(update=update)
+    from ftkit.train.config import load_config
+
+    cfg = load_config({**resume_config(run, {}).model_dump(mode="json"), **update})
     pub = Publisher(run / "checkpoints", RetentionPolicy(keep_last=3, keep_best=1))
     for step in steps:
         p = payload(step, scale=1 + ("lr" in update))  # other weights, as another lr trains
-        p.meta.update(seed=cfg.seed, model=cfg.model, config=cfg.model_dump(mode="json"))
+        flat = cfg.model_dump(mode="json")
+        p.meta.update(seed=flat["seed"], model=flat["model"], config=flat)
         assert publish(pub, step, payload=p).published
     log_fingerprints(run)
     return run
@@ -202,7 +205,7 @@ def test_resume_skips_a_checkpoint_of_another_config_copied_in_as_the_newest(tmp
     from ftkit.checkpoint.verify import verify_path
 
     run = _published_run(tmp_path)
-    other = _published_run(tmp_path / "other", steps=(7,), lr=resume_config(run, {}).lr * 2)
+    other = _published_run(tmp_path / "other", steps=(7,), lr=resume_config(run, {}).objective.lr * 2)
     new = run / "checkpoints" / "step_000007"
     shutil.rmtree(new)
     shutil.copytree(other / "checkpoints" / "step_000007", new)
@@ -216,7 +219,7 @@ def test_resume_skips_a_checkpoint_of_another_config_copied_in_as_the_newest(tmp
 def test_resume_skips_a_checkpoint_whose_config_is_not_this_runs(tmp_path: Path) -> None:
     """Issue 26 item 9, the config part: checkpoints that verify, recorded and logged, but were
     written with another result-determining value (lr) are skipped."""
-    run = _published_run(tmp_path, lr=TrainConfig().lr * 2)
+    run = _published_run(tmp_path, lr=TrainConfig().objective.lr * 2)
     warnings: list[str] = []
     plan = plan_resume(run, resume_config(run, {}), warnings.append)
     assert plan.checkpoint is None
