@@ -60,13 +60,13 @@ def test_a_second_train_of_the_run_is_exit_2_naming_the_owner(
     """Before Ray starts or a file is touched: ``train --resume`` and ``train --overwrite`` of a
     run directory another process trains."""
     from ftkit.train.config import TrainConfig
-    from ftkit.train.rundir import write_run_json
-    from ftkit.train.task import AdditionTask
+    from ftkit.train.control.rundir import write_run_json
+    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()
     cfg = TrainConfig(out=run)
-    write_run_json(run, cfg, "cpu", AdditionTask(cfg.response_len))
+    write_run_json(run, cfg, "cpu", AdditionTask(cfg.task.response_len))
     before = sorted(p.name for p in run.iterdir())
     for args in (["--resume", str(run)], ["--out", str(run), "--overwrite"]):
         assert main(["train", *args]) == 2

@@ -407,7 +407,7 @@ def test_incompatible_or_empty_inputs(tmp_path, dump):
     dump(tmp_path / "d", [("h.output", torch.ones(2), 0, 0)])
     (tmp_path / "f").mkdir()
     write_safetensors_atomic(tmp_path / "f" / "x.safetensors", {"t": torch.ones(2)})
-    with pytest.raises(UsageError, match="cannot compare a dumps"):
+    with pytest.raises(UsageError, match="cannot compare a dump directory"):
         compare_paths(tmp_path / "d", tmp_path / "f", TOL)
     (tmp_path / "e1").mkdir()
     (tmp_path / "e2").mkdir()

@@ -45,7 +45,8 @@ def test_the_public_names_are_the_documented_ones():
 def test_ftkit_train_uses_the_same_routines():
     from ftkit.evidence.fingerprint import fingerprint_state
     from ftkit.evidence.witness_table import WitnessTable
-    from ftkit.train import rank_state, witness
+    from ftkit.train.rank import state as rank_state
+    from ftkit.train.rank import witness
 
     assert rank_state.fingerprint_state is fingerprint_state and witness.WitnessTable is WitnessTable
 
