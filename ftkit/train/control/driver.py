@@ -1,5 +1,9 @@
 """The driver of ``ftkit train``: the run directory, Ray, the cells, the engines and the loop.
 
+(About 440 lines, past the ~400 guide: the rollout loop, the end-of-run bookkeeping and the
+weight pushes read as one sequence of the run; the parts with state of their own already live
+in ``session``, ``coordinator``, ``healing``, ``checkpoints`` and ``engine_pool``.)
+
 ``run_training(cfg, on_step)`` runs one training run to the end and returns a ``RunResult``
 (with the analyzer's verdict over the run's own event log). In order:
 
