@@ -70,3 +70,14 @@ def output_file(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(target.parent)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one owned by another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ftkit.errors import UsageError
+from ftkit.fsutil import pid_alive
 
 
 def lock_path(out: Path) -> Path:
@@ -74,18 +75,9 @@ def _held(out: Path, path: Path, fd: int) -> UsageError:
     when = time.strftime(" since %Y-%m-%d %H:%M:%S UTC", time.gmtime(since)) if isinstance(since, (int, float)) else ""
     state = ""
     if isinstance(pid, int) and host == socket.gethostname():
-        state = ", running" if _alive(pid) else ", not running (a process it started still holds the lock)"
+        state = ", running" if pid_alive(pid) else ", not running (a process it started still holds the lock)"
     return UsageError(
         f"{out} is being trained by another ftkit train (pid {pid} on {host}{when}{state})",
         hint=f"wait for it to end, or stop it (kill {pid} on {host}); the lock ({path}) is released when it exits",
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True

@@ -87,22 +87,10 @@ def newest_trusted(
 def published_in_log(events: Path) -> list[str]:
     """Names of the checkpoints the drivers' logs in ``events`` record as published
     (``checkpoint_published``), in log order, each once; torn or foreign lines are skipped."""
-    import json
+    from ftkit.events.driver_log import driver_events
 
     names: dict[str, None] = {}
-    for path in sorted(Path(events).glob("driver-i*.jsonl")):
-        with open(path, "rb") as f:
-            for line in f:
-                if b'"checkpoint_published"' not in line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:  # the torn last line of a killed driver
-                    continue
-                if (
-                    isinstance(ev, dict)
-                    and ev.get("type") == "checkpoint_published"
-                    and isinstance(ev.get("path"), str)
-                ):
-                    names[Path(ev["path"]).name] = None
+    for ev in driver_events(events, "checkpoint_published"):
+        if isinstance(ev.get("path"), str):
+            names[Path(ev["path"]).name] = None
     return list(names)

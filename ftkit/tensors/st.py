@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ftkit.errors import InputError
-from ftkit.fsutil import TMP_MARK, fsync_dir, temp_path
+from ftkit.fsutil import TMP_MARK, fsync_dir, pid_alive, temp_path
 from ftkit.tensors.untrusted import is_text, load_json, open_regular, short_repr
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,7 +87,7 @@ def remove_stale_temps(target: Path) -> list[Path]:
         parts = p.name[len(target.name) + 1 + len(TMP_MARK) :].split("-")
         if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
             continue
-        if _pid_alive(int(parts[1])):
+        if pid_alive(int(parts[1])):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
@@ -95,15 +95,6 @@ def remove_stale_temps(target: Path) -> list[Path]:
             p.unlink(missing_ok=True)
         removed.append(p)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -220,21 +220,10 @@ def _other_run(checkpoint: Path, cfg: TrainConfig) -> str | None:
 
 def last_epoch(events_dir: Path) -> int:
     """The highest membership epoch the drivers' ``reconfigure`` events hold (-1: none)."""
-    import json
+    from ftkit.events.driver_log import driver_events
 
-    epoch = -1
-    for path in sorted(Path(events_dir).glob("driver-i*.jsonl")):
-        with open(path, "rb") as f:
-            for line in f:
-                if b'"reconfigure"' not in line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:  # the torn last line of a killed driver
-                    continue
-                if ev.get("type") == "reconfigure":
-                    epoch = max(epoch, int(ev["epoch"]))
-    return epoch
+    epochs = [ev["epoch"] for ev in driver_events(events_dir, "reconfigure") if type(ev.get("epoch")) is int]
+    return max(epochs, default=-1)
 
 
 _TRAINER = re.compile(r"trainer-c\d+-r\d+-i(\d+)\.jsonl(\.gz)?$")
