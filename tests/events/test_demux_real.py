@@ -36,7 +36,13 @@ def _first(kind: str, **match: Any) -> Callable[[Event, dict[str, int]], bool]:
 
 
 def _divergence(ev: Event) -> None:
-    ev["total"] = "0" * len(ev["total"])
+    """One tensor's fingerprint changed, and the total recomputed from the parts (the analyzer
+    recomputes every total: a total alone changed is a log-integrity finding, not a divergence)."""
+    from ftkit.tensors.fingerprint import state_total
+
+    name = sorted(ev["params"])[0]
+    ev["params"][name] = "0" * len(ev["params"][name])
+    ev["total"] = state_total(ev["params"], ev["optimizer"])
 
 
 def _duplicate_witness(ev: Event) -> None:
@@ -56,7 +62,12 @@ def _fail(ev: Event) -> None:
 
 
 def _stale_engine(ev: Event) -> None:
-    ev["total"] = "f" * len(ev["total"])
+    """One held tensor's fingerprint changed, the total recomputed from the parts (as ``_divergence``)."""
+    from ftkit.tensors.fingerprint import combine
+
+    name = sorted(ev["params"])[0]
+    ev["params"][name] = "f" * len(ev["params"][name])
+    ev["total"] = combine(ev["params"])
 
 
 # code -> (which event, how): each keeps the line's source and seq, so only the planted rule fires
