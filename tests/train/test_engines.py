@@ -25,7 +25,7 @@ def test_split_gives_contiguous_chunk_aligned_ranges():
 def _cfg(seed=0, **kw):
     from ftkit.train.config import TrainConfig
 
-    return TrainConfig(seed=seed, response_len=6, **kw).model_dump(mode="json")
+    return TrainConfig(seed=seed, response_len=6, **kw)  # actors take the validated object
 
 
 _SAVE_MODEL = """
