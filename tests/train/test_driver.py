@@ -132,7 +132,11 @@ def test_tampered_logs_give_the_matching_finding(runs, tmp_path):
 
     def flip(e):
         if e["cell"] == 1 and e["step"] == 2 and e["rank"] == 0:
-            e["total"] = ("0" if e["total"][0] != "0" else "1") + e["total"][1:]
+            from ftkit.tensors.fingerprint import state_total
+
+            name = sorted(e["params"])[0]  # one tensor differs, the total consistent with its parts
+            e["params"][name] = ("0" if e["params"][name][0] != "0" else "1") + e["params"][name][1:]
+            e["total"] = state_total(e["params"], e["optimizer"])
             return True
         return False
 
