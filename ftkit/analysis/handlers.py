@@ -110,7 +110,8 @@ class EventHandlers(Watermark):
         if ev["new"] in DEAD_STATES:  # "stopped" is a deliberate stop at a step boundary, not a death
             self._died(ev["cell"])
             self.closure.declared_dead(ev["cell"], ev["time"])
-            self.recovery.cell_failed(ev["time"], ev["cell"], ev["reason"], self.where(fi, line))
+            rollout = max(self.rollouts) if self.rollouts else None
+            self.recovery.cell_failed(ev["time"], ev["cell"], ev["reason"], self.where(fi, line), rollout)
 
     def _reconfigure(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.epochs[ev["epoch"]] = frozenset(ev["alive_after"])
@@ -194,6 +195,7 @@ class EventHandlers(Watermark):
                 self.late[1] = self.late[1] or self.where(fi, line)
                 return
             ro = self.rollouts[ev["rollout"]] = RolloutRecord(ev["rollout"])
+            self.recovery.rollout_opened(ev["rollout"])
         if ev["attempt"] >= ro.alloc_attempt:
             ro.allocate(ev["ids"], ev["expected"], ev["attempt"], self.where(fi, line))
 

@@ -18,7 +18,9 @@ recovered from it.
 - ``steps_discarded``: step attempts committed by no cell, attributed to the latest fault
   before them;
 - ``samples_lost``: witness deficit (allocated ids counted fewer times than expected) of the
-  fault's rollout; ``None`` while the rollout is open or has no witness evidence. Must be 0;
+  fault's rollout; ``None`` while the rollout is open or has no witness evidence. Must be 0. A
+  detected row's rollout is the one open when the driver declared the failure, else the next
+  one to open (a failure between rollouts strikes the next one's samples);
 - ``recovered_by``: ``reconfigure``, ``heal`` or ``retry`` (a later attempt of a step committed
   after the fault), whichever came first; ``absorbed`` for a fault that fails nothing by design
   (``slow``, in ``ABSORBABLE``) when its step committed anyway; for a fault at a checkpoint publication point
@@ -101,6 +103,7 @@ class RecoveryTracker:
         }
         self._heals: dict[tuple[int, int | None], list[FaultRow]] = {}  # (cell, epoch) -> rows it healed
         self._by_rollout: dict[int | None, list[FaultRow]] = {}
+        self._next_rollout: list[FaultRow] = []  # detected rows struck between rollouts
 
     def fault(self, ev: dict[str, Any], where: tuple[str, int]) -> None:
         self._add(
@@ -126,9 +129,10 @@ class RecoveryTracker:
                 waiting.append(row)
         self._by_rollout.setdefault(row.rollout, []).append(row)
 
-    def cell_failed(self, t: float, cell: int, cause: str, where: tuple[str, int]) -> None:
-        """The driver declared ``cell`` failed at ``t`` for ``cause``: the detection of the latest
-        injected fault of that cell that fails cells and is not explained yet, else a row of its own."""
+    def cell_failed(self, t: float, cell: int, cause: str, where: tuple[str, int], rollout: int | None) -> None:
+        """The driver declared ``cell`` failed at ``t`` for ``cause`` while ``rollout`` was open
+        (``None``: between rollouts): the detection of the latest injected fault of that cell that
+        fails cells and is not explained yet, else a row of its own."""
         self.detected(t, cell)
         for r in reversed(self.rows):
             if (
@@ -142,7 +146,19 @@ class RecoveryTracker:
             ):
                 r.explained = True
                 return
-        self._add(FaultRow(len(self.rows), "detected", "", cell, None, None, None, t, where, None, False, cause, 0.0))
+        row = FaultRow(len(self.rows), "detected", "", cell, None, rollout, None, t, where, None, False, cause, 0.0)
+        self._add(row)
+        if rollout is None:
+            self._next_rollout.append(row)
+
+    def rollout_opened(self, rollout: int) -> None:
+        """The first evidence of ``rollout`` (its allocation): the detected rows struck between
+        rollouts are its."""
+        for row in self._next_rollout:
+            self._by_rollout[None].remove(row)
+            row.rollout = rollout
+            self._by_rollout.setdefault(rollout, []).append(row)
+        self._next_rollout.clear()
 
     def engine_failed(self, t: float, engine: int, cause: str, where: tuple[str, int]) -> None:
         """The driver found ``engine`` failed at ``t`` (``engine_failed``): the detection of the

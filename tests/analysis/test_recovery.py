@@ -89,7 +89,7 @@ def test_a_failure_nobody_injected_is_a_row_of_its_own_and_fails_closed_until_re
     """An outside SIGKILL (no ``fault_injected``): the cell's failure is the row, detected at once,
     recovered by the reconfigure, healed later; an unrecovered one stays ``None`` (FT113)."""
     tr = RecoveryTracker()
-    tr.cell_failed(10.0, 1, "dead: the actor died", ("driver.jsonl", 7))
+    tr.cell_failed(10.0, 1, "dead: the actor died", ("driver.jsonl", 7), 0)
     tr.reconfigured(10.5)
     tr.committed(11.0)
     tr.healed(15.0, 1, 100, epoch=3)
@@ -98,16 +98,16 @@ def test_a_failure_nobody_injected_is_a_row_of_its_own_and_fails_closed_until_re
     assert row["cell"] == 1 and row["detect_s"] == 0.0 and row["recovered_by"] == "reconfigure"
     assert row["reconfigure_s"] == 0.5 and row["next_commit_s"] == 1.0 and row["heal_s"] == 5.0
     assert (row["file"], row["line"]) == ("driver.jsonl", 7)
-    tr.cell_failed(20.0, 0, "hung: no answer after 12.0s (deadline)", ("driver.jsonl", 9))
+    tr.cell_failed(20.0, 0, "hung: no answer after 12.0s (deadline)", ("driver.jsonl", 9), 0)
     assert tr.rows[1].recovered_by is None
 
 
 def test_an_injected_fault_is_matched_to_its_detection_once() -> None:
     tr = RecoveryTracker()
     tr.fault(_fault("sigkill", 3, 10.0), ("f", 1))
-    tr.cell_failed(10.2, 0, "dead", ("d", 1))  # another cell: not this fault's detection
-    tr.cell_failed(10.3, 1, "dead", ("d", 2))  # the fault's detection: no row of its own
-    tr.cell_failed(12.0, 1, "restart failed: ...", ("d", 3))  # a second failure of the cell: its own row
+    tr.cell_failed(10.2, 0, "dead", ("d", 1), 0)  # another cell: not this fault's detection
+    tr.cell_failed(10.3, 1, "dead", ("d", 2), 0)  # the fault's detection: no row of its own
+    tr.cell_failed(12.0, 1, "restart failed: ...", ("d", 3), 0)  # a second failure of the cell: its own row
     assert [(r.kind, r.cell, r.injected) for r in tr.rows] == [
         ("sigkill", 1, True),
         ("detected", 0, False),
@@ -125,9 +125,22 @@ def test_a_nan_grad_retried_takes_neither_the_next_fault_s_reconfigure_nor_its_h
     tr.step_closed(10.1, False, 0, 22)  # the attempt is discarded everywhere
     tr.step_closed(10.5, True, 1, 22)  # and its retry commits
     assert tr.rows[0].recovered_by == "retry"
-    tr.cell_failed(30.0, 2, "dead", ("d", 2))  # a later, outside kill of the same cell
+    tr.cell_failed(30.0, 2, "dead", ("d", 2), 0)  # a later, outside kill of the same cell
     tr.reconfigured(31.0)
     tr.healed(38.0, 2, 100, epoch=4)
     nan_row, kill_row = tr.table()
     assert nan_row["reconfigure_s"] is None and nan_row["heal_s"] is None
     assert kill_row["injected"] is False and kill_row["reconfigure_s"] == 1.0 and kill_row["heal_s"] == 8.0
+
+
+def test_a_detected_failure_between_rollouts_loses_the_next_rollout_s_samples_or_none() -> None:
+    """A rank killed during a checkpoint preflight (no rollout open): its row takes the rollout
+    that opens next, so its ``samples_lost`` is that rollout's deficit, not ``None``."""
+    tr = RecoveryTracker()
+    tr.cell_failed(10.0, 1, "during the checkpoint preflight: dead", ("d", 1), None)
+    tr.cell_failed(11.0, 0, "dead", ("d", 2), 4)  # while rollout 4 was open: that one's
+    assert [r.rollout for r in tr.rows] == [None, 4]
+    tr.rollout_opened(5)
+    tr.rollout_closed(4, 2)
+    tr.rollout_closed(5, 0)
+    assert [(r.rollout, r.samples_lost) for r in tr.rows] == [(5, 0), (4, 2)]

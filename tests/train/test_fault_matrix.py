@@ -92,8 +92,11 @@ def explain(res: subprocess.CompletedProcess[str]) -> str:
     )
 
 
-def assert_survived(run: Path, res: subprocess.CompletedProcess[str], reference: Path, faults: int) -> None:
-    """The three acceptance checks (plus the engines' weights) of a run that must survive."""
+def assert_survived(
+    run: Path, res: subprocess.CompletedProcess[str], reference: Path, faults: int, detected: int = 0
+) -> None:
+    """The three acceptance checks (plus the engines' weights) of a run that must survive:
+    ``faults`` injected, ``detected`` failures nobody injected (rows of their own)."""
     assert res.returncode == 0, explain(res)
     injected = [e for e in events(run) if e["type"] == "fault_injected"]
     assert len(injected) >= faults, f"{len(injected)} fault(s) fired, expected {faults}"
@@ -101,7 +104,8 @@ def assert_survived(run: Path, res: subprocess.CompletedProcess[str], reference:
     assert code == 0, json.dumps(report["findings"], indent=1)[:4000]
     assert report["stats"]["status"] == "completed"
     rows = report["recovery"]
-    assert len(rows) == len(injected)
+    assert len([r for r in rows if r["injected"]]) == len(injected), rows
+    assert len([r for r in rows if not r["injected"]]) == detected, rows
     for row in rows:
         assert row["samples_lost"] == 0 or (row["rollout"] is None and row["samples_lost"] is None), row
         assert row["recovered_by"] is not None or row["kind"] == "slow", row
@@ -208,7 +212,7 @@ def test_rank_killed_by_someone_else(reference: Path, out: Path) -> None:
             proc.kill()
             proc.communicate()
     res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
-    assert_survived(out, res, reference, faults=0)
+    assert_survived(out, res, reference, faults=0, detected=1)
     failed = [e for e in events(out) if e["type"] == "cell_state" and e["cell"] == 1 and e["new"] == "failed"]
     assert failed, "the driver did not record the death of cell 1"
 

@@ -87,9 +87,11 @@ def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) ->
 
     state = None
     checkpoints = Path(run_dir) / "checkpoints"
+    change = layout_change(run_dir, cfg)  # asked for with --allow-layout-change (resume_config)
+    free = FREE_FIELDS | LAYOUT_FIELDS if change else FREE_FIELDS
     if checkpoints.is_dir():
         try:
-            newest = newest_trusted(checkpoints, on_warning=note, accept=lambda path: _other_run(path, cfg))
+            newest = newest_trusted(checkpoints, on_warning=note, accept=lambda path: _other_run(path, cfg, free))
             if newest is None and any(checkpoints.glob("step_*")):
                 note("no checkpoint verifies: training again from the seed's initial state")
             if newest is not None:
@@ -109,7 +111,6 @@ def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) ->
         if gone:
             note(f"{checkpoints} holds none of the {len(gone)} checkpoint(s) the log records as published "
                  f"(newest {gone[-1]}): training again from the seed's initial state")  # fmt: skip
-    change = layout_change(run_dir, cfg)
     if change:
         shown = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in change.items())
         warn(
@@ -199,9 +200,11 @@ def resume_config(run_dir: Path, given: dict[str, Any], allow_layout_change: boo
     return load_config(values)
 
 
-def _other_run(checkpoint: Path, cfg: TrainConfig) -> str | None:
+def _other_run(checkpoint: Path, cfg: TrainConfig, free: frozenset[str]) -> str | None:
     """Why ``checkpoint`` (verified) is not this run's: a result-determining field (outside
-    ``FREE_FIELDS``) of the config in its ``meta.json`` differs from ``cfg``'s; None when it is."""
+    ``free``: ``FREE_FIELDS``, plus ``LAYOUT_FIELDS`` when this resume changes the layout) of
+    the config in its ``meta.json`` differs from ``cfg``'s; None when it is. The checkpoint
+    format is layout-free, so a checkpoint of the old layout loads into the new one."""
     import json
 
     from ftkit.checkpoint.layout import META
@@ -212,7 +215,7 @@ def _other_run(checkpoint: Path, cfg: TrainConfig) -> str | None:
         return f"its {META} holds no config object"
     recorded = {"seed": meta.get("seed"), "model": meta.get("model"), **config}
     ours = cfg.model_dump(mode="json")
-    for key in sorted(set(recorded) & set(ours) - FREE_FIELDS):
+    for key in sorted(set(recorded) & set(ours) - free):
         if recorded[key] is not None and recorded[key] != ours[key]:
             return f"written with {key} {recorded[key]!r}, this run has {ours[key]!r}"
     return None
