@@ -42,6 +42,11 @@ CODES: dict[str, tuple[str, Severity, str]] = {
         E,
         "the two runs' run.json differ in what shapes the data (micro-shards, batch, model, seed, ...; listed first)",
     ),
+    "CD013": (
+        "rollout-superseded",
+        W,
+        "a rollout dumped on one side only that neither run's final config dumps (a run extended by --resume)",
+    ),
 }
 
 

@@ -30,7 +30,8 @@ import numpy as np
 from ftkit.dumps.codes import finding, summaries
 from ftkit.dumps.loader import TensorLoader, check_fingerprint
 from ftkit.dumps.metrics import Metrics, diff_metrics, nonfinite_counts
-from ftkit.dumps.pairing import Item, pair
+from ftkit.dumps.pairing import Item, pair, rollout_label
+from ftkit.dumps.rollout_set import dumps_rollout
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
 from ftkit.dumps.sources import check_compatible, config_diff, open_source, require_exists
@@ -147,7 +148,21 @@ def compare_paths(
                 fields={k: {"a": va, "b": vb} for k, va, vb in _diff_rows(result.config_diff)},
             )
         )
-    for label, lacking in pairing.missing_rollouts:
+    missing = 0
+    for key, lacking in pairing.missing_rollouts:
+        label = rollout_label(*key)
+        if _outside_dump_sets(key[2], sa.config, sb.config):
+            result.findings.append(
+                finding(
+                    "CD013",
+                    f"rollout {label} exists only in {'B' if lacking == 'A' else 'A'}, outside both runs' final "
+                    "dump sets (an earlier session's last rollout, before --resume extended the run): not compared",
+                    rollout=label,
+                    missing_in=lacking,
+                )
+            )
+            continue
+        missing += 1
         result.findings.append(
             finding("CD006", f"rollout {label} is missing in {lacking}", rollout=label, missing_in=lacking)
         )
@@ -175,9 +190,7 @@ def compare_paths(
     finally:
         loader.close()
     result.findings.extend(_missing_findings(result.pairs))
-    result.stats = _stats(
-        result, sa.total_bytes() + sb.total_bytes(), len(pairing.missing_rollouts), len(pairing.missing_files)
-    )
+    result.stats = _stats(result, sa.total_bytes() + sb.total_bytes(), missing, len(pairing.missing_files))
     compared = sum(1 for p in result.pairs if p.metrics is not None)
     result.rules = summaries(
         {
@@ -375,6 +388,24 @@ def _missing_findings(pairs: list[PairResult]) -> list[Finding]:
             )
         )
     return out
+
+
+def _outside_dump_sets(rollout: int, a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """Whether neither run's final config (``run.json``) dumps ``rollout``: a dump of it on one
+    side is left over from an earlier session (the last rollout before ``--resume --rollouts N``
+    extended the run), not evidence the other side lacks. Unknown configs: False (CD006)."""
+    for config in (a, b):
+        if config is None:
+            return False
+        spec, rollouts = config.get("dump_rollouts"), config.get("rollouts")
+        if not isinstance(spec, str) or type(rollouts) is not int:
+            return False
+        try:
+            if dumps_rollout(spec, rollouts, rollout):
+                return False
+        except ValueError:
+            return False
+    return True
 
 
 def _stats(result: CompareResult, total_bytes: int, missing_rollouts: int, missing_files: int) -> dict[str, int]:

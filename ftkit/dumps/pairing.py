@@ -53,7 +53,7 @@ class Item:
 @dataclass
 class Pairing:
     items: list[Item]
-    missing_rollouts: list[tuple[str, str]]  # (rollout label, side that lacks it: "A"|"B")
+    missing_rollouts: list[tuple[tuple[str, str, int], str]]  # ((prefix, phase, rollout), side lacking it: "A"|"B")
     missing_files: list[tuple[str, str]]
 
 
@@ -74,10 +74,7 @@ def pair(a: Source, b: Source) -> Pairing:
             elif entry_order(e) < item.order:
                 item.order = entry_order(e)
             getattr(item, side).append(Piece(e.sharding, e.ref, e.writer))
-    missing_rollouts = sorted(
-        [(rollout_label(*r), "B") for r in a.rollouts - b.rollouts]
-        + [(rollout_label(*r), "A") for r in b.rollouts - a.rollouts]
-    )
+    missing_rollouts = sorted([(r, "B") for r in a.rollouts - b.rollouts] + [(r, "A") for r in b.rollouts - a.rollouts])
     groups_a, groups_b = _groups(a), _groups(b)
     missing_files = sorted(
         [(f, "B") for g in groups_a.keys() - groups_b.keys() for f in groups_a[g]]

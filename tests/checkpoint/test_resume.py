@@ -164,6 +164,30 @@ def test_sigkill_from_outside_at_a_random_moment_then_resume(uninterrupted: Path
     _assert_same_run(uninterrupted, run, context)
 
 
+def test_a_completed_run_extended_by_resume_equals_the_uninterrupted_run(
+    uninterrupted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A completes 4 rollouts; B completes 2 (dumping its first and last: 0 and 1), then
+    ``--resume --rollouts 4`` extends it (dumping 3). B's rollout-1 dump is in neither run's final
+    dump set: CD013, a warning, and ``--exact`` passes; rollout 3 missing in B would be CD006."""
+    from ftkit.cli import main
+
+    run = tmp_path / "B"
+    first = _ftkit("train", "--out", str(run), "--rollouts", "2", *CONFIG, "--dump-rollouts", "first,last")
+    assert first.returncode == 0, first.stderr[-3000:]
+    extended = _ftkit("train", "--resume", str(run), "--rollouts", "4", "--format", "json")
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    _assert_same_run(uninterrupted, run)
+    capsys.readouterr()
+    assert main(["compare-dumps", "--exact", str(uninterrupted), str(run), "--format", "json"]) == 0
+    found = [(f["code"], f["evidence"]["rollout"]) for f in json.loads(capsys.readouterr().out)["findings"]]
+    assert ("CD013", "actor/fwd_bwd/rollout_000001") in found and not [c for c, _ in found if c == "CD006"]
+    last = run / "dumps" / "actor" / "fwd_bwd" / "rollout_000003"
+    last.rename(tmp_path / "gone")  # a dump the final config asks for, gone
+    assert main(["compare-dumps", "--exact", str(uninterrupted), str(run), "--format", "json"]) == 1
+    assert "CD006" in {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
 @pytest.mark.parametrize("phase", PHASES)
 def test_sigkill_in_a_publication_phase_then_resume(uninterrupted: Path, tmp_path: Path, phase: str) -> None:
     """The driver-side phases kill ``ftkit train`` itself. ``publish_preflight`` runs in the

@@ -126,14 +126,9 @@ class TrainConfig(BaseModel):
 
     def dumps_rollout(self, rollout: int) -> bool:
         """Whether rollout ``rollout`` (0-based) is dumped according to ``dump_rollouts``."""
-        spec = self.dumps.rollouts
-        if spec == "none":
-            return False
-        if spec == "all":
-            return True
-        last = self.schedule.rollouts - 1
-        wanted = {0 if p.strip() == "first" else last if p.strip() == "last" else int(p) for p in spec.split(",")}
-        return rollout in wanted
+        from ftkit.dumps.rollout_set import dumps_rollout
+
+        return dumps_rollout(self.dumps.rollouts, self.schedule.rollouts, rollout)
 
 
 def check_geometry(cfg: TrainConfig) -> None:
