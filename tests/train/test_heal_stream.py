@@ -3,6 +3,7 @@
 import datetime
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -80,6 +81,21 @@ def test_a_recipient_that_never_connects_times_the_donor_out(store):
     _serve(store, "nobody", tensors, meta, out, timeout=0.3)
     assert isinstance(out["error"], TimeoutError)
     assert store.get("nobody")  # the donor did publish where it listened
+
+
+def test_a_donor_called_off_by_the_driver_gives_up_at_once_not_at_its_timeout(store):
+    """The driver learnt from Ray that the recipient died before connecting: it sets the
+    transfer's cancel key and the donor, waiting in accept for 60 s, returns within a slice."""
+    tensors, meta = encode(_state())
+    out: dict = {}
+    donor = threading.Thread(target=_serve, args=(store, "dead-recipient", tensors, meta, out, 60.0))
+    donor.start()
+    while not store.check(["dead-recipient"]):  # the donor listens
+        time.sleep(0.01)
+    store.set(heal_stream.cancel_key("dead-recipient"), "1")
+    donor.join(timeout=10 * heal_stream.ACCEPT_SLICE_S)
+    assert not donor.is_alive(), "the donor still waits for a recipient the driver knows is dead"
+    assert isinstance(out["error"], ConnectionError) and "cancelled by the driver" in str(out["error"])
 
 
 def test_a_storage_that_is_one_tensor_of_the_room_is_received_in_place(store):

@@ -113,6 +113,17 @@ class Cell:
     def shutdown(self) -> list[Any]:
         return [w.shutdown.remote() for w in self.workers]
 
+    def dead(self) -> str | None:
+        """Why Ray reports a rank of this cell dead (its actor table), or None: the death
+        notification ``RefWaiter`` polls while it waits (``ftkit.train.control.waiting``)."""
+        from ftkit.train.control.waiting import ray_actor_dead
+
+        for rank, worker in enumerate(self.workers):
+            cause = ray_actor_dead(worker)
+            if cause is not None:
+                return cause if rank == 0 else f"rank {rank}: {cause}"
+        return None
+
     def kill(self, release_group: bool = True) -> None:
         """Kill the rank actors and release the placement group (idempotent); ``release_group``
         false leaves the group to Ray (releasing it waits on the GCS, which may be gone)."""

@@ -11,7 +11,8 @@
    collectives, a failure means the attempt is lost anyway) and classifies every answer: a
    ``Reduced``, a dead actor (``RayActorError``), a ``CollectiveError`` (a symptom: the rank
    is alive, a peer is not), another exception (the cell failed), or no answer by the
-   deadline (hung: the cell is killed);
+   deadline (hung: the cell is killed; but a cell still waiting after a peer failed, or found
+   dead by Ray's death notice, is blocked on that peer and not failed);
 3. phase 2: when every live rank reduced and the reduction was finite, ``commit`` on every
    cell; a cell that dies now is marked failed, the others have committed the same state.
    Anything else: ``discard`` on every surviving cell (nothing stepped anywhere), failed
@@ -151,7 +152,10 @@ class StepCoordinator:
                 roster.fail(cell, cause)
             self._discard(step, attempt)
             if not phase1.clean:
-                why = "; ".join(f"cell {c} {cause}" for c, cause in sorted(phase1.failed.items()))
+                why = "; ".join(
+                    [f"cell {c} {cause}" for c, cause in sorted(phase1.failed.items())]
+                    + [f"cell {c} blocked on dead peer {peer}" for c, peer in sorted(phase1.blocked.items())]
+                )
                 self.reconfigure(f"step {step} attempt {attempt} failed: {why or 'collective error'}")
         raise RunFailed(
             f"step {step} failed {cfg.recovery.max_retries + 1} times (--max-retries {cfg.recovery.max_retries})",

@@ -255,7 +255,7 @@ class Driver:
         spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
         session = self.cells = CellSession(
             cfg, str(self.run_dir), self.device, (self.store.host, self.store.port), placer, self.events,
-            self._emit_cell_event,
+            self._emit_cell_event, self.store.set,
         )  # fmt: skip
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
         cells = session.spawn(spread.cells, epoch, incarnation)

@@ -74,8 +74,10 @@ class Healer:
         spawn: Spawn,
         store: tuple[str, int],
         placer: HealPlacement | None = None,
+        cancel: Callable[[str], None] = lambda key: None,
     ) -> None:
         self.cfg, self.roster, self.spawn, self.store, self.placer = cfg, roster, spawn, store, placer
+        self.cancel = cancel  # sets a key in the driver's TCPStore (``_cancel``)
         self.starting: dict[int, tuple[list[Any], float]] = {}  # cell -> (init refs, restart time)
         self.ready: set[int] = set()  # started, not healed yet
         self.attempts: dict[int, int] = {}  # cell -> heal attempts so far (the fault point's attempt)
@@ -135,6 +137,7 @@ class Healer:
             pairs = self._pair({c: c + self.attempts.get(c, 0) for c in waiting}, donors)
             serving: dict[int, list[Any]] = {}
             loading: dict[int, list[Any]] = {}
+            keys_of: dict[int, list[str]] = {}
             for cell, donor in pairs.items():
                 tries[cell] += 1
                 attempt = self.attempts.get(cell, 0)
@@ -142,15 +145,30 @@ class Healer:
                 book.transition(cell, CellState.healing, f"healing from donor cell {donor} (attempt {attempt})")
                 inc = roster.cells[cell].incarnation
                 keys = [f"heal/c{cell}/i{inc}/a{attempt}/r{r}" for r in range(len(roster.cells[cell].workers))]
+                keys_of[cell] = keys
                 serving[cell] = roster.cells[donor].serve_state(keys)
                 loading[cell] = roster.cells[cell].load_state(keys, donor, book.epoch + 1, step, attempt)
             # one wait per recipient (they all run meanwhile): a large state may stream for longer
-            # than the grace one wait gives the others after the first answer
-            answers = {c: roster.wait({c: refs}, self.cfg.recovery.step_timeout) for c, refs in loading.items()}
+            # than the grace one wait gives the others after the first answer. A donor Ray reports
+            # dead ends its recipient's wait at once; a recipient found dead calls its donor off.
+            answers: dict[int, Answers] = {}
+            for c, refs in loading.items():
+                answers[c] = roster.wait({c: refs}, self.cfg.recovery.step_timeout, peers=(pairs[c],))
+                if answers[c].failed.get(c, "").startswith("dead"):
+                    self._cancel(keys_of[c])
             grace = self.cfg.recovery.collective_timeout + MARGIN_S  # a served stream ends within it
             roster.ready([r for refs in serving.values() for r in refs], grace)
             for cell, donor in pairs.items():
                 self._settle(cell, donor, step, answers[cell], serving[cell])
+
+    def _cancel(self, keys: list[str]) -> None:
+        """Call off the donors' transfers under ``keys`` (``heal_stream.cancel_key``, set in
+        the driver's TCPStore through ``cancel``): a donor waiting for a dead recipient returns
+        at once instead of at its collective timeout."""
+        from ftkit.train.rank.heal_stream import cancel_key
+
+        for key in keys:
+            self.cancel(cancel_key(key))
 
     @staticmethod
     def _pair(offsets: dict[int, int], donors: list[int]) -> dict[int, int]:

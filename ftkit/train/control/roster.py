@@ -54,9 +54,11 @@ class CellRoster:
         min_cells: int,
         restarts: bool,
         nodes: NodeWatch | None = None,
+        death_notices: bool = False,
     ) -> None:
         self.book, self.cells, self.waiter, self.sync_log = book, cells, waiter, sync_log
         self.step_timeout, self.min_cells, self.restarts, self.nodes = step_timeout, min_cells, restarts, nodes
+        self.death_notices = death_notices  # waits probe the cells' ``dead()`` (Ray's actor table)
         self.since: dict[int, int] = dict.fromkeys(cells, 0)  # first step a cell trained in its incarnation
         self._to_restart: list[int] = []
 
@@ -65,9 +67,15 @@ class CellRoster:
         self.book, self.cells, self.since, self._to_restart = book, cells, dict.fromkeys(cells, 0), []
 
     # --- waiting ----------------------------------------------------------------------
-    def wait(self, refs: dict[int, list[object]], timeout_s: float) -> Answers:
-        """``RefWaiter.wait``: every cell's answers, never raising for a fault."""
-        return self.waiter.wait(refs, timeout_s)
+    def wait(self, refs: dict[int, list[object]], timeout_s: float, peers: tuple[int, ...] = ()) -> Answers:
+        """``RefWaiter.wait``: every cell's answers, never raising for a fault; with death
+        notices on, a cell Ray reports dead fails at once, and the wait ends as soon as one of
+        ``peers`` (cells the waited-for ones depend on, e.g. a heal's donor) is dead."""
+        dead = self._dead if self.death_notices else None
+        return self.waiter.wait(refs, timeout_s, dead=dead, peers=peers)
+
+    def _dead(self, cell: int) -> str | None:
+        return self.cells[cell].dead() if cell in self.cells else None
 
     def ready(self, refs: list[object], timeout_s: float) -> list[Any]:
         """``RefWaiter.ready``: the refs that answered within ``timeout_s``."""

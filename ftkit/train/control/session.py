@@ -42,8 +42,10 @@ class CellSession:
         placer: Placer,
         events: EventWriter,
         emit_cell_event: Callable[..., bool],
+        store_set: Callable[[str, str], None] = lambda key, value: None,
     ) -> None:
         self.cfg, self.run_dir, self.device, self.store, self.placer = cfg, run_dir, device, store, placer
+        self.store_set = store_set  # sets a key in the driver's TCPStore (a heal called off)
         self.events, self.emit_cell_event = events, emit_cell_event
         self._roster: CellRoster | None = None
         self._coord: StepCoordinator | None = None
@@ -89,11 +91,16 @@ class CellSession:
                 min_cells=r.min_cells,
                 restarts=r.heal,
                 nodes=self.placer,
+                death_notices=True,
             )
         else:
             self._roster.reset(book, by_index)
         spawn = partial(_spawn, cfg, self.run_dir, self.device)
-        self.healer = Healer(cfg, self._roster, spawn, self.store, self.placer) if r.heal else None
+
+        def cancel(key: str) -> None:
+            self.store_set(key, "1")
+
+        self.healer = Healer(cfg, self._roster, spawn, self.store, self.placer, cancel) if r.heal else None
         self._coord = StepCoordinator(cfg, self._roster, self.healer)
         return cells
 

@@ -7,6 +7,15 @@ attempt is lost anyway). Each answer is classified (``problem``): a value, a dea
 ``CollectiveError`` (a symptom: the rank is alive, a peer is not), another exception (the cell
 failed), or no answer by the deadline (hung). ``wait`` never raises for a fault.
 
+Death notifications: given a ``dead(cell)`` probe (Ray's actor table: ``ray_actor_dead``, a
+GCS lookup of well under a millisecond), ``wait`` polls in slices of ``DEATH_POLL_S`` and asks
+it about the cells still pending: a cell Ray reports dead is failed at once (tens of
+milliseconds after a kill, not at the deadline) and the others get the grace from then. A cell
+still pending at the deadline after a peer failed in the same wait (dead, erred, or one of the
+``peers`` the caller named, such as a heal's donor, found dead) is **blocked on a dead peer**,
+not hung: it is reported in ``collective`` (the symptom) and not failed, and its own collective
+timeout ends its call. A wait with named ``peers`` returns as soon as one of them is dead.
+
 The Ray primitives (``poll``: ``ray.wait`` of one ref, ``get``, ``problem``, the clock) are
 constructor arguments with Ray's as defaults, so the coordinator and the healer run over fake
 cells in the unit tests (``tests/train/fakecells.py``) without Ray and without sleeping.
@@ -21,9 +30,12 @@ from typing import Any
 
 #: Seconds added to every deadline derived from a timeout (scheduling, event fsyncs).
 MARGIN_S = 2.0
+#: Seconds between two death probes of the cells a wait still waits for.
+DEATH_POLL_S = 0.25
 
 Problem = tuple[str, str]  # (kind: dead | collective | exception, text)
 Poll = Callable[[list[Any], float], tuple[list[Any], list[Any]]]
+DeadProbe = Callable[[int], "str | None"]  # cell -> why Ray reports it dead, or None
 
 
 @dataclass
@@ -33,6 +45,7 @@ class Answers:
     values: dict[int, list[Any]] = field(default_factory=dict)  # cell -> per-rank results
     failed: dict[int, str] = field(default_factory=dict)  # cell -> cause (dead, hung, exception)
     collective: set[int] = field(default_factory=set)  # cells that saw a collective error
+    blocked: dict[int, str] = field(default_factory=dict)  # cell -> the dead peer it waited on (in collective)
 
     @property
     def clean(self) -> bool:
@@ -74,6 +87,20 @@ def classify(ref: Any) -> Problem | None:
     return None
 
 
+def ray_actor_dead(actor: Any) -> str | None:
+    """Why Ray's actor table says ``actor`` (a handle) is dead, or None (alive, restarting, or
+    the table could not be read: the deadline still bounds the wait)."""
+    try:
+        from ray._private import state
+
+        info = state.state.actor_table(actor._actor_id.hex())
+    except Exception:  # noqa: BLE001 - a probe only shortens waits; its failure changes nothing
+        return None
+    if not isinstance(info, dict) or info.get("State") != "DEAD":
+        return None
+    return "the actor died (Ray's actor table reports it DEAD)"
+
+
 def _first_line(exc: BaseException) -> str:
     lines = [line for line in str(exc).splitlines() if line.strip()]
     return lines[0][:300] if lines else type(exc).__name__
@@ -104,23 +131,34 @@ class RefWaiter:
             done += got
         return done
 
-    def wait(self, refs: dict[int, list[object]], timeout_s: float) -> Answers:
-        """Wait for every cell's refs (see the module docstring)."""
+    def wait(
+        self,
+        refs: dict[int, list[object]],
+        timeout_s: float,
+        dead: DeadProbe | None = None,
+        peers: tuple[int, ...] = (),
+    ) -> Answers:
+        """Wait for every cell's refs (see the module docstring): ``dead`` probes pending cells
+        and ``peers`` (cells whose refs are not waited for here) every ``DEATH_POLL_S``."""
         out = Answers()
         owner = {ref: (c, r) for c, rs in refs.items() for r, ref in enumerate(rs)}
         got: dict[int, dict[int, Any]] = {c: {} for c in refs}
         pending = list(owner)
         start = self.clock()
         deadline = start + timeout_s
+        peer_dead: str | None = None
         while pending:
             left = deadline - self.clock()
-            ready, pending = self.poll(pending, max(0.0, left)) if left > 0 else ([], pending)
-            if not ready:
-                for ref in pending:
-                    cell = owner[ref][0]
-                    if cell not in out.failed:
-                        out.failed[cell] = f"hung: no answer after {self.clock() - start:.1f}s (deadline)"
+            if left <= 0 or peer_dead is not None:
+                self._at_deadline(out, {owner[ref][0] for ref in pending}, start, peer_dead)
                 break
+            ready, pending = self.poll(pending, min(left, DEATH_POLL_S) if dead is not None else left)
+            if not ready:
+                if dead is not None:
+                    pending, peer_dead, found = self._probe(out, owner, pending, dead, peers)
+                    if found:
+                        deadline = min(deadline, self.clock() + self.grace_s)
+                continue
             for ref in ready:
                 cell, rank = owner[ref]
                 problem = self.problem(ref)
@@ -138,3 +176,37 @@ class RefWaiter:
             if cell not in out.failed and cell not in out.collective and len(ranks) == len(refs[cell]):
                 out.values[cell] = [ranks[r] for r in range(len(refs[cell]))]
         return out
+
+    @staticmethod
+    def _probe(
+        out: Answers, owner: dict[Any, tuple[int, int]], pending: list[Any], dead: DeadProbe, peers: tuple[int, ...]
+    ) -> tuple[list[Any], str | None, bool]:
+        """Ask ``dead`` about the pending cells and the ``peers``: a dead pending cell is
+        failed and its refs dropped. Returns the refs left, the first dead peer's description
+        (or None) and whether a pending cell was found dead."""
+        found = False
+        for cell in sorted({owner[ref][0] for ref in pending} - set(out.failed)):
+            cause = dead(cell)
+            if cause is not None:
+                out.failed[cell] = f"dead: {cause}"
+                found = True
+        if found:
+            pending = [ref for ref in pending if owner[ref][0] not in out.failed]
+        for peer in peers:
+            cause = dead(peer)
+            if cause is not None:
+                return pending, f"cell {peer} ({cause})", found
+        return pending, None, found
+
+    def _at_deadline(self, out: Answers, cells: set[int], start: float, peer_dead: str | None) -> None:
+        """The cells still pending: blocked on a dead peer when one failed (or a named peer
+        died), else hung."""
+        failed_peers = sorted(out.failed)
+        if peer_dead is None and failed_peers:
+            peer_dead = f"cell {failed_peers[0]} ({out.failed[failed_peers[0]]})"
+        for cell in sorted(cells - set(out.failed)):
+            if peer_dead is not None:
+                out.collective.add(cell)
+                out.blocked[cell] = peer_dead
+            else:
+                out.failed[cell] = f"hung: no answer after {self.clock() - start:.1f}s (deadline)"

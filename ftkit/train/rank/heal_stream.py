@@ -22,7 +22,10 @@ rendezvous until the header arrived, ``fetch``: the storages' bytes, ``trailer``
 total). Every wait (the rendezvous, each socket operation) is bounded by ``timeout_s`` (the
 collective timeout): both sides are started together by the driver, so a peer that does not
 show up within it is gone; a peer that dies or stalls mid-stream raises ``OSError``
-(``socket.timeout`` / ``ConnectionError``) on the other side.
+(``socket.timeout`` / ``ConnectionError``) on the other side. A recipient that dies before it
+connects would hold the donor in ``accept`` for the whole timeout: the driver, told by Ray that
+the recipient died, sets ``cancel_key(key)`` and the donor, which checks it every
+``ACCEPT_SLICE_S``, gives up at once (``ConnectionError``).
 """
 
 from __future__ import annotations
@@ -57,6 +60,31 @@ def node_address() -> str:
         return "127.0.0.1"
 
 
+#: Seconds between the donor's checks for a cancelled heal while it waits for the recipient.
+ACCEPT_SLICE_S = 0.2
+
+
+def cancel_key(key: str) -> str:
+    """The store key the driver sets to call off the heal transfer under ``key``."""
+    return f"{key}/cancel"
+
+
+def _accept(server: socket.socket, store: Store, key: str, timeout_s: float) -> socket.socket:
+    """The recipient's connection, within ``timeout_s``; ``ConnectionError`` when the driver
+    cancelled the transfer first, ``socket.timeout`` when nobody came."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        server.settimeout(max(0.001, min(ACCEPT_SLICE_S, deadline - time.monotonic())))
+        try:
+            conn, _ = server.accept()
+            return conn
+        except TimeoutError:
+            if store.check([cancel_key(key)]):
+                raise ConnectionError(f"heal {key}: cancelled by the driver (the recipient died)") from None
+            if time.monotonic() >= deadline:
+                raise
+
+
 def serve(
     store: Store,
     key: str,
@@ -69,9 +97,8 @@ def serve(
     through ``key``; ``total()`` (the donor's fingerprint total) is called after the bytes
     went out. Returns the bytes of storage sent."""
     with socket.create_server(("", 0)) as server:
-        server.settimeout(timeout_s)
         store.set(key, f"{node_address()}:{server.getsockname()[1]}")
-        conn, _ = server.accept()
+        conn = _accept(server, store, key, timeout_s)
     with conn:
         conn.settimeout(timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,0 +1,48 @@
+"""``RefWaiter`` over fake refs and a fake clock: Ray's death notices fail a dead cell at once,
+and a survivor still waiting on a dead peer at the deadline is blocked, not hung (issue 25
+item 3: a healthy cell declared hung under load and every cell restarted from a checkpoint)."""
+
+from __future__ import annotations
+
+import pytest
+from fakecells import FakeRef, FakeRefs, never
+
+from ftkit.train.control.waiting import DEATH_POLL_S, MARGIN_S
+
+
+def _probe(refs: FakeRefs, deaths: dict[int, float]):
+    return lambda cell: "the actor died (fake)" if refs.now >= deaths.get(cell, float("inf")) else None
+
+
+def test_a_cell_ray_reports_dead_fails_at_once_not_at_the_deadline() -> None:
+    refs = FakeRefs()
+    waiter = refs.waiter(grace_s=10.0)
+    got = waiter.wait({0: [never()], 1: [never()]}, 60.0, dead=_probe(refs, {1: 0.3}))
+    assert got.failed[1].startswith("dead: the actor died")
+    # cell 1 found within one probe slice; cell 0, blocked on it, waits one grace, then is blocked
+    assert refs.now == pytest.approx(0.3 + DEATH_POLL_S + 10.0 + MARGIN_S, abs=DEATH_POLL_S)
+    assert 0 not in got.failed and 0 in got.collective and got.blocked[0].startswith("cell 1 (dead")
+
+
+def test_a_survivor_pending_after_a_peer_failed_is_blocked_not_hung() -> None:
+    refs = FakeRefs()
+    waiter = refs.waiter(grace_s=10.0)
+    got = waiter.wait({0: [never()], 1: [FakeRef(problem=("dead", "gone"), at=1.0)]}, 60.0)
+    assert got.failed == {1: "dead: gone"} and got.collective == {0} and "cell 1" in got.blocked[0]
+    assert refs.now == pytest.approx(1.0 + 10.0 + MARGIN_S)
+
+
+def test_without_a_failed_peer_a_silent_cell_is_still_hung() -> None:
+    refs = FakeRefs()
+    waiter = refs.waiter(grace_s=10.0)
+    got = waiter.wait({0: [FakeRef("ok", at=1.0)], 1: [never()]}, 60.0, dead=_probe(refs, {}))
+    assert got.failed[1].startswith("hung: no answer after 13.0s") and not got.blocked
+
+
+def test_a_named_peer_found_dead_ends_the_wait_at_once() -> None:
+    """A heal recipient's wait names its donor: the donor's death ends it within a probe slice."""
+    refs = FakeRefs()
+    waiter = refs.waiter(grace_s=10.0)
+    got = waiter.wait({2: [never()]}, 60.0, dead=_probe(refs, {0: 4.0}), peers=(0,))
+    assert refs.now == pytest.approx(4.0, abs=DEATH_POLL_S + 1e-9)
+    assert got.collective == {2} and got.blocked[2].startswith("cell 0 (") and not got.failed
