@@ -386,8 +386,10 @@ def test_cell_dies_while_another_heals(reference: Path, out: Path) -> None:
     assert {c for t, c, new in moves if new == "alive" and t > t2_failed} >= {1, 2}
 
 
-@full_only
 def test_recipient_dies_during_its_heal(reference: Path, out: Path) -> None:
+    """The restarted cell 1 dies as its heal starts (before it connects to its donor): Ray's
+    death notice fails it at once and calls the donor off, so training goes on within the bound
+    of a kill during a step, not after the donor's --collective-timeout (10 s) in accept."""
     res = train(
         out,
         *QUICK,
@@ -397,6 +399,15 @@ def test_recipient_dies_during_its_heal(reference: Path, out: Path) -> None:
         cells=3,
     )
     assert_survived(out, res, reference, faults=2 + 4)
+    evs = events(out)
+    died = min(
+        e["time"] for e in evs if e["type"] == "cell_state" and e["cell"] == 1 and "heal from donor" in e["reason"]
+    )
+    resumed = min(
+        e["time"] for e in evs if e["type"] == "step_outcome" and e["outcome"] == "committed" and e["time"] > died
+    )
+    timeout = json.loads((out / "run.json").read_text())["config"]["collective_timeout"]
+    assert resumed - died < timeout, f"the survivors stood still {resumed - died:.1f}s after the recipient died"
 
 
 @full_only
