@@ -49,14 +49,12 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     Reduce: TypeAlias = Enum
     Device: TypeAlias = Enum
     DumpCells: TypeAlias = Enum
-    Reward: TypeAlias = Enum
     BestMetric: TypeAlias = Enum
 else:
     ModelName = _choices("ModelName", "model")
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
     DumpCells = _choices("DumpCells", "dump_cells")
-    Reward = _choices("Reward", "reward")
     BestMetric = _choices("BestMetric", "best_metric")
 
 
@@ -194,7 +192,7 @@ def register(app: typer.Typer) -> None:
         model: Annotated[ModelName | None, _opt("--model", field="model")] = None,
         seed: Annotated[int | None, _opt("--seed", field="seed")] = None,
         reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
-        reward: Annotated[Reward | None, _opt("--reward", field="reward")] = None,
+        reward: Annotated[str | None, _opt("--reward", field="reward", metavar="REWARD")] = None,
         device: Annotated[Device | None, _opt("--device", field="device")] = None,
         ray_address: Annotated[str | None, _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
         dump_rollouts: Annotated[
@@ -332,6 +330,10 @@ def register(app: typer.Typer) -> None:
         if print_config:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
+        from ftkit.train.rl.rewards import check_reward
+        from ftkit.train.rl.task import AdditionTask
+
+        check_reward(cfg.task.reward, AdditionTask(cfg.task.response_len), cfg.rng.seed)  # exit 2 before Ray
 
         from ftkit.commands.train_report import report
         from ftkit.train.control.driver import run_training

@@ -81,11 +81,21 @@ class TaskSection(Section):
     PLACE = Place("fixed", pairs_dumps=True)
     group_size: int = Field(8, ge=1, description="Responses per prompt (advantage group).")
     response_len: int = Field(8, ge=1, description="Generated tokens per response.", json_schema_extra=FILE_ONLY)
-    reward: Literal["task", "deterministic_random"] = Field(
+    reward: str = Field(
         "task",
-        description="task: the addition task's verifiable reward; deterministic_random: "
-        "0/1 from a stable hash of prompt and response tokens (fault tests).",
+        description="task: the addition task's verifiable reward; deterministic_random: 0/1 from a stable "
+        "hash of prompt and response tokens (fault tests); exact_match, format: the built-in text rewards; "
+        "MODULE:FUNCTION: a plug-in importable from the working directory or the Python path; NAME: a plug-in "
+        "installed in the ftkit.rewards entry-point group (docs/rl.md).",
     )
+
+    @field_validator("reward")
+    @classmethod
+    def _check_reward(cls, v: str) -> str:
+        v = v.strip()
+        if not v or any(c.isspace() for c in v):
+            raise ValueError("reward must be a built-in name, MODULE:FUNCTION or a plug-in name, without spaces")
+        return v
 
 
 class SeedSection(Section):

@@ -10,10 +10,18 @@ bits wherever they are computed.
 * ``deterministic_random``: 0 or 1 from a stable hash (blake2b over the little-endian int64
   bytes of prompt then response), uncorrelated with correctness. Fault tests use it: every
   sample's reward is fixed by its tokens alone.
+* anything else ``--reward`` names: a plug-in (``ftkit.tasks.rewards.load_reward``: the built-in
+  text rewards ``exact_match`` / ``format``, ``MODULE:FUNCTION``, or an installed
+  ``ftkit.rewards`` entry point), called once per sample with the keyword contract
+  (``prompt``, ``response``, ``label``, ``prompt_ids``, ``response_ids``) on the task's text
+  (``AdditionTask.reward_sample``). A plug-in that raises or returns a non-finite value is a
+  ``RewardError`` (exit 2) naming it and the sample; ``check_reward`` (at start-up, before Ray)
+  refuses one that does not resolve or that scores the same samples differently twice.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -57,9 +65,45 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+@functools.cache
+def _plugin(spec: str) -> RewardFn:
+    """The plug-in ``spec`` as a ``RewardFn`` over the task's token tensors."""
+    from ftkit.tasks.rewards import load_reward, score
+
+    loaded = load_reward(spec)
+
+    def fn(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
+        import torch
+
+        samples = [task.reward_sample(p, r) for p, r in zip(prompts.cpu(), responses.cpu())]
+        return torch.tensor(score(loaded, samples), dtype=torch.float32)
+
+    return fn
+
+
+def check_reward(spec: str, task: AdditionTask, seed: int) -> None:
+    """Resolve ``--reward`` and, for a plug-in, score the task's held-out prompts with their
+    correct answers twice: ``ConfigError`` (exit 2) when it does not resolve, fails on them, or
+    is not deterministic (a run's rewards must be the same bits wherever they are recomputed)."""
+    if spec in REWARDS:
+        return
+    from ftkit.errors import ConfigError
+    from ftkit.tasks.rewards import check_determinism, load_reward
+
+    loaded = load_reward(spec)
+    prompts = task.heldout_prompts(seed)
+    samples = [task.reward_sample(p, r) for p, r in zip(prompts, task.correct_responses(prompts))]
+    moved = check_determinism(loaded, samples)
+    if moved:
+        m = moved[0]
+        raise ConfigError(
+            f"reward {spec!r} is not deterministic: sample {m.index} ({samples[m.index].prompt!r} -> "
+            f"{samples[m.index].response!r}) scored {m.first!r}, then {m.second!r}",
+            hint="a reward must be a pure function of its arguments (no clock, no global random state)",
+        )
+
+
 def get_reward(name: str) -> RewardFn:
-    """The reward function called ``name``; ``KeyError`` lists the known names."""
-    try:
-        return REWARDS[name]
-    except KeyError:
-        raise KeyError(f"unknown reward {name!r}; known: {', '.join(REWARDS)}") from None
+    """The reward ``--reward`` names: one of ``REWARDS``, else a plug-in (``ConfigError`` when
+    it does not resolve; ``check_reward`` reports that before a run starts)."""
+    return REWARDS[name] if name in REWARDS else _plugin(name)

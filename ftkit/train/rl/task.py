@@ -18,12 +18,15 @@ Heavy imports (torch) stay inside the functions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ftkit.train.rl.seeds import torch_generator
 
 if TYPE_CHECKING:
     from torch import Tensor
+
+    from ftkit.tasks.protocols import RewardSample
 
 PAD, BOS, EOS, PLUS, EQUALS = 0, 1, 2, 3, 4
 DIGIT0 = 5
@@ -110,6 +113,27 @@ class AdditionTask:
         total = (prompts[:, 1] - DIGIT0) + (prompts[:, 3] - DIGIT0)
         return torch.stack([DIGIT0 + total // 10, DIGIT0 + total % 10, torch.full_like(total, EOS)], dim=1)
 
+    def correct_responses(self, prompts: Tensor) -> Any:
+        """The right ``response_len``-token response of each prompt: the answer, ``<eos>``,
+        then ``<pad>`` (int64 ``[n, response_len]``)."""
+        import torch
+
+        out = torch.full((prompts.shape[0], self.response_len), PAD, dtype=torch.int64)
+        out[:, :ANSWER_LEN] = self.answers(prompts)
+        return out
+
+    def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:
+        """One sample as a reward plug-in sees it (``ftkit.tasks.protocols.RewardSample``):
+        ``prompt`` ``"3 + 4 ="``, ``response`` the generated text up to ``<eos>`` (digits as
+        digits, any other token as its ``decode`` name, e.g. ``"07"``), ``label`` the sum
+        (``"7"``), and the token ids of both."""
+        from ftkit.tasks.protocols import RewardSample
+
+        p, r = [int(t) for t in prompt], [int(t) for t in response]
+        a, b = p[1] - DIGIT0, p[3] - DIGIT0
+        end = r.index(EOS) if EOS in r else len(r)
+        return RewardSample(f"{a} + {b} =", self.decode(r[:end]), str(a + b), p, r)
+
     def reward(self, prompts: Tensor, responses: Tensor) -> Any:
         """float32 ``[n]``: the fraction of the three scored positions answered correctly."""
         import torch
@@ -117,7 +141,7 @@ class AdditionTask:
         right = responses[:, :ANSWER_LEN] == self.answers(prompts)
         return right.to(torch.float32).sum(dim=1) / ANSWER_LEN
 
-    def decode(self, tokens: Tensor) -> str:
+    def decode(self, tokens: Iterable[Any]) -> str:
         """Readable text of a token sequence, e.g. ``<bos>3+4=07<eos>``."""
         return "".join(
             _NAMES.get(int(t), str(int(t) - DIGIT0) if DIGIT0 <= int(t) < VOCAB_SIZE else f"<{int(t)}>") for t in tokens
