@@ -10,7 +10,7 @@ from __future__ import annotations
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from ftkit.analysis.engine import analyze_paths
@@ -59,7 +59,12 @@ def test_one_violation_fires_exactly_its_rule(spec, code):
     if code == "FT107":  # a fault, and room to heal before the run ends
         spec.rollouts = max(spec.rollouts, -(-(4 + spec.heal_after) // spec.steps_per_rollout))
     spec.violation = code
-    assert _codes(spec) == {code}
+    try:
+        codes = _codes(spec)
+    except ValueError as exc:  # the generator says the layout cannot hold this violation
+        assume("cannot inject" not in str(exc))
+        raise
+    assert codes == {code}
 
 
 @pytest.mark.parametrize("code", VIOLATIONS)
@@ -73,8 +78,8 @@ def test_each_rule_fires_on_the_default_layout(tmp_path, code):
     assert result.verdict(FailOn.warning) == "fail"
 
 
-def test_registry_has_the_thirteen_rules_with_metadata():
+def test_registry_has_the_rules_with_metadata():
     rules = all_rules()
-    assert list(rules) == [f"FT1{i:02d}" for i in range(1, 14)]
+    assert list(rules) == [f"FT1{i:02d}" for i in range(1, 14)] + ["FT115"]  # FT114: the RL log-prob rule
     for cls in rules.values():
         assert cls.name and cls.description and cls.fix and cls.severity.value in ("error", "warning")
