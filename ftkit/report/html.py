@@ -195,8 +195,9 @@ _HEAT_CSS = (
 )
 
 
-def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
-    """The whole page (``verdict``: ``pass`` / ``fail`` for the command's ``--fail-on``)."""
+def render_html(result: CompareResult, verdict: str, base: Path | None, top: int = 50) -> str:
+    """The whole page (``verdict``: ``pass`` / ``fail`` for the command's ``--fail-on``); links
+    to the inputs are relative to ``base`` (``html_page.where_link``)."""
     s = result.stats
     first = result.first_divergence
     diffs, note = config_diff(result.a, result.b)
@@ -228,7 +229,7 @@ def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
         "<h2>Worst tensors</h2>",
         _worst(result, top),
         "<h2>Findings</h2>",
-        finding_list(ordered_findings(result), "findings"),
+        finding_list(ordered_findings(result), "findings", base),
     ]
     return page("ftkit compare-dumps", body, _HEAT_JS)
 

@@ -36,6 +36,7 @@ from ftkit.report.html_page import (
     nice_ticks,
     num,
     page,
+    page_dir,
     table,
     where_link,
     write_page,
@@ -97,11 +98,12 @@ def write_report(path: Path, paths: Iterable[str | os.PathLike[str]], result: An
     from ftkit.analysis.timeline import build_timeline
 
     timeline = build_timeline(paths, per_process=result.stats.get("read_as") == "per-process")
-    write_page(path, render_timeline_html(timeline, result, outcome))
+    write_page(path, render_timeline_html(timeline, result, outcome, page_dir(path)))
 
 
-def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str) -> str:
-    """The whole page for one analysed run (``outcome``: the analyzer's verdict)."""
+def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str, base: Path | None) -> str:
+    """The whole page for one analysed run (``outcome``: the analyzer's verdict); links to the
+    logs are relative to ``base`` (``html_page.where_link``)."""
     run = timeline.run or (result.stats.get("runs") or ["?"])[0]
     body = [
         f"<h1>ftkit analyze-events: <span class='{outcome}'>{outcome.upper()}</span> "
@@ -112,13 +114,13 @@ def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: st
         "<h2>Metrics by step</h2>",
         metric_charts(timeline),
         "<h2>Recovery</h2>",
-        _recovery(result.recovery),
+        _recovery(result.recovery, base),
         "<h2>Rules</h2>",
         _rules(result),
         "<h2>Findings</h2>",
-        finding_list(result.findings, "findings"),
+        finding_list(result.findings, "findings", base),
         "<h2>Timeline events</h2>",
-        _event_list(timeline),
+        _event_list(timeline, base),
     ]
     return page(f"ftkit analyze-events: {run}", body, _ZOOM_JS)
 
@@ -335,7 +337,7 @@ def _fmt_s(t: float) -> str:
 
 
 # ---------------------------------------------------------------------------- tables
-def _recovery(rows: list[dict[str, Any]]) -> str:
+def _recovery(rows: list[dict[str, Any]], base: Path | None) -> str:
     if not rows:
         return "<p class='muted'>No injected faults in this log.</p>"
     body = [
@@ -352,7 +354,7 @@ def _recovery(rows: list[dict[str, Any]]) -> str:
             str(r.get("steps_discarded", 0)),
             num(r.get("samples_lost")),
             escape(str(r.get("recovered_by") or "UNRECOVERED")),
-            where_link(r.get("file"), r.get("line")),
+            where_link(r.get("file"), r.get("line"), base),
         )
         for r in rows
     ]
@@ -399,7 +401,7 @@ def _rules(result: AnalysisResult) -> str:
     return table(("code", "rule", "severity", "checked", "findings", "what it checks"), rows, "rules")
 
 
-def _event_list(tl: Timeline) -> str:
+def _event_list(tl: Timeline, base: Path | None) -> str:
     marks: list[Marker] = [m for m in tl.markers if m.kind in LISTED]
     if not marks:
         return "<p class='muted'>No faults, heals, reconfigures, discarded attempts or rejected checkpoints.</p>"
@@ -409,7 +411,7 @@ def _event_list(tl: Timeline) -> str:
             escape(MARK_STYLE[m.kind][3]),
             escape(m.lane),
             escape(m.label),
-            where_link(m.file, m.line),
+            where_link(m.file, m.line, base),
         )
         for m in marks[:MAX_ROWS]
     ]

@@ -147,7 +147,7 @@ def test_long_finding_lists_are_collapsed_and_capped(runs: Path) -> None:
         )
         for i in range(5000)
     ]
-    text = render_html(result, "fail")
+    text = render_html(result, "fail", None)
     block = re.search(r"<details>.*?</details>", text[text.index("<h2>Findings</h2>") :], re.S).group(0)
     assert "data-filter='findings'" in block and block.count("<tr>") == 1 + MAX_ROWS
     assert f"{5000 - MAX_ROWS} more finding(s)" in block and len(text) < 500_000
