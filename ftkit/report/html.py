@@ -7,8 +7,8 @@ the findings, collapsed and searchable (at most ``MAX_ROWS`` rows).
 
 Heatmap (model: ``ftkit.report.heatmap``): one row per layer in model order, one column per
 capture group in capture order; a cell's colour is ``log10`` of its largest metric (grey:
-bitwise equal, black: a tensor missing or of another shape or dtype, white: nothing captured
-there); failing cells are outlined red, the first divergence outlined black and labelled. A
+bitwise equal, black: a tensor missing or of another shape or dtype, a whole column of black:
+a rollout or file one side lacks, white: nothing captured there); failing cells are outlined red, the first divergence outlined black and labelled. A
 selector switches the metric (``max_rel``, ``max_abs``, ``dissimilarity``); hovering a cell
 names its worst tensor, worst element and both values (from a compact JSON block; the
 worst-tensor table has the same without a script).
@@ -26,7 +26,7 @@ from typing import Any
 
 from ftkit.dumps.compare import CompareResult
 from ftkit.report.compare_rank import ordered_findings, worst
-from ftkit.report.heatmap import METRICS, Cell, Heatmap, heatmap
+from ftkit.report.heatmap import METRICS, Cell, Heatmap, heatmap, missing_wholes
 from ftkit.report.html_page import finding_list, kv, legend, num, page, table
 
 _CELL_H, _LABEL_W, _HEAD_H, _RIGHT = 16, 230, 96, 130
@@ -103,7 +103,12 @@ def _svg(hm: Heatmap) -> tuple[str, str]:
 
 
 def _col(group: str) -> str:
-    """Short column label: ``actor/fwd_bwd/rollout_000003/step000004/ms003`` -> ``r3 s4 ms3``."""
+    """Short column label: ``actor/fwd_bwd/rollout_000003/step000004/ms003`` -> ``r3 s4 ms3``;
+    a whole rollout one side lacks, ``.../rollout_000003 (missing in B)`` -> ``r3 not in B``."""
+    lacking = re.fullmatch(r"(.*) \(missing in (\w+)\)", group)
+    if lacking:
+        whole = re.search(r"rollout_(\d+)$", lacking.group(1))
+        return f"{f'r{int(whole.group(1))}' if whole else lacking.group(1)} not in {lacking.group(2)}"
     m = re.search(r"rollout_(\d+)/step(\d+)(?:/ms(\d+))?", group)
     if not m:
         return group
@@ -235,7 +240,7 @@ def render_html(result: CompareResult, verdict: str, base: Path | None, top: int
 
 
 def _heat_section(result: CompareResult) -> str:
-    if not result.pairs:
+    if not result.pairs and not missing_wholes(result):
         return "<p>No compared tensors.</p>"
     hm = heatmap(result)
     lo, hi = _range(list(hm.cells.values()), 0)
