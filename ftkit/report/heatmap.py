@@ -12,8 +12,8 @@ file) in capture order. A cell keeps, per metric (``METRICS``), the largest valu
 tensors and the tensor that holds it, whether any failed and whether any is missing or of
 another shape or dtype. A rollout or file missing whole on one side (CD006 / CD005: its tensors
 were never paired) is a column of its own, after the compared ones, whose cells are all missing
-(``broken``), so the picture shows what the findings say. Beyond ``MAX_COLS`` columns, ``MAX_HEAT_ROWS`` rows or ``MAX_CELLS``
-cells, neighbours merge (the maximum kept, labels ``a .. b``).
+(``broken``), so the picture shows what the findings say. Beyond ``MAX_COLS`` columns,
+``MAX_HEAT_ROWS`` rows or ``MAX_CELLS`` cells, neighbours merge (the maximum kept, labels ``a .. b``).
 """
 
 from __future__ import annotations

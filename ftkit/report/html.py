@@ -8,10 +8,11 @@ the findings, collapsed and searchable (at most ``MAX_ROWS`` rows).
 Heatmap (model: ``ftkit.report.heatmap``): one row per layer in model order, one column per
 capture group in capture order; a cell's colour is ``log10`` of its largest metric (grey:
 bitwise equal, black: a tensor missing or of another shape or dtype, a whole column of black:
-a rollout or file one side lacks, white: nothing captured there); failing cells are outlined red, the first divergence outlined black and labelled. A
-selector switches the metric (``max_rel``, ``max_abs``, ``dissimilarity``); hovering a cell
-names its worst tensor, worst element and both values (from a compact JSON block; the
-worst-tensor table has the same without a script).
+a rollout or file one side lacks, white: nothing captured there); failing cells are outlined
+red, the first divergence outlined black and labelled. A selector switches the metric
+(``max_rel``, ``max_abs``, ``dissimilarity``); hovering a cell names its worst tensor, worst
+element and both values (from a compact JSON block; the worst-tensor table has the same
+without a script).
 """
 
 from __future__ import annotations
