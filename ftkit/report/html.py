@@ -126,7 +126,10 @@ def _tip(hm: Heatmap, r: int, c: int, cell: Cell) -> list[Any]:
     values = [float(f"{v:.3g}") if math.isfinite(v) else None for v in cell.values]
     p = next((w for w in cell.worst if w is not None and w.failed), None) or cell.worst[0]
     if p is None:
-        return [r, c, values, cell.tensors, None, "missing, shape or dtype mismatch" if cell.broken else None, None]
+        why = None
+        if cell.broken:
+            why = "missing, shape or dtype mismatch" if cell.tensors else "not captured on this side at all"
+        return [r, c, values, cell.tensors, None, why, None]
     name = p.name[len(hm.rows[r]) + 1 :] if p.name.startswith(hm.rows[r] + ".") else p.name
     m = p.metrics
     if m is None:

@@ -265,3 +265,32 @@ def test_heatmap_screenshot_shows_the_divergence(chromium: str, heatmap_page: Pa
     share = colour_share(png, {"equal": heat._EQUAL, **{f"v{i}": c for i, c in enumerate(heat._PALETTE)}})
     assert share["equal"] > 5_000  # the equal part of the run
     assert sum(1 for k, n in share.items() if k != "equal" and n > 100) >= 2  # diverged cells, several colours
+
+
+MISSING_CHECK = """
+var svg=document.getElementById('heat'), cells=Array.prototype.slice.call(svg.querySelectorAll('rect.c'));
+var right=Math.max.apply(null,cells.map(function(c){return c.getBoundingClientRect().left;}));
+var col=cells.filter(function(c){return c.getBoundingClientRect().left===right;});
+var last=col[col.length-1], b=last.getBoundingClientRect();
+last.dispatchEvent(new MouseEvent('mousemove',{bubbles:true,clientX:b.left+2,clientY:b.top+2}));
+return {n:col.length, fills:col.map(function(c){return getComputedStyle(c).fill;}),
+  visible:col.every(function(c){var r=c.getBoundingClientRect();return r.width>4&&r.height>4;}),
+  tip:document.getElementById('heat-tip').textContent};
+"""
+
+
+def test_heatmap_draws_a_missing_rollout_black(chromium: str, tmp_path: Path) -> None:
+    """Issue 24 item 7: the legend's black (missing) is on screen for a rollout B lacks: the
+    rightmost column, one visible black cell per layer, its tip saying why."""
+    import shutil
+
+    write_run(tmp_path / "a", diverge_at=None)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "dumps" / "actor" / "fwd_bwd" / "rollout_000001")
+    page = tmp_path / "missing.html"
+    assert cli.main(["compare-dumps", str(tmp_path / "a"), str(tmp_path / "b"), "--html", str(page), "-f", "json"]) == 1
+    result = load(chromium, page, MISSING_CHECK, tmp_path)
+    assert result["errors"] == []
+    f = result["facts"]
+    assert f["n"] == 6 and f["visible"] and set(f["fills"]) == {"rgb(31, 35, 40)"}  # #1f2328, the legend's black
+    assert "rollout_000001 (missing in B): 0 tensor(s)" in f["tip"] and "not captured on this side" in f["tip"]
