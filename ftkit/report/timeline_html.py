@@ -85,10 +85,13 @@ _TIMELINE_CSS = """<style>
 .charts svg{width:100%;height:auto}
 </style>"""
 _ZOOM_JS = """
-(function(){var z=document.getElementById('zoom'),inner=document.getElementById('tl-inner'),
-out=document.getElementById('zoom-out');if(!z||!inner){return;}
-z.addEventListener('input',function(){var f=Math.pow(2,+z.value);inner.style.width=(100*f)+'%';
-out.textContent=f+'x';});})();
+(function(){var z=document.getElementById('zoom'),inner=document.querySelectorAll('.tl-inner'),
+out=document.getElementById('zoom-out');if(!z||!inner.length){return;}
+z.addEventListener('input',function(){var f=Math.pow(2,+z.value);
+for(var i=0;i<inner.length;i++){inner[i].style.width=(100*f)+'%';}out.textContent=f+'x';});
+var s=document.getElementById('startup-scale');if(!s){return;}
+s.addEventListener('change',function(){document.getElementById('tl-compressed').hidden=s.checked;
+document.getElementById('tl-linear').hidden=!s.checked;});})();
 """
 
 
@@ -189,13 +192,46 @@ def _lanes(tl: Timeline) -> list[str]:
 
 
 def _timeline(tl: Timeline) -> str:
+    """The lanes, drawn on ``time_axis``; a compressed start-up gets a checkbox that swaps in
+    the same lanes on a linear axis (the start-up to scale), and back."""
     if not tl.events:
         return "<p>No events.</p>"
     lanes = _lanes(tl)
-    row = {lane: i for i, lane in enumerate(lanes)}
     span = tl.duration or 1.0
     x, t_train = time_axis(tl)
+    offset = t_train - tl.start
+    track = _track(tl, lanes, x, t_train)
+    if offset:
+        linear, _ = time_axis(tl, compress=False)
+        track = (
+            "<label><input type='checkbox' id='startup-scale'> start-up to scale "
+            f"({_fmt_s(offset)}, {offset / span:.0%} of the run)</label>"
+            f"<div id='tl-compressed'>{track}</div><div id='tl-linear' hidden>"
+            f"{_track(tl, lanes, linear, tl.start)}</div>"
+        )
+        startup_note = (
+            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
+            f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest; "
+            "'start-up to scale' shows it linearly."
+        )
+    else:
+        startup_note = ""
+    return (
+        _TIMELINE_CSS
+        + legend([(s, c) for s, c in STATE_COLORS.items()])
+        + legend(list(dict.fromkeys((text, c) for c, _, _, text in MARK_STYLE.values())))
+        + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
+        "</label> " + track + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
+        f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
+        f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
+    )
 
+
+def _track(tl: Timeline, lanes: list[str], x: Any, t_train: float) -> str:
+    """The lane labels, the SVG of the lanes and the seconds axis, positions from ``x``
+    (``time_axis``); ``t_train`` after ``tl.start``: the start-up is compressed and shaded."""
+    row = {lane: i for i, lane in enumerate(lanes)}
+    span = tl.duration or 1.0
     h = len(lanes) * _LANE_H
     out = [
         f"<svg viewBox='0 0 {_W:.0f} {h}' preserveAspectRatio='none' height='{h}' role='img' aria-label='run timeline'>"
@@ -248,24 +284,10 @@ def _timeline(tl: Timeline) -> str:
             f"fill-opacity='0.18'><title>start-up: {_fmt_s(offset)} before the first step, drawn compressed"
             "</title></rect>",
         )
-        startup_note = (
-            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
-            f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest."
-        )
-    else:
-        startup_note = ""
     return (
-        _TIMELINE_CSS
-        + legend([(s, c) for s, c in STATE_COLORS.items()])
-        + legend(list(dict.fromkeys((text, c) for c, _, _, text in MARK_STYLE.values())))
-        + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
-        "</label>"
-        + f"<div class='tl'><div class='lab'>{labels}</div><div class='scroll'><div class='inner' id='tl-inner'>"
+        f"<div class='tl'><div class='lab'>{labels}</div><div class='scroll'><div class='inner tl-inner'>"
         + "".join(out)
         + f"<div class='axis'>{ticks}</div></div></div></div>"
-        + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
-        f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
-        f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
     )
 
 
@@ -273,16 +295,16 @@ STARTUP_SHARE = 0.08  # of the width, for a start-up drawn compressed
 STARTUP_LONG = 0.25  # a start-up longer than this share of the run is compressed
 
 
-def time_axis(tl: Timeline) -> tuple[Any, float]:
+def time_axis(tl: Timeline, compress: bool = True) -> tuple[Any, float]:
     """``(x, t_train)``: ``x(t)`` maps a log time into ``[0, _W]``; ``t_train`` is when the first
     step began. When the start-up before it takes over ``STARTUP_LONG`` of the run (Ray and
     megatron starting: 43 of 51 s), it is compressed into the first ``STARTUP_SHARE`` of the
     width, so faults and heals during training are not squeezed to one edge; otherwise
-    ``t_train`` is the first event and the axis is linear."""
+    (and with ``compress=False``) ``t_train`` is the first event and the axis is linear."""
     span = tl.duration or 1.0
     first = min((b.t0 for b in tl.bins if b.attempts and math.isfinite(b.t0)), default=tl.start)
     startup = first - tl.start
-    if startup <= STARTUP_LONG * span or tl.end <= first:
+    if not compress or startup <= STARTUP_LONG * span or tl.end <= first:
 
         def linear(t: float) -> float:
             return max(0.0, min(_W, (t - tl.start) / span * _W))

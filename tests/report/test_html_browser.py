@@ -123,7 +123,7 @@ def test_harness_reports_errors(chromium: str, tmp_path: Path) -> None:
 
 TIMELINE_CHECK = """
 var q=function(s){return document.querySelectorAll(s);}, box=function(e){return e.getBoundingClientRect();};
-var svg=document.querySelector('.tl svg'), inner=document.getElementById('tl-inner'), w0=box(svg).width;
+var svg=document.querySelector('.tl svg'), inner=document.querySelector('.tl-inner'), w0=box(svg).width;
 var z=document.getElementById('zoom'); z.value=3; z.dispatchEvent(new Event('input'));
 var w1=box(svg).width;
 var labs=Array.prototype.map.call(q('.tl .lab div'),function(d){return d.textContent;});
@@ -294,3 +294,28 @@ def test_heatmap_draws_a_missing_rollout_black(chromium: str, tmp_path: Path) ->
     f = result["facts"]
     assert f["n"] == 6 and f["visible"] and set(f["fills"]) == {"rgb(31, 35, 40)"}  # #1f2328, the legend's black
     assert "rollout_000001 (missing in B): 0 tensor(s)" in f["tip"] and "not captured on this side" in f["tip"]
+
+
+STARTUP_CHECK = """
+var c=document.getElementById('tl-compressed'), l=document.getElementById('tl-linear');
+var seen=function(e){return e.getBoundingClientRect().height>0;}, before=[seen(c), seen(l)];
+var s=document.getElementById('startup-scale'); s.click();
+var after=[seen(c), seen(l)]; s.click();
+return {before:before, after:after, back:[seen(c), seen(l)]};
+"""
+
+
+def test_a_compressed_start_up_expands_to_scale(chromium: str, tmp_path: Path) -> None:
+    """Issue 24 item 7: the timeline opens on the training span; one click shows the start-up
+    to scale, another collapses it again."""
+    events = generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2)).events_dir
+    driver = events / "driver-i0.jsonl"
+    lines = [json.loads(line) for line in driver.read_text().splitlines()]
+    lines[0]["time"] -= 5 * (lines[-1]["time"] - lines[0]["time"])  # a long start-up before the first step
+    driver.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    page = tmp_path / "startup.html"
+    assert cli.main(["analyze-events", str(events), "--html", str(page), "--format", "json"]) in (0, 1)
+    result = load(chromium, page, STARTUP_CHECK, tmp_path)
+    assert result["errors"] == []
+    f = result["facts"]
+    assert f["before"] == [True, False] and f["after"] == [False, True] and f["back"] == [True, False]

@@ -240,6 +240,11 @@ def test_a_long_start_up_is_compressed_so_training_fills_the_width(tmp_path: Pat
     x, t_train = time_axis(tl)
     assert t_train > tl.start and x(t_train) == pytest.approx(_W * STARTUP_SHARE) and x(tl.end) == _W
     page = render_timeline_html(tl, analyze_paths([events]), "pass", None)
-    steps = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", page)]
+    compressed, linear = page.split("<div id='tl-linear' hidden>")
+    steps = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", compressed)]
     assert min(steps) >= _W * STARTUP_SHARE - 1 and max(steps) > _W * 0.8
-    assert "class='startup'" in page and "drawn compressed" in page
+    assert "class='startup'" in compressed and "drawn compressed" in compressed
+    # collapsible: the same lanes on a linear axis, one checkbox away (start-up to scale)
+    assert "id='startup-scale'" in compressed and "class='startup'" not in linear
+    to_scale = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", linear)]
+    assert len(to_scale) == len(steps) and min(to_scale) > _W * 0.8  # training is the last sixth of the run
