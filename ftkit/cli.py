@@ -27,6 +27,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as _cx  # type: ignore[no-redef]
 
 from ftkit import __version__, hard_exit
+from ftkit.commands.help_style import HelpGroup
 from ftkit.errors import FtkitError
 from ftkit.report.escaping import one_line
 from ftkit.report.sink import OutputClosed, guard_stdout
@@ -35,6 +36,7 @@ EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 
 app = typer.Typer(
     name="ftkit",
+    cls=HelpGroup,
     help="Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct.",
     no_args_is_help=True,
     add_completion=False,

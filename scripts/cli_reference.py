@@ -231,8 +231,10 @@ from an input (tensor, file, run, host) is printed literally and on one line: co
 characters (line feeds included) become visible escapes such as `\\n` and `\\x1b`, Rich markup
 (`[bold]`) and emoji codes (`:warning:`) stay text, so no name can start a line that a log
 reader acts on (a GitHub runner turns a plain-log line starting with `::` into an
-annotation). Progress bars go to stderr, in human mode, when stderr is a
-terminal or `FTKIT_PROGRESS=1`. While a command runs, anything that is not its data (Ray's
+annotation). Progress goes to stderr, in human mode only: a bar when stderr is a terminal
+or `FTKIT_PROGRESS=1`; otherwise (a CI log, a file) a plain line every 10 s of long work
+(`Analyzing events: 1,000 of 4,000 (25%), 10 s`, then `done`; work under 10 s prints
+nothing); `FTKIT_PROGRESS=0` turns progress off. While a command runs, anything that is not its data (Ray's
 and other libraries' messages, their child processes' output) goes to stderr.
 """
 

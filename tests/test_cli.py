@@ -92,7 +92,7 @@ def test_a_forensic_command_imports_only_its_own_command_module(tmp_path):
     argv = [sys.executable, "-c", code, str(tmp_path / "a.safetensors")]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     last = out.stdout.splitlines()[-1]  # after the command's own report
-    assert last == "0 ['ftkit.commands.compare_dumps', 'ftkit.commands.options']"
+    assert last == "0 ['ftkit.commands.compare_dumps', 'ftkit.commands.help_style', 'ftkit.commands.options']"
 
 
 def test_help_after_a_single_command_lists_every_command_in_order(capsys):

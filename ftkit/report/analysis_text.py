@@ -43,7 +43,7 @@ def verdict_line(result: AnalysisResult, outcome: str) -> str:
     uncovered = [r.code for r in result.rules if r.status == "not covered"]
     return (
         f"{outcome.upper()}: {total} finding(s) ({counts['error']} error, {counts['warning']} warning listed) "
-        f"in {result.stats['events']} events from {result.stats['files']} file(s)"
+        f"in {plural(result.stats['events'], 'event')} from {result.stats['files']} file(s)"
         + (f"; not covered (evidence not promised): {', '.join(uncovered)}" if uncovered else "")
         + (f"; {len(not_run)} rule(s) not run (checked nothing): {', '.join(not_run)}" if not_run else "")
     )

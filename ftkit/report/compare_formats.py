@@ -26,6 +26,8 @@ from ftkit.report.github import markdown_table
 from ftkit.report.junit import Case, Failure, finding_failure
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     from rich.console import Console
 
 SUITE = "ftkit.compare-dumps"
@@ -71,10 +73,10 @@ def report(result: CompareResult, verdict: str, top: int) -> Report:
 
         render_human(console, result, verdict, top)
 
-    def html() -> str:
+    def html(base: Path | None) -> str:
         from ftkit.report.html import render_html
 
-        return render_html(result, verdict, max(top, 50))
+        return render_html(result, verdict, base, max(top, 50))
 
     return Report(
         command="compare-dumps",

@@ -58,7 +58,7 @@ class Report:
     human: Callable[[Console], None]
     step_summary: Callable[[], str]
     junit_cases: Callable[[], list[Case]] | None = None
-    html: Callable[[], str] | None = None
+    html: Callable[[Path | None], str] | None = None  # the page, its links relative to the directory given
 
     @property
     def suite(self) -> str:
@@ -78,9 +78,10 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
         cases = report.junit_cases() if report.junit_cases else rule_cases(report.suite, report.rules, report.findings)
         write_junit(junit_xml, report.suite, cases)
     if html is not None and report.html is not None:
+        from ftkit.report.html_page import page_dir
         from ftkit.report.report_file import write_report_file
 
-        write_report_file(html, report.html().encode("utf-8"))
+        write_report_file(html, report.html(page_dir(html)).encode("utf-8"))
         if out.human:
             from ftkit.report.escaping import literal
 

@@ -10,8 +10,10 @@ are first captured; indexed rows together, sorted by index); rows never captured
 follow in capture order. Columns are capture groups (rollout / step / micro-shard, or a plain
 file) in capture order. A cell keeps, per metric (``METRICS``), the largest value over its
 tensors and the tensor that holds it, whether any failed and whether any is missing or of
-another shape or dtype. Beyond ``MAX_COLS`` columns, ``MAX_HEAT_ROWS`` rows or ``MAX_CELLS``
-cells, neighbours merge (the maximum kept, labels ``a .. b``).
+another shape or dtype. A rollout or file missing whole on one side (CD006 / CD005: its tensors
+were never paired) is a column of its own, after the compared ones, whose cells are all missing
+(``broken``), so the picture shows what the findings say. Beyond ``MAX_COLS`` columns,
+``MAX_HEAT_ROWS`` rows or ``MAX_CELLS`` cells, neighbours merge (the maximum kept, labels ``a .. b``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ LAYER_RE = re.compile(r"^(?P<prefix>(?:.*?\.)?(?:layers|layer|h|blocks|block))\.
 _BAD_STATUS = ("shape", "dtype", "missing_in_a", "missing_in_b", "invalid")
 _LEAVES = frozenset({"weight", "bias", "exp_avg", "exp_avg_sq", "step", "_extra_state"})  # per-parameter leaves
 _FORWARD = frozenset({"input", "output"})
+MISSING_ROW = "(not captured on both sides)"  # the one row when nothing at all was paired
 
 
 def layer_of(name: str) -> str:
@@ -119,10 +122,24 @@ def heatmap(result: CompareResult) -> Heatmap:
         if p.kind in _FORWARD:
             forward.setdefault(group, len(forward))
         by_layer.setdefault(layer, {}).setdefault(col, Cell()).add(p, p is first)
-    rows = sorted(by_layer, key=_row_key(forward, seen))
-    cells = {(r, c): cell for r, layer in enumerate(rows) for c, cell in by_layer[layer].items()}
+    rows = sorted(by_layer, key=_row_key(forward, seen)) or [MISSING_ROW]
+    cells = {(r, c): cell for r, layer in enumerate(rows) for c, cell in by_layer.get(layer, {}).items()}
+    for label in missing_wholes(result):
+        col = cols.setdefault(label, len(cols))
+        for r in range(len(rows)):
+            cells[(r, col)] = Cell(failed=True, broken=True)
     hm = Heatmap(rows, list(cols), cells)
     return _shrink(hm, MAX_HEAT_ROWS, MAX_COLS)
+
+
+def missing_wholes(result: CompareResult) -> list[str]:
+    """Column labels of the rollouts (CD006) and files (CD005) one side lacks entirely."""
+    labels = []
+    for f in result.findings:
+        what = f.evidence.get("rollout") if f.code == "CD006" else f.evidence.get("path") if f.code == "CD005" else None
+        if what is not None:
+            labels.append(f"{what} (missing in {f.evidence.get('missing_in')})")
+    return labels
 
 
 def _shrink(hm: Heatmap, max_rows: int, max_cols: int) -> Heatmap:

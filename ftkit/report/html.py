@@ -7,11 +7,12 @@ the findings, collapsed and searchable (at most ``MAX_ROWS`` rows).
 
 Heatmap (model: ``ftkit.report.heatmap``): one row per layer in model order, one column per
 capture group in capture order; a cell's colour is ``log10`` of its largest metric (grey:
-bitwise equal, black: a tensor missing or of another shape or dtype, white: nothing captured
-there); failing cells are outlined red, the first divergence outlined black and labelled. A
-selector switches the metric (``max_rel``, ``max_abs``, ``dissimilarity``); hovering a cell
-names its worst tensor, worst element and both values (from a compact JSON block; the
-worst-tensor table has the same without a script).
+bitwise equal, black: a tensor missing or of another shape or dtype, a whole column of black:
+a rollout or file one side lacks, white: nothing captured there); failing cells are outlined
+red, the first divergence outlined black and labelled. A selector switches the metric
+(``max_rel``, ``max_abs``, ``dissimilarity``); hovering a cell names its worst tensor, worst
+element and both values (from a compact JSON block; the worst-tensor table has the same
+without a script).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from ftkit.dumps.compare import CompareResult
 from ftkit.report.compare_rank import ordered_findings, worst
-from ftkit.report.heatmap import METRICS, Cell, Heatmap, heatmap
+from ftkit.report.heatmap import METRICS, Cell, Heatmap, heatmap, missing_wholes
 from ftkit.report.html_page import finding_list, kv, legend, num, page, table
 
 _CELL_H, _LABEL_W, _HEAD_H, _RIGHT = 16, 230, 96, 130
@@ -103,7 +104,12 @@ def _svg(hm: Heatmap) -> tuple[str, str]:
 
 
 def _col(group: str) -> str:
-    """Short column label: ``actor/fwd_bwd/rollout_000003/step000004/ms003`` -> ``r3 s4 ms3``."""
+    """Short column label: ``actor/fwd_bwd/rollout_000003/step000004/ms003`` -> ``r3 s4 ms3``;
+    a whole rollout one side lacks, ``.../rollout_000003 (missing in B)`` -> ``r3 not in B``."""
+    lacking = re.fullmatch(r"(.*) \(missing in (\w+)\)", group)
+    if lacking:
+        whole = re.search(r"rollout_(\d+)$", lacking.group(1))
+        return f"{f'r{int(whole.group(1))}' if whole else lacking.group(1)} not in {lacking.group(2)}"
     m = re.search(r"rollout_(\d+)/step(\d+)(?:/ms(\d+))?", group)
     if not m:
         return group
@@ -120,7 +126,10 @@ def _tip(hm: Heatmap, r: int, c: int, cell: Cell) -> list[Any]:
     values = [float(f"{v:.3g}") if math.isfinite(v) else None for v in cell.values]
     p = next((w for w in cell.worst if w is not None and w.failed), None) or cell.worst[0]
     if p is None:
-        return [r, c, values, cell.tensors, None, "missing, shape or dtype mismatch" if cell.broken else None, None]
+        why = None
+        if cell.broken:
+            why = "missing, shape or dtype mismatch" if cell.tensors else "not captured on this side at all"
+        return [r, c, values, cell.tensors, None, why, None]
     name = p.name[len(hm.rows[r]) + 1 :] if p.name.startswith(hm.rows[r] + ".") else p.name
     m = p.metrics
     if m is None:
@@ -195,8 +204,9 @@ _HEAT_CSS = (
 )
 
 
-def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
-    """The whole page (``verdict``: ``pass`` / ``fail`` for the command's ``--fail-on``)."""
+def render_html(result: CompareResult, verdict: str, base: Path | None, top: int = 50) -> str:
+    """The whole page (``verdict``: ``pass`` / ``fail`` for the command's ``--fail-on``); links
+    to the inputs are relative to ``base`` (``html_page.where_link``)."""
     s = result.stats
     first = result.first_divergence
     diffs, note = config_diff(result.a, result.b)
@@ -228,13 +238,13 @@ def render_html(result: CompareResult, verdict: str, top: int = 50) -> str:
         "<h2>Worst tensors</h2>",
         _worst(result, top),
         "<h2>Findings</h2>",
-        finding_list(ordered_findings(result), "findings"),
+        finding_list(ordered_findings(result), "findings", base),
     ]
     return page("ftkit compare-dumps", body, _HEAT_JS)
 
 
 def _heat_section(result: CompareResult) -> str:
-    if not result.pairs:
+    if not result.pairs and not missing_wholes(result):
         return "<p>No compared tensors.</p>"
     hm = heatmap(result)
     lo, hi = _range(list(hm.cells.values()), 0)

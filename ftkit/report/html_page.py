@@ -11,9 +11,11 @@ here, so callers pass plain strings.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from html import escape
 from pathlib import Path
+from urllib.parse import quote
 
 from ftkit.errors import UsageError
 from ftkit.findings import Finding
@@ -81,20 +83,33 @@ def num(value: float | int | None, fmt: str = ".3g") -> str:
     return format(value, fmt) if isinstance(value, float) else str(value)
 
 
-def where_link(file: str | None, line: int | None) -> str:
-    """``file:line`` linking to the file (a ``file://`` URL; browsers open it next to the report)."""
+def page_dir(page: Path) -> Path | None:
+    """The directory links of a page written to ``page`` are relative to: the directory the
+    user named for a regular file (or one still to be made); None for a special file
+    (``/dev/stdout``, a FIFO), whose page ends up who knows where."""
+    return Path(os.path.abspath(page)).parent if not page.exists() or page.is_file() else None
+
+
+def where_link(file: str | None, line: int | None, base: Path | None = None) -> str:
+    """``file:line`` linking to the file: a URL relative to ``base`` (the page's directory, see
+    ``page_dir``), so the report and its inputs can move together (a CI artifact, a copied run
+    directory); an absolute ``file://`` URL without a base or across drives. A line adds a
+    ``#L<line>`` anchor, the line link of GitHub, GitLab and most artifact viewers."""
     if not file:
         return "-"
     text = f"{Path(file).name}:{line}" if line else Path(file).name
+    target = Path(os.path.abspath(file))
     try:
-        href = Path(file).resolve().as_uri()
-    except ValueError:
-        href = file
+        href = quote(Path(os.path.relpath(target, base)).as_posix()) if base is not None else target.as_uri()
+    except ValueError:  # another drive (Windows)
+        href = target.as_uri()
+    href += f"#L{line}" if line else ""
     return f"<a class='mono' href='{escape(href)}'>{escape(text)}</a>"
 
 
-def finding_list(findings: Sequence[Finding], list_id: str, open_up_to: int = 20) -> str:
-    """Findings in a collapsed, searchable table (open by default when there are few)."""
+def finding_list(findings: Sequence[Finding], list_id: str, base: Path | None, open_up_to: int = 20) -> str:
+    """Findings in a collapsed, searchable table (open by default when there are few); their
+    files linked relative to ``base`` (``where_link``)."""
     if not findings:
         return "<p class='pass'>No findings.</p>"
     shown = findings[:MAX_ROWS]
@@ -107,7 +122,7 @@ def finding_list(findings: Sequence[Finding], list_id: str, open_up_to: int = 20
                 escape(f.severity.value),
                 escape(f.rule),
                 f"<span class='mono'>{escape(f.message)}</span>",
-                where_link(ev.get("file"), ev.get("line")),
+                where_link(ev.get("file"), ev.get("line"), base),
             )
         )
     more = len(findings) - len(shown)

@@ -5,7 +5,10 @@ step, and, where the driver offers them, ``on_cell_state(cell, state, reason)``,
 ``on_fault(text)`` and ``on_heal(text)`` -- or all three at once through
 ``on_event(event_type, fields)`` with what the driver logs. Faults and heals are logged by the
 ranks and healers, not the driver: given the run's ``events/`` (``live_view(..., events_dir)``)
-the view reads them from the log at every callback (``ftkit.report.live_tail``). Without a cell-state feed the cells
+the view reads them from the log at every callback (``ftkit.report.live_tail``). "Last fault"
+is the last injected fault, engine failure (``engine_failed``) or detected cell failure (a
+cell going to ``failed`` / ``errored``, injected or not); the first cell failure after an
+injected fault reads ``<injection> -> cell N failed (reason)``. Without a cell-state feed the cells
 shown are the step's alive count. It shows, in place, when stderr is a terminal
 (``live=True``): a progress bar over the run's steps with the rollout, the cells' states at a
 glance (one coloured block per cell: alive, failed, restarting, healing, stopped ...), the
@@ -97,6 +100,7 @@ class LiveView:
         self.discarded = 0
         self.fault: str | None = None
         self.heal: str | None = None
+        self._undetected = False  # the last fault is one whose failure has not been seen yet
         self.stream = stream if stream is not None else sys.stderr
         self.console = Console(file=self.stream, highlight=False, emoji=False, force_terminal=True if live else None)
         self._live: Any = None
@@ -121,7 +125,12 @@ class LiveView:
         self._drain()
         self.state_fed = True
         self.states[cell] = _SHOWN.get(state, state)
-        self._show(f"cell {cell}: {state}" + (f" ({reason})" if reason else ""))
+        change = f"cell {cell}: {state}" + (f" ({reason})" if reason else "")
+        if self.states[cell] == "failed":  # a detected failure is a fault too, injected or not
+            detected = f"cell {cell} {state}" + (f" ({reason})" if reason else "")
+            self.fault = f"{self.fault} -> {detected}" if self._undetected else detected
+            self._undetected = False
+        self._show(change)
 
     def on_event(self, event_type: str, fields: dict[str, Any]) -> None:
         """Feed from the driver's event stream (the type and fields it logs): ``cell_state``,
@@ -154,6 +163,9 @@ class LiveView:
                 f"{fields.get('kind')} at {fields.get('point')}, cell {fields.get('cell')} rank {fields.get('rank')}, "
                 f"step {fields.get('step')}"
             )
+        elif event_type == "engine_failed":
+            self.on_fault(f"engine {fields.get('engine')} failed: {fields.get('reason')}")
+            self._undetected = False  # an engine failure is its own detection
         elif event_type == "heal":
             took = sum(float(v) for v in dict(fields.get("seconds") or {}).values())
             self.on_heal(
@@ -162,7 +174,7 @@ class LiveView:
             )
 
     def on_fault(self, text: str) -> None:
-        self.fault = text
+        self.fault, self._undetected = text, True
         self._show(f"fault: {text}")
 
     def on_heal(self, text: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ftkit.events.reader import decode
 
-WANTED = frozenset({"fault_injected", "heal"})
+WANTED = frozenset({"fault_injected", "engine_failed", "heal"})
 MAX_READ = 1 << 20  # per file and poll: a burst is read over several polls
 
 

@@ -1,8 +1,10 @@
 """The one output sink of every command: stdout carries data only, stderr everything else.
 
 ``Output`` is created by a command from its ``--format`` option. ``data``/``json`` write the
-result to the data stream; ``info``/``warn`` go to stderr; ``progress`` shows a Rich progress
-bar on stderr in human mode only, when stderr is a terminal or ``FTKIT_PROGRESS=1``.
+result to the data stream; ``info``/``warn`` go to stderr; ``progress`` shows progress on stderr in
+human mode only: a Rich bar when stderr is a terminal or ``FTKIT_PROGRESS=1``, otherwise (a
+CI log, a file) plain lines every ``PLAIN_EVERY`` seconds of long work (``PlainProgress``);
+``FTKIT_PROGRESS=0`` turns both off.
 
 Guarantees:
 
@@ -27,7 +29,8 @@ import io
 import json
 import os
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import IO, Any, cast
 
@@ -222,10 +225,17 @@ class Output:
 
     @contextlib.contextmanager
     def progress(self, description: str, total: float | None) -> Iterator[ProgressTask]:
-        """A progress bar on stderr (human mode, interactive stderr or FTKIT_PROGRESS=1)."""
-        forced = os.environ.get("FTKIT_PROGRESS") == "1"
-        if not (self.human and (self.err.is_terminal or forced)):
+        """Progress on stderr in human mode (see the module docstring): a bar on an interactive
+        stderr or with FTKIT_PROGRESS=1, plain periodic lines on any other stderr, nothing with
+        FTKIT_PROGRESS=0 or in a machine format."""
+        setting = os.environ.get("FTKIT_PROGRESS")
+        if not self.human or setting == "0":
             yield ProgressTask(None, None)
+            return
+        if not (self.err.is_terminal or setting == "1"):
+            plain = PlainProgress(lambda line: self.err.print(line, markup=False), description, total)
+            yield plain
+            plain.close()
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -255,6 +265,60 @@ class ProgressTask:
     def update(self, **kwargs: Any) -> None:
         if self._bar is not None:
             self._bar.update(self._task, **kwargs)
+
+
+PLAIN_EVERY = 10.0  # seconds between plain progress lines
+
+
+class PlainProgress(ProgressTask):
+    """Progress for a log that is not a terminal (CI): ``<description>: <done> of <total> (<pct>%),
+    <elapsed> s`` (``<done> so far`` without a total) through ``write`` at most every ``every``
+    seconds of ``clock``, the first after ``every`` seconds, so work shorter than that prints
+    nothing; ``close`` ends work that printed a line with ``<description>: done, <elapsed> s``."""
+
+    def __init__(
+        self,
+        write: Callable[[str], None],
+        description: str,
+        total: float | None,
+        every: float = PLAIN_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(None, None)
+        self._write, self._description, self._every, self._clock = write, description, every, clock
+        self.total, self.completed, self.lines = total, 0.0, 0
+        self._start = self._last = clock()
+
+    def advance(self, amount: float = 1) -> None:
+        self.completed += amount
+        self._tick()
+
+    def update(self, **kwargs: Any) -> None:
+        """Takes Rich's ``completed`` and ``total``; other fields are ignored."""
+        self.completed = float(kwargs.get("completed", self.completed))
+        self.total = kwargs.get("total", self.total)
+        self._tick()
+
+    def close(self) -> None:
+        if self.lines:
+            self._emit(f"{self._description}: done, {self._clock() - self._start:.0f} s")
+
+    def _tick(self) -> None:
+        now = self._clock()
+        if now - self._last < self._every:
+            return
+        self._last = now
+        done = f"{self.completed:,.0f}"
+        if self.total:
+            done += f" of {self.total:,.0f} ({100 * self.completed / self.total:.0f}%)"
+        else:
+            done += " so far"
+        self._emit(f"{self._description}: {done}, {now - self._start:.0f} s")
+
+    def _emit(self, line: str) -> None:
+        self.lines += 1
+        with contextlib.suppress(OSError, ValueError):  # a stderr that went away loses the line only
+            self._write(line)
 
 
 def _isatty(stream: IO[str]) -> bool:

@@ -36,6 +36,7 @@ from ftkit.report.html_page import (
     nice_ticks,
     num,
     page,
+    page_dir,
     table,
     where_link,
     write_page,
@@ -84,10 +85,13 @@ _TIMELINE_CSS = """<style>
 .charts svg{width:100%;height:auto}
 </style>"""
 _ZOOM_JS = """
-(function(){var z=document.getElementById('zoom'),inner=document.getElementById('tl-inner'),
-out=document.getElementById('zoom-out');if(!z||!inner){return;}
-z.addEventListener('input',function(){var f=Math.pow(2,+z.value);inner.style.width=(100*f)+'%';
-out.textContent=f+'x';});})();
+(function(){var z=document.getElementById('zoom'),inner=document.querySelectorAll('.tl-inner'),
+out=document.getElementById('zoom-out');if(!z||!inner.length){return;}
+z.addEventListener('input',function(){var f=Math.pow(2,+z.value);
+for(var i=0;i<inner.length;i++){inner[i].style.width=(100*f)+'%';}out.textContent=f+'x';});
+var s=document.getElementById('startup-scale');if(!s){return;}
+s.addEventListener('change',function(){document.getElementById('tl-compressed').hidden=s.checked;
+document.getElementById('tl-linear').hidden=!s.checked;});})();
 """
 
 
@@ -97,11 +101,12 @@ def write_report(path: Path, paths: Iterable[str | os.PathLike[str]], result: An
     from ftkit.analysis.timeline import build_timeline
 
     timeline = build_timeline(paths, per_process=result.stats.get("read_as") == "per-process")
-    write_page(path, render_timeline_html(timeline, result, outcome))
+    write_page(path, render_timeline_html(timeline, result, outcome, page_dir(path)))
 
 
-def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str) -> str:
-    """The whole page for one analysed run (``outcome``: the analyzer's verdict)."""
+def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: str, base: Path | None) -> str:
+    """The whole page for one analysed run (``outcome``: the analyzer's verdict); links to the
+    logs are relative to ``base`` (``html_page.where_link``)."""
     run = timeline.run or (result.stats.get("runs") or ["?"])[0]
     body = [
         f"<h1>ftkit analyze-events: <span class='{outcome}'>{outcome.upper()}</span> "
@@ -112,13 +117,13 @@ def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: st
         "<h2>Metrics by step</h2>",
         metric_charts(timeline),
         "<h2>Recovery</h2>",
-        _recovery(result.recovery),
+        _recovery(result.recovery, base),
         "<h2>Rules</h2>",
         _rules(result),
         "<h2>Findings</h2>",
-        finding_list(result.findings, "findings"),
+        finding_list(result.findings, "findings", base),
         "<h2>Timeline events</h2>",
-        _event_list(timeline),
+        _event_list(timeline, base),
     ]
     return page(f"ftkit analyze-events: {run}", body, _ZOOM_JS)
 
@@ -187,13 +192,46 @@ def _lanes(tl: Timeline) -> list[str]:
 
 
 def _timeline(tl: Timeline) -> str:
+    """The lanes, drawn on ``time_axis``; a compressed start-up gets a checkbox that swaps in
+    the same lanes on a linear axis (the start-up to scale), and back."""
     if not tl.events:
         return "<p>No events.</p>"
     lanes = _lanes(tl)
-    row = {lane: i for i, lane in enumerate(lanes)}
     span = tl.duration or 1.0
     x, t_train = time_axis(tl)
+    offset = t_train - tl.start
+    track = _track(tl, lanes, x, t_train)
+    if offset:
+        linear, _ = time_axis(tl, compress=False)
+        track = (
+            "<label><input type='checkbox' id='startup-scale'> start-up to scale "
+            f"({_fmt_s(offset)}, {offset / span:.0%} of the run)</label>"
+            f"<div id='tl-compressed'>{track}</div><div id='tl-linear' hidden>"
+            f"{_track(tl, lanes, linear, tl.start)}</div>"
+        )
+        startup_note = (
+            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
+            f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest; "
+            "'start-up to scale' shows it linearly."
+        )
+    else:
+        startup_note = ""
+    return (
+        _TIMELINE_CSS
+        + legend([(s, c) for s, c in STATE_COLORS.items()])
+        + legend(list(dict.fromkeys((text, c) for c, _, _, text in MARK_STYLE.values())))
+        + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
+        "</label> " + track + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
+        f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
+        f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
+    )
 
+
+def _track(tl: Timeline, lanes: list[str], x: Any, t_train: float) -> str:
+    """The lane labels, the SVG of the lanes and the seconds axis, positions from ``x``
+    (``time_axis``); ``t_train`` after ``tl.start``: the start-up is compressed and shaded."""
+    row = {lane: i for i, lane in enumerate(lanes)}
+    span = tl.duration or 1.0
     h = len(lanes) * _LANE_H
     out = [
         f"<svg viewBox='0 0 {_W:.0f} {h}' preserveAspectRatio='none' height='{h}' role='img' aria-label='run timeline'>"
@@ -246,24 +284,10 @@ def _timeline(tl: Timeline) -> str:
             f"fill-opacity='0.18'><title>start-up: {_fmt_s(offset)} before the first step, drawn compressed"
             "</title></rect>",
         )
-        startup_note = (
-            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
-            f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest."
-        )
-    else:
-        startup_note = ""
     return (
-        _TIMELINE_CSS
-        + legend([(s, c) for s, c in STATE_COLORS.items()])
-        + legend(list(dict.fromkeys((text, c) for c, _, _, text in MARK_STYLE.values())))
-        + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
-        "</label>"
-        + f"<div class='tl'><div class='lab'>{labels}</div><div class='scroll'><div class='inner' id='tl-inner'>"
+        f"<div class='tl'><div class='lab'>{labels}</div><div class='scroll'><div class='inner tl-inner'>"
         + "".join(out)
         + f"<div class='axis'>{ticks}</div></div></div></div>"
-        + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
-        f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
-        f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
     )
 
 
@@ -271,16 +295,16 @@ STARTUP_SHARE = 0.08  # of the width, for a start-up drawn compressed
 STARTUP_LONG = 0.25  # a start-up longer than this share of the run is compressed
 
 
-def time_axis(tl: Timeline) -> tuple[Any, float]:
+def time_axis(tl: Timeline, compress: bool = True) -> tuple[Any, float]:
     """``(x, t_train)``: ``x(t)`` maps a log time into ``[0, _W]``; ``t_train`` is when the first
     step began. When the start-up before it takes over ``STARTUP_LONG`` of the run (Ray and
     megatron starting: 43 of 51 s), it is compressed into the first ``STARTUP_SHARE`` of the
     width, so faults and heals during training are not squeezed to one edge; otherwise
-    ``t_train`` is the first event and the axis is linear."""
+    (and with ``compress=False``) ``t_train`` is the first event and the axis is linear."""
     span = tl.duration or 1.0
     first = min((b.t0 for b in tl.bins if b.attempts and math.isfinite(b.t0)), default=tl.start)
     startup = first - tl.start
-    if startup <= STARTUP_LONG * span or tl.end <= first:
+    if not compress or startup <= STARTUP_LONG * span or tl.end <= first:
 
         def linear(t: float) -> float:
             return max(0.0, min(_W, (t - tl.start) / span * _W))
@@ -335,7 +359,7 @@ def _fmt_s(t: float) -> str:
 
 
 # ---------------------------------------------------------------------------- tables
-def _recovery(rows: list[dict[str, Any]]) -> str:
+def _recovery(rows: list[dict[str, Any]], base: Path | None) -> str:
     if not rows:
         return "<p class='muted'>No injected faults in this log.</p>"
     body = [
@@ -352,7 +376,7 @@ def _recovery(rows: list[dict[str, Any]]) -> str:
             str(r.get("steps_discarded", 0)),
             num(r.get("samples_lost")),
             escape(str(r.get("recovered_by") or "UNRECOVERED")),
-            where_link(r.get("file"), r.get("line")),
+            where_link(r.get("file"), r.get("line"), base),
         )
         for r in rows
     ]
@@ -399,7 +423,7 @@ def _rules(result: AnalysisResult) -> str:
     return table(("code", "rule", "severity", "checked", "findings", "what it checks"), rows, "rules")
 
 
-def _event_list(tl: Timeline) -> str:
+def _event_list(tl: Timeline, base: Path | None) -> str:
     marks: list[Marker] = [m for m in tl.markers if m.kind in LISTED]
     if not marks:
         return "<p class='muted'>No faults, heals, reconfigures, discarded attempts or rejected checkpoints.</p>"
@@ -409,7 +433,7 @@ def _event_list(tl: Timeline) -> str:
             escape(MARK_STYLE[m.kind][3]),
             escape(m.lane),
             escape(m.label),
-            where_link(m.file, m.line),
+            where_link(m.file, m.line, base),
         )
         for m in marks[:MAX_ROWS]
     ]

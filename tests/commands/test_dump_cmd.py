@@ -122,3 +122,18 @@ def test_offline_options_without_from_checkpoint_are_worded_for_one(tmp_path, ca
     code = cli.main(["dump", str(tmp_path), "--rollout", "3"])
     _, err = capsys.readouterr()
     assert code == 2 and "Error: --rollout applies only with --from-checkpoint" in err and "drop it" in err
+
+
+def test_non_finite_and_overflowing_tensors_print_no_numpy_warnings(tmp_path):
+    """Issue 24 item 10: NaN, Inf and sums beyond float64 are values in the table, not
+    RuntimeWarnings naming ftkit's source files on stderr (run with warnings shown)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "x.safetensors"
+    big = torch.tensor([1e308, 1e308, -1e308, float("nan")], dtype=torch.float64)
+    write_safetensors_atomic(path, {"big": big, "bad": torch.tensor([float("nan"), float("inf"), -float("inf"), 1.0])})
+    argv = [sys.executable, "-W", "always::RuntimeWarning", "-m", "ftkit", "dump", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0 and "big" in done.stdout
+    assert "Warning" not in done.stderr, done.stderr

@@ -20,6 +20,7 @@ from ftkit.report.heatmap import heatmap, layer_of
 from ftkit.report.html import render_html
 from ftkit.report.html_page import MAX_ROWS
 from ftkit.tensors.sharding import Sharding
+from ftkit.tensors.st import write_safetensors_atomic
 
 SVG = "{http://www.w3.org/2000/svg}"
 LAYERS = 4
@@ -147,7 +148,7 @@ def test_long_finding_lists_are_collapsed_and_capped(runs: Path) -> None:
         )
         for i in range(5000)
     ]
-    text = render_html(result, "fail")
+    text = render_html(result, "fail", None)
     block = re.search(r"<details>.*?</details>", text[text.index("<h2>Findings</h2>") :], re.S).group(0)
     assert "data-filter='findings'" in block and block.count("<tr>") == 1 + MAX_ROWS
     assert f"{5000 - MAX_ROWS} more finding(s)" in block and len(text) < 500_000
@@ -173,3 +174,31 @@ def test_rows_follow_the_forward_pass(tmp_path: Path) -> None:
     hm = heatmap(compare_paths(tmp_path / "a", tmp_path / "b", CompareOptions()))
     assert hm.rows == ["stem", "head", "(model)"]
     assert hm.cols == ["actor/fwd_bwd/rollout_000000/step000000", "actor/fwd_bwd/rollout_000000/step000000/ms000"]
+
+
+def test_missing_rollouts_and_files_are_black_columns(runs: Path, tmp_path: Path) -> None:
+    """Issue 24 item 7: what one side lacks whole (a rollout, CD006; a file, CD005) is drawn
+    as the legend promises (every cell of its column missing), not left out of the picture."""
+    import shutil
+
+    short = tmp_path / "short"
+    shutil.copytree(runs / "a", short)
+    shutil.rmtree(short / "dumps" / "actor" / "fwd_bwd" / "rollout_000001")
+    hm = heatmap(compare_paths(runs / "a", short, CompareOptions()))
+    label = "actor/fwd_bwd/rollout_000001 (missing in B)"
+    assert hm.cols[-1] == label and len(hm.cols) == 5
+    col = hm.cols.index(label)
+    assert all(hm.cells[(r, col)].broken and hm.cells[(r, col)].failed for r in range(len(hm.rows)))
+
+    files_a, files_b = tmp_path / "fa", tmp_path / "fb"
+    for d in (files_a, files_b):
+        d.mkdir()
+        write_safetensors_atomic(d / "x.safetensors", {"w": torch.ones(3)})
+    write_safetensors_atomic(files_a / "y.safetensors", {"w": torch.ones(3)})
+    result = compare_paths(files_a, files_b, CompareOptions())
+    hm = heatmap(result)
+    assert hm.cols == ["x.safetensors", "y.safetensors (missing in B)"] and hm.cells[(0, 1)].broken
+    text = render_html(result, "fail", None)
+    assert "not in B<title>y.safetensors (missing in B)</title>" in text
+    short_page = render_html(compare_paths(runs / "a", short, CompareOptions()), "fail", None)
+    assert ">r1 not in B<title>" in short_page

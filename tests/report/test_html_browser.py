@@ -123,7 +123,7 @@ def test_harness_reports_errors(chromium: str, tmp_path: Path) -> None:
 
 TIMELINE_CHECK = """
 var q=function(s){return document.querySelectorAll(s);}, box=function(e){return e.getBoundingClientRect();};
-var svg=document.querySelector('.tl svg'), inner=document.getElementById('tl-inner'), w0=box(svg).width;
+var svg=document.querySelector('.tl svg'), inner=document.querySelector('.tl-inner'), w0=box(svg).width;
 var z=document.getElementById('zoom'); z.value=3; z.dispatchEvent(new Event('input'));
 var w1=box(svg).width;
 var labs=Array.prototype.map.call(q('.tl .lab div'),function(d){return d.textContent;});
@@ -265,3 +265,57 @@ def test_heatmap_screenshot_shows_the_divergence(chromium: str, heatmap_page: Pa
     share = colour_share(png, {"equal": heat._EQUAL, **{f"v{i}": c for i, c in enumerate(heat._PALETTE)}})
     assert share["equal"] > 5_000  # the equal part of the run
     assert sum(1 for k, n in share.items() if k != "equal" and n > 100) >= 2  # diverged cells, several colours
+
+
+MISSING_CHECK = """
+var svg=document.getElementById('heat'), cells=Array.prototype.slice.call(svg.querySelectorAll('rect.c'));
+var right=Math.max.apply(null,cells.map(function(c){return c.getBoundingClientRect().left;}));
+var col=cells.filter(function(c){return c.getBoundingClientRect().left===right;});
+var last=col[col.length-1], b=last.getBoundingClientRect();
+last.dispatchEvent(new MouseEvent('mousemove',{bubbles:true,clientX:b.left+2,clientY:b.top+2}));
+return {n:col.length, fills:col.map(function(c){return getComputedStyle(c).fill;}),
+  visible:col.every(function(c){var r=c.getBoundingClientRect();return r.width>4&&r.height>4;}),
+  tip:document.getElementById('heat-tip').textContent};
+"""
+
+
+def test_heatmap_draws_a_missing_rollout_black(chromium: str, tmp_path: Path) -> None:
+    """Issue 24 item 7: the legend's black (missing) is on screen for a rollout B lacks: the
+    rightmost column, one visible black cell per layer, its tip saying why."""
+    import shutil
+
+    write_run(tmp_path / "a", diverge_at=None)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / "dumps" / "actor" / "fwd_bwd" / "rollout_000001")
+    page = tmp_path / "missing.html"
+    assert cli.main(["compare-dumps", str(tmp_path / "a"), str(tmp_path / "b"), "--html", str(page), "-f", "json"]) == 1
+    result = load(chromium, page, MISSING_CHECK, tmp_path)
+    assert result["errors"] == []
+    f = result["facts"]
+    assert f["n"] == 6 and f["visible"] and set(f["fills"]) == {"rgb(31, 35, 40)"}  # #1f2328, the legend's black
+    assert "rollout_000001 (missing in B): 0 tensor(s)" in f["tip"] and "not captured on this side" in f["tip"]
+
+
+STARTUP_CHECK = """
+var c=document.getElementById('tl-compressed'), l=document.getElementById('tl-linear');
+var seen=function(e){return e.getBoundingClientRect().height>0;}, before=[seen(c), seen(l)];
+var s=document.getElementById('startup-scale'); s.click();
+var after=[seen(c), seen(l)]; s.click();
+return {before:before, after:after, back:[seen(c), seen(l)]};
+"""
+
+
+def test_a_compressed_start_up_expands_to_scale(chromium: str, tmp_path: Path) -> None:
+    """Issue 24 item 7: the timeline opens on the training span; one click shows the start-up
+    to scale, another collapses it again."""
+    events = generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2)).events_dir
+    driver = events / "driver-i0.jsonl"
+    lines = [json.loads(line) for line in driver.read_text().splitlines()]
+    lines[0]["time"] -= 5 * (lines[-1]["time"] - lines[0]["time"])  # a long start-up before the first step
+    driver.write_text("".join(json.dumps(ev) + "\n" for ev in lines))
+    page = tmp_path / "startup.html"
+    assert cli.main(["analyze-events", str(events), "--html", str(page), "--format", "json"]) in (0, 1)
+    result = load(chromium, page, STARTUP_CHECK, tmp_path)
+    assert result["errors"] == []
+    f = result["facts"]
+    assert f["before"] == [True, False] and f["after"] == [False, True] and f["back"] == [True, False]

@@ -87,9 +87,9 @@ def test_live_on_a_pseudo_terminal() -> None:
     final = plain[plain.rindex("ftkit train") :]  # the last frame stays on screen
     assert "rollout 2/2" in final and "step 3/4" in final and "3/3 alive" in final
     assert "reward 0.500" in final and "loss +0.37500" in final and "discarded attempts 1" in final
-    assert "last fault kill at backward, cell 2 rank 0, step 1" in final
+    assert "last fault kill at backward, cell 2 rank 0, step 1 -> cell 2 failed (rank died)" in final
     assert "last heal  cell 2 from cell 0: 12.0 MiB in 0.8s" in final
-    assert "cell 2 failed" not in plain and mid is not None
+    assert "cell 2: failed" not in plain and mid is not None  # no plain lines in place
     assert "healing" in plain  # an intermediate frame showed the healing cell
 
 
@@ -138,7 +138,7 @@ def test_faults_and_heals_logged_by_other_processes_reach_the_view(tmp_path) -> 
         rank = EventWriter(events, run="r", role="trainer", cell=1, rank=0, incarnation=1)
         rank.emit("fault_injected", kind="kill", point="backward", cell=1, rank=0, rollout=0, step=3)
         view.on_cell_state(1, "failed", "rank died")
-        assert view.fault == "kill at backward, cell 1 rank 0, step 3"
+        assert view.fault == "kill at backward, cell 1 rank 0, step 3 -> cell 1 failed (rank died)"
         driver = EventWriter(events, run="r", role="driver", incarnation=0)
         driver.emit(
             "heal",
@@ -158,3 +158,23 @@ def test_faults_and_heals_logged_by_other_processes_reach_the_view(tmp_path) -> 
     text = out.getvalue()
     assert "old" not in text and "cell 9" not in text and "cell 7" not in text
     assert text.count("fault: kill at backward") == 1 and text.count("heal: cell 1 from cell 0") == 1
+
+
+def test_detected_failures_are_the_last_fault(tmp_path) -> None:
+    """Issue 24 item 6: a cell that fails without an injection (a real crash) and an engine the
+    driver replaces are faults of the view too, not only injected ones."""
+    from ftkit.events.writer import EventWriter
+    from ftkit.report.live_tail import EventTail
+
+    events = tmp_path / "events"
+    out = io.StringIO()
+    with LiveView(4, 2, live=False, stream=out, tail=EventTail(events)) as view:
+        view.on_cell_state(0, "alive")
+        assert view.fault is None
+        view.on_cell_state(1, "errored", "actor died")
+        assert view.fault == "cell 1 errored (actor died)"
+        driver = EventWriter(events, run="r", role="driver", incarnation=0)
+        driver.emit("engine_failed", engine=0, incarnation=0, reason="actor died")
+        view.on_step(Report(0, 1, 0, 4, True, 0.4, 1.0, 0.5, 100.0, 1, 2))
+        assert view.fault == "engine 0 failed: actor died"
+    assert "fault: engine 0 failed: actor died" in out.getvalue().splitlines()

@@ -139,3 +139,42 @@ def test_info_with_broken_markup_prints_plain_text(capsys: pytest.CaptureFixture
 
     Output(Format.human).info("training -> runs/a[/b]c")
     assert "runs/a[/b]c" in capsys.readouterr().err
+
+
+def test_plain_progress_lines_for_a_log(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 item 6: on a stderr that is not a terminal (a CI log) long work shows plain
+    periodic lines, short work nothing, FTKIT_PROGRESS=0 nothing at all."""
+    from ftkit.report.sink import Format, Output, PlainProgress
+
+    now = [0.0]
+    lines: list[str] = []
+    task = PlainProgress(lines.append, "Analyzing events", None, every=10, clock=lambda: now[0])
+    task.update(completed=500)  # before the first period: quiet
+    now[0] = 10.0
+    task.update(completed=1000, total=4000)
+    now[0] = 15.0
+    task.advance(1000)  # within the period: quiet
+    now[0] = 21.0
+    task.advance(1000)
+    task.close()
+    assert lines == [
+        "Analyzing events: 1,000 of 4,000 (25%), 10 s",
+        "Analyzing events: 3,000 of 4,000 (75%), 21 s",
+        "Analyzing events: done, 21 s",
+    ]
+    quick: list[str] = []
+    short = PlainProgress(quick.append, "Comparing", 2, clock=lambda: 0.0)
+    short.advance()
+    short.close()
+    assert quick == []
+
+    monkeypatch.delenv("FTKIT_PROGRESS", raising=False)
+    with Output(Format.human).progress("Reading", total=None) as plain:
+        assert isinstance(plain, PlainProgress)  # stderr is captured, not a terminal
+    monkeypatch.setenv("FTKIT_PROGRESS", "0")
+    with Output(Format.human).progress("Reading", total=None) as off:
+        assert not isinstance(off, PlainProgress)
+    with Output(Format.json).progress("Reading", total=None) as machine:
+        monkeypatch.delenv("FTKIT_PROGRESS")
+        assert not isinstance(machine, PlainProgress)
+    assert capsys.readouterr().err == ""

@@ -139,7 +139,21 @@ def test_findings_link_to_file_and_line(tmp_path: Path, capsys: pytest.CaptureFi
     code, _, _ = _run(capsys, "analyze-events", tmp_path / "events", "--html", page)
     assert code == 1
     findings = re.search(r"<table id='findings'>.*?</table>", page.read_text(), re.S).group(0)
-    assert "FT104" in findings and re.search(r"href='file://[^']+\.jsonl'[^>]*>[^<]+\.jsonl:\d+</a>", findings)
+    assert "FT104" in findings
+    # relative to the page (the report and its run move together) with the line's anchor (issue 24 item 10)
+    links = re.findall(r"href='([^']+)'[^>]*>[^<]+\.jsonl:(\d+)</a>", findings)
+    assert links and all(h.startswith("events/") and h.endswith(f".jsonl#L{n}") for h, n in links)
+    assert all((tmp_path / h.split("#")[0]).is_file() for h, _ in links)
+
+
+def test_a_page_on_a_special_file_links_absolutely(tmp_path: Path) -> None:
+    from ftkit.report.html_page import page_dir, where_link
+
+    assert page_dir(Path("/dev/null")) is None
+    assert where_link(str(tmp_path / "a b.jsonl"), 3, None) == (
+        f"<a class='mono' href='{(tmp_path / 'a b.jsonl').as_uri()}#L3'>a b.jsonl:3</a>"
+    )
+    assert "href='../a%20b.jsonl'" in where_link(str(tmp_path / "a b.jsonl"), None, page_dir(tmp_path / "r" / "x.html"))
 
 
 @pytest.mark.parametrize("target", ["missing/r.html", "."])
@@ -206,7 +220,7 @@ def test_findings_are_drawn_at_their_step(tmp_path: Path) -> None:
     steps = {f.evidence.get("step") for f in result.findings} - {None}
     marks = with_findings(tl, result).markers_of("finding")
     assert steps and {m.step for m in marks} == steps and all(m.lane == "steps" for m in marks)
-    assert render_timeline_html(tl, result, "fail").count("class='mark-finding'") == len(marks)
+    assert render_timeline_html(tl, result, "fail", None).count("class='mark-finding'") == len(marks)
 
 
 def test_a_long_start_up_is_compressed_so_training_fills_the_width(tmp_path: Path) -> None:
@@ -225,7 +239,12 @@ def test_a_long_start_up_is_compressed_so_training_fills_the_width(tmp_path: Pat
     tl = build_timeline([events])
     x, t_train = time_axis(tl)
     assert t_train > tl.start and x(t_train) == pytest.approx(_W * STARTUP_SHARE) and x(tl.end) == _W
-    page = render_timeline_html(tl, analyze_paths([events]), "pass")
-    steps = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", page)]
+    page = render_timeline_html(tl, analyze_paths([events]), "pass", None)
+    compressed, linear = page.split("<div id='tl-linear' hidden>")
+    steps = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", compressed)]
     assert min(steps) >= _W * STARTUP_SHARE - 1 and max(steps) > _W * 0.8
-    assert "class='startup'" in page and "drawn compressed" in page
+    assert "class='startup'" in compressed and "drawn compressed" in compressed
+    # collapsible: the same lanes on a linear axis, one checkbox away (start-up to scale)
+    assert "id='startup-scale'" in compressed and "class='startup'" not in linear
+    to_scale = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", linear)]
+    assert len(to_scale) == len(steps) and min(to_scale) > _W * 0.8  # training is the last sixth of the run
