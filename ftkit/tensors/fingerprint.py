@@ -142,9 +142,10 @@ def combine(fingerprints: Mapping[str, str]) -> str:
     """
     names = sorted(fingerprints)
     quote = _json_str if _STR.issuperset(map(type, names)) else json.dumps  # json.dumps(a str) is _json_str
-    quoted, values = map(quote, names), map(str, map(fingerprints.__getitem__, names))
     h = xxhash.xxh3_128(_COMBINE_FORMAT)
-    h.update("".join([f"{q}:{v}\n" for q, v in zip(quoted, values)]).encode())
+    if names:  # "name:value" lines joined in C (map / zip / str.join): no Python code per pair
+        values = map(str, map(fingerprints.__getitem__, names))
+        h.update(("\n".join(map(":".join, zip(map(quote, names), values))) + "\n").encode())
     return h.hexdigest()
 
 
