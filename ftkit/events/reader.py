@@ -277,7 +277,9 @@ def merge_by_time(gens: list[Iterator[tuple[float, int, Any, int]]]) -> Iterator
 
 class ReadCounts:
     """What a stream of event lines has read so far: ``counts`` is ``[lines, bytes]``
-    (uncompressed), the list ``read_blocks`` / ``read_lines`` add to as they go."""
+    (uncompressed), the list ``read_blocks`` / ``read_lines`` add to as they go; ``progress()`` is
+    ``(done, total)`` over every pass the stream makes over its inputs (one here; ``DemuxStream``
+    makes two or three)."""
 
     counts: list[int]
 
