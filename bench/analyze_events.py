@@ -7,6 +7,7 @@ one file with ``write_merged_log`` (what ``ftkit train --merged-log`` writes) an
 the same run, interleaved:
 
 - ``plain``: a plain ``for line in f: json.loads(line)`` loop over the per-process files;
+- ``floor``: the same loop with ``orjson.loads`` (decoding alone, the floor of any decoder);
 - ``analyze``: ``ftkit analyze-events DIR --format json`` over the per-process files, as a
   subprocess (interpreter start and imports included), its wall / CPU time and peak RSS
   (``os.wait4`` rusage of that child);
@@ -37,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import orjson
 
 from ftkit.events.merge import write_merged_log
 from ftkit.testing.synthetic import SyntheticSpec, generate
@@ -72,6 +75,16 @@ def plain_loop(files: list[Path]) -> tuple[float, float, int]:
                 json.loads(line)
                 n += 1
     return time.perf_counter() - t0, time.process_time() - c0, n
+
+
+def floor_loop(files: list[Path]) -> tuple[float, float]:
+    """Wall and CPU seconds of the same loop with ``orjson.loads`` (decoding alone)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    for path in files:
+        with open(path, "rb") as f:
+            for line in f:
+                orjson.loads(line)
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def analyze(path: Path) -> tuple[float, float, int, int, dict]:
@@ -157,14 +170,17 @@ def main() -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            wall: dict[str, list[float]] = {k: [] for k in ("plain", *inputs)}
-            cpu: dict[str, list[float]] = {k: [] for k in ("plain", *inputs)}
+            wall: dict[str, list[float]] = {k: [] for k in ("plain", "floor", *inputs)}
+            cpu: dict[str, list[float]] = {k: [] for k in ("plain", "floor", *inputs)}
             rss: dict[str, int] = dict.fromkeys(inputs, 0)
             docs: dict[str, dict] = {}
             for _ in range(args.repeat):  # interleaved; the best of each (noise on shared machines)
                 w, c, lines = plain_loop(files)
                 wall["plain"].append(w)
                 cpu["plain"].append(c)
+                w, c = floor_loop(files)
+                wall["floor"].append(w)
+                cpu["floor"].append(c)
                 for name, path in inputs.items():
                     w, c, rc, peak, docs[name] = analyze(path)
                     wall[name].append(w)
@@ -186,6 +202,12 @@ def main() -> int:
                 **{f"{k}_s": round(v, 2) for k, v in best.items()},
                 "ratio": round(best["analyze"] / best["plain"], 3),
                 "cpu_ratio": round(best_cpu["analyze"] / best_cpu["plain"], 3),
+                **{f"{k}_ratio": round(best[k] / best["plain"], 3) for k in ("floor", *inputs) if k != "analyze"},
+                **{
+                    f"{k}_cpu_ratio": round(best_cpu[k] / best_cpu["plain"], 3)
+                    for k in ("floor", *inputs)
+                    if k != "analyze"
+                },
                 "peak_rss_mib": {k: round(v / 2**20, 1) for k, v in rss.items()},
                 "verdict": docs["analyze"].get("verdict"),
                 "same_result": same,
@@ -203,6 +225,14 @@ def main() -> int:
         f"{'merged s':>9} {'vs files':>8} {'cpu':>6} {'RSS MiB (files/merged)':>22} verdict same"
     )
     for r in rows:
+        print(
+            f"{'':>10} vs the plain loop, wall / cpu: "
+            + ", ".join(
+                f"{k} {r[k + '_ratio']:.3f} / {r[k + '_cpu_ratio']:.3f}"
+                for k in ("floor", "merged", "shuffled")
+                if k + "_ratio" in r
+            )
+        )
         rss_text = f"{r['peak_rss_mib']['analyze']:.0f}/{r['peak_rss_mib']['merged']:.0f}"
         print(
             f"{r['events']:>10} {r['bytes'] / 2**30:>6.2f} {r['plain_s']:>8.1f} {r['analyze_s']:>8.1f} "

@@ -26,12 +26,12 @@ from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import NotPerProcess, Replay
 from ftkit.analysis.replay_state import MAX_STORED
 from ftkit.events.demux import DemuxStream
-from ftkit.events.reader import STDIN, EventStream, discover, size_of
+from ftkit.events.reader import STDIN, EventStream, discover
 from ftkit.events.spill import SPILL_BYTES
 from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 
 Stream = EventStream | DemuxStream
-Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+Progress = Callable[[int, int], None]  # (done, total): bytes of all reading passes (see ReadCounts.progress)
 
 
 @dataclass
@@ -63,31 +63,30 @@ def analyze_paths(
     """
     rule_classes = select_rules(select, skip)
     files = discover(paths)
-    total = sum(size_of(p) for p in files)
     if STDIN not in files:
         replay = Replay(rule_classes)
         stream: Stream = EventStream(files, replay.issue)
         try:
-            _replay(replay, stream, per_process=True, progress=progress, total=total)
+            _replay(replay, stream, per_process=True, progress=progress)
             return _result(replay, stream, len(files), "per-process")
         except NotPerProcess:
             pass  # not one process per file: read it again, demultiplexed
     replay = Replay(rule_classes)
-    stream = DemuxStream(files, replay.issue, spill_bytes)
+    stream = DemuxStream(files, replay.issue, spill_bytes, progress=progress)
     try:
-        _replay(replay, stream, per_process=False, progress=progress, total=total)
+        _replay(replay, stream, per_process=False, progress=progress)
     finally:
         stream.close()
     return _result(replay, stream, len(files), stream.mode)
 
 
-def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progress | None, total: int) -> None:
+def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progress | None) -> None:
     replay.attach(len(stream.names), stream.locate, per_process)
-    tick = None if progress is None else lambda: progress(min(stream.position(), total), total)
+    tick = None if progress is None else lambda: progress(*stream.progress())
     replay.run(stream.events(), tick)
     replay.finish()
     if progress is not None:
-        progress(total, total)
+        progress(stream.work(), stream.work())
 
 
 def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> AnalysisResult:

@@ -35,7 +35,7 @@ import math
 import mmap
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from ftkit.events.reader import (
     merge_by_time,
     read_blocks,
     read_lines,
+    size_of,
 )
 from ftkit.events.spill import SPILL_BYTES, LineSorter, Record
 
@@ -60,14 +61,22 @@ LINE_BITS = 40
 _LINE_MASK = (1 << LINE_BITS) - 1
 _SIDS_BLOCK = 1 << 18
 UNKEYED_LABEL = "(lines without a source)"
+TICK_LINES = 4096  # lines between two progress calls in the partition pass
 
 
 class DemuxStream(ReadCounts):
     """Per-source streams of ``files`` (any line order), merged by time; see the module docstring."""
 
     def __init__(
-        self, files: list[Path], on_issue: IssueCallback, spill_bytes: int = SPILL_BYTES, tmpdir: str | None = None
+        self,
+        files: list[Path],
+        on_issue: IssueCallback,
+        spill_bytes: int = SPILL_BYTES,
+        tmpdir: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        """Runs the first pass (and, the sorted way, the partition); ``progress(done, total)`` is
+        called as they read (see ``position``), so a bar moves before the first event is replayed."""
         self.files = files
         self.inputs = ["<stdin>" if p is STDIN else str(p) for p in files]
         self.on_issue = on_issue
@@ -78,16 +87,44 @@ class DemuxStream(ReadCounts):
         self._last: dict[int, int] = {}
         self._unkeyed: int | None = None
         self._sorter: LineSorter | None = None
+        self.size = sum(size_of(p) for p in files)
+        self._on_progress = progress
+        self._passes, self._before, self._phase, self._scanned, self._replayed = 2, 0, "scan", 0, 0
         sequential = STDIN not in files and self._scan()
         if not sequential:
             self._drop_sids()
             self._sorter = LineSorter(self.table.sort_keys, spill_bytes, tmpdir)
+            self._passes, self._before, self._phase = 3, self.size, "partition"
             self._partition()
+        self._before, self._phase = self.size * (self._passes - 1), "replay"
         self.mode = "sequential" if sequential else "sorted"
         self._index = self.table.order()
         self.names = [""] * len(self._index)
         for sid, si in enumerate(self._index):
             self.names[si] = self.table.labels[sid]
+
+    def position(self) -> int:
+        """Bytes of all passes so far, each capped at the inputs' size: the keys-only scan, the
+        partition (the sorted way), then the replay's pass (the lines read, or handed on from the
+        sorted runs); ``work`` is the inputs' size times the passes (2, or 3 the sorted way)."""
+        if self._phase == "scan":
+            current = self._scanned
+        elif self._phase == "partition" or self._sorter is None:
+            current = self.counts[1]
+        else:
+            current = self._replayed
+        return self._before + min(current, self.size)
+
+    def work(self) -> int:
+        return self.size * self._passes
+
+    def _tick(self) -> None:
+        if self._on_progress is not None:
+            self._on_progress(*self.progress())
+
+    def _scan_tick(self, scanned: int) -> None:
+        self._scanned = scanned
+        self._tick()
 
     def locate(self, stream: int, loc: int) -> tuple[str, int]:
         """(input file, line number) of an item this stream yielded."""
@@ -111,9 +148,13 @@ class DemuxStream(ReadCounts):
         sids = array.array("i")
         fd, name = tempfile.mkstemp(prefix="ftkit-sids-", dir=self._tmpdir)
         self._sids = Path(name)
+        tick = None if self._on_progress is None else self._scan_tick
+        scanned = 0  # bytes of the files scanned before this one
         with os.fdopen(fd, "wb") as out:
             for fi, path in enumerate(self.files):
-                for lineno, sid, seq, t in _file_keys(path, fi << LINE_BITS, self.table):
+                at = None if tick is None else (lambda pos, before=scanned: tick(before + pos))
+                scanned += size_of(path)
+                for lineno, sid, seq, t in _file_keys(path, fi << LINE_BITS, self.table, at):
                     if sid < 0:
                         sid = unkeyed = self._unkeyed_sid()
                     else:
@@ -147,6 +188,8 @@ class DemuxStream(ReadCounts):
         for fi, path in enumerate(self.files):
             base = fi << LINE_BITS
             for lineno, line, terminated in read_lines(path, self.on_issue, self.counts):
+                if not lineno % TICK_LINES:
+                    self._tick()
                 if not terminated and self._decode(line, self.inputs[fi], lineno, False) is None:
                     continue  # a truncated last line, reported
                 key = line_key(line, table)
@@ -208,6 +251,7 @@ class DemuxStream(ReadCounts):
         prev_line = b""
         dedupe, label = sid != self._unkeyed, self.table.labels[sid]
         for _, seq, loc, line in records:
+            self._replayed += len(line) + 1
             name, lineno = self.inputs[loc >> LINE_BITS], loc & _LINE_MASK
             if dedupe and seq == prev_seq:
                 if line == prev_line:
@@ -252,9 +296,12 @@ class DemuxStream(ReadCounts):
             self._sids = None
 
 
-def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int, int, int, float | None]]:
+def _file_keys(
+    path: Path, base: int, table: SourceTable, tick: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, int, int, float | None]]:
     """``(loc, sid, seq, time)`` of every line ``read_blocks`` would yield for ``path`` (sid -1: no
-    usable key). A plain file is mapped and matched in place (no copies); gzip line by line."""
+    usable key). A plain file is mapped and matched in place (no copies), ``tick(bytes scanned)``
+    called every ``BLOCK``; gzip line by line."""
     try:
         with open(path, "rb") as fh:
             plain = fh.read(2) != _GZIP_MAGIC and os.fstat(fh.fileno()).st_size > 0
@@ -273,6 +320,8 @@ def _file_keys(path: Path, base: int, table: SourceTable) -> Iterator[tuple[int,
         while pos < size:
             if pos - released > reader.BLOCK:
                 released = reader.release(mm, released, pos)
+                if tick is not None:
+                    tick(pos)
             lineno += 1
             m = match(mm, pos)
             if m is not None and (sid := known.get((m[1], m[3]), -1)) >= 0:

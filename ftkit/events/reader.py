@@ -277,7 +277,9 @@ def merge_by_time(gens: list[Iterator[tuple[float, int, Any, int]]]) -> Iterator
 
 class ReadCounts:
     """What a stream of event lines has read so far: ``counts`` is ``[lines, bytes]``
-    (uncompressed), the list ``read_blocks`` / ``read_lines`` add to as they go."""
+    (uncompressed), the list ``read_blocks`` / ``read_lines`` add to as they go; ``progress()`` is
+    ``(done, total)`` over every pass the stream makes over its inputs (one here; ``DemuxStream``
+    makes two or three)."""
 
     counts: list[int]
 
@@ -289,9 +291,21 @@ class ReadCounts:
     def bytes_read(self) -> int:
         return self.counts[1]
 
+    size: int  # bytes of the inputs on disk (0 for standard input)
+
     def position(self) -> int:
         """Bytes read so far (uncompressed), for progress bars."""
         return self.counts[1]
+
+    def work(self) -> int:
+        """The bytes ``position`` reaches when everything is read (one pass over the inputs)."""
+        return self.size
+
+    def progress(self) -> tuple[int, int]:
+        """``(done, total)`` for a progress bar: ``position`` capped at ``work`` (a gzip file's
+        uncompressed bytes outnumber its size on disk)."""
+        total = self.work()
+        return min(self.position(), total), total
 
 
 class EventStream(ReadCounts):
@@ -302,6 +316,7 @@ class EventStream(ReadCounts):
         self.names = [str(p) for p in files]
         self.on_issue = on_issue
         self.counts = [0, 0]  # lines, bytes (uncompressed) read so far
+        self.size = sum(size_of(p) for p in files)
 
     def _file_events(self, index: int) -> Iterator[tuple[float, int, Any, int]]:
         """Heap items ``(time, index, event, line)`` of one file, in file order (``read_blocks``:

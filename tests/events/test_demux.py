@@ -202,3 +202,29 @@ def test_standard_input(runs, reference, tmp_path):
         doc = json.loads(proc.stdout)
         assert proc.returncode == 1 and doc["stats"]["read_as"] == "sorted"
         assert sorted(f["code"] for f in doc["findings"]) == sorted(f[0] for f in reference["FT109"]["findings"])
+
+
+@pytest.mark.parametrize("arrangement", ["sorted", "sequential"])
+def test_progress_moves_through_every_pass(runs, tmp_path, monkeypatch, arrangement):
+    """Issue 24 item 6: the bar of a merged or shuffled log moves while it is read, not 0% then 100%."""
+    monkeypatch.setattr("ftkit.events.reader.BLOCK", 4096)  # the keys-only scan ticks every BLOCK bytes
+    monkeypatch.setattr("ftkit.events.demux.BLOCK", 4096)  # the sequential read advances a block at a time
+    monkeypatch.setattr("ftkit.events.demux.TICK_LINES", 16)  # the partition every TICK_LINES lines
+    monkeypatch.setattr("ftkit.analysis.replay.TICK", 16)  # the replay every TICK events
+    if arrangement == "sorted":
+        paths = write_arrangement(log_lines(runs[None]), tmp_path, seed=3, parts=1, gz=False)
+    else:
+        write_merged_log(runs[None], tmp_path / "m.jsonl")
+        paths = [tmp_path / "m.jsonl"]
+    calls: list[tuple[int, int]] = []
+    result = analyze_paths(paths, progress=lambda done, total: calls.append((done, total)))
+    assert result.stats["read_as"] == arrangement
+    size = sum(p.stat().st_size for p in paths)
+    passes = 3 if arrangement == "sorted" else 2
+    demuxed = calls[next(i for i, c in enumerate(calls) if c[1] == size * passes) :]
+    assert demuxed[-1] == (size * passes, size * passes)
+    dones = [d for d, _ in demuxed]
+    assert dones == sorted(dones)
+    for k in range(passes) if arrangement == "sequential" else (1, 2):  # each pass moves the bar (the
+        # scan of a shuffled log stops at its first line out of order)
+        assert any(size * k < d < size * (k + 1) for d in dones), (k, dones[:8], size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 
@@ -172,6 +173,18 @@ def test_combine_sees_values_names_and_membership():
     assert combine({"a": "0" * 32, "c": "1" * 32}) != total
     assert combine({"a": "0" * 32}) != total
     assert combine({"a": "1" * 32, "b": "0" * 32}) != total  # values swapped between names
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=12), st.text(max_size=12) | st.integers(), max_size=12))
+def test_combine_hashes_the_documented_bytes(items):
+    """The digest is of ``json.dumps(name):str(value)\\n`` per pair in name order (logged totals in
+    existing logs depend on it): quotes, backslashes, control and non-ASCII characters in names."""
+    h = xxhash.xxh3_128(b"ftkit-state-fp1\n")
+    for name in sorted(items):
+        h.update(f"{json.dumps(name)}:{items[name]}\n".encode())
+    assert combine(items) == h.hexdigest()
+    assert combine({1: "a", 2: "b"}) == xxhash.xxh3_128(b"ftkit-state-fp1\n1:a\n2:b\n").hexdigest()  # not str
 
 
 def test_fingerprint_tensors():
