@@ -13,8 +13,6 @@ over instrumented block time, i.e. steps/s instrumented over plain). It prints:
   noise: on a shared machine single pairs swing by several percent either way);
 - the same ratio of the CPU time the two ranks spent (``time.process_time``, every thread of both
   processes): less sensitive to other jobs on the machine than wall time, since waiting is not counted;
-- the ratio of the fastest plain block to the fastest instrumented block (the least disturbed
-  of each: an estimate for a quiet machine);
 - the machine's load average before and after (a measurement under load is a measurement of the load);
 - the cost of each evidence kind per call, timed alone on the same state (median and fastest of
   ``--repeat`` calls), the median also as a share of the median plain step. Usage::
@@ -131,7 +129,6 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         ftkit_wall = sum(p["ftkit"][0] for p in pairs)
         cpu_plain = sum(c[0] for r in cpu for c in r)
         cpu_ftkit = sum(c[1] for r in cpu for c in r)
-        fastest = min(p["plain"][0] for p in pairs) / min(p["ftkit"][0] for p in pairs)
         n = args.pairs * args.steps
         plain_step = statistics.median(p["plain"][0] for p in pairs) / args.steps
         params = sum(p.numel() for p in model.parameters())
@@ -142,7 +139,6 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         print(f"ratio, median of pairs (target >= 0.97): {med:.3f}")
         print(f"  noise: quartiles {q1:.3f} .. {q3:.3f}, extremes {ratios[0]:.3f} .. {ratios[-1]:.3f}")
         print(f"  pooled wall time: {plain_wall / ftkit_wall:.3f}; CPU time of both ranks: {cpu_plain / cpu_ftkit:.3f}")
-        print(f"  fastest blocks: {fastest:.3f}")
         step_ms = f"{plain_step * 1e3:.0f} ms"
         print(f"\n| evidence kind | ms per call, median | fastest | share of a plain step ({step_ms}) |")
         print("|---|---|---|---|")
