@@ -1,16 +1,24 @@
 """Adoption cost of the evidence API (issue 23): an instrumented DDP loop vs the same loop without ftkit.
 
-Two ranks (gloo, CPU, one thread each) train the same MLP on the same batches, in blocks that
-alternate between the plain loop and the loop instrumented as in examples/ddp_train.py at the
-default cadence (``EvidenceProfile()``: step outcome, state fingerprint, sample witnesses and the
-loss at every step (rank 0's own: averaging it over the ranks is the loop's choice, not ftkit's), the
-non-finite guard before every optimizer step), so drift in the machine's
-load hits both alike. It prints steps/s of each, their ratio (target >= 0.97), and then the cost
-of each evidence kind per call, timed alone on the same state (median of ``--repeat``), also as a
-share of the plain step. Usage::
+Two ranks (gloo, CPU, one thread each) train the same MLP on the same batches, in short blocks of
+``--steps`` steps that alternate between the plain loop and the loop instrumented as in
+examples/ddp_train.py at the default cadence (``EvidenceProfile()``: step outcome, state
+fingerprint, sample witnesses and the loss at every step (rank 0's own: averaging it over the ranks
+is the loop's choice, not ftkit's), the non-finite guard before every optimizer step). The blocks
+come in ``--pairs`` pairs, ordered ABBA (plain first in even pairs, ftkit first in odd ones), so a
+drift in the machine's load hits both loops alike, and each pair gives one ratio (plain block time
+over instrumented block time, i.e. steps/s instrumented over plain). It prints:
 
-    python bench/evidence_overhead.py                       # defaults: 1.6M-parameter MLP, 10 steps a block
-    python bench/evidence_overhead.py --hidden 256 --steps 20
+- the median of the pair ratios (the figure; target >= 0.97), its quartiles and extremes (the
+  noise: on a shared machine single pairs swing by several percent either way);
+- the same ratio of the CPU time the two ranks spent (``time.process_time``, every thread of both
+  processes): less sensitive to other jobs on the machine than wall time, since waiting is not counted;
+- the machine's load average before and after (a measurement under load is a measurement of the load);
+- the cost of each evidence kind per call, timed alone on the same state (median and fastest of
+  ``--repeat`` calls), the median also as a share of the median plain step. Usage::
+
+    python bench/evidence_overhead.py                       # defaults: 1.6M-parameter MLP, 16 pairs of 4 steps
+    python bench/evidence_overhead.py --hidden 256 --pairs 30
 """
 
 from __future__ import annotations
@@ -34,13 +42,26 @@ def _model(hidden: int, layers: int) -> Any:
     return torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 1))
 
 
-def _timed(fn: Any, repeat: int) -> float:
+def _timed(fn: Any, repeat: int) -> tuple[float, float]:
+    """(median, fastest) seconds of ``repeat`` calls of ``fn``."""
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
+
+
+def _block(fn: Any, steps: int) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of ``steps`` calls, between two barriers."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        fn()
+    dist.barrier()
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -49,6 +70,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ftkit
+    from ftkit.evidence.collectives import gather_json
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -80,39 +102,48 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         run.step(step, model=model, optimizer=opt, samples=[i + step * 1000 for i in ids], metrics={"loss": loss})
         step += 1
 
-    for _ in range(3):
+    for _ in range(2):
         plain()
         instrumented()
-    spent = {"plain": 0.0, "ftkit": 0.0}
-    for _ in range(args.blocks):
-        for name, fn in (("plain", plain), ("ftkit", instrumented)):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(args.steps):
-                fn()
-            dist.barrier()
-            spent[name] += time.perf_counter() - t0
-    n = args.blocks * args.steps
+    load_before = os.getloadavg()[0]
+    pairs: list[dict[str, tuple[float, float]]] = []
+    for pair in range(args.pairs):
+        order = (("plain", plain), ("ftkit", instrumented))
+        timed = {name: _block(fn, args.steps) for name, fn in (order if pair % 2 == 0 else order[::-1])}
+        pairs.append(timed)
+    load_after = os.getloadavg()[0]
+    cpu = gather_json([[p["plain"][1], p["ftkit"][1]] for p in pairs])  # both ranks' CPU seconds
     costs = {
         "step_outcome": _timed(lambda: run.step_outcome(10**6), args.repeat),
         "state_fingerprint": _timed(lambda: run.fingerprint(10**6, model, opt), args.repeat),
-        "witness_counts": _timed(lambda: run.witness_counts(10**6, ids), args.repeat),
+        "witness_counts (start + wait, not overlapped)": _timed(lambda: run.witness_counts(10**6, ids), args.repeat),
         "metric (rank 0)": _timed(lambda: run.metric(10**6, loss=1.0), args.repeat),
         "non-finite guard": _timed(lambda: run.observe_grads(10**6, model), args.repeat),
         "dump (all outputs + grads)": _timed(lambda: _dumped(run, model, x, y), max(3, args.repeat // 4)),
         "checkpoint (guarded publication)": _timed(lambda: _published(run, model, opt), 3),
     }
-    plain_step = spent["plain"] / n
     if rank == 0:
+        ratios = sorted(p["plain"][0] / p["ftkit"][0] for p in pairs)
+        q1, med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        plain_wall = sum(p["plain"][0] for p in pairs)
+        ftkit_wall = sum(p["ftkit"][0] for p in pairs)
+        cpu_plain = sum(c[0] for r in cpu for c in r)
+        cpu_ftkit = sum(c[1] for r in cpu for c in r)
+        n = args.pairs * args.steps
+        plain_step = statistics.median(p["plain"][0] for p in pairs) / args.steps
         params = sum(p.numel() for p in model.parameters())
         print(f"{world} ranks, gloo, MLP of {params / 1e6:.2f}M parameters, batch {args.batch} per rank")
-        print(f"plain loop:        {n / spent['plain']:8.2f} steps/s")
-        print(f"instrumented loop: {n / spent['ftkit']:8.2f} steps/s")
-        print(f"ratio (target >= 0.97): {spent['plain'] / spent['ftkit']:.3f}")
-        print(f"\n| evidence kind | ms per call | share of a plain step ({plain_step * 1e3:.1f} ms) |")
-        print("|---|---|---|")
-        for kind, sec in costs.items():
-            print(f"| {kind} | {sec * 1e3:.2f} | {sec / plain_step:.1%} |")
+        print(f"{args.pairs} ABBA pairs of {args.steps}-step blocks; load {load_before:.1f} -> {load_after:.1f}")
+        print(f"plain loop:        {n / plain_wall:8.3f} steps/s")
+        print(f"instrumented loop: {n / ftkit_wall:8.3f} steps/s")
+        print(f"ratio, median of pairs (target >= 0.97): {med:.3f}")
+        print(f"  noise: quartiles {q1:.3f} .. {q3:.3f}, extremes {ratios[0]:.3f} .. {ratios[-1]:.3f}")
+        print(f"  pooled wall time: {plain_wall / ftkit_wall:.3f}; CPU time of both ranks: {cpu_plain / cpu_ftkit:.3f}")
+        step_ms = f"{plain_step * 1e3:.0f} ms"
+        print(f"\n| evidence kind | ms per call, median | fastest | share of a plain step ({step_ms}) |")
+        print("|---|---|---|---|")
+        for kind, (med_s, min_s) in costs.items():
+            print(f"| {kind} | {med_s * 1e3:.2f} | {min_s * 1e3:.2f} | {med_s / plain_step:.1%} |")
     run.close()
     dist.destroy_process_group()
 
@@ -142,8 +173,8 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=2048, help="samples per rank and step")
-    p.add_argument("--steps", type=int, default=10, help="steps per block")
-    p.add_argument("--blocks", type=int, default=4, help="blocks of each loop, alternating")
+    p.add_argument("--steps", type=int, default=4, help="steps per block")
+    p.add_argument("--pairs", type=int, default=16, help="ABBA pairs of blocks (plain, instrumented)")
     p.add_argument("--repeat", type=int, default=20, help="calls timed per evidence kind")
     args = p.parse_args()
     with socket.socket() as s:

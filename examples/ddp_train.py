@@ -80,7 +80,7 @@ def main() -> None:
             if profile.due("checkpoint", step):  # ftkit
                 run.publish_checkpoint(step, model, opt, rollout=epoch)  # ftkit
             step += 1
-    run.close()  # ftkit
+    run.close()  # ftkit: a collective (every rank), so destroying the group next is safe
     dist.destroy_process_group()
 
 

@@ -5,12 +5,23 @@ Values cross ranks as JSON bytes in uint8 tensors (never pickled): ``gather_json
 one JSON-able value per rank, ``broadcast_json`` sends rank 0's to everyone. Every rank of the
 group must call them in the same order (they are collectives). The backend's device is used
 for the tensors (``cuda`` under NCCL), so the calls work with gloo and NCCL alike.
+
+Teardown: gloo runs every collective on its worker threads, and a worker drops its reference to a
+finished work (and to the work's tensors) only after the caller's ``wait`` has returned. A tensor
+whose Python object is gone by then is freed by the worker, which takes the GIL to do so; if that
+happens while the interpreter is finalizing, the worker thread is torn down inside a C++
+destructor and the process aborts ("terminate called without an active exception", SIGABRT). So
+every function here keeps the tensors of its last collective referenced from Python until its next
+one or ``release``, and ``EvidenceRun.close`` ends with ``barrier`` (which gloo runs after every
+earlier work) and then ``release``: when ``close`` returns, no work of the evidence API is alive.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+_held: dict[str, list[Any]] = {}  # the tensors of the last collective of each kind (module docstring)
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -48,12 +59,26 @@ def gather_json(value: Any) -> list[Any]:
     padded[: data.numel()] = data
     parts = [torch.zeros_like(padded) for _ in sizes]
     dist.all_gather(parts, padded)
+    _held["json"] = [size, *sizes, padded, *parts]
     return [json.loads(bytes(p[: int(s.item())].cpu().tolist())) for p, s in zip(parts, sizes)]
 
 
 def broadcast_json(value: Any) -> Any:
     """Rank 0's ``value`` on every rank (the others pass anything, ``None``)."""
     return gather_json(value if rank_and_world()[0] == 0 else None)[0]
+
+
+def barrier() -> None:
+    """Return once every rank of the default group has called it (no-op without a group)."""
+    import torch.distributed as dist
+
+    if rank_and_world()[1] > 1:
+        dist.barrier()
+
+
+def release() -> None:
+    """Drop the tensors kept from the last collectives (after a ``barrier`` that followed them)."""
+    _held.clear()
 
 
 class IdGather:
@@ -69,7 +94,8 @@ class IdGather:
         self.capacity = capacity
 
     def start(self, ids: list[int]) -> Any:
-        """Begin the gather of this rank's ``ids``; returns a handle for ``wait``."""
+        """Begin the gather of this rank's ``ids``; returns a handle for ``wait``. Every started
+        gather must be waited (on every rank) before the group is destroyed."""
         import torch
         import torch.distributed as dist
 
@@ -81,6 +107,7 @@ class IdGather:
         if fit:
             slot[1 : len(fit) + 1] = torch.tensor(fit, dtype=torch.int64)
         parts = [torch.zeros_like(slot) for _ in range(dist.get_world_size())]
+        _held["ids"] = [slot, *parts]  # the previous gather was waited: its worker let go long ago
         return (parts, dist.all_gather(parts, slot, async_op=True), ids)
 
     def wait(self, handle: Any) -> list[list[int]]:

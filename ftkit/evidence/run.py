@@ -19,8 +19,11 @@ as its other collectives):
   logs, the others ignore it), ``dump``, ``publish_checkpoint`` (a collective). ``step`` does the
   first three in one call. Steps are numbered from 0, run-global; ``rollout`` groups the samples
   of one witness allocation (an epoch of a data set, one RL rollout), 0 by default.
-- ``close(status)`` ends the run: every rank closes its log (``log_closed``), rank 0 last with
-  ``run_finished``. A process that dies leaves its log unclosed, which the analyzer reports.
+- ``close(status)`` ends the run, a collective: every rank closes its log (``log_closed``), rank 0
+  last with ``run_finished``, and no rank returns before that line is written and every
+  collective of the API has finished (``ftkit.evidence.collectives``: a work left to gloo's
+  threads at exit can abort the process), so ``dist.destroy_process_group()`` may follow at once.
+  A process that dies leaves its log unclosed, which the analyzer reports.
 
 The collectives use the default process group; run them on every rank or on none.
 """
@@ -35,7 +38,7 @@ from typing import Any
 from ftkit import __version__
 from ftkit.checkpoint.guard import NonFiniteGuard
 from ftkit.events.writer import EventWriter
-from ftkit.evidence.collectives import IdGather, broadcast_json, gather_json, rank_and_world
+from ftkit.evidence.collectives import IdGather, barrier, broadcast_json, gather_json, rank_and_world, release
 from ftkit.evidence.profile import EvidenceProfile
 from ftkit.evidence.rundir import scalar, write_run_json
 
@@ -283,7 +286,9 @@ class EvidenceRun:
     # ------------------------------------------------------------------ end
     def close(self, status: str = "completed", reason: str | None = None) -> None:
         """Close this rank's log; rank 0 then logs ``run_finished`` (``completed``, ``failed`` or
-        ``interrupted``) and closes the driver log. A barrier when a process group is up; idempotent."""
+        ``interrupted``) and closes the driver log. A collective when a process group is up (call it
+        on every rank, before ``destroy_process_group``): it returns, on every rank, once
+        ``run_finished`` is written and no work of the API's collectives is left. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -295,6 +300,8 @@ class EvidenceRun:
                 self.driver.emit("cell_state", cell=cell, old="alive", new="stopped", reason="run end")
             self.driver.emit("run_finished", status=status, reason=reason)
             self.driver.close()
+        barrier()  # after every earlier work: gloo's workers have let go of all of them
+        release()
 
     def __enter__(self) -> EvidenceRun:
         return self

@@ -46,6 +46,25 @@ def test_one_callback_gives_a_run_that_analyzes_and_verifies(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_a_nan_gradient_at_a_save_makes_the_guard_refuse_the_publication(tmp_path, capsys):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--plant-nan", "3"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = [json.loads(x) for x in (tmp_path / "events" / "driver-i0.jsonl").read_text().splitlines()]
+    rejected = [e for e in events if e["type"] == "checkpoint_rejected"]
+    assert [e["step"] for e in rejected] == [3] and "guard" in rejected[0]["reason"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000001"]
+    trainer = [json.loads(x) for x in (tmp_path / "events" / "trainer-c0-r0-i0.jsonl").read_text().splitlines()]
+    assert {e["step"] for e in trainer if e["type"] == "grad_nonfinite"} == {3}
+    assert cli.main(["verify-checkpoint", str(tmp_path)]) == 0  # the one published before the NaN
+    capsys.readouterr()
+
+
 def test_a_planted_divergence_under_two_process_ddp_is_ft101_at_that_step(tmp_path, capsys):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT)]
     done = subprocess.run(
