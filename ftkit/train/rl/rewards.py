@@ -81,15 +81,21 @@ def _plugin(spec: str) -> RewardFn:
     return fn
 
 
-def check_reward(spec: str, task: AdditionTask, seed: int) -> None:
-    """Resolve ``--reward`` and, for a plug-in, score the task's held-out prompts with their
-    correct answers twice: ``ConfigError`` (exit 2) when it does not resolve, fails on them, or
-    is not deterministic (a run's rewards must be the same bits wherever they are recomputed)."""
+def check_reward(spec: str, response_len: int, seed: int) -> None:
+    """Resolve ``--reward`` and, for a plug-in, score the addition task's held-out prompts with
+    their correct answers twice: ``ConfigError`` (exit 2) when it does not resolve, fails on them,
+    or is not deterministic (a run's rewards must be the same bits wherever they are recomputed).
+    A ``response_len`` the task refuses is left to the driver's own check."""
     if spec in REWARDS:
         return
     from ftkit.errors import ConfigError
     from ftkit.tasks.rewards import check_determinism, load_reward
+    from ftkit.train.rl.task import AdditionTask
 
+    try:
+        task = AdditionTask(response_len)
+    except ValueError:
+        return
     loaded = load_reward(spec)
     prompts = task.heldout_prompts(seed)
     samples = [task.reward_sample(p, r) for p, r in zip(prompts, task.correct_responses(prompts))]
