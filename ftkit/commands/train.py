@@ -45,14 +45,12 @@ def _choices(name: str, field: str) -> type[Enum]:
 if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     from ftkit.train.config import TrainConfig
 
-    ModelName: TypeAlias = Enum
     Reduce: TypeAlias = Enum
     Device: TypeAlias = Enum
     DumpCells: TypeAlias = Enum
     Reward: TypeAlias = Enum
     BestMetric: TypeAlias = Enum
 else:
-    ModelName = _choices("ModelName", "model")
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
     DumpCells = _choices("DumpCells", "dump_cells")
@@ -191,7 +189,7 @@ def register(app: typer.Typer) -> None:
             int | None,
             _opt("--micro-shards", field="micro_shards", help="Micro-shards per optimizer step, at least --cells."),
         ] = None,
-        model: Annotated[ModelName | None, _opt("--model", field="model")] = None,
+        model: Annotated[str | None, _opt("--model", field="model", metavar="PRESET|PATH")] = None,
         seed: Annotated[int | None, _opt("--seed", field="seed")] = None,
         reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
         reward: Annotated[Reward | None, _opt("--reward", field="reward")] = None,
