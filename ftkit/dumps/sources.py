@@ -322,6 +322,7 @@ def _bad(path: Path, what: str) -> InputError:
 # it, so tests/train/test_config_places.py holds this copy equal to the derived one.
 DATA_SHAPING = (
     "model",
+    "model_digest",
     "samples_per_rollout",
     "steps_per_rollout",
     "micro_shards",
