@@ -54,3 +54,27 @@ def test_hf_model_with_an_unusable_tokenizer_is_exit_2(tmp_path):
     res = ftkit("train", "--model", str(model), "--out", str(tmp_path / "run"), "--cells", "1", *CONFIG)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert "eos_token" in res.stderr
+
+
+def test_lr_zero_then_export_reproduces_the_source_bitwise(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = make_model("llama", tmp_path, eos=True)
+    run, out = tmp_path / "run", tmp_path / "exported"
+    res = ftkit("train", "--model", str(model), "--out", str(run), "--cells", "1", "--lr", "0", *CONFIG)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    res = ftkit("export", str(run), "--hf", str(out))
+    assert res.returncode == 0, res.stderr[-3000:]
+    source = load_file(str(model / "model.safetensors"))
+    loaded = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
+    exported: dict[str, torch.Tensor] = {}
+    for shard in out.glob("model-*.safetensors"):
+        exported.update(load_file(str(shard)))
+    assert set(exported) == set(source) - {"lm_head.weight"}  # tied: the embedding is the output layer
+    for name, tensor in exported.items():
+        assert tensor.dtype == source[name].dtype and torch.equal(tensor, source[name]), name
+        assert torch.equal(loaded[name], source[name]), name
+    again = ftkit("export", str(run), "--hf", str(out))
+    assert again.returncode == 2 and "not an empty directory" in again.stderr
