@@ -150,10 +150,13 @@ def build_hf(model_dir: str, device: str) -> Any:
 
 
 def mask_padded_vocab(model: Any, vocab_size: int) -> None:
-    """Make the logits of the padded vocabulary rows (``>= vocab_size``) ``-inf`` on this TP
-    shard of the output layer, so the loss (vocab-parallel cross entropy) and sampling see the
-    model's own vocabulary only; the padded rows get no gradient and stay as loaded. A forward
-    hook on ``output_layer``; nothing on a stage without one or a shard without padding."""
+    """Make the loss of ``model`` (megatron's vocab-parallel cross entropy, ``GPTModel(...,
+    labels=...)``) see the logits of the padded vocabulary rows (``>= vocab_size``) of this TP
+    shard as ``-inf``, so it is the loss over the model's own vocabulary and the padded rows get
+    no gradient (they stay as loaded). The output layer's output itself (what a dump captures,
+    what ``labels=None`` returns) is left finite: a caller without labels reads only real token
+    ids (the engines sample the task's tokens). Nothing on a stage without an output layer or a
+    shard without padding."""
     import torch
     from megatron.core import parallel_state as ps
 
@@ -165,12 +168,12 @@ def mask_padded_vocab(model: Any, vocab_size: int) -> None:
     padded = torch.arange(start, start + width) >= vocab_size
     if not bool(padded.any()):
         return
+    loss = model.compute_language_model_loss
 
-    def hook(module: Any, args: Any, output: Any) -> Any:
-        logits, bias = output
-        return logits.masked_fill(padded.to(logits.device), float("-inf")), bias
+    def masked_loss(labels: Any, logits: Any) -> Any:
+        return loss(labels, logits.masked_fill(padded.to(logits.device), float("-inf")))
 
-    layer.register_forward_hook(hook)
+    model.compute_language_model_loss = masked_loss
 
 
 def build_gpt(spec: GPTSpec, device: str) -> Any:

@@ -39,15 +39,22 @@ def test_a_tokenizer_without_eos_or_too_small_a_vocabulary_is_a_config_error(tmp
         TaskVocab.from_tokenizer(llama, 20)
 
 
-def test_the_padded_vocabulary_gives_minus_inf_logits(llama):
+def test_the_loss_ignores_the_padded_vocabulary(llama):
     import torch
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     from ftkit.model.gpt import GPTSpec, build_gpt, init_local_parallel
 
     init_local_parallel("cpu")
     model = build_gpt(GPTSpec(str(llama), 0, hf_dir=str(llama)), "cpu").eval()
-    tokens = torch.tensor([[0, 20, 266, 221, 24, 283]])
+    tokens, pos = torch.tensor([[0, 20, 266, 221, 24, 283]]), torch.arange(6)[None]
+    labels = torch.roll(tokens, -1, dims=1)
     with torch.no_grad():
-        logits = model(tokens, torch.arange(6)[None], None)
-    assert logits.shape[-1] == 384
-    assert bool(torch.isneginf(logits[..., 300:]).all()) and bool(logits[..., :300].isfinite().all())
+        logits = model(tokens, pos, None)  # [b, s, padded vocabulary], finite everywhere
+        nll = model(tokens, pos, None, labels=labels)
+        # (megatron's cross entropy works in place: hand it a copy)
+        with_padding = vocab_parallel_cross_entropy(logits.transpose(0, 1).clone(), labels.T.contiguous()).T
+    assert logits.shape[-1] == 384 and bool(logits.isfinite().all())
+    expected = torch.nn.functional.cross_entropy(logits[0, :, :300], labels[0], reduction="none")
+    assert torch.allclose(nll[0], expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(with_padding[0], expected, rtol=1e-5, atol=1e-6)  # the padding would change it
