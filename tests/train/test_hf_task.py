@@ -58,3 +58,10 @@ def test_the_loss_ignores_the_padded_vocabulary(llama):
     expected = torch.nn.functional.cross_entropy(logits[0, :, :300], labels[0], reduction="none")
     assert torch.allclose(nll[0], expected, rtol=1e-5, atol=1e-6)
     assert not torch.allclose(with_padding[0], expected, rtol=1e-5, atol=1e-6)  # the padding would change it
+
+
+def test_a_tp_that_pads_the_vocabulary_differently_is_a_config_error(llama):
+    from ftkit.train.config import load_config
+
+    with pytest.raises(ConfigError, match="pads the model's vocabulary of 300 to 512"):
+        load_config({"model": str(llama), "tp": 2})

@@ -192,6 +192,12 @@ def check_geometry(cfg: TrainConfig) -> None:
     else:
         arch = cfg.hf_arch()
         arch.check_layout(tp, pp)  # a ModelConfigError (exit 2) naming the config field
+        if arch.padded_vocab(tp) != arch.padded_vocab(1):
+            # The engines hold the TP=1 model: its vocabulary rows must be the cells' too.
+            raise ValueError(
+                f"tp ({tp}) pads the model's vocabulary of {arch.vocab_size} to {arch.padded_vocab(tp)} rows, "
+                f"TP=1 to {arch.padded_vocab(1)}: not supported yet (choose a tp that keeps {arch.padded_vocab(1)})"
+            )
         max_seq_len = arch.max_seq_len
     if cfg.task.response_len >= max_seq_len // 2:
         raise ValueError(
