@@ -65,3 +65,10 @@ def test_a_tp_that_pads_the_vocabulary_differently_is_a_config_error(llama):
 
     with pytest.raises(ConfigError, match="pads the model's vocabulary of 300 to 512"):
         load_config({"model": str(llama), "tp": 2})
+
+
+def test_pipeline_stages_with_tied_embeddings_are_a_config_error(llama):
+    from ftkit.train.config import load_config
+
+    with pytest.raises(ConfigError, match="tied embeddings"):
+        load_config({"model": str(llama), "pp": 2})

@@ -192,6 +192,10 @@ def check_geometry(cfg: TrainConfig) -> None:
     else:
         arch = cfg.hf_arch()
         arch.check_layout(tp, pp)  # a ModelConfigError (exit 2) naming the config field
+        if arch.tied and pp > 1:
+            # megatron-core syncs a tied embedding over its pipeline stages' embedding group
+            # (CUDA only), and the cells' exact reduction does not hold that copy in step.
+            raise ValueError(f"pp ({pp}) with the model's tied embeddings is not supported yet (use pp 1)")
         if arch.padded_vocab(tp) != arch.padded_vocab(1):
             # The engines hold the TP=1 model: its vocabulary rows must be the cells' too.
             raise ValueError(
