@@ -72,3 +72,14 @@ def test_pipeline_stages_with_tied_embeddings_are_a_config_error(llama):
 
     with pytest.raises(ConfigError, match="tied embeddings"):
         load_config({"model": str(llama), "pp": 2})
+
+
+def test_a_model_changed_since_the_run_is_a_config_error(llama):
+    from ftkit.model.source import content_digest
+    from ftkit.train.config import load_config
+
+    cfg = load_config({"model": str(llama)})
+    assert cfg.model.digest == content_digest(llama)
+    assert load_config(cfg.model_dump()).model == cfg.model  # a run.json record validates again
+    with pytest.raises(ConfigError, match="has changed"):
+        load_config({**cfg.model_dump(), "model_digest": "0" * 16})
