@@ -15,10 +15,9 @@ _ftkit() {
     cmd=""
     for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done
     case "$cmd" in
-        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model --version --debug" -- "$cur") ); return;;
+        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model export --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
-                --model) COMPREPLY=( $(compgen -W "tiny small" -- "$cur") ); return;;
                 --reduce) COMPREPLY=( $(compgen -W "exact float" -- "$cur") ); return;;
                 --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
                 --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
@@ -26,7 +25,7 @@ _ftkit() {
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --out|-o|--config|--resume|--merged-log|--junit-xml) _ftkit_files "$cur"; return;;
-                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--reward|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
+                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--model|--seed|--reward|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
             COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
@@ -76,6 +75,11 @@ _ftkit() {
                 --prompt|--atol|--rtol) COMPREPLY=(); return;;
             esac
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--prompt --atol --rtol --format -f --junit-xml --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
+        export)
+            case "$prev" in
+                --hf) _ftkit_files "$cur"; return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--hf --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit

@@ -5,7 +5,15 @@ them in this order (which is the order of ``ftkit --help``). Only commands that 
 listed here.
 """
 
-COMMAND_MODULES: list[str] = ["train", "dump", "compare_dumps", "analyze_events", "verify_checkpoint", "check_model"]
+COMMAND_MODULES: list[str] = [
+    "train",
+    "dump",
+    "compare_dumps",
+    "analyze_events",
+    "verify_checkpoint",
+    "check_model",
+    "export",
+]
 
 # The module that registers each command name (aliases included): ``ftkit.cli`` imports only
 # the module of the command being run, so one command's start-up never pays for another's
@@ -18,4 +26,5 @@ COMMAND_NAMES: dict[str, str] = {
     "analyze": "analyze_events",
     "verify-checkpoint": "verify_checkpoint",
     "check-model": "check_model",
+    "export": "export",
 }

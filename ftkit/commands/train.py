@@ -45,13 +45,11 @@ def _choices(name: str, field: str) -> type[Enum]:
 if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     from ftkit.train.config import TrainConfig
 
-    ModelName: TypeAlias = Enum
     Reduce: TypeAlias = Enum
     Device: TypeAlias = Enum
     DumpCells: TypeAlias = Enum
     BestMetric: TypeAlias = Enum
 else:
-    ModelName = _choices("ModelName", "model")
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
     DumpCells = _choices("DumpCells", "dump_cells")
@@ -189,7 +187,7 @@ def register(app: typer.Typer) -> None:
             int | None,
             _opt("--micro-shards", field="micro_shards", help="Micro-shards per optimizer step, at least --cells."),
         ] = None,
-        model: Annotated[ModelName | None, _opt("--model", field="model")] = None,
+        model: Annotated[str | None, _opt("--model", field="model", metavar="PRESET|PATH")] = None,
         seed: Annotated[int | None, _opt("--seed", field="seed")] = None,
         reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
         reward: Annotated[str | None, _opt("--reward", field="reward", metavar="REWARD")] = None,
@@ -302,7 +300,10 @@ def register(app: typer.Typer) -> None:
 
         Runs an RL loop (engines generate, rewards, group-normalised advantages, K optimizer
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
-        directory: run.json, events/, rollouts/, dumps/, final/, status.json. Then replays its
+        directory: run.json, events/, rollouts/, dumps/, final/, status.json. --model is a
+        preset or a Hugging Face causal-LM directory / .gguf file (the built-in addition task
+        then goes through its tokenizer; `ftkit export RUN --hf OUT` writes the trained
+        weights back out; docs/models.md). Then replays its
         own event log through the analyzer and prints the verdict. Faults (a dead, hung or
         erring rank, a failed collective, a dead engine, a lost node of a --ray-address
         cluster) are detected, the step is discarded everywhere and retried over the

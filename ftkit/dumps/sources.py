@@ -322,6 +322,7 @@ def _bad(path: Path, what: str) -> InputError:
 # it, so tests/train/test_config_places.py holds this copy equal to the derived one.
 DATA_SHAPING = (
     "model",
+    "model_digest",
     "samples_per_rollout",
     "steps_per_rollout",
     "micro_shards",
@@ -332,12 +333,18 @@ DATA_SHAPING = (
     "rollouts",
 )
 
+#: The value of a field a record made before the field existed stands for (``model_digest``:
+#: such runs trained a preset, whose digest is empty).
+RECORDED_BEFORE: dict[str, Any] = {"model_digest": ""}
+
 
 def config_diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:
     """``{field: (value in A, value in B)}`` for the ``DATA_SHAPING`` fields that differ
-    (both configs known; a field missing on one side differs)."""
+    (both configs known; a field missing on one side differs, unless ``RECORDED_BEFORE`` gives
+    the value its absence stands for)."""
     if a is None or b is None:
         return {}
+    a, b = {**RECORDED_BEFORE, **a}, {**RECORDED_BEFORE, **b}
     return {k: (a.get(k), b.get(k)) for k in DATA_SHAPING if a.get(k) != b.get(k)}
 
 

@@ -6,7 +6,8 @@ Contract:
   (a private ``HashStore``; gloo on CPU, nccl on CUDA) and initialises megatron's parallel
   state with TP = PP = 1. Engines, the plain baseline loop and tests use it. It is a no-op
   when a world already exists.
-* ``build_gpt(spec, device)`` builds the ``GPTModel`` of ``spec.preset`` for the TP/PP layout
+* ``build_gpt(spec, device)`` builds the ``GPTModel`` of ``spec.preset`` (or, with
+  ``spec.hf_dir``, of a Hugging Face model: ``build_hf``) for the TP/PP layout
   of megatron's *already initialised* parallel state. It is deterministic: the weights
   depend on ``spec.seed`` only. On CPU every weight is initialised through megatron's
   CPU path (``use_cpu_initialization``), which draws the full master weight from the torch
@@ -123,10 +124,56 @@ def transformer_config(model: str, tp: int, pp: int, device: str) -> Any:
 
 @dataclass(frozen=True)
 class GPTSpec:
-    """What ``build_gpt`` builds: the preset (``ftkit.model.presets``) and the init seed."""
+    """What ``build_gpt`` builds: the preset (``ftkit.model.presets``) and the init seed, or,
+    with ``hf_dir``, the Hugging Face model of that directory (``preset`` is then its path as
+    the run names it and ``seed`` is unused: the weights are the checkpoint's)."""
 
     preset: str
     seed: int
+    hf_dir: str | None = None
+
+
+def build_hf(model_dir: str, device: str) -> Any:
+    """This rank's float32 ``GPTModel`` of the Hugging Face model in ``model_dir``, its weights
+    loaded (``hf_build``, ``hf_import``) and its padded vocabulary masked
+    (``mask_padded_vocab``), for megatron's already initialised parallel state."""
+    from pathlib import Path
+
+    from ftkit.model import hf_build, hf_import
+    from ftkit.model.families import load_arch
+
+    arch = load_arch(Path(model_dir))
+    model = hf_build.build_hf_gpt(arch, device, "float32")
+    hf_import.load_into(model, Path(model_dir), arch, te=hf_build.uses_te(device))
+    mask_padded_vocab(model, arch.vocab_size)
+    return model
+
+
+def mask_padded_vocab(model: Any, vocab_size: int) -> None:
+    """Make the loss of ``model`` (megatron's vocab-parallel cross entropy, ``GPTModel(...,
+    labels=...)``) see the logits of the padded vocabulary rows (``>= vocab_size``) of this TP
+    shard as ``-inf``, so it is the loss over the model's own vocabulary and the padded rows get
+    no gradient (they stay as loaded). The output layer's output itself (what a dump captures,
+    what ``labels=None`` returns) is left finite: a caller without labels reads only real token
+    ids (the engines sample the task's tokens). Nothing on a stage without an output layer or a
+    shard without padding."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    layer = getattr(model, "output_layer", None)
+    if layer is None or not getattr(model, "post_process", False):
+        return
+    width = layer.output_size_per_partition
+    start = ps.get_tensor_model_parallel_rank() * width
+    padded = torch.arange(start, start + width) >= vocab_size
+    if not bool(padded.any()):
+        return
+    loss = model.compute_language_model_loss
+
+    def masked_loss(labels: Any, logits: Any) -> Any:
+        return loss(labels, logits.masked_fill(padded.to(logits.device), float("-inf")))
+
+    model.compute_language_model_loss = masked_loss
 
 
 def build_gpt(spec: GPTSpec, device: str) -> Any:
@@ -139,6 +186,8 @@ def build_gpt(spec: GPTSpec, device: str) -> Any:
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
+    if spec.hf_dir is not None:
+        return build_hf(spec.hf_dir, device)
     p = get_preset(spec.preset)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()

@@ -316,3 +316,10 @@ def test_metadata_is_absent_or_an_object_of_strings(pair, capsys, meta):
     a, b = pair
     _rewrite_header(a / DATA, lambda h: {**h, "__metadata__": meta})
     assert "__metadata__ must be absent or an object" in _exit2(capsys, "compare-dumps", a, b)
+
+
+def test_a_record_without_model_digest_pairs_with_an_empty_one():
+    from ftkit.dumps.sources import config_diff
+
+    assert config_diff({"model": "tiny"}, {"model": "tiny", "model_digest": ""}) == {}
+    assert config_diff({"model": "/m"}, {"model": "/m", "model_digest": "ab"}) == {"model_digest": ("", "ab")}

@@ -19,7 +19,7 @@ FAMILIES = {
 }
 
 
-def make_model(family: str, root: Path, seed: int = 0, **overrides: Any) -> Path:
+def make_model(family: str, root: Path, seed: int = 0, *, eos: bool = False, **overrides: Any) -> Path:
     import torch
     import transformers
 
@@ -48,7 +48,7 @@ def make_model(family: str, root: Path, seed: int = 0, **overrides: Any) -> Path
                 p.normal_(0.0, 0.1)
     out = root / family
     model.save_pretrained(out)
-    save_tokenizer(out, kw["vocab_size"])
+    save_tokenizer(out, kw["vocab_size"], eos=eos)
     return out
 
 
@@ -59,11 +59,15 @@ TEXT = [
 ]
 
 
-def save_tokenizer(out: Path, vocab_size: int) -> None:
-    """A byte-level BPE tokenizer of ``vocab_size`` tokens trained on ``TEXT`` (offline)."""
+def save_tokenizer(out: Path, vocab_size: int, eos: bool = False) -> None:
+    """A byte-level BPE tokenizer of ``vocab_size`` tokens trained on ``TEXT`` (offline); with
+    ``eos`` its first token is ``<|endoftext|>``, the tokenizer's bos and eos token (what the
+    built-in training task needs)."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
+    special = ["<|endoftext|>"] if eos else []
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(TEXT, vocab_size=vocab_size, min_frequency=1, show_progress=False)
-    PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer).save_pretrained(out)
+    bpe.train_from_iterator(TEXT, vocab_size=vocab_size, min_frequency=1, show_progress=False, special_tokens=special)
+    kw = {"bos_token": special[0], "eos_token": special[0]} if eos else {}
+    PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, **kw).save_pretrained(out)

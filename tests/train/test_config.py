@@ -2,7 +2,7 @@
 
 import pytest
 
-from ftkit.errors import ConfigError
+from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.config import TrainConfig, load_config
 
 
@@ -98,3 +98,17 @@ def test_strict_types_accept_what_options_and_files_give():
     cfg = load_config({"cells": 2, "lr": 1, "out": "runs/x", "dump_what": ["grads"], "ray_address": None})
     assert cfg.objective.lr == 1.0 and cfg.dumps.what == ("grads",)
     assert TrainConfig.model_validate(cfg.model_dump()) == cfg  # what the workers receive
+
+
+def test_lr_zero_is_allowed_and_negative_is_not():
+    assert load_config({"lr": 0.0}).objective.lr == 0.0
+    with pytest.raises(ConfigError, match="lr"):
+        load_config({"lr": -1e-3})
+
+
+def test_model_names_a_preset_or_an_existing_path(tmp_path):
+    assert load_config({"model": "small"}).model.digest == ""
+    with pytest.raises(ConfigError, match="model_digest"):
+        load_config({"model": "tiny", "model_digest": "abc"})
+    with pytest.raises(FtkitError, match="neither a preset"):
+        load_config({"model": str(tmp_path / "absent")})

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from ftkit.errors import ConfigError
 from ftkit.train.rl.rewards import REWARDS, deterministic_random, get_reward, random_bit
 from ftkit.train.rl.task import AdditionTask
 
@@ -47,5 +48,5 @@ def test_get_reward_by_name():
     assert torch.equal(get_reward("task")(task, prompts, responses), task.reward(prompts, responses))
     assert get_reward("deterministic_random") is deterministic_random
     assert set(REWARDS) == {"task", "deterministic_random"}
-    with pytest.raises(KeyError, match="known: task"):
-        get_reward("nope")
+    with pytest.raises(ConfigError, match="unknown reward 'nope'; built-ins: deterministic_random, exact_match"):
+        get_reward("nope")  # not one of REWARDS: a plug-in name, which resolves to nothing

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
     from ftkit.model.gpt import GPTSpec
+    from ftkit.model.hf_config import HFArch
     from ftkit.train.faults.spec import FaultBounds, FaultSpec
+    from ftkit.train.rl.task import AdditionTask
 
 #: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
 #: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
@@ -97,10 +100,35 @@ class TrainConfig(BaseModel):
         return self.schedule.rollouts * self.batch.steps_per_rollout
 
     def gpt_spec(self) -> GPTSpec:
-        """What ``ftkit.model.gpt.build_gpt`` builds for this run (preset and init seed)."""
+        """What ``ftkit.model.gpt.build_gpt`` builds for this run: the preset and init seed, or
+        the Hugging Face directory whose weights it loads."""
         from ftkit.model.gpt import GPTSpec
 
-        return GPTSpec(self.model.preset, self.rng.seed)
+        if self.model.is_preset:
+            return GPTSpec(self.model.preset, self.rng.seed)
+        return GPTSpec(self.model.preset, self.rng.seed, hf_dir=str(self.model_dir()))
+
+    def model_dir(self) -> Path:
+        """The Hugging Face directory of a model path (``ftkit.model.source.model_dir``)."""
+        from ftkit.model.source import model_dir
+
+        return model_dir(self.model.preset)
+
+    def hf_arch(self) -> HFArch:
+        """The ``HFArch`` of a model path (exit 2 on a config ftkit cannot represent)."""
+        from ftkit.model.families import load_arch
+
+        return load_arch(self.model_dir())
+
+    def addition_task(self) -> AdditionTask:
+        """The run's built-in task: over the synthetic vocabulary for a preset, over the model's
+        tokenizer for a model path (``ftkit.train.rl.task.task_for``); ``ValueError`` for a bad
+        ``response_len``, ``ConfigError`` for an unusable tokenizer."""
+        from ftkit.train.rl.task import task_for
+
+        if self.model.is_preset:
+            return task_for(self.task.response_len)
+        return task_for(self.task.response_len, self.model_dir(), self.hf_arch().vocab_size)
 
     def fault_bounds(self) -> FaultBounds:
         """What a fault spec may name in this run (cells, ranks, engines, steps)."""
@@ -146,23 +174,39 @@ def check_geometry(cfg: TrainConfig) -> None:
         raise ValueError(f"micro_shards ({M}) must be at least cells ({cells})")
     if B % cfg.task.group_size:
         raise ValueError(f"samples_per_rollout ({B}) must be divisible by group_size ({cfg.task.group_size})")
-    from ftkit.model.presets import get_preset
-
     name, tp, pp = cfg.model.preset, cfg.layout.tp, cfg.layout.pp
-    preset = get_preset(name)
-    if preset.num_heads % tp:
-        raise ValueError(f"tp ({tp}) must divide the {name} model's heads ({preset.num_heads})")
-    if preset.vocab_size % tp:
-        raise ValueError(f"tp ({tp}) must divide the vocabulary ({preset.vocab_size})")
-    if preset.num_layers % pp:
-        raise ValueError(
-            f"pp ({pp}) must divide the {name} model's {preset.num_layers} layers "
-            "(each pipeline stage holds the same number)"
-        )
-    if cfg.task.response_len >= preset.max_seq_len // 2:
+    if cfg.model.is_preset:
+        from ftkit.model.presets import get_preset
+
+        preset = get_preset(name)
+        if preset.num_heads % tp:
+            raise ValueError(f"tp ({tp}) must divide the {name} model's heads ({preset.num_heads})")
+        if preset.vocab_size % tp:
+            raise ValueError(f"tp ({tp}) must divide the vocabulary ({preset.vocab_size})")
+        if preset.num_layers % pp:
+            raise ValueError(
+                f"pp ({pp}) must divide the {name} model's {preset.num_layers} layers "
+                "(each pipeline stage holds the same number)"
+            )
+        max_seq_len = preset.max_seq_len
+    else:
+        arch = cfg.hf_arch()
+        arch.check_layout(tp, pp)  # a ModelConfigError (exit 2) naming the config field
+        if arch.tied and pp > 1:
+            # megatron-core syncs a tied embedding over its pipeline stages' embedding group
+            # (CUDA only), and the cells' exact reduction does not hold that copy in step.
+            raise ValueError(f"pp ({pp}) with the model's tied embeddings is not supported yet (use pp 1)")
+        if arch.padded_vocab(tp) != arch.padded_vocab(1):
+            # The engines hold the TP=1 model: its vocabulary rows must be the cells' too.
+            raise ValueError(
+                f"tp ({tp}) pads the model's vocabulary of {arch.vocab_size} to {arch.padded_vocab(tp)} rows, "
+                f"TP=1 to {arch.padded_vocab(1)}: not supported yet (choose a tp that keeps {arch.padded_vocab(1)})"
+            )
+        max_seq_len = arch.max_seq_len
+    if cfg.task.response_len >= max_seq_len // 2:
         raise ValueError(
             f"response_len ({cfg.task.response_len}) must be below half the {name} model's "
-            f"sequence length ({preset.max_seq_len})"
+            f"sequence length ({max_seq_len})"
         )
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
 DumpPart = Literal["activations", "grads", "weights"]
@@ -49,10 +49,49 @@ class Section(BaseModel):
 
 # --- what determines the result -------------------------------------------------------------
 class ModelSection(Section):
-    """The model trained (a preset today; a Hugging Face checkpoint path later)."""
+    """The model trained: a preset, or a Hugging Face causal-LM directory or ``.gguf`` file
+    (``ftkit.model.source``). A path is recorded absolute, with ``model_digest``, the digest
+    of the model directory's content: computed when not given; when given (a resumed run's
+    ``run.json``) the model must still have it, else the run would train another model."""
 
     PLACE = Place("fixed", pairs_dumps=True)
-    preset: Literal["tiny", "small"] = Field("tiny", alias="model", description="Model preset.")
+    preset: str = Field(
+        "tiny",
+        alias="model",
+        description="Model: a preset (tiny, small) or the path of a Hugging Face causal-LM directory "
+        "or .gguf file (docs/models.md).",
+    )
+    digest: str = Field(
+        "",
+        alias="model_digest",
+        description="Content digest of the model at a path (recorded by ftkit; empty for a preset).",
+        json_schema_extra=FILE_ONLY,
+    )
+
+    @model_validator(mode="after")
+    def _source(self) -> ModelSection:
+        from ftkit.model.source import content_digest, is_preset, model_dir
+
+        if is_preset(self.preset):
+            if self.digest:
+                raise ValueError(f"model_digest is for a model path, not the preset {self.preset!r}")
+            return self
+        path = str(Path(self.preset).absolute())
+        digest = content_digest(model_dir(path))
+        if self.digest and self.digest != digest:
+            raise ValueError(
+                f"the model at {path} has changed: its content digest is {digest}, the run recorded {self.digest}"
+            )
+        object.__setattr__(self, "preset", path)  # frozen: the normalised values, set once here
+        object.__setattr__(self, "digest", digest)
+        return self
+
+    @property
+    def is_preset(self) -> bool:
+        """Whether the model is a preset (else a Hugging Face model at the path ``preset``)."""
+        from ftkit.model.source import is_preset
+
+        return is_preset(self.preset)
 
 
 class BatchSection(Section):
@@ -116,7 +155,9 @@ class ObjectiveSection(Section):
     """The loss and the optimizer (a loss kind, GRPO clip / KL later)."""
 
     PLACE = Place("fixed", pairs_dumps=False)
-    lr: float = Field(5e-3, gt=0, description="AdamW learning rate.")
+    lr: float = Field(
+        5e-3, ge=0, description="AdamW learning rate (0 trains nothing: the weights stay bitwise the initial ones)."
+    )
 
 
 class ReductionSection(Section):

@@ -82,14 +82,12 @@ class Driver:
         resume: bool = False,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
-        from ftkit.train.rl.task import AdditionTask
-
         self.cfg, self.resume = cfg, resume
         self.on_warning = on_warning or (lambda message: print(f"Warning: {message}", file=sys.stderr))
         self.on_step = on_step or (lambda report: None)
         self.on_event = on_event or (lambda type_, fields: None)
         try:
-            self.task = AdditionTask(cfg.task.response_len)
+            self.task = cfg.addition_task()
         except ValueError as exc:
             raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
         self.cells: CellSession | None = None  # the cells, their roster, coordinator and healer

@@ -63,7 +63,6 @@ class InferenceEngine:
         from ftkit.events.writer import EventWriter
         from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
         from ftkit.train.control.rundir import run_name
-        from ftkit.train.rl.task import AdditionTask
 
         self.cfg = cfg  # validated once, by the driver
         self.engine = engine
@@ -71,7 +70,7 @@ class InferenceEngine:
         configure_determinism(self.cfg.compute.threads_per_rank)
         init_local_parallel(self.device)
         self.model = build_gpt(self.cfg.gpt_spec(), self.device).eval()
-        self.task = AdditionTask(self.cfg.task.response_len)
+        self.task = self.cfg.addition_task()
         self.version: int | None = None
         self.events = EventWriter(
             os.path.join(run_dir, "events"),
