@@ -25,7 +25,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l samples-per-rollout 
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l group-size -x -d 'Responses per prompt (advantage group)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l lr -x -d 'AdamW learning rate (0 trains nothing: the weights stay bitwise the initial ones)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l micro-shards -x -d 'Micro-shards per optimizer step, at least --cells'
-complete -c ftkit -n '__fish_seen_subcommand_from train' -l model -x -d 'Model: a preset (tiny, small) or the path of a Hugging Face causal-LM directory or .gguf file (docs/models.md)'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l model -r -F -a 'tiny small' -d 'Model: a preset (tiny, small) or the path of a Hugging Face causal-LM directory or .gguf file (docs/models.md)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l seed -x -d 'Seed of init, sampling and every RNG stream'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l reduce -x -a 'exact float' -d 'exact: int64 fixed-point reduction (membership invariant); float: plain float all-reduce (faster, not invariant)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l reward -x -d 'task: the addition task\'s verifiable reward; deterministic_random: 0/1 from a stable hash of prompt and response tokens (fault tests); exact_match, format: the built-in text rewards; MODULE:FUNCTION: a plug-in importable from the working directory or the Python path; NAME: a plug-in installed in the ftkit.rewards entry-point group (docs/rl.md)'

@@ -108,13 +108,18 @@ def _describe(param: Any) -> Opt:
         from ftkit.analysis.registry import all_rules
 
         choices = list(all_rules())
+    kind = _kind(param, choices)
+    if getattr(param, "metavar", None) == "PRESET|PATH":  # train --model: a preset or a model directory
+        from ftkit.model.presets import PRESETS
+
+        choices, kind = list(PRESETS), "choice_or_path"
     default = param.default
     shown = "" if default in (None, False, (), []) or callable(default) else str(getattr(default, "value", default))
     return Opt(
         names=list(param.opts) + list(getattr(param, "secondary_opts", []) or []),
         help=(getattr(param, "help", None) or "").strip(),
         metavar=(param.name or "").upper(),
-        kind=_kind(param, choices),
+        kind=kind,
         choices=choices,
         default=shown,
         required=bool(param.required),

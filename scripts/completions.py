@@ -2,8 +2,9 @@
 
 Each renderer takes the root options and the commands that ``cli_reference.collect()``
 describes. What a value completes to follows the option's ``kind``: ``choice`` offers its
-choices only, ``path`` offers file names, ``number`` and ``text`` offer nothing (never file
-names), ``flag`` takes no value. Positional file names are offered only for commands that
+choices only, ``path`` offers file names, ``choice_or_path`` both (``train --model``: a preset
+or a model directory), ``number`` and ``text`` offer nothing (never file names), ``flag`` takes
+no value. Positional file names are offered only for commands that
 take positional arguments. ``tests/test_completions.py`` drives all three shells.
 """
 
@@ -61,6 +62,12 @@ def render_bash(root_opts: list[Opt], commands: list[Cmd]) -> str:
                 lines.append(
                     f'                {"|".join(o.names)}) COMPREPLY=( $(compgen -W "{" ".join(o.choices)}" -- "$cur") ); return;;'
                 )
+            if o.kind == "choice_or_path":
+                words = " ".join(o.choices)
+                lines.append(
+                    f'                {"|".join(o.names)}) _ftkit_files "$cur"; '
+                    f'COMPREPLY+=( $(compgen -W "{words}" -- "$cur") ); return;;'
+                )
         paths = [n for o in c.options if o.kind == "path" for n in o.names]
         if paths:
             lines.append(f'                {"|".join(paths)}) _ftkit_files "$cur"; return;;')
@@ -95,6 +102,8 @@ def _zsh_spec(o: Opt) -> str:
         action = f":{o.metavar.lower()}:({' '.join(o.choices)})"
     elif o.kind == "path":
         action = f":{o.metavar.lower()}:_files"
+    elif o.kind == "choice_or_path":
+        action = f":{o.metavar.lower()}:{{compadd -- {' '.join(o.choices)}; _files}}"
     else:
         action = f":{o.metavar.lower()}: "
     exclude = "'*'" if o.multiple else f"'({' '.join(o.names)})'"
@@ -157,6 +166,8 @@ def _fish_opt(cond: str, o: Opt) -> str:
         parts.append(f"-x -a {_fish_quote(' '.join(o.choices))}")
     elif o.kind == "path":
         parts.append("-r -F")
+    elif o.kind == "choice_or_path":
+        parts.append(f"-r -F -a {_fish_quote(' '.join(o.choices))}")
     elif o.kind != "flag":
         parts.append("-x")
     if o.help:

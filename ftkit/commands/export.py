@@ -1,6 +1,6 @@
 """``ftkit export RUN --hf OUT``: a run's final state as a Hugging Face model directory.
 
-Thin layer over ``ftkit.train.export.export_run``; prints the directory written. Exit 0, or 2
+Thin layer over ``ftkit.train.recovery.export.export_run``; prints the directory written. Exit 0, or 2
 with one line for a bad input (not a run, a preset run, no final state, a changed model, an
 existing non-empty OUT).
 """
@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
         from ftkit.extras import require
 
         require("train", "ftkit export")
-        from ftkit.train.export import export_run
+        from ftkit.train.recovery.export import export_run
 
         paths = export_run(run, hf)
         Output().info(f"exported {run} -> {hf} ({len(paths)} shard(s))")
