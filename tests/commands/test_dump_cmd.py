@@ -137,3 +137,21 @@ def test_non_finite_and_overflowing_tensors_print_no_numpy_warnings(tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True)
     assert done.returncode == 0 and "big" in done.stdout
     assert "Warning" not in done.stderr, done.stderr
+
+
+def test_finite_values_whose_sums_overflow_get_a_finite_mean_and_std():
+    """1e308, 1e308, -1e308 are finite: their mean and std are numbers (measured again scaled by
+    a power of two), not the inf / nan an overflowing float64 sum gives."""
+    import numpy as np
+
+    from ftkit.dumps.stats import tensor_stats
+
+    a = np.array([1e308, 1e308, -1e308, np.nan])
+    got = tensor_stats(a)
+    want = a[:3] / 1e300
+    assert got["nan"] == 1 and got["inf"] == 0 and (got["min"], got["max"]) == (-1e308, 1e308)
+    assert abs(got["mean"] - float(np.mean(want)) * 1e300) <= 1e-12 * 1e308
+    assert abs(got["std"] - float(np.std(want)) * 1e300) <= 1e-12 * 1e308
+    assert tensor_stats(np.array([1.0, 2.0, 3.0])) == {
+        "numel": 3, "min": 1.0, "max": 3.0, "mean": 2.0, "std": float(np.std([1.0, 2.0, 3.0])), "nan": 0, "inf": 0,
+    }  # fmt: skip
