@@ -110,7 +110,9 @@ def score_one(reward: LoadedReward, index: int, sample: RewardSample) -> float:
     """The reward of one sample (``index`` is its place in the rollout, for the error)."""
     try:
         value = reward.fn(**sample.kwargs())
-    except Exception as e:  # a plug-in's own failure, reported with its name and sample
+    except FtkitError:  # ftkit's own, e.g. the RunInterrupted a signal raised meanwhile: not the plug-in's
+        raise
+    except (Exception, SystemExit) as e:  # a plug-in's own failure (sys.exit too), with its name and sample
         raise RewardError(reward.name, index, f"raised {type(e).__name__}: {e}") from e
     if not isinstance(value, numbers.Real):
         raise RewardError(reward.name, index, f"returned a {type(value).__name__}, not a float")

@@ -107,3 +107,21 @@ def test_a_run_records_the_plug_in_s_scores_of_its_own_tokens(plugin_dir: Path) 
     task = AdditionTask(response_len=batch["tokens"].shape[1] - P)
     want = get_reward("rw_plugin:echo_len")(task, batch["tokens"][:, :P], batch["tokens"][:, P:])
     assert torch.equal(batch["rewards"], want)
+
+
+def test_a_plug_in_calling_sys_exit_fails_the_run_and_a_signal_meanwhile_stays_a_signal(plugin_dir: Path) -> None:
+    """``sys.exit(0)`` in a plug-in is its failure (exit 2), never a silent exit 0; ftkit's own
+    error raised during the call (a signal's RunInterrupted) is not taken for the plug-in's."""
+    from ftkit.tasks.rewards import RewardError, load_reward, score_one
+    from ftkit.train.control.run_end import RunInterrupted
+
+    (plugin_dir / "rw_exit.py").write_text(
+        "import sys\nfrom ftkit.train.control.run_end import RunInterrupted\n"
+        "def quits(**kwargs):\n    sys.exit(0)\n"
+        "def interrupted(**kwargs):\n    raise RunInterrupted(15)\n"
+    )
+    sample = AdditionTask(response_len=4).reward_sample(torch.tensor([1, 8, 3, 9, 4]), torch.tensor([5, 12, EOS, 0]))
+    with pytest.raises(RewardError, match="raised SystemExit"):
+        score_one(load_reward("rw_exit:quits"), 0, sample)
+    with pytest.raises(RunInterrupted):
+        score_one(load_reward("rw_exit:interrupted"), 0, sample)
