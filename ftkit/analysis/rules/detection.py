@@ -19,10 +19,10 @@ from collections import deque
 from typing import Any
 
 from ftkit.analysis.registry import Rule, register
+from ftkit.events.schema import DEAD_STATES
 from ftkit.findings import Severity
 
 _HUNG = re.compile(r"hung: no answer after ([0-9]+(?:\.[0-9]+)?)s")
-FAILED = frozenset({"failed", "errored"})
 #: Declarations older than this are forgotten (no deadline of a real run is longer).
 MAX_WINDOW_S = 3600.0
 
@@ -47,7 +47,7 @@ class FalseFailure(Rule):
         self._recent: deque[tuple[float, int, str]] = deque()  # (time, cell, reason) of non-hung failures
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        if ev["new"] not in FAILED:
+        if ev["new"] not in DEAD_STATES:
             return
         t, cell, reason = float(ev["time"]), ev["cell"], str(ev.get("reason") or "")
         recent = self._recent
