@@ -29,6 +29,7 @@ PANEL = "Training"
 PANEL_DUMPS = "Dumps"
 PANEL_FAULTS = "Fault tolerance"
 PANEL_CKPT = "Checkpoints"
+PANEL_RL = "RL objective"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
@@ -49,11 +50,15 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     Device: TypeAlias = Enum
     DumpCells: TypeAlias = Enum
     BestMetric: TypeAlias = Enum
+    Loss: TypeAlias = Enum
+    Aggregation: TypeAlias = Enum
 else:
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
     DumpCells = _choices("DumpCells", "dump_cells")
     BestMetric = _choices("BestMetric", "best_metric")
+    Loss = _choices("Loss", "loss")
+    Aggregation = _choices("Aggregation", "aggregation")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
@@ -183,6 +188,13 @@ def register(app: typer.Typer) -> None:
         samples_per_rollout: Annotated[int | None, _opt("--samples-per-rollout", field="samples_per_rollout")] = None,
         group_size: Annotated[int | None, _opt("--group-size", field="group_size")] = None,
         lr: Annotated[float | None, _opt("--lr", field="lr")] = None,
+        loss: Annotated[Loss | None, _opt("--loss", field="loss", panel=PANEL_RL)] = None,
+        clip_low: Annotated[float | None, _opt("--clip-low", field="clip_low", metavar="EPS", panel=PANEL_RL)] = None,
+        clip_high: Annotated[
+            float | None, _opt("--clip-high", field="clip_high", metavar="EPS", panel=PANEL_RL)
+        ] = None,
+        kl_coef: Annotated[float | None, _opt("--kl-coef", field="kl_coef", metavar="BETA", panel=PANEL_RL)] = None,
+        aggregation: Annotated[Aggregation | None, _opt("--aggregation", field="aggregation", panel=PANEL_RL)] = None,
         micro_shards: Annotated[
             int | None,
             _opt("--micro-shards", field="micro_shards", help="Micro-shards per optimizer step, at least --cells."),

@@ -333,6 +333,35 @@ class EngineFailed(Envelope):
     reason: str = Field(description="what the driver saw")
 
 
+class LogprobMismatch(BaseModel):
+    """Engine vs trainer log-probs of one group of compared tokens (``ftkit.train.rl.logprob_stats``)."""
+
+    model_config = ConfigDict(extra="allow")
+    tokens: int = Field(ge=0, description="compared tokens")
+    differing: int = Field(ge=0, description="tokens whose two float32 log-probs are not the same bits")
+    nonfinite: int = Field(ge=0, description="tokens where either value is NaN or infinite (counted as differing)")
+    max_abs: float = Field(description="max |engine - trainer| over the finite tokens")
+    mean_abs: float = Field(description="mean |engine - trainer| over the finite tokens")
+    k3: float = Field(description="mean k3 estimate of KL(engine || trainer) over the finite tokens")
+
+
+class LogprobCheck(Envelope):
+    """A rank recomputed the policy's log-probs of its samples at a rollout's first step (the
+    weights the engines sampled with) and compared them with the engines' recorded ones."""
+
+    type: Literal["logprob_check"]
+    rollout: int = Field(description="rollout index")
+    step: int = Field(description="optimizer step (the rollout's first)")
+    attempt: int = Field(default=0, description="attempt of the step")
+    cell: int = Field(description="the cell")
+    rank: int = Field(description="rank inside the cell")
+    version: int = Field(description="weights version the rollout was sampled with")
+    witness_ids: list[int] = Field(description="the samples compared, in order")
+    samples: list[LogprobMismatch] = Field(description="per sample, in witness_ids order")
+    positions: list[LogprobMismatch] = Field(description="per response position k (0: the first response token)")
+    total: LogprobMismatch = Field(description="over all compared tokens")
+
+
 #: Evidence kinds a producer may promise in ``evidence_profile`` (kind -> the rules it covers is
 #: ``ftkit.analysis.profile.COVERS``). ``step_outcome`` is not a kind: every producer logs it.
 EVIDENCE_KINDS = ("state_fingerprint", "witness_counts", "metric", "dump_written", "checkpoint", "weights")
@@ -378,6 +407,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     PlacementEvent,
     EngineFailed,
     EvidenceProfileEvent,
+    LogprobCheck,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007

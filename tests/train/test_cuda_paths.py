@@ -118,4 +118,5 @@ def test_engine_generation_does_not_depend_on_the_split(tmp_path: Path) -> None:
     (tmp_path / "events").mkdir()
     engine = InferenceEngine(TrainConfig(device="cuda"), str(tmp_path), 0)
     prompts = AdditionTask(8).prompts(0, 0, 8).repeat_interleave(4, dim=0)
-    assert torch.equal(engine.generate(prompts, 0, 0)[16:], engine.generate(prompts[16:], 0, 16))
+    (whole, whole_lp), (part, part_lp) = engine.generate(prompts, 0, 0), engine.generate(prompts[16:], 0, 16)
+    assert torch.equal(whole[16:], part) and torch.equal(whole_lp[16:], part_lp)

@@ -24,7 +24,8 @@ def test_build_batch_layout():
     prompts = task.prompts(0, 2, 3).repeat_interleave(2, dim=0)
     responses = torch.arange(24).reshape(6, 4)
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.2, 0.4])
-    b = rollouts.build_batch(prompts, responses, rewards, group_size=2, rollout=2)
+    logprobs = -torch.arange(1, 25, dtype=torch.float32).reshape(6, 4)
+    b = rollouts.build_batch(prompts, responses, logprobs, rewards, group_size=2, rollout=2)
     assert set(b) == set(rollouts.BATCH_KEYS)
     assert b["tokens"].shape == (6, PROMPT_LEN + 4)
     assert torch.equal(b["tokens"][:, PROMPT_LEN:], responses)
@@ -32,14 +33,19 @@ def test_build_batch_layout():
     assert b["loss_mask"][0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 0]
     assert b["witness_ids"].tolist() == [12, 13, 14, 15, 16, 17]
     assert b["advantages"][2:4].tolist() == [0.0, 0.0]
+    # the engine's log-prob of response token j sits where that token is predicted (mask 1)
+    assert b["logprobs"][1].tolist() == [0, 0, 0, 0, -5, -6, -7, -8, 0]
+    assert torch.equal(b["logprobs"] != 0, b["loss_mask"] != 0)
     with pytest.raises(ValueError, match="same number"):
-        rollouts.build_batch(prompts, responses[:5], rewards, 2, 0)
+        rollouts.build_batch(prompts, responses[:5], logprobs[:5], rewards, 2, 0)
+    with pytest.raises(ValueError, match="same number"):
+        rollouts.build_batch(prompts, responses, logprobs[:, :3], rewards, 2, 0)
 
 
 def test_record_roundtrip(tmp_path):
     task = AdditionTask(response_len=3)
     prompts = task.prompts(0, 0, 4)
-    b = rollouts.build_batch(prompts, torch.ones(4, 3, dtype=torch.int64), torch.arange(4.0), 2, 0)
+    b = rollouts.build_batch(prompts, torch.ones(4, 3, dtype=torch.int64), -torch.ones(4, 3), torch.arange(4.0), 2, 0)
     path = rollouts.record(tmp_path, 7, b, meta={"task": "addition"})
     assert path == tmp_path / "rollouts" / "rollout_000007.safetensors"
     loaded = rollouts.load(path)

@@ -91,7 +91,20 @@ class TrainConfig(BaseModel):
         if not self.reduction.bookkeeping and self.reduction.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
+        self._check_objective()
         return self
+
+    def _check_objective(self) -> None:
+        """GRPO settings only with ``loss='grpo'``; GRPO computes its log-probs from the
+        logits of one stage (``pp=1``)."""
+        obj, default = self.objective, s.ObjectiveSection()
+        if obj.loss == "grpo":
+            if self.layout.pp > 1:
+                raise ValueError("loss='grpo' needs pp=1 (its log-probs come from the full logits of one stage)")
+            return
+        for name in ("clip_low", "clip_high", "kl_coef", "aggregation"):
+            if getattr(obj, name) != getattr(default, name):
+                raise ValueError(f"{name} applies to loss='grpo' only (this run's loss is {obj.loss!r})")
 
     # --- derived ----------------------------------------------------------------------
     @property

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
+
+if TYPE_CHECKING:
+    from ftkit.train.rl.grpo import GrpoConfig
 
 DumpPart = Literal["activations", "grads", "weights"]
 DUMP_WHAT: tuple[DumpPart, ...] = ("activations", "grads", "weights")
@@ -152,12 +155,39 @@ class ScheduleSection(Section):
 
 
 class ObjectiveSection(Section):
-    """The loss and the optimizer (a loss kind, GRPO clip / KL later)."""
+    """The loss and the optimizer: REINFORCE, or GRPO (``ftkit.train.rl.grpo``) with its clip
+    range, KL coefficient to the frozen initial model and aggregation."""
 
     PLACE = Place("fixed", pairs_dumps=False)
     lr: float = Field(
         5e-3, ge=0, description="AdamW learning rate (0 trains nothing: the weights stay bitwise the initial ones)."
     )
+    loss: Literal["reinforce", "grpo"] = Field(
+        "reinforce",
+        description="reinforce: -A * log p of the sampled tokens; grpo: PPO-clipped importance ratio against "
+        "the engines' recorded log-probs, optional k3 KL to the initial model (docs/rl.md).",
+    )
+    clip_low: float = Field(0.2, ge=0, lt=1, description="GRPO: the ratio is clipped below at 1 - clip_low.")
+    clip_high: float = Field(
+        0.2, ge=0, allow_inf_nan=False, description="GRPO: the ratio is clipped above at 1 + clip_high (DAPO: 0.28)."
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="GRPO: weight of the k3 KL estimate to the frozen initial model (0: no reference model).",
+    )
+    aggregation: Literal["token", "sequence"] = Field(
+        "token",
+        description="GRPO: token (every learned token weighs the same; no length bias) or sequence "
+        "(mean per response, then over responses).",
+    )
+
+    def grpo(self) -> GrpoConfig:
+        """The GRPO objective's settings."""
+        from ftkit.train.rl.grpo import GrpoConfig
+
+        return GrpoConfig(self.clip_low, self.clip_high, self.kl_coef, self.aggregation)
 
 
 class ReductionSection(Section):

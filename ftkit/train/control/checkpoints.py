@@ -105,7 +105,7 @@ class RunCheckpoints:
         from ftkit.train.rl.rewards import get_reward
 
         prompts = self.task.heldout_prompts(self.cfg.rng.seed)
-        responses = self.engines.generate(prompts, rollout, greedy=True)
+        responses, _ = self.engines.generate(prompts, rollout, greedy=True)
         value = float(get_reward(self.cfg.task.reward)(self.task, prompts, responses).double().mean())
         if bool((responses < 0).any()):
             value = math.nan

@@ -314,7 +314,9 @@ class Driver:
         cfg = self.cfg
         batch = self._generate(rollout)
         rewards = get_reward(cfg.task.reward)(self.task, batch["prompts"], batch["responses"])
-        tensors = rollouts.build_batch(batch["prompts"], batch["responses"], rewards, cfg.task.group_size, rollout)
+        tensors = rollouts.build_batch(
+            batch["prompts"], batch["responses"], batch["logprobs"], rewards, cfg.task.group_size, rollout
+        )
         if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
             self.events.emit(
                 "witness_allocated", rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
@@ -342,7 +344,8 @@ class Driver:
         cfg = self.cfg
         prompts = self.task.prompts(cfg.rng.seed, rollout, cfg.batch.samples_per_rollout // cfg.task.group_size)
         prompts = prompts.repeat_interleave(cfg.task.group_size, dim=0)
-        return {"prompts": prompts, "responses": self.engines.generate(prompts, rollout)}
+        responses, logprobs = self.engines.generate(prompts, rollout)
+        return {"prompts": prompts, "responses": responses, "logprobs": logprobs}
 
     def _step_done(self, out: StepOutcome, reward: float) -> None:
         """Metrics and progress of a committed step."""

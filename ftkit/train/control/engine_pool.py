@@ -125,9 +125,10 @@ class EnginePool:
         self.weights = (ray.put(state), version)
         return [self._call(e, "load") for e in range(len(self.actors))]
 
-    def generate(self, prompts: Tensor, rollout: int, greedy: bool = False) -> Any:
-        """int64 ``[n, response_len]`` responses for ``prompts`` (see the module docstring);
-        ``greedy``: the engines' greedy decoding (``InferenceEngine.generate``)."""
+    def generate(self, prompts: Tensor, rollout: int, greedy: bool = False) -> tuple[Any, Any]:
+        """``(responses, logprobs)`` for ``prompts``: int64 and float32 ``[n, response_len]``
+        (see the module docstring); ``greedy``: the engines' greedy decoding
+        (``InferenceEngine.generate``)."""
         import ray
         import torch
 
@@ -142,7 +143,7 @@ class EnginePool:
             except ray.exceptions.RayError as exc:
                 self._restart(e, exc, "generate")
                 parts.append(self._call(e, "generate", prompts[a:b], rollout, a, greedy, reload=True))
-        return torch.cat(parts, dim=0)
+        return torch.cat([t for t, _ in parts], dim=0), torch.cat([lp for _, lp in parts], dim=0)
 
     def _call(self, e: int, what: str, *args: object, reload: bool = False) -> Any:
         """``load`` (the current weights) or ``generate(*args)`` on engine ``e`` (after

@@ -14,7 +14,7 @@ run is reproducible and its specs can be printed (``--print-config`` shows the s
   always survives and the run can always finish (with one cell they are not drawn); ``nan-grad``
   and ``slow`` strike any cell. On a step that starts a rollout (weights were just synced), an
   engine fault (``sigkill``, ``exit`` or ``exception`` at ``during_weight_sync``) is drawn one
-  time in four. Chaos never draws ``corrupt-engine`` (it is meant to fail the analyzer), nor
+  time in four. Chaos never draws ``corrupt-engine`` or ``stale-weights`` (they are meant to fail the analyzer), nor
   ``corrupt-transfer``, ``during_heal`` or ``during_dump_write`` (points a step may not reach).
 - Every fault strikes attempt 0 of its step: the retry runs clean.
 """

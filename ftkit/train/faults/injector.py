@@ -8,8 +8,9 @@ on the attempt it names, so a retried step (``attempt + 1``) runs without the in
 Contract of ``at``: ``sigkill`` kills the process with ``SIGKILL``; ``exit`` ends it with
 ``os._exit(1)``; ``exception`` raises ``InjectedFault``; ``hang`` never returns; ``slow``
 sleeps ``seconds`` (default 1) and returns ``None``; ``nan-grad``, ``corrupt-transfer`` and
-``corrupt-engine`` return the kind and the caller acts (poison the micro-shard's gradient,
-``flip_bit`` the heal payload or the engine's loaded weights); so do ``enospc`` and
+``corrupt-engine`` / ``stale-weights`` return the kind and the caller acts (poison the
+micro-shard's gradient, ``flip_bit`` the heal payload or the engine's loaded weights, skip
+the engine's copy of the new weights); so do ``enospc`` and
 ``preflight-fail`` at the checkpoint publication points (``ftkit.checkpoint.preflight.fire``
 raises ``OSError(ENOSPC)`` / fails the rank's preflight). No match returns ``None``.
 """

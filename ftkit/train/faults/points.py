@@ -6,7 +6,7 @@ calls ``injector.at(point, step=..., attempt=..., rollout=...)`` at each point o
 returns ``None``: no import, no cost); with them it is ``ftkit.train.faults.injector.FaultInjector``
 (docs/fault-injection.md), which logs ``fault_injected`` before it fires and either acts
 itself (``sigkill``, ``exit``, ``exception``, ``hang``, ``slow``) or returns the kind for the
-caller to apply (``nan-grad``, ``corrupt-transfer``, ``corrupt-engine``).
+caller to apply (``nan-grad``, ``corrupt-transfer``, ``corrupt-engine``, ``stale-weights``).
 
 Where each point is (docs/faults.md has the recovery of each):
 

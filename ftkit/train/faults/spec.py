@@ -27,6 +27,7 @@ KINDS = (
     "slow",
     "corrupt-transfer",
     "corrupt-engine",
+    "stale-weights",
     "enospc",
     "preflight-fail",
 )
@@ -43,6 +44,7 @@ KIND_POINTS: dict[str, tuple[str, ...]] = {
     "nan-grad": ("mid_backward", "before_reduce"),
     "corrupt-transfer": ("during_heal",),
     "corrupt-engine": ("during_weight_sync",),
+    "stale-weights": ("during_weight_sync",),  # the engine silently keeps its previous weights
     "enospc": PUBLISH_POINTS,  # OSError(ENOSPC) raised in that phase of the publication
     "preflight-fail": ("publish_preflight",),
 }
@@ -147,8 +149,8 @@ def parse_spec(spec: str, bounds: FaultBounds | None = None) -> FaultSpec:
         raise ValueError(f"inject spec {spec!r}: point={point} strikes the checkpoint writer (the driver): no cell=")
     if "engine" not in num and "cell" not in num and point not in WRITER_POINTS:
         raise ValueError(f"inject spec {spec!r}: point={point} strikes a rank: give cell= (and rank=, default 0)")
-    if kind == "corrupt-engine" and "engine" not in num:
-        raise ValueError(f"inject spec {spec!r}: kind=corrupt-engine strikes an engine: give engine=")
+    if kind in ("corrupt-engine", "stale-weights") and "engine" not in num:
+        raise ValueError(f"inject spec {spec!r}: kind={kind} strikes an engine: give engine=")
     if "step" not in num and point != "during_heal":
         raise ValueError(f"inject spec {spec!r}: step= is required for point={point}")
     out = FaultSpec(

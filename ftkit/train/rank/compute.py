@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from ftkit.train.rank.reducer import ExactReducer, GradLayout
 
 
+#: The rollout tensors a step reads (``ftkit.train.rl.rollouts``).
+_STEP_KEYS = ("tokens", "loss_mask", "advantages", "witness_ids", "logprobs")
+
+
 @dataclass
 class Pending:
     """A reduced step waiting for the driver's decision."""
@@ -58,6 +62,9 @@ class StepCompute:
         )  # fmt: skip
         self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
         self._rows_buf: Any = None
+        self._policy_tokens: tuple[Any, Any] | None = None
+        # GRPO at a rollout's first step: (trainer log-probs, recorded, mask, ids) per micro-shard
+        self._checks: list[tuple[Any, Any, Any, Any]] | None = None
 
     def forget(self) -> None:
         """Drop the micro-shard rows kept for a retry (the step committed, or another began)."""
@@ -74,6 +81,7 @@ class StepCompute:
 
         from ftkit.train.rank.loss import step_tokens
         from ftkit.train.rank.reducer import reduce_float
+        from ftkit.train.rl.grpo import loss_norm
         from ftkit.train.rl.microshards import shard_seed, shard_slices
 
         cfg, faults, ctx = self.cfg, self.ctx.faults, self.ctx
@@ -82,7 +90,10 @@ class StepCompute:
         mine = sorted(int(m) for m in task.shards)
         if not mine or mine[0] < 0 or mine[-1] >= cfg.batch.micro_shards or len(set(mine)) != len(mine):
             raise ValueError(f"micro-shards {task.shards} are not distinct indices in [0, {cfg.batch.micro_shards})")
-        norm = step_tokens(data["loss_mask"])
+        grpo = cfg.objective.loss == "grpo"
+        norm = loss_norm(data["loss_mask"], cfg.objective.aggregation) if grpo else step_tokens(data["loss_mask"])
+        # at a rollout's first step the trainer's weights are the ones the engines sampled with
+        self._checks = [] if grpo and task.step % cfg.batch.steps_per_rollout == 0 else None
         if self.ctx.witness is not None:
             data["witness_rows"] = self.ctx.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
@@ -112,6 +123,8 @@ class StepCompute:
                 mid[1].remove()
                 poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
+        if self._checks:
+            self._emit_check(task)
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
@@ -158,11 +171,9 @@ class StepCompute:
             )
         rows = batch["tokens"].shape[0]
         if rows == cfg.batch.samples_per_rollout:
-            return {
-                key: batch[key][k * n : (k + 1) * n] for key in ("tokens", "loss_mask", "advantages", "witness_ids")
-            }
+            return {key: batch[key][k * n : (k + 1) * n] for key in _STEP_KEYS}
         if rows == n:
-            return {key: batch[key] for key in ("tokens", "loss_mask", "advantages", "witness_ids")}
+            return {key: batch[key] for key in _STEP_KEYS}
         raise ValueError(
             f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
         )
@@ -180,14 +191,86 @@ class StepCompute:
         if self.ctx.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
             emb = self.ctx.model.embedding(input_ids=tokens, position_ids=pos)
             emb = self.ctx.witness.apply(emb, part["witness_rows"])
-        if self.pipe is not None:
+        if self.cfg.objective.loss == "grpo":  # pp == 1 (TrainConfig)
+            loss = self._grpo_loss(part, tokens, pos, emb, norm)
+        elif self.pipe is not None:
             return self.pipe.forward_backward(
                 tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
             )
-        nll = self.ctx.model(tokens, pos, None, decoder_input=emb, labels=labels)
-        loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+        else:
+            nll = self.ctx.model(tokens, pos, None, decoder_input=emb, labels=labels)
+            loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
         loss.backward()
         return float(loss.detach())
+
+    def _grpo_loss(self, part: dict[str, Tensor], tokens: Tensor, pos: Tensor, emb: Tensor | None, norm: float) -> Any:
+        """A micro-shard's GRPO loss (``ftkit.train.rl.grpo``) against the recorded behaviour
+        log-probs; at a rollout's first step its log-probs are kept for the check."""
+        import torch
+
+        from ftkit.train.rl.grpo import grpo_loss
+        from ftkit.train.rl.policy import next_token_logprobs
+
+        allowed, index = self._policy()
+        logp = next_token_logprobs(self._logits(self.ctx.model, tokens, pos, emb), tokens, allowed, index)
+        ref = None
+        if self.ctx.reference is not None:
+            with torch.no_grad():
+                ref = next_token_logprobs(self._logits(self.ctx.reference, tokens, pos, None), tokens, allowed, index)
+        mask = part["loss_mask"].to(logp.device)
+        behaviour = part["logprobs"].to(logp.device)
+        loss, _ = grpo_loss(logp, behaviour, part["advantages"], mask, norm, self.cfg.objective.grpo(), ref)
+        if self._checks is not None:
+            self._checks.append((logp.detach().cpu(), part["logprobs"], part["loss_mask"], part["witness_ids"]))
+        return loss
+
+    def _logits(self, model: Any, tokens: Tensor, pos: Tensor, emb: Tensor | None) -> Any:
+        """``[b, s, V]`` logits of the whole (padded) vocabulary, gathered over TP ranks."""
+        logits = model(tokens, pos, None, decoder_input=emb)
+        if self.cfg.layout.tp > 1:
+            from ftkit.train.rank.tp_gather import gather_vocab
+
+            logits = gather_vocab(logits)
+        return logits
+
+    def _policy(self) -> tuple[Any, Any]:
+        """The task's response tokens and their index (``ftkit.train.rl.policy``), built once."""
+        if self._policy_tokens is None:
+            import torch
+
+            from ftkit.train.rl.policy import allowed_index
+
+            allowed = self.cfg.addition_task().response_tokens
+            vocab = self.ctx.model.vocab_size
+            self._policy_tokens = (torch.tensor(allowed, dtype=torch.int64), allowed_index(allowed, vocab))
+        return self._policy_tokens
+
+    def _emit_check(self, task: StepTask) -> None:
+        """``logprob_check``: this rank's recomputed log-probs of its micro-shards' samples vs
+        the engines' recorded ones (``ftkit.train.rl.logprob_stats``); TP rank 0 only (every
+        TP rank holds the same gathered logits)."""
+        import torch
+
+        from ftkit.train.rl.logprob_stats import compare_logprobs
+
+        checks, self._checks = self._checks or [], None
+        if self.ctx.tp_rank != 0:
+            return
+        trainer, engine, mask, ids = (torch.cat([c[i] for c in checks]) for i in range(4))
+        result = compare_logprobs(engine, trainer, mask)
+        self.ctx.events.emit(
+            "logprob_check",
+            rollout=task.rollout,
+            step=task.step,
+            attempt=task.attempt,
+            cell=self.ctx.cell,
+            rank=self.ctx.rank,
+            version=task.rollout,
+            witness_ids=[int(i) for i in ids.tolist()],
+            samples=[vars(x) for x in result.samples],
+            positions=[vars(x) for x in result.positions],
+            total=vars(result.step),
+        )
 
     def _seed(self, seed: int) -> None:
         """Reseed this device's generator (``torch.manual_seed`` would also queue lazy seeds

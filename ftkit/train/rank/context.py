@@ -3,7 +3,8 @@
 ``open_context(cfg, run_dir, cell, rank, incarnation, store_host, store_port)`` joins the
 cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the driver's TCPStore),
 initialises megatron's parallel state and builds the model, the optimizer, the witness, the
-event writer, the fault injector and the cross-cell link. The step phases, the dumps
+event writer, the fault injector, the cross-cell link and (GRPO with a KL term) the frozen
+reference model. The step phases, the dumps
 (``RankDumps(ctx)``), the heal (``heal.receive(ctx, ...)``) and the checkpoints are handed the
 context and read exactly these; none of them reaches into ``RankWorker``, the actor's thin
 remote face. Mutable step bookkeeping (counters, the pending reduction, the guard) stays with
@@ -47,6 +48,7 @@ class RankContext:
     events: EventWriter
     faults: Injector
     link: CrossCellLink
+    reference: Any = None  # GRPO with kl_coef > 0: the frozen initial model (same layout), else None
 
     @property
     def witness_param(self) -> Tensor | None:
@@ -95,6 +97,11 @@ def open_context(
     collective = datetime.timedelta(seconds=cfg.recovery.collective_timeout)
     link_store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=collective)
     link = CrossCellLink(link_store, rank, cell, device, cfg.recovery.collective_timeout)
+    reference = None
+    if cfg.objective.loss == "grpo" and cfg.objective.kl_coef > 0:
+        # KL to the initial model: built from the spec again (the same bits as ``model`` at
+        # step 0 on every rank, a healed or resumed one too), never trained
+        reference = build_gpt(cfg.gpt_spec(), device).eval().requires_grad_(False)
     return RankContext(
         cfg,
         run_dir,
@@ -111,4 +118,5 @@ def open_context(
         events,
         faults,
         link,
+        reference,
     )

@@ -10,9 +10,11 @@ Contract:
   names of the TP=1 model's ``named_parameters``, exactly: a missing or extra name raises),
   then fingerprints what the model *holds* afterwards and emits ``engine_weights``; it returns
   the fingerprint total, which must equal the driver's ``weights_sent`` fingerprint. The
-  ``during_weight_sync`` fault point is between the copy and the fingerprint
-  (``corrupt-engine`` flips one bit of the loaded weights: FT102 reports it).
-* ``generate(prompts, rollout, first_index)`` samples ``response_len`` tokens per prompt.
+  ``during_weight_sync`` fault point comes before the copy (``stale-weights``: the copy is
+  skipped, the engine silently keeps its previous weights; ``corrupt-engine``: one bit of the
+  loaded weights is flipped after the copy): FT102 reports both, FT114 the log-probs.
+* ``generate(prompts, rollout, first_index)`` samples ``response_len`` tokens per prompt and
+  returns them with the policy's float32 log-prob of each (``ftkit.train.rl.policy``).
   Sample ``i`` (its global index in the rollout, ``first_index + row``) draws from the stream
   ``("sample", seed, rollout, i)`` and the model runs on fixed chunks of ``GEN_CHUNK``
   sequences of fixed length, so a response depends only on (weights, prompt, seed, rollout,
@@ -111,20 +113,20 @@ class InferenceEngine:
             raise ValueError(
                 f"engine {self.engine}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})"
             )
+        for name, p in params.items():
+            src = state[name]
+            if src.shape != p.shape or src.dtype != p.dtype:
+                raise ValueError(
+                    f"engine {self.engine}: {name} is {src.dtype}{tuple(src.shape)}, "
+                    f"the model holds {p.dtype}{tuple(p.shape)}"
+                )
+        sync_step = version * self.cfg.batch.steps_per_rollout
+        fault = self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
         with torch.no_grad():
-            for name, p in params.items():
-                src = state[name]
-                if src.shape != p.shape or src.dtype != p.dtype:
-                    raise ValueError(
-                        f"engine {self.engine}: {name} is {src.dtype}{tuple(src.shape)}, "
-                        f"the model holds {p.dtype}{tuple(p.shape)}"
-                    )
-                p.copy_(src)
-            sync_step = version * self.cfg.batch.steps_per_rollout
-            if (
-                self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
-                == "corrupt-engine"
-            ):
+            if fault != "stale-weights":
+                for name, p in params.items():
+                    p.copy_(state[name])
+            if fault == "corrupt-engine":
                 from ftkit.train.faults.injector import flip_bit
 
                 flip_bit(next(iter(params.values())))
@@ -136,25 +138,31 @@ class InferenceEngine:
         self.events.sync()
         return total
 
-    def generate(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool = False) -> Any:
-        """int64 ``[n, response_len]``: one sampled response per row of ``prompts [n, P]``.
+    def generate(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool = False) -> tuple[Any, Any]:
+        """``(responses, logprobs)``: int64 ``[n, response_len]``, one sampled response per row
+        of ``prompts [n, P]``, and float32 ``[n, response_len]``, the policy's log-prob of each
+        response token under the weights this engine holds (``ftkit.train.rl.policy``).
 
         ``greedy``: the most likely allowed token at each position instead (evaluation,
         ``--best-metric eval_reward``): no random stream is drawn, so it changes nothing a
         training rollout samples; ``rollout`` and ``first_index`` are then unused. A position
-        whose logits are not all finite gets the token ``-1`` (no valid answer).
+        whose logits are not all finite gets the token ``-1`` (no valid answer) and log-prob NaN.
         """
         import torch
 
         n = prompts.shape[0]
         out = torch.empty((n, self.task.response_len), dtype=torch.int64)
+        logprobs = torch.empty((n, self.task.response_len), dtype=torch.float32)
         for start in range(0, n, GEN_CHUNK):
             rows = prompts[start : start + GEN_CHUNK]
-            out[start : start + rows.shape[0]] = self._generate_chunk(rows, rollout, first_index + start, greedy)
-        return out
+            stop = start + rows.shape[0]
+            out[start:stop], logprobs[start:stop] = self._generate_chunk(rows, rollout, first_index + start, greedy)
+        return out, logprobs
 
-    def _generate_chunk(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool) -> Any:
+    def _generate_chunk(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool) -> tuple[Any, Any]:
         import torch
+
+        from ftkit.train.rl.policy import response_logprobs
 
         k, p = prompts.shape
         r, s = self.task.response_len, self.task.seq_len
@@ -174,18 +182,24 @@ class InferenceEngine:
             )
         allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
         positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(GEN_CHUNK, s)
+        logprobs = torch.empty((k, r), dtype=torch.float32)
         with torch.no_grad():
             for j in range(r):
                 logits = self.model(tokens.to(self.device), positions.to(self.device), None)
-                step = logits[:k, p - 1 + j].to("cpu", torch.float64)[:, allowed]
+                at = logits[:k, p - 1 + j].to("cpu")
+                step = at.to(torch.float64)[:, allowed]
                 if uniforms is None:  # greedy; ties go to the first allowed token
-                    picked = allowed[step.argmax(dim=-1)]
-                    tokens[:k, p + j] = torch.where(step.isfinite().all(dim=-1), picked, -1)
-                    continue
-                cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
-                pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
-                tokens[:k, p + j] = allowed[pick.squeeze(1)]
-        return tokens[:k, p:]
+                    pick = step.argmax(dim=-1, keepdim=True)
+                    finite = step.isfinite().all(dim=-1)
+                    tokens[:k, p + j] = torch.where(finite, allowed[pick.squeeze(1)], -1)
+                else:
+                    cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
+                    pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
+                    tokens[:k, p + j] = allowed[pick.squeeze(1)]
+                logprobs[:, j] = response_logprobs(at, allowed).gather(-1, pick).squeeze(-1)
+                if uniforms is None:
+                    logprobs[:, j] = torch.where(finite, logprobs[:, j], torch.nan)
+        return tokens[:k, p:], logprobs
 
     def shutdown(self) -> None:
         """Flush and close the engine's event log."""

@@ -10,7 +10,11 @@ samples ``[g*G, (g+1)*G)`` are the ``G = group_size`` responses to prompt ``g``.
 * ``advantages`` float32 ``[N]``: group-normalised rewards;
 * ``rewards`` float32 ``[N]``;
 * ``witness_ids`` int64 ``[N]``: ``rollout * N + i`` for sample ``i``; unique over the run,
-  so a count that leaks into another rollout's step shows up as a foreign id.
+  so a count that leaks into another rollout's step shows up as a foreign id;
+* ``logprobs`` float32 ``[N, S]``: the behaviour policy's log-probs as the engine that sampled
+  the response reported them, laid out like ``loss_mask`` (position ``t`` scores token
+  ``t+1``; 0 where the mask is 0). GRPO's importance ratio is taken against them, and the
+  trainer's recomputation is compared with them (``ftkit.train.rl.logprob_check``).
 
 ``record`` writes them to ``rollouts/rollout_XXXXXX.safetensors`` atomically. Everything here
 is a function of the data only, so two runs of the same seed record the same bytes whatever
@@ -27,7 +31,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 ROLLOUT_SCHEMA = "ftkit.rollout/1"
-BATCH_KEYS = ("tokens", "loss_mask", "advantages", "rewards", "witness_ids")
+BATCH_KEYS = ("tokens", "loss_mask", "advantages", "rewards", "witness_ids", "logprobs")
 _EPS = 1e-6
 
 
@@ -54,27 +58,33 @@ def witness_ids(rollout: int, count: int) -> Any:
     return torch.arange(rollout * count, (rollout + 1) * count, dtype=torch.int64)
 
 
-def build_batch(prompts: Tensor, responses: Tensor, rewards: Tensor, group_size: int, rollout: int) -> dict[str, Any]:
+def build_batch(
+    prompts: Tensor, responses: Tensor, logprobs: Tensor, rewards: Tensor, group_size: int, rollout: int
+) -> dict[str, Any]:
     """The batch tensors of one rollout from per-sample ``prompts [N, P]``, ``responses
-    [N, R]`` (int64) and ``rewards [N]``; see the module docstring."""
+    [N, R]`` (int64), the engines' ``logprobs [N, R]`` of those response tokens and
+    ``rewards [N]``; see the module docstring."""
     import torch
 
     n, p = prompts.shape
     r = responses.shape[1]
-    if responses.shape[0] != n or rewards.shape[0] != n:
+    if responses.shape[0] != n or rewards.shape[0] != n or tuple(logprobs.shape) != (n, r):
         raise ValueError(
-            f"prompts ({n}), responses ({responses.shape[0]}) and rewards "
-            f"({rewards.shape[0]}) must have the same number of samples"
+            f"prompts ({n}), responses {tuple(responses.shape)}, log-probs {tuple(logprobs.shape)} and rewards "
+            f"({rewards.shape[0]}) must have the same number of samples (and response length)"
         )
     tokens = torch.cat([prompts.to(torch.int64), responses.to(torch.int64)], dim=1).contiguous()
     loss_mask = torch.zeros((n, p + r), dtype=torch.float32)
     loss_mask[:, p - 1 : p + r - 1] = 1.0
+    behaviour = torch.zeros((n, p + r), dtype=torch.float32)
+    behaviour[:, p - 1 : p + r - 1] = logprobs.to(torch.float32)
     return {
         "tokens": tokens,
         "loss_mask": loss_mask,
         "advantages": group_advantages(rewards, group_size),
         "rewards": rewards.to(torch.float32).contiguous(),
         "witness_ids": witness_ids(rollout, n),
+        "logprobs": behaviour,
     }
 
 

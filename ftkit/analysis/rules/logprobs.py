@@ -1,0 +1,137 @@
+"""Did the engines sample from the policy the trainer trained? FT114 engine-vs-trainer log-probs.
+
+With ``--loss grpo`` every rank recomputes, at each rollout's first step (its weights are the
+version the engines sampled with), the policy's log-probs of its samples' response tokens and
+logs them against the engines' recorded ones (``logprob_check``). ftkit's megatron engine
+and a TP=1 trainer run the same model with the same kernels on the same float32 logits, so
+their log-probs are bitwise equal: any differing token is an error. With TP > 1 the trainer's
+row-parallel sums round differently from the engine's TP=1 model, so a difference up to
+``TOLERANCE`` is expected and only a larger one is reported (a warning).
+
+The finding names the likely cause from evidence the log already holds: *stale weights*
+(an engine's fingerprint of that version is the previous version's), *wrong weights* (an
+engine's fingerprint is neither what was sent nor the previous version: see FT102), or
+*arithmetic* (every engine holds exactly the weights sent and the trainer scored the recorded
+tokens, yet the log-probs differ); and where in the responses the differing tokens are.
+
+Fail closed: in a run whose config says ``loss: grpo``, a committed first step of a rollout
+whose samples were not all compared is an error (missing evidence). A log without that config
+(another producer, REINFORCE) is not checked: the rule reports it ran on nothing.
+
+Memory: per weights version its sent and loaded fingerprints (two short strings per engine),
+per checked step the set of compared sample ids, and the findings' worst entries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftkit.analysis.records import StepRecord
+from ftkit.analysis.registry import Rule, register
+from ftkit.findings import Severity
+
+#: Largest |engine - trainer| tolerated when the trainer's layout is not the engine's (TP > 1).
+TOLERANCE = 1e-3
+MAX_POSITIONS = 8
+
+
+@register
+class LogprobMismatch(Rule):
+    code = "FT114"
+    name = "logprob-mismatch"
+    description = (
+        "the trainer's recomputed log-probs of a rollout's tokens differ from the engines' recorded ones "
+        f"(any bit at TP=1; more than {TOLERANCE:g} at TP > 1), or a GRPO run's first step of a rollout "
+        "lacks the comparison"
+    )
+    fix = (
+        "the engines did not sample from the policy that was trained: check the named cause "
+        "(stale or wrong engine weights: the weight sync; arithmetic: the engine's and trainer's kernels and dtypes)"
+    )
+    events = ("logprob_check", "weights_sent", "engine_weights", "run_started", "run_resumed")
+
+    def __init__(self, replay: Any) -> None:
+        super().__init__(replay)
+        self.grpo = False
+        self.tp = 1
+        self.step_samples = 0
+        self.steps_per_rollout = 1
+        self.sent: dict[int, str] = {}
+        self.loaded: dict[int, dict[int, str]] = {}
+        self.compared: dict[int, set[int]] = {}  # step -> compared sample ids
+        self.first_steps: dict[int, tuple[int, Any]] = {}  # committed first step -> (rollout, evidence)
+        self.mismatches: list[tuple[dict[str, Any], Any]] = []  # (event, where)
+
+    def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
+        kind = ev["type"]
+        if kind in ("run_started", "run_resumed"):
+            cfg = ev.get("config") or {}
+            self.grpo = cfg.get("loss") == "grpo"
+            self.tp = int(ev.get("tp") or cfg.get("tp") or 1)
+            spr = int(cfg.get("steps_per_rollout") or 1)
+            self.steps_per_rollout = max(1, spr)
+            self.step_samples = int(cfg.get("samples_per_rollout") or 0) // self.steps_per_rollout
+        elif kind == "weights_sent":
+            self.sent[ev["version"]] = ev["total"]
+        elif kind == "engine_weights":
+            self.loaded.setdefault(ev["version"], {})[ev["engine"]] = ev["total"]
+        else:  # logprob_check
+            self.check()
+            self.compared.setdefault(ev["step"], set()).update(ev["witness_ids"])
+            total = ev["total"]
+            if total["differing"] and (self.tp == 1 or total["nonfinite"] or total["max_abs"] > TOLERANCE):
+                self.mismatches.append((ev, self.replay.where(fi, line)))
+
+    def on_step(self, rec: StepRecord) -> None:
+        if self.grpo and rec.committed and rec.step % self.steps_per_rollout == 0:
+            self.first_steps.setdefault(rec.step, (rec.rollout, rec.evidence()))
+
+    def _cause(self, version: int) -> str:
+        sent, loaded = self.sent.get(version), self.loaded.get(version, {})
+        if sent is None:
+            return "unknown: the log holds no weights_sent for that version"
+        stale = sorted(e for e, t in loaded.items() if t != sent and t == self.sent.get(version - 1))
+        wrong = sorted(e for e, t in loaded.items() if t != sent and e not in stale)
+        if stale:
+            return f"stale weights: engine(s) {stale} still hold version {version - 1} (FT102)"
+        if wrong:
+            return f"wrong weights: engine(s) {wrong} hold weights other than those sent (FT102)"
+        return "arithmetic: every engine holds exactly the weights sent and the recorded tokens were scored"
+
+    def finish(self) -> None:
+        for ev, where in self.mismatches:
+            total, positions = ev["total"], ev["positions"]
+            at = [k for k, p in enumerate(positions) if p["differing"]][:MAX_POSITIONS]
+            worst = max(
+                zip(ev["witness_ids"], ev["samples"]), key=lambda s: (s[1]["nonfinite"], s[1]["max_abs"]), default=None
+            )
+            exact = self.tp == 1
+            self.report(
+                f"rollout {ev['rollout']} step {ev['step']} cell {ev['cell']} rank {ev['rank']}: "
+                f"{total['differing']} of {total['tokens']} token log-probs differ from the engines' "
+                f"(max |delta| {total['max_abs']:.3g}, mean {total['mean_abs']:.3g}, k3 {total['k3']:.3g}"
+                + (f", {total['nonfinite']} non-finite" if total["nonfinite"] else "")
+                + f") at response positions {at}; likely cause: {self._cause(ev['version'])}",
+                severity=Severity.error if exact else Severity.warning,
+                rollout=ev["rollout"],
+                step=ev["step"],
+                cell=ev["cell"],
+                rank=ev["rank"],
+                version=ev["version"],
+                positions=at,
+                worst_sample=None if worst is None else worst[0],
+                where=where,
+            )
+        for step, (rollout, evidence) in sorted(self.first_steps.items()):
+            self.check()
+            first = rollout * self.steps_per_rollout * self.step_samples
+            want = set(range(first, first + self.step_samples))
+            missing = sorted(want - self.compared.get(step, set()))
+            if missing:
+                self.report(
+                    f"step {step} (rollout {rollout}) trained {len(missing)} sample(s) whose engine log-probs "
+                    f"were never compared with the trainer's (first: {missing[:5]}): nothing proves they were "
+                    "sampled from the trained policy",
+                    samples=missing[:20],
+                    **evidence,
+                )
