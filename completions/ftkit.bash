@@ -18,6 +18,8 @@ _ftkit() {
         "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model export --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
+                --loss) COMPREPLY=( $(compgen -W "reinforce grpo" -- "$cur") ); return;;
+                --aggregation) COMPREPLY=( $(compgen -W "token sequence" -- "$cur") ); return;;
                 --model) _ftkit_files "$cur"; COMPREPLY+=( $(compgen -W "tiny small" -- "$cur") ); return;;
                 --reduce) COMPREPLY=( $(compgen -W "exact float" -- "$cur") ); return;;
                 --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
@@ -26,9 +28,9 @@ _ftkit() {
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --out|-o|--config|--resume|--merged-log|--junit-xml) _ftkit_files "$cur"; return;;
-                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--micro-shards|--seed|--reward|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
+                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--clip-low|--clip-high|--kl-coef|--micro-shards|--seed|--reward|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
@@ -46,8 +48,8 @@ _ftkit() {
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--exact --rtol --atol --rules --top --html --follow-symlinks --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         analyze-events)
             case "$prev" in
-                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT115" -- "$cur") ); return;;
-                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT115" -- "$cur") ); return;;
+                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
+                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --junit-xml|--html) _ftkit_files "$cur"; return;;
@@ -55,8 +57,8 @@ _ftkit() {
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --html --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         analyze)
             case "$prev" in
-                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT115" -- "$cur") ); return;;
-                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT115" -- "$cur") ); return;;
+                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
+                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --junit-xml|--html) _ftkit_files "$cur"; return;;

@@ -46,6 +46,7 @@ VIOLATIONS = (
     "FT111",
     "FT112",
     "FT113",
+    "FT114",
 )
 _LAYER_TENSORS = (
     "input_layernorm.weight",
@@ -75,6 +76,7 @@ class SyntheticSpec:
     checkpoint_every: int = 4
     seed: int = 0
     run: str = "synthetic"
+    loss: str = "reinforce"  # grpo: ranks log logprob_check at each rollout's first step (FT114)
     violation: str | None = None
 
     @property
@@ -126,6 +128,7 @@ class _Sim:
         self.fault_steps = sorted(self.rng.sample(candidates, min(n_faults, len(candidates))))
         self.violation_step = self._violation_step()
         self.violation_left = spec.violation  # injected once, at violation_step or the next step that allows it
+        self.grpo = spec.loss == "grpo" or v == "FT114"
         self.injected_faults: list[int] = []
         self.healed = 0
         self.driver = self._writer("driver", None, None)
@@ -192,7 +195,14 @@ class _Sim:
         spec, d = self.spec, self.driver
         d.emit(
             "run_started",
-            config={"seed": spec.seed, "synthetic": True, "micro_shards": spec.micro_shards},
+            config={
+                "seed": spec.seed,
+                "synthetic": True,
+                "micro_shards": spec.micro_shards,
+                "loss": "grpo" if self.grpo else spec.loss,
+                "samples_per_rollout": spec.samples_per_rollout,
+                "steps_per_rollout": spec.steps_per_rollout,
+            },
             num_cells=spec.cells,
             tp=spec.tp,
             pp=spec.pp,
@@ -301,6 +311,7 @@ class _Sim:
             and self.violation_step is not None
             and step >= self.violation_step
             and (len(self.alive) > 1 or self.violation_left not in ("FT101", "FT106"))
+            and (self.violation_left != "FT114" or step % spec.steps_per_rollout == 0)  # a first step
         ):
             v, self.violation_left, self.violation_step = self.violation_left, None, step
         shards = _assign(spec.micro_shards, self.alive)
@@ -367,6 +378,8 @@ class _Sim:
                     rank=0,
                     where="decoder.layers.0.mlp.linear_fc1.weight",
                 )
+        if self.grpo and step % spec.steps_per_rollout == 0:
+            self._logprob_checks(rollout, step, attempt, ids, v == "FT114")
         if v == "FT108":
             self._cell_state(self.alive[0], "starting", "alive", "injected")
         loss = float("nan") if v == "FT109" else round(2.5 / (1 + step), 6)
@@ -384,6 +397,40 @@ class _Sim:
                 path="dumps/actor/fwd_bwd/rollout_000000/x.safetensors",
                 tensors=len(fps[0][1]),
                 bytes=1 << 20,
+            )
+
+    def _logprob_checks(self, rollout: int, step: int, attempt: int, ids: list[int], mismatch: bool) -> None:
+        """Rank 0 of each live cell compares its share of the step's samples (GRPO); with
+        ``mismatch`` one token of the first cell's first sample differs."""
+        width = 4  # response positions
+        for j, cell in enumerate(self.alive):
+            mine = ids[j :: len(self.alive)]
+            if not mine:
+                continue
+            bad = mismatch and j == 0
+            same = {"tokens": width, "differing": 0, "nonfinite": 0, "max_abs": 0.0, "mean_abs": 0.0, "k3": 0.0}
+            off = {**same, "differing": 1, "max_abs": 0.5, "mean_abs": 0.125, "k3": 0.01}
+            samples = [off if bad and i == 0 else same for i in range(len(mine))]
+            positions = [{**same, "tokens": len(mine)} for _ in range(width)]
+            if bad:
+                positions[2] = {**off, "tokens": len(mine), "mean_abs": 0.5 / len(mine)}
+            total = {
+                **same,
+                "tokens": width * len(mine),
+                **({"differing": 1, "max_abs": 0.5, "mean_abs": 0.5 / (width * len(mine))} if bad else {}),
+            }
+            self.rank_writers[(cell, 0)].emit(
+                "logprob_check",
+                rollout=rollout,
+                step=step,
+                attempt=attempt,
+                cell=cell,
+                rank=0,
+                version=rollout,
+                witness_ids=mine,
+                samples=samples,
+                positions=positions,
+                total=total,
             )
 
     def _checkpoint(self, step: int, first: int) -> None:
@@ -419,14 +466,16 @@ def _assign(m: int, alive: list[int]) -> dict[int, list[int]]:
 
 def generate(out_dir: str | Path, spec: SyntheticSpec | None = None) -> GeneratedRun:
     """Write a synthetic run's logs to ``out_dir/events/``; ValueError when ``spec.violation``
-    cannot be injected into the layout (one cell for FT101/FT106; no room to heal for FT107)."""
+    cannot be injected into the layout (one cell for FT101/FT106; no room to heal for FT107; no
+    rollout's first step left for FT114)."""
     spec = spec or SyntheticSpec()
     sim = _Sim(Path(out_dir), spec)
     n = sim.run()
-    if (spec.violation == "FT107" and not sim.healed) or (spec.violation in ("FT101", "FT106") and sim.violation_left):
+    unplaced = spec.violation in ("FT101", "FT106", "FT114") and sim.violation_left
+    if (spec.violation == "FT107" and not sim.healed) or unplaced:
         raise ValueError(
             f"cannot inject {spec.violation} into this layout: it needs two live cells "
-            f"(FT107: a fault healed before the last step)"
+            f"(FT107: a fault healed before the last step; FT114: a rollout's first step after the faults)"
         )
     return GeneratedRun(sim.dir, n, sim.injected_faults, sim.violation_step if sim.violation_left is None else None)
 
@@ -454,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     p.add_argument("--run", default=defaults.run)
+    p.add_argument("--loss", choices=("reinforce", "grpo"), default=defaults.loss)
     p.add_argument("--violation", choices=VIOLATIONS, help="inject exactly one violation of this rule")
     args = vars(p.parse_args(argv))
     out = Path(args.pop("out_dir"))

@@ -35,6 +35,7 @@ specs = st.builds(
     heal_after=st.integers(0, 2),
     checkpoint_every=st.integers(1, 5),
     seed=st.integers(0, 10_000),
+    loss=st.sampled_from(["reinforce", "grpo"]),
 )
 
 

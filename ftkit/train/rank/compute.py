@@ -209,14 +209,14 @@ class StepCompute:
         import torch
 
         from ftkit.train.rl.grpo import grpo_loss
-        from ftkit.train.rl.policy import next_token_logprobs
+        from ftkit.train.rl.policy import policy_logprobs
 
         allowed, index = self._policy()
-        logp = next_token_logprobs(self._logits(self.ctx.model, tokens, pos, emb), tokens, allowed, index)
+        logp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, emb), tokens, allowed, index)
         ref = None
         if self.ctx.reference is not None:
             with torch.no_grad():
-                ref = next_token_logprobs(self._logits(self.ctx.reference, tokens, pos, None), tokens, allowed, index)
+                ref = policy_logprobs(self._logits(self.ctx.reference, tokens, pos, None), tokens, allowed, index)
         mask = part["loss_mask"].to(logp.device)
         behaviour = part["logprobs"].to(logp.device)
         loss, _ = grpo_loss(logp, behaviour, part["advantages"], mask, norm, self.cfg.objective.grpo(), ref)

@@ -162,7 +162,7 @@ class InferenceEngine:
     def _generate_chunk(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool) -> tuple[Any, Any]:
         import torch
 
-        from ftkit.train.rl.policy import response_logprobs
+        from ftkit.train.rl.policy import sampled_logprobs
 
         k, p = prompts.shape
         r, s = self.task.response_len, self.task.seq_len
@@ -196,7 +196,7 @@ class InferenceEngine:
                     cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
                     pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
                     tokens[:k, p + j] = allowed[pick.squeeze(1)]
-                logprobs[:, j] = response_logprobs(at, allowed).gather(-1, pick).squeeze(-1)
+                logprobs[:, j] = sampled_logprobs(at, allowed, pick.squeeze(1))
                 if uniforms is None:
                     logprobs[:, j] = torch.where(finite, logprobs[:, j], torch.nan)
         return tokens[:k, p:], logprobs

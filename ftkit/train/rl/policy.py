@@ -2,10 +2,11 @@
 
 The policy of ``ftkit train`` is the model's distribution restricted to the task's response
 tokens (``AdditionTask.response_tokens``): engines sample from it, so its log-prob of a token
-is ``log_softmax`` of the float32 logits *over those tokens*, at the token. Both sides call
-``response_logprobs`` on the same float32 logits, so where the logits are bitwise equal (the
-megatron engine and a TP=1 trainer: same model, row-independent kernels) the log-probs are
-too, and any difference is evidence (``ftkit.train.rl.logprob_check``).
+is ``ftkit.train.rl.grpo.token_logprobs`` (``log_softmax`` of the float32 logits) applied to
+the logits *of those tokens*, at the token's position among them. The engines and the trainer
+both go through here on the same float32 logits, so where the logits are bitwise equal (the
+megatron engine and a TP=1 trainer: the same model, row-independent kernels) the log-probs
+are too, and any difference is evidence (``logprob_check``, rule FT114).
 """
 
 from __future__ import annotations
@@ -13,13 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ftkit.train.rl.grpo import next_token_logprobs, token_logprobs
+
 if TYPE_CHECKING:
     from torch import Tensor
-
-
-def response_logprobs(logits: Tensor, allowed: Tensor) -> Any:
-    """float32 ``[..., A]``: ``log_softmax`` of ``float32(logits[..., allowed])``."""
-    return logits[..., allowed].float().log_softmax(dim=-1)
 
 
 def allowed_index(allowed: Sequence[int], vocab_size: int) -> Any:
@@ -32,13 +30,13 @@ def allowed_index(allowed: Sequence[int], vocab_size: int) -> Any:
     return index
 
 
-def next_token_logprobs(logits: Tensor, tokens: Tensor, allowed: Tensor, index: Tensor) -> Any:
-    """float32 ``[b, s]``: position ``t`` holds the policy's log-prob of ``tokens[:, t+1]``
-    from ``logits[:, t]`` (``[b, s, V]``); the last position, with no next token, holds the
-    log-prob of the first allowed token (masked: never learned)."""
-    import torch
+def sampled_logprobs(logits: Tensor, allowed: Tensor, picks: Tensor) -> Any:
+    """float32 ``[k]``: an engine's log-prob of the tokens it picked (``picks``: positions in
+    ``allowed``, ``[k]``) from the logits ``[k, V]`` it sampled them from."""
+    return token_logprobs(logits[:, allowed], picks)
 
-    targets = torch.zeros_like(tokens)
-    targets[:, :-1] = tokens[:, 1:]
-    picks = index.to(tokens.device)[targets]
-    return response_logprobs(logits, allowed.to(logits.device)).gather(-1, picks.unsqueeze(-1)).squeeze(-1)
+
+def policy_logprobs(logits: Tensor, tokens: Tensor, allowed: Tensor, index: Tensor) -> Any:
+    """float32 ``[b, s]``: position ``t`` holds the policy's log-prob of ``tokens[:, t+1]``
+    from ``logits[:, t]`` (``[b, s, V]``); the last position is 0."""
+    return next_token_logprobs(logits[..., allowed.to(logits.device)], index.to(tokens.device)[tokens])
