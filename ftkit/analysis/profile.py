@@ -29,7 +29,7 @@ COVERS: dict[str, tuple[str, ...]] = {
     "witness_counts": ("FT103", "FT104", "FT105"),
     "metric": ("FT109",),
     "checkpoint": ("FT110",),
-    "weights": ("FT102",),
+    "weights": ("FT102", "FT114"),  # FT114: ftkit train's canaries / log-prob checks; no API kind yet
 }
 #: Kinds FT112 checks through ``Promises`` (the others have their own records in the replay).
 TRACKED = ("metric", "dump_written", "checkpoint")

@@ -362,6 +362,21 @@ class LogprobCheck(Envelope):
     total: LogprobMismatch = Field(description="over all compared tokens")
 
 
+class CanaryLogprobs(Envelope):
+    """The fixed canary set scored under a weights version (``ftkit.train.rl.canary``): by an
+    engine right after it loaded the version, or by a cell's trainer at the first step of the
+    rollout that version generated."""
+
+    type: Literal["canary_logprobs"]
+    rollout: int = Field(description="rollout index (the rollout the version generates)")
+    version: int = Field(description="weights version scored")
+    engine: int | None = Field(default=None, description="the engine (engines' events)")
+    cell: int | None = Field(default=None, description="the cell (trainers' events)")
+    rank: int | None = Field(default=None, description="rank inside the cell (trainers' events)")
+    rows: int = Field(ge=1, description="canary sequences scored")
+    logprobs: list[float] = Field(description="the policy's log-probs of their response tokens, row-major")
+
+
 #: Evidence kinds a producer may promise in ``evidence_profile`` (kind -> the rules it covers is
 #: ``ftkit.analysis.profile.COVERS``). ``step_outcome`` is not a kind: every producer logs it.
 EVIDENCE_KINDS = ("state_fingerprint", "witness_counts", "metric", "dump_written", "checkpoint", "weights")
@@ -408,6 +423,7 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
     EngineFailed,
     EvidenceProfileEvent,
     LogprobCheck,
+    CanaryLogprobs,
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007

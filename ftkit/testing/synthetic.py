@@ -249,6 +249,8 @@ class _Sim:
                 loaded[first] = _hex("stale", first)
                 got = combine(loaded)
             w.emit("engine_weights", rollout=rollout, version=rollout, engine=e, total=got, params=loaded)
+            if self.spec.pp == 1:  # ftkit train scores the canary set at pp=1 only
+                w.emit("canary_logprobs", rollout=rollout, version=rollout, engine=e, **_canary(rollout))
 
     def _heal_due(self, step: int) -> None:
         for cell, at in sorted(self.dead.items()):
@@ -378,6 +380,11 @@ class _Sim:
                     rank=0,
                     where="decoder.layers.0.mlp.linear_fc1.weight",
                 )
+        if step % spec.steps_per_rollout == 0 and spec.pp == 1:
+            for cell in self.alive:
+                self.rank_writers[(cell, 0)].emit(
+                    "canary_logprobs", rollout=rollout, version=rollout, cell=cell, rank=0, **_canary(rollout)
+                )
         if self.grpo and step % spec.steps_per_rollout == 0:
             self._logprob_checks(rollout, step, attempt, ids, v == "FT114")
         if v == "FT108":
@@ -444,6 +451,11 @@ class _Sim:
             guard_from_step=first,
             guard_to_step=step,
         )
+
+
+def _canary(version: int) -> dict[str, Any]:
+    """The canary scores of a weights version (the same for every engine and cell)."""
+    return {"rows": 2, "logprobs": [-0.015625 * (version + 1) * (i + 1) for i in range(8)]}
 
 
 def _die(writer: EventWriter) -> None:

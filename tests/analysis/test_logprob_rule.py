@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ def _edit(events: Path, match: Callable[[dict[str, Any]], bool], edit: Edit) -> 
 
 
 def _run(tmp_path: Path, **spec: Any) -> Path:
-    generate(tmp_path, SyntheticSpec(loss="grpo", faults=0, **spec))
+    generate(tmp_path, SyntheticSpec(**{"loss": "grpo", "faults": 0, **spec}))
     return tmp_path / "events"
 
 
@@ -59,9 +60,11 @@ def test_a_clean_grpo_log_is_checked_and_passes(tmp_path):
     assert not found and not codes and summary.checked > 0
 
 
-def test_a_reinforce_log_is_not_checked(tmp_path):
-    generate(tmp_path, SyntheticSpec(faults=0))
-    found, summary, _ = _ft114(tmp_path / "events")
+def test_a_reinforce_log_is_checked_by_its_canaries_and_another_producers_log_not_at_all(tmp_path):
+    found, summary, _ = _ft114(_run(tmp_path / "reinforce", loss="reinforce"))
+    assert not found and summary.checked > 0
+    generate(tmp_path / "pp2", SyntheticSpec(faults=0, pp=2))  # no canaries at pp=2, no GRPO
+    found, summary, _ = _ft114(tmp_path / "pp2" / "events")
     assert not found and summary.checked == 0  # reported as not run, never as passed
 
 
@@ -110,3 +113,27 @@ def test_samples_never_compared_fail_closed(tmp_path):
     assert _edit(events, _first_check, drop_one) == 1
     found, _, codes = _ft114(events)
     assert codes == {"FT114"} and len(found) == 1 and "never compared" in found[0].message
+
+
+def test_an_engine_canary_off_by_one_bit_is_an_error_and_a_missing_one_fails_closed(tmp_path):
+    events = _run(tmp_path / "off", loss="reinforce")
+
+    def nudge(ev: dict[str, Any]) -> None:
+        ev["logprobs"][3] = math.nextafter(ev["logprobs"][3], 0.0)
+
+    engine1 = lambda ev: ev["type"] == "canary_logprobs" and ev.get("engine") == 1 and ev["version"] == 1  # noqa: E731
+    assert _edit(events, engine1, nudge)
+    found, _, codes = _ft114(events)
+    assert codes == {"FT114"} and len(found) == 1
+    assert found[0].message.startswith("canary log-probs of version 1: engine 1 differs")
+    assert "on 1 of 8 tokens" in found[0].message
+
+    events = _run(tmp_path / "missing", loss="reinforce")
+
+    def rename(ev: dict[str, Any]) -> None:  # the trainers' canaries of version 2 become another's
+        ev["version"] = 99
+
+    trainer2 = lambda ev: ev["type"] == "canary_logprobs" and ev.get("cell") is not None and ev["version"] == 2  # noqa: E731
+    assert _edit(events, trainer2, rename)
+    found, _, codes = _ft114(events)
+    assert codes == {"FT114"} and any("without a trainer's canary scores" in f.message for f in found)

@@ -62,7 +62,7 @@ def test_a_run_that_keeps_every_promise_passes_and_says_what_it_does_not_cover(t
         "metric": 1,
         "checkpoint": 2,
     }
-    assert result.stats["not_covered"] == ["FT102"]  # no weight syncs promised
+    assert result.stats["not_covered"] == ["FT102", "FT114"]  # no weight syncs promised
 
 
 @pytest.mark.parametrize("kind", ["state_fingerprint", "witness_counts", "metric", "checkpoint"])
@@ -94,7 +94,7 @@ def test_promising_less_cannot_make_a_log_pass_silently(tmp_path):
     _train(EvidenceRun(tmp_path, nothing))
     result = analyze_paths([tmp_path / "events"])
     assert result.verdict() == "pass"  # nothing promised is missing ...
-    expected = ["FT101", "FT102", "FT103", "FT104", "FT105", "FT107", "FT109", "FT110"]
+    expected = ["FT101", "FT102", "FT103", "FT104", "FT105", "FT107", "FT109", "FT110", "FT114"]
     assert result.stats["not_covered"] == expected
     doc = json.loads(json.dumps(json_document(result, result.verdict())))
     assert [r["code"] for r in doc["rules"] if r["not_covered"]] == expected

@@ -34,7 +34,7 @@ def test_one_callback_gives_a_run_that_analyzes_and_verifies(tmp_path, capsys):
     assert done.returncode == 0, done.stderr[-3000:]
     doc = analyze(tmp_path, capsys)
     assert doc["verdict"] == "pass" and doc["findings"] == [], doc["findings"]
-    assert doc["stats"]["steps_committed"] == 4 and doc["stats"]["not_covered"] == ["FT102"]
+    assert doc["stats"]["steps_committed"] == 4 and doc["stats"]["not_covered"] == ["FT102", "FT114"]
     assert doc["stats"]["evidence_profile"] == {
         "state_fingerprint": 1,
         "witness_counts": 1,

@@ -1,7 +1,8 @@
 """``ftkit train --loss grpo`` end to end on the embedded model (issue 22 items 3-5): the
 megatron engine's recorded log-probs equal the trainer's bit for bit (FT114 checks them), the
 GRPO run is membership invariant (1 cell == 2 cells bitwise, with the KL term and sequence
-aggregation), and an engine that silently keeps its old weights is caught and attributed."""
+aggregation), and an engine that silently keeps its old weights is caught and attributed, by
+the rollout's own log-probs and by the canary set."""
 
 from __future__ import annotations
 
@@ -53,6 +54,12 @@ def test_engine_logprobs_equal_the_trainers_bit_for_bit(runs: dict[str, Path]) -
         assert {c["step"] for c in checks} == {0, 2}  # each rollout's first step
         assert sum(c["total"]["tokens"] for c in checks) == 2 * 16 * 8  # every sample of those steps
         assert all(c["total"]["differing"] == 0 and c["total"]["max_abs"] == 0.0 for c in checks)
+        canaries = _events(run, "canary_logprobs")
+        by_version: dict[int, list[list[float]]] = {}
+        for c in canaries:
+            by_version.setdefault(c["version"], []).append(c["logprobs"])
+        assert set(by_version) == {0, 1, 2}  # engines: every sync; trainers: versions 0 and 1
+        assert all(len({tuple(v) for v in scores}) == 1 for scores in by_version.values())  # bitwise equal
         batch = load(rollout_path(run, 1))
         lp, mask = batch["logprobs"], batch["loss_mask"]
         assert bool((lp[mask == 1] < 0).all()) and bool((lp[mask == 0] == 0).all())  # recorded, in place
@@ -79,4 +86,7 @@ def test_stale_engine_weights_are_caught_and_attributed(tmp_path: Path) -> None:
     ft114 = [f for f in report["findings"] if f["code"] == "FT114"]
     assert {f["code"] for f in report["findings"]} >= {"FT102", "FT114"}
     assert ft114 and all(f["evidence"]["rollout"] == 1 for f in ft114)
-    assert "stale weights: engine(s) [0] still hold version 0" in ft114[0]["message"]
+    stale = "likely cause: stale weights: engine(s) [0] still hold version 0"
+    assert all(stale in f["message"] for f in ft114)
+    assert any(f["message"].startswith("canary log-probs of version 1: engine 0") for f in ft114)
+    assert any("token log-probs differ" in f["message"] for f in ft114)

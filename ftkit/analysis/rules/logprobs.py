@@ -14,9 +14,17 @@ engine's fingerprint is neither what was sent nor the previous version: see FT10
 *arithmetic* (every engine holds exactly the weights sent and the trainer scored the recorded
 tokens, yet the log-probs differ); and where in the responses the differing tokens are.
 
+Canaries (every ``ftkit train`` run at ``pp=1``, REINFORCE too): each engine scores a fixed
+canary set after it loads a version and each cell's trainer scores it at the first step of the
+rollout that version generated (``canary_logprobs``); per version every engine's scores must
+equal the trainer's, under the same tolerance, with the same causes named. A stale engine is
+caught even when the rollout's own batch would not show it.
+
 Fail closed: in a run whose config says ``loss: grpo``, a committed first step of a rollout
-whose samples were not all compared is an error (missing evidence). A log without that config
-(another producer, REINFORCE) is not checked: the rule reports it ran on nothing.
+whose samples were not all compared is an error (missing evidence); in an ``ftkit train`` run
+at ``pp=1`` (its config has ``loss``) with engines, a committed first step of a rollout without
+a trainer's and an engine's canary scores of its version is one too. A log without that
+config (another producer) is not checked: the rule reports it ran on nothing.
 
 Memory: per weights version its sent and loaded fingerprints (two short strings per engine),
 per checked step the set of compared sample ids, and the findings' worst entries.
@@ -24,6 +32,7 @@ per checked step the set of compared sample ids, and the findings' worst entries
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ftkit.analysis.records import StepRecord
@@ -35,24 +44,31 @@ TOLERANCE = 1e-3
 MAX_POSITIONS = 8
 
 
+def _delta(a: Any, b: Any) -> float:
+    """``|a - b|`` of two logged log-probs; infinite where either is not a finite number."""
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (a, b))
+    return abs(a - b) if ok else math.inf
+
+
 @register
 class LogprobMismatch(Rule):
     code = "FT114"
     name = "logprob-mismatch"
     description = (
-        "the trainer's recomputed log-probs of a rollout's tokens differ from the engines' recorded ones "
-        f"(any bit at TP=1; more than {TOLERANCE:g} at TP > 1), or a GRPO run's first step of a rollout "
-        "lacks the comparison"
+        "the trainer's recomputed log-probs of a rollout's tokens, or of the canary set, differ from the "
+        f"engines' (any bit at TP=1; more than {TOLERANCE:g} at TP > 1), or a rollout's first step lacks "
+        "the comparison"
     )
     fix = (
         "the engines did not sample from the policy that was trained: check the named cause "
         "(stale or wrong engine weights: the weight sync; arithmetic: the engine's and trainer's kernels and dtypes)"
     )
-    events = ("logprob_check", "weights_sent", "engine_weights", "run_started", "run_resumed")
+    events = ("logprob_check", "canary_logprobs", "weights_sent", "engine_weights", "run_started", "run_resumed")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.grpo = False
+        self.canaries = False  # an ftkit train log at pp=1 with engines: canary scores are due
         self.tp = 1
         self.step_samples = 0
         self.steps_per_rollout = 1
@@ -61,6 +77,9 @@ class LogprobMismatch(Rule):
         self.compared: dict[int, set[int]] = {}  # step -> compared sample ids
         self.first_steps: dict[int, tuple[int, Any]] = {}  # committed first step -> (rollout, evidence)
         self.mismatches: list[tuple[dict[str, Any], Any]] = []  # (event, where)
+        # version -> the first trainer's canary scores (cell, values, where); per engine its scores
+        self.trainer_canary: dict[int, tuple[int, list[float], Any]] = {}
+        self.engine_canary: dict[int, dict[int, tuple[list[float], Any]]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
         kind = ev["type"]
@@ -68,6 +87,8 @@ class LogprobMismatch(Rule):
             cfg = ev.get("config") or {}
             self.grpo = cfg.get("loss") == "grpo"
             self.tp = int(ev.get("tp") or cfg.get("tp") or 1)
+            pp = int(ev.get("pp") or cfg.get("pp") or 1)
+            self.canaries = "loss" in cfg and pp == 1 and bool(ev.get("num_engines"))
             spr = int(cfg.get("steps_per_rollout") or 1)
             self.steps_per_rollout = max(1, spr)
             self.step_samples = int(cfg.get("samples_per_rollout") or 0) // self.steps_per_rollout
@@ -75,6 +96,13 @@ class LogprobMismatch(Rule):
             self.sent[ev["version"]] = ev["total"]
         elif kind == "engine_weights":
             self.loaded.setdefault(ev["version"], {})[ev["engine"]] = ev["total"]
+        elif kind == "canary_logprobs":
+            self.check()
+            where = self.replay.where(fi, line)
+            if ev.get("engine") is not None:
+                self.engine_canary.setdefault(ev["version"], {}).setdefault(ev["engine"], (ev["logprobs"], where))
+            else:
+                self.trainer_canary.setdefault(ev["version"], (ev.get("cell"), ev["logprobs"], where))
         else:  # logprob_check
             self.check()
             self.compared.setdefault(ev["step"], set()).update(ev["witness_ids"])
@@ -83,8 +111,37 @@ class LogprobMismatch(Rule):
                 self.mismatches.append((ev, self.replay.where(fi, line)))
 
     def on_step(self, rec: StepRecord) -> None:
-        if self.grpo and rec.committed and rec.step % self.steps_per_rollout == 0:
+        if (self.grpo or self.canaries) and rec.committed and rec.step % self.steps_per_rollout == 0:
             self.first_steps.setdefault(rec.step, (rec.rollout, rec.evidence()))
+
+    def _compare_canaries(self) -> None:
+        """Every engine's canary scores of a version against the trainer's (first cell logged)."""
+        for version, (cell, want, _) in sorted(self.trainer_canary.items()):
+            for engine, (got, where) in sorted(self.engine_canary.get(version, {}).items()):
+                if len(got) != len(want):
+                    self.report(
+                        f"engine {engine} scored {len(got)} canary tokens of version {version}, "
+                        f"cell {cell}'s trainer {len(want)}",
+                        engine=engine,
+                        version=version,
+                        where=where,
+                    )
+                    continue
+                deltas = [_delta(a, b) for a, b in zip(got, want)]
+                differing = sum(1 for a, b in zip(got, want) if a != b)
+                worst = max(deltas, default=0.0)
+                if not differing or (self.tp > 1 and worst <= TOLERANCE):
+                    continue
+                self.report(
+                    f"canary log-probs of version {version}: engine {engine} differs from cell {cell}'s trainer on "
+                    f"{differing} of {len(got)} tokens (max |delta| {worst:.3g}); likely cause: {self._cause(version)}",
+                    severity=Severity.error if self.tp == 1 else Severity.warning,
+                    engine=engine,
+                    cell=cell,
+                    version=version,
+                    rollout=version,
+                    where=where,
+                )
 
     def _cause(self, version: int) -> str:
         sent, loaded = self.sent.get(version), self.loaded.get(version, {})
@@ -122,8 +179,18 @@ class LogprobMismatch(Rule):
                 worst_sample=None if worst is None else worst[0],
                 where=where,
             )
+        self._compare_canaries()
         for step, (rollout, evidence) in sorted(self.first_steps.items()):
             self.check()
+            if self.canaries and (rollout not in self.trainer_canary or rollout not in self.engine_canary):
+                side = "a trainer's" if rollout not in self.trainer_canary else "an engine's"
+                self.report(
+                    f"step {step} (rollout {rollout}) trained on version {rollout} without {side} canary scores "
+                    "of it: nothing proves the engines held the weights the trainer had",
+                    **evidence,
+                )
+            if not self.grpo:
+                continue
             first = rollout * self.steps_per_rollout * self.step_samples
             want = set(range(first, first + self.step_samples))
             missing = sorted(want - self.compared.get(step, set()))

@@ -93,7 +93,10 @@ class StepCompute:
         grpo = cfg.objective.loss == "grpo"
         norm = loss_norm(data["loss_mask"], cfg.objective.aggregation) if grpo else step_tokens(data["loss_mask"])
         # at a rollout's first step the trainer's weights are the ones the engines sampled with
-        self._checks = [] if grpo and task.step % cfg.batch.steps_per_rollout == 0 else None
+        first = task.step % cfg.batch.steps_per_rollout == 0
+        self._checks = [] if grpo and first else None
+        if first and cfg.layout.pp == 1:  # every attempt: a killed first attempt may have logged nothing
+            self._score_canaries(task)
         if self.ctx.witness is not None:
             data["witness_rows"] = self.ctx.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
@@ -244,6 +247,32 @@ class StepCompute:
             vocab = self.ctx.model.vocab_size
             self._policy_tokens = (torch.tensor(allowed, dtype=torch.int64), allowed_index(allowed, vocab))
         return self._policy_tokens
+
+    def _score_canaries(self, task: StepTask) -> None:
+        """``canary_logprobs`` of this cell at a rollout's first step: the canary set scored
+        under the weights the engines generated the rollout with (``ftkit.train.rl.canary``).
+        Collective over the TP group (the logits are gathered), so every TP rank calls it."""
+        import torch
+
+        from ftkit.train.rl.canary import canary_fields, canary_tokens
+        from ftkit.train.rl.engines import GEN_CHUNK
+        from ftkit.train.rl.policy import policy_logprobs
+
+        allowed, index = self._policy()
+        tokens, mask = canary_tokens(self.cfg.addition_task(), self.cfg.rng.seed, GEN_CHUNK)
+        tokens = tokens.to(self.ctx.device)
+        pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
+        with torch.no_grad():
+            lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, None), tokens, allowed, index)
+        if self.ctx.tp_rank == 0:
+            self.ctx.events.emit(
+                "canary_logprobs",
+                rollout=task.rollout,
+                version=task.rollout,
+                cell=self.ctx.cell,
+                rank=self.ctx.rank,
+                **canary_fields(lp, mask),
+            )
 
     def _emit_check(self, task: StepTask) -> None:
         """``logprob_check``: this rank's recomputed log-probs of its micro-shards' samples vs

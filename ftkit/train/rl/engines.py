@@ -12,7 +12,8 @@ Contract:
   the fingerprint total, which must equal the driver's ``weights_sent`` fingerprint. The
   ``during_weight_sync`` fault point comes before the copy (``stale-weights``: the copy is
   skipped, the engine silently keeps its previous weights; ``corrupt-engine``: one bit of the
-  loaded weights is flipped after the copy): FT102 reports both, FT114 the log-probs.
+  loaded weights is flipped after the copy): FT102 reports both, FT114 the log-probs. Then it
+  scores the canary set (``ftkit.train.rl.canary``) and logs ``canary_logprobs``.
 * ``generate(prompts, rollout, first_index)`` samples ``response_len`` tokens per prompt and
   returns them with the policy's float32 log-prob of each (``ftkit.train.rl.policy``).
   Sample ``i`` (its global index in the rollout, ``first_index + row``) draws from the stream
@@ -135,8 +136,27 @@ class InferenceEngine:
         self.events.emit(
             "engine_weights", rollout=rollout, version=version, engine=self.engine, total=total, params=per_tensor
         )
+        self._score_canaries(version, rollout)
         self.events.sync()
         return total
+
+    def _score_canaries(self, version: int, rollout: int) -> None:
+        """Log ``canary_logprobs``: the policy's log-probs of the canary set under the weights
+        just loaded (``ftkit.train.rl.canary``)."""
+        import torch
+
+        from ftkit.train.rl.canary import canary_fields, canary_tokens
+        from ftkit.train.rl.policy import allowed_index, policy_logprobs
+
+        tokens, mask = canary_tokens(self.task, self.cfg.rng.seed, GEN_CHUNK)
+        allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
+        positions = torch.arange(tokens.shape[1], dtype=torch.int64).unsqueeze(0).expand_as(tokens)
+        with torch.no_grad():
+            logits = self.model(tokens.to(self.device), positions.to(self.device), None).to("cpu")
+        lp = policy_logprobs(logits, tokens, allowed, allowed_index(self.task.response_tokens, logits.shape[-1]))
+        self.events.emit(
+            "canary_logprobs", rollout=rollout, version=version, engine=self.engine, **canary_fields(lp, mask)
+        )
 
     def generate(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool = False) -> tuple[Any, Any]:
         """``(responses, logprobs)``: int64 ``[n, response_len]``, one sampled response per row
