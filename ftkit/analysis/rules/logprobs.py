@@ -78,7 +78,7 @@ class LogprobMismatch(Rule):
         self.first_steps: dict[int, tuple[int, Any]] = {}  # committed first step -> (rollout, evidence)
         self.mismatches: list[tuple[dict[str, Any], Any]] = []  # (event, where)
         # version -> the first trainer's canary scores (cell, values, where); per engine its scores
-        self.trainer_canary: dict[int, tuple[int, list[float], Any]] = {}
+        self.trainer_canary: dict[int, tuple[int | None, list[float], Any]] = {}
         self.engine_canary: dict[int, dict[int, tuple[list[float], Any]]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
