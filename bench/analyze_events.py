@@ -1,8 +1,11 @@
 """Speed and memory benchmark of ``ftkit analyze-events`` (issues 2, 10 and 13).
 
-For each requested size it writes a realistic synthetic run log (``ftkit.testing.synthetic``:
-cells x tp x pp rank files, faults with reconfigure and heal, fingerprints of ``--tensors``
-tensors split over the pipeline stages; ``--tensors 4`` gives many small events), merges it into
+For each requested size it writes a realistic synthetic run log (``--generator synthetic``, the
+default: ``ftkit.testing.synthetic``, through ftkit's own writer; ``--generator independent``:
+``bench/independent_events.py``, ``json.dumps`` lines in another key order and spacing, so the
+bench also measures inputs ftkit did not write) of cells x tp x pp rank files, faults with
+reconfigure and heal, fingerprints of ``--tensors`` tensors split over the pipeline stages
+(``--tensors 4`` gives many small events), merges it into
 one file with ``write_merged_log`` (what ``ftkit train --merged-log`` writes) and measures, in
 the same run, interleaved:
 
@@ -23,6 +26,7 @@ and CPU time (the best of ``--repeat``, as other processes share the machine), a
     python bench/analyze_events.py                       # 1M and 10M events (needs ~60 GB of disk)
     python bench/analyze_events.py --events 200000       # smaller
     python bench/analyze_events.py --events 1000000 --shuffled
+    python bench/analyze_events.py --generator independent --events 150000 --tensors 4 --shuffled
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ import orjson
 from ftkit.events.merge import write_merged_log
 from ftkit.testing.synthetic import SyntheticSpec, generate
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import independent_events  # noqa: E402 - the bench's own generator, next to this file
+
 
 def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:
     ranks = args.tp * args.pp
@@ -63,6 +70,16 @@ def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:
         seed=args.seed,
         run="bench",
     )
+
+
+def write_log(root: Path, target: int, args: argparse.Namespace) -> None:
+    """The run log of about ``target`` events under ``root/events`` (see ``--generator``)."""
+    if args.generator == "synthetic":
+        generate(root, spec_for(target, args))
+        return
+    flags = ["--events", str(target), "--cells", str(args.cells), "--tp", str(args.tp), "--pp", str(args.pp)]
+    flags += ["--engines", str(args.engines), "--tensors", str(args.tensors), "--steps", str(args.steps_per_rollout)]
+    independent_events.main([str(root), *flags, "--seed", str(args.seed)])
 
 
 def plain_loop(files: list[Path]) -> tuple[float, float, int]:
@@ -140,6 +157,12 @@ def main() -> int:
     p.add_argument("--tensors", type=int, default=100)
     p.add_argument("--steps-per-rollout", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--generator",
+        choices=("synthetic", "independent"),
+        default="synthetic",
+        help="synthetic: ftkit.testing.synthetic (ftkit's writer); independent: bench/independent_events.py",
+    )
     p.add_argument("--dir", type=Path, default=None, help="where to write the logs (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the generated logs")
     p.add_argument("--repeat", type=int, default=2, help="measurements per size; the best of each is kept")
@@ -153,7 +176,7 @@ def main() -> int:
             t0 = time.perf_counter()
             events_dir = root / "events"
             if args.existing is None:
-                generate(root, spec_for(target, args))
+                write_log(root, target, args)
             merged = root / "merged.jsonl"
             if not merged.exists():
                 write_merged_log(events_dir, merged)
