@@ -94,6 +94,33 @@ def plain_loop(files: list[Path]) -> tuple[float, float, int]:
     return time.perf_counter() - t0, time.process_time() - c0, n
 
 
+def _decode_check(path: Path) -> int:
+    """orjson and the analyzer's compiled check over one file (the part of the work a worker
+    process could take per stream); the number of lines that pass."""
+    from ftkit.events.validate import is_valid
+
+    ok = 0
+    with open(path, "rb") as f:
+        for line in f:
+            ok += is_valid(orjson.loads(line))
+    return ok
+
+
+def scaling(files: list[Path], workers: tuple[int, ...] = (1, 2, 4)) -> dict[int, float]:
+    """Wall seconds of decoding and checking ``files`` in ``n`` worker processes (a pool started
+    per measurement, fork, one file per task), for each ``n``: how the per-stream part scales."""
+    import multiprocessing
+
+    out = {}
+    ctx = multiprocessing.get_context("fork")
+    for n in workers:
+        t0 = time.perf_counter()
+        with ctx.Pool(n) as pool:
+            pool.map(_decode_check, files, chunksize=1)
+        out[n] = time.perf_counter() - t0
+    return out
+
+
 def floor_loop(files: list[Path]) -> tuple[float, float]:
     """Wall and CPU seconds of the same loop with ``orjson.loads`` (decoding alone)."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -167,6 +194,11 @@ def main() -> int:
     p.add_argument("--keep", action="store_true", help="keep the generated logs")
     p.add_argument("--repeat", type=int, default=2, help="measurements per size; the best of each is kept")
     p.add_argument("--shuffled", action="store_true", help="also measure the merged lines in random order")
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also time decoding + checking the files in 1, 2 and 4 worker processes (the per-stream part)",
+    )
     p.add_argument("--existing", type=Path, default=None, help="measure a log kept by --keep (DIR/events) again")
     args = p.parse_args()
     rows = []
@@ -212,6 +244,15 @@ def main() -> int:
                 print(
                     f"[{target}] plain {wall['plain'][-1]:.1f}s, "
                     + ", ".join(f"{k} {wall[k][-1]:.1f}s (RSS {rss[k] / 2**20:.0f} MiB)" for k in inputs),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if args.scaling:
+                walls = scaling(files)
+                print(
+                    f"[{target}] decode + check in worker processes (wall, per-stream part only; the replay is "
+                    "serial): "
+                    + ", ".join(f"{n}: {w:.2f}s ({walls[1] / w / n:.0%} efficiency)" for n, w in walls.items()),
                     file=sys.stderr,
                     flush=True,
                 )
