@@ -1,8 +1,11 @@
 """Speed and memory benchmark of ``ftkit analyze-events`` (issues 2, 10 and 13).
 
-For each requested size it writes a realistic synthetic run log (``ftkit.testing.synthetic``:
-cells x tp x pp rank files, faults with reconfigure and heal, fingerprints of ``--tensors``
-tensors split over the pipeline stages; ``--tensors 4`` gives many small events), merges it into
+For each requested size it writes a realistic synthetic run log (``--generator synthetic``, the
+default: ``ftkit.testing.synthetic``, through ftkit's own writer; ``--generator independent``:
+``bench/independent_events.py``, ``json.dumps`` lines in another key order and spacing, so the
+bench also measures inputs ftkit did not write) of cells x tp x pp rank files, faults with
+reconfigure and heal, fingerprints of ``--tensors`` tensors split over the pipeline stages
+(``--tensors 4`` gives many small events), merges it into
 one file with ``write_merged_log`` (what ``ftkit train --merged-log`` writes) and measures, in
 the same run, interleaved:
 
@@ -23,6 +26,7 @@ and CPU time (the best of ``--repeat``, as other processes share the machine), a
     python bench/analyze_events.py                       # 1M and 10M events (needs ~60 GB of disk)
     python bench/analyze_events.py --events 200000       # smaller
     python bench/analyze_events.py --events 1000000 --shuffled
+    python bench/analyze_events.py --generator independent --events 150000 --tensors 4 --shuffled
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ import orjson
 
 from ftkit.events.merge import write_merged_log
 from ftkit.testing.synthetic import SyntheticSpec, generate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import independent_events  # noqa: E402 - the bench's own generator, next to this file
 
 
 def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:
@@ -65,6 +72,16 @@ def spec_for(events: int, args: argparse.Namespace) -> SyntheticSpec:
     )
 
 
+def write_log(root: Path, target: int, args: argparse.Namespace) -> None:
+    """The run log of about ``target`` events under ``root/events`` (see ``--generator``)."""
+    if args.generator == "synthetic":
+        generate(root, spec_for(target, args))
+        return
+    flags = ["--events", str(target), "--cells", str(args.cells), "--tp", str(args.tp), "--pp", str(args.pp)]
+    flags += ["--engines", str(args.engines), "--tensors", str(args.tensors), "--steps", str(args.steps_per_rollout)]
+    independent_events.main([str(root), *flags, "--seed", str(args.seed)])
+
+
 def plain_loop(files: list[Path]) -> tuple[float, float, int]:
     """Wall and CPU seconds of a plain json.loads loop over ``files``, and the line count."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -75,6 +92,33 @@ def plain_loop(files: list[Path]) -> tuple[float, float, int]:
                 json.loads(line)
                 n += 1
     return time.perf_counter() - t0, time.process_time() - c0, n
+
+
+def _decode_check(path: Path) -> int:
+    """orjson and the analyzer's compiled check over one file (the part of the work a worker
+    process could take per stream); the number of lines that pass."""
+    from ftkit.events.validate import is_valid
+
+    ok = 0
+    with open(path, "rb") as f:
+        for line in f:
+            ok += is_valid(orjson.loads(line))
+    return ok
+
+
+def scaling(files: list[Path], workers: tuple[int, ...] = (1, 2, 4)) -> dict[int, float]:
+    """Wall seconds of decoding and checking ``files`` in ``n`` worker processes (a pool started
+    per measurement, fork, one file per task), for each ``n``: how the per-stream part scales."""
+    import multiprocessing
+
+    out = {}
+    ctx = multiprocessing.get_context("fork")
+    for n in workers:
+        t0 = time.perf_counter()
+        with ctx.Pool(n) as pool:
+            pool.map(_decode_check, files, chunksize=1)
+        out[n] = time.perf_counter() - t0
+    return out
 
 
 def floor_loop(files: list[Path]) -> tuple[float, float]:
@@ -140,10 +184,21 @@ def main() -> int:
     p.add_argument("--tensors", type=int, default=100)
     p.add_argument("--steps-per-rollout", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--generator",
+        choices=("synthetic", "independent"),
+        default="synthetic",
+        help="synthetic: ftkit.testing.synthetic (ftkit's writer); independent: bench/independent_events.py",
+    )
     p.add_argument("--dir", type=Path, default=None, help="where to write the logs (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the generated logs")
     p.add_argument("--repeat", type=int, default=2, help="measurements per size; the best of each is kept")
     p.add_argument("--shuffled", action="store_true", help="also measure the merged lines in random order")
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also time decoding + checking the files in 1, 2 and 4 worker processes (the per-stream part)",
+    )
     p.add_argument("--existing", type=Path, default=None, help="measure a log kept by --keep (DIR/events) again")
     args = p.parse_args()
     rows = []
@@ -153,7 +208,7 @@ def main() -> int:
             t0 = time.perf_counter()
             events_dir = root / "events"
             if args.existing is None:
-                generate(root, spec_for(target, args))
+                write_log(root, target, args)
             merged = root / "merged.jsonl"
             if not merged.exists():
                 write_merged_log(events_dir, merged)
@@ -189,6 +244,15 @@ def main() -> int:
                 print(
                     f"[{target}] plain {wall['plain'][-1]:.1f}s, "
                     + ", ".join(f"{k} {wall[k][-1]:.1f}s (RSS {rss[k] / 2**20:.0f} MiB)" for k in inputs),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if args.scaling:
+                walls = scaling(files)
+                print(
+                    f"[{target}] decode + check in worker processes (wall, per-stream part only; the replay is "
+                    "serial): "
+                    + ", ".join(f"{n}: {w:.2f}s ({walls[1] / w / n:.0%} efficiency)" for n, w in walls.items()),
                     file=sys.stderr,
                     flush=True,
                 )

@@ -98,7 +98,9 @@ class Watermark(Membership):
         when the step is already closed (the event came late: counted, reported by the rules) or
         when the event is not its writer's (see ``_foreign``)."""
         cell = self.file_cell.get(fi)  # a trainer's stream (its source is known): the source's cell
-        if cell is not None and (ev["cell"] != cell or ev.get("rank") not in (None, self._source_rank(fi))):
+        if cell is not None and (
+            ev["cell"] != cell or ev.get("rank") not in (None, (self.file_source[fi] or {}).get("rank"))
+        ):
             self._foreign(ev, fi, line)
             return None
         key = (ev["rollout"], ev["step"], ev["attempt"])
@@ -116,10 +118,6 @@ class Watermark(Membership):
         elif not self._progress(fi, line, key[1], key[0]):
             return None
         return rec
-
-    def _source_rank(self, fi: int) -> Any:
-        src = self.file_source[fi]
-        return None if src is None else src.get("rank")
 
     def _foreign(self, ev: dict[str, Any], fi: int, line: int) -> None:
         """Step evidence whose ``cell`` / ``rank`` is not its writer's (``source``): a rank writes

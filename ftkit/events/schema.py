@@ -15,6 +15,7 @@ deterministically from the models.
 
 from __future__ import annotations
 
+import functools
 from types import UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -33,7 +34,7 @@ Hex = Annotated[str, Field(description="lowercase hex digest")]
 class Source(BaseModel):
     """Who wrote the line: one process incarnation (one file under ``events/``)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
     role: Role = Field(description="driver, trainer (a rank), engine or tool")
     cell: int | None = Field(description="cell index, null for the driver / tools")
     rank: int | None = Field(description="rank inside the cell (trainers), engine index (engines), else null")
@@ -45,7 +46,7 @@ class Source(BaseModel):
 class Envelope(BaseModel):
     """Fields on every line."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, serialize_by_alias=True, defer_build=True)
     schema_: Literal[1, 2] = Field(alias="schema", description="schema version of the line (2; 1 is still read)")
     type: str = Field(description="event type (the discriminator)")
     run: str = Field(description="run name")
@@ -427,13 +428,20 @@ EVENT_MODELS: tuple[type[Envelope], ...] = (
 )
 EVENT_TYPES: dict[str, type[Envelope]] = {get_args(m.model_fields["type"].annotation)[0]: m for m in EVENT_MODELS}
 Event = Annotated[Union[EVENT_MODELS], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(Event)
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[Any]:
+    """The validator of ``Event``, built on first use (the models are ``defer_build`` too): building
+    every model's validator at import costs a small log's analysis, which needs them only for the
+    lines its fast path rejects."""
+    return TypeAdapter(Event)
 
 
 def parse_event(obj: Any) -> Envelope:
     """Validate one decoded line strictly (no coercion); raises ``pydantic.ValidationError``
     (unknown types included)."""
-    event: Envelope = _ADAPTER.validate_python(obj, strict=True)
+    event: Envelope = _adapter().validate_python(obj, strict=True)
     return event
 
 

@@ -125,3 +125,22 @@ def test_schema_markdown_is_deterministic_and_complete():
         for name in fields:
             assert f"| `{name}` |" in page
     assert "| `schema` |" in page and "| `incarnation` |" in page
+
+
+def test_importing_the_analyzer_builds_no_validator():
+    """The pydantic validators are built on first use (``defer_build``, a lazy adapter): the
+    analyzer needs them only for lines its compiled checks reject, and building all of them cost
+    a small log's analysis at every start."""
+    import subprocess
+    import sys
+
+    code = (
+        "import ftkit.analysis.engine, ftkit.events.schema as s\n"
+        "print(sorted(n for n, m in s.EVENT_TYPES.items() if m.__pydantic_complete__))\n"
+        "print(s._adapter.cache_info().currsize)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["[]", "0"]
+    with pytest.raises(ValidationError):  # built on demand, with the same messages
+        parse_event({"type": "step_outcome"})
+    assert explain({"type": "log_closed", "lines": 1}).startswith("schema: Field required")
