@@ -29,6 +29,9 @@ def boom(**kwargs):
     raise ValueError("no")
 def infinite(**kwargs):
     return float("inf")
+def per_session(response, **kwargs):
+    import os
+    return float(len(response)) + float(os.environ.get("RW_SESSION_SHIFT", "0"))
 """
 
 
@@ -125,3 +128,39 @@ def test_a_plug_in_calling_sys_exit_fails_the_run_and_a_signal_meanwhile_stays_a
         score_one(load_reward("rw_exit:quits"), 0, sample)
     with pytest.raises(RunInterrupted):
         score_one(load_reward("rw_exit:interrupted"), 0, sample)
+
+
+def test_a_rollout_scored_again_must_score_its_unchanged_samples_the_same() -> None:
+    from ftkit.tasks.rewards import RewardError
+    from ftkit.train.rl.rewards import check_rescored
+
+    tokens = torch.arange(12).reshape(3, 4)
+    recorded = {"tokens": tokens, "rewards": torch.tensor([1.0, 0.0, 0.5])}
+    check_rescored("r", 2, recorded, {"tokens": tokens.clone(), "rewards": torch.tensor([1.0, 0.0, 0.5])})
+    changed = tokens.clone()
+    changed[1, 0] = 99  # other tokens (other weights): their reward may differ
+    check_rescored("r", 2, recorded, {"tokens": changed, "rewards": torch.tensor([1.0, 7.0, 0.5])})
+    with pytest.raises(RewardError, match=r"'r' is not deterministic: rollout 2 was recorded with 0.5 .* sample 2"):
+        check_rescored("r", 2, recorded, {"tokens": tokens, "rewards": torch.tensor([1.0, 0.0, 0.25])})
+    with pytest.raises(RewardError, match="sample 0"):  # -0.0 is not 0.0: bits, not values
+        check_rescored(
+            "r", 2, {"tokens": tokens, "rewards": torch.zeros(3)}, {"tokens": tokens, "rewards": -torch.zeros(3)}
+        )
+
+
+@pytest.mark.slow
+def test_a_resumed_run_whose_plug_in_scores_a_regenerated_rollout_differently_fails(
+    plugin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reward deterministic within a process but not across sessions passes the start-up
+    check; the resumed session regenerates rollout 2 (its checkpoint is after rollout 1) and
+    the moved score is exit 2 naming the plug-in, the rollout and the sample."""
+    run = plugin_dir / "run"
+    small = ["--samples-per-rollout", "16", "--group-size", "4", "--micro-shards", "2", "--cells", "1"]
+    args = ["--reward", "rw_plugin:per_session", "--checkpoint-every", "2", *small]
+    first = _ftkit(plugin_dir, "train", "--out", str(run), "--rollouts", "3", *args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    monkeypatch.setenv("RW_SESSION_SHIFT", "0.5")  # the next session's plug-in scores differently
+    resumed = _ftkit(plugin_dir, "train", "--resume", str(run), "--rollouts", "4")
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr, resumed.stderr[-2000:]
+    assert "reward 'rw_plugin:per_session' is not deterministic: rollout 2 was recorded with" in resumed.stderr

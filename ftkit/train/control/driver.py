@@ -317,6 +317,7 @@ class Driver:
         tensors = rollouts.build_batch(
             batch["prompts"], batch["responses"], batch["logprobs"], rewards, cfg.task.group_size, rollout
         )
+        self._check_rescored(rollout, tensors)
         if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
             self.events.emit(
                 "witness_allocated", rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
@@ -339,6 +340,25 @@ class Driver:
         self._push_weights(version=rollout + 1)
         if self.checkpoints.due(rollout):
             self.checkpoints.publish(rollout, reward)
+
+    def _check_rescored(self, rollout: int, tensors: dict[str, Any]) -> None:
+        """A rollout generated again (resumed, recovered) whose record is still there: its
+        rewards must not move (``rewards.check_rescored``). A record that cannot be read is
+        about to be replaced by this one and proves nothing either way."""
+        from ftkit.train.rl import rollouts
+        from ftkit.train.rl.rewards import check_rescored
+
+        path = rollouts.rollout_path(self.run_dir, rollout)
+        if not path.is_file():
+            return
+        from safetensors import SafetensorError
+
+        try:
+            recorded = rollouts.load(path, keys=("tokens", "rewards"))
+        except (OSError, ValueError, SafetensorError):
+            return
+        if all(recorded[k].shape == tensors[k].shape for k in ("tokens", "rewards")):
+            check_rescored(self.cfg.task.reward, rollout, recorded, tensors)
 
     def _generate(self, rollout: int) -> dict[str, Any]:
         cfg = self.cfg

@@ -109,6 +109,29 @@ def check_reward(spec: str, response_len: int, seed: int) -> None:
         )
 
 
+def check_rescored(spec: str, rollout: int, recorded: dict[str, Any], batch: dict[str, Any]) -> None:
+    """A rollout generated again (a resumed or recovered session regenerating one it had
+    recorded) must score every sample whose tokens are unchanged with the same float32 bits;
+    ``RewardError`` (exit 2) names the reward and the first sample that moved. A reward that is
+    deterministic within a process but not across processes (a clock, a process id, state
+    kept between sessions) passes ``check_reward`` and is caught here, never hidden."""
+    import torch
+
+    from ftkit.tasks.rewards import RewardError
+
+    same = (recorded["tokens"] == batch["tokens"]).all(dim=1)
+    old, new = recorded["rewards"].to(torch.float32), batch["rewards"].to(torch.float32)
+    moved = same & (old.view(torch.int32) != new.view(torch.int32))
+    if bool(moved.any()):
+        i = int(moved.nonzero()[0, 0])
+        raise RewardError(
+            spec,
+            i,
+            f"is not deterministic: rollout {rollout} was recorded with {float(old[i])!r} and scored "
+            f"{float(new[i])!r} when generated again from the same tokens",
+        )
+
+
 def get_reward(name: str) -> RewardFn:
     """The reward ``--reward`` names: one of ``REWARDS``, else a plug-in (``ConfigError`` when
     it does not resolve; ``check_reward`` reports that before a run starts)."""

@@ -109,12 +109,13 @@ def record(
     return path
 
 
-def load(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The batch tensors recorded at ``path`` (no unpickling: safetensors only)."""
+def load(path: str | os.PathLike[str], keys: tuple[str, ...] = BATCH_KEYS) -> dict[str, Any]:
+    """The batch tensors recorded at ``path`` (no unpickling: safetensors only); ``ValueError``
+    when one of ``keys`` is missing."""
     from safetensors.torch import load_file
 
     tensors = load_file(str(path))
-    missing = [k for k in BATCH_KEYS if k not in tensors]
+    missing = [k for k in keys if k not in tensors]
     if missing:
         raise ValueError(f"{path}: not a rollout record (missing {', '.join(missing)})")
     return tensors
