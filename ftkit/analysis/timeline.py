@@ -285,6 +285,14 @@ def _rejected(b: _Builder, ev: dict[str, Any], t: float) -> None:
     b.mark("rejected", t, "driver", f"checkpoint rejected at step {ev['step']}: {ev['reason']}", ev["step"])
 
 
+def _logprob_check(b: _Builder, ev: dict[str, Any], t: float) -> None:
+    b.tl.logprobs.check(ev)
+
+
+def _canary(b: _Builder, ev: dict[str, Any], t: float) -> None:
+    b.tl.logprobs.canary(ev)
+
+
 _HANDLERS = {
     "run_started": _run_started,
     "run_finished": _run_finished,
@@ -299,6 +307,8 @@ _HANDLERS = {
     "engine_weights": _engine,
     "checkpoint_published": _checkpoint,
     "checkpoint_rejected": _rejected,
+    "logprob_check": _logprob_check,
+    "canary_logprobs": _canary,
 }
 
 

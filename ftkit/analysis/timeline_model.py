@@ -12,6 +12,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ftkit.analysis.logprob_view import LogprobView
+
 
 @dataclass
 class Interval:
@@ -68,6 +70,7 @@ class Timeline:
     dropped: Counter[str] = field(default_factory=Counter)
     strides: dict[str, int] = field(default_factory=dict)  # "kind@lane" -> one routine marker kept per N
     skipped: int = 0
+    logprobs: LogprobView = field(default_factory=LogprobView)
 
     @property
     def duration(self) -> float:

@@ -41,6 +41,7 @@ from ftkit.report.html_page import (
     where_link,
     write_page,
 )
+from ftkit.report.logprob_html import logprob_section
 from ftkit.report.metric_charts import metric_charts
 
 __all__ = ["check_target", "render_timeline_html", "write_report"]
@@ -118,6 +119,8 @@ def render_timeline_html(timeline: Timeline, result: AnalysisResult, outcome: st
         metric_charts(timeline),
         "<h2>Recovery</h2>",
         _recovery(result.recovery, base),
+        "<h2>Engine vs trainer log-probs</h2>",
+        logprob_section(timeline.logprobs),
         "<h2>Rules</h2>",
         _rules(result),
         "<h2>Findings</h2>",

@@ -248,3 +248,22 @@ def test_a_long_start_up_is_compressed_so_training_fills_the_width(tmp_path: Pat
     assert "id='startup-scale'" in compressed and "class='startup'" not in linear
     to_scale = [float(v) for v in re.findall(r"class='steps' x='([\d.]+)'", linear)]
     assert len(to_scale) == len(steps) and min(to_scale) > _W * 0.8  # training is the last sixth of the run
+
+
+def test_the_log_prob_section_shows_where_a_mismatch_sits(tmp_path: Path) -> None:
+    from ftkit.analysis.engine import analyze_paths
+    from ftkit.report.timeline_html import write_report
+
+    run = generate(tmp_path, SyntheticSpec(cells=2, engines=1, faults=0, tensors=4, violation="FT114"))
+    tl = build_timeline([run.events_dir])
+    view = tl.logprobs
+    bad = [key for key, t in view.steps.items() if t.differing]
+    assert len(bad) == 1 and bad[0][1] % SyntheticSpec().steps_per_rollout == 0  # one rollout's first step
+    assert [k for k, t in sorted(view.positions.items()) if t.differing] == [2]  # the synthetic mismatch position
+    assert all(c.compared() == (1, 0, 0.0) for v, c in view.canaries.items() if c.trainer is not None)
+    result = analyze_paths([run.events_dir])
+    page = tmp_path / "r.html"
+    write_report(page, [run.events_dir], result, result.verdict())
+    text = re.sub(r"<[^>]+>", " ", page.read_text())
+    assert "By response position (0: the first response token)" in text and "Canary set, per weights version" in text
+    assert "<span class='fail'>1</span>" in page.read_text()
