@@ -77,7 +77,8 @@ class EvidenceRun:
         self._closed = False
         self._ids = IdGather()
         self._pending: tuple[Any, dict[str, int]] | None = None  # a deferred witness gather
-        self._owed: dict[int, dict[int, int]] = {}  # rank 0: rollout -> id -> counts still expected
+        self._allocated: dict[int, tuple[list[int], int]] = {}  # rank 0: rollout -> (ids, expected)
+        self._tally: dict[int, dict[int, int]] = {}  # rank 0: rollout -> id -> times counted so far
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
         opened: dict[str, Any] = {"run": run or self.dir.resolve().name, "start": ResumePoint().to_json(), "epoch": 0}
         if self.rank == 0:
@@ -147,9 +148,9 @@ class EvidenceRun:
         Call before the rollout's first step."""
         if self.driver is not None:
             listed = [int(i) for i in ids]
-            owed = self._owed[rollout] = {}
-            for i in listed:
-                owed[i] = owed.get(i, 0) + expected
+            for old in [r for r in self._allocated if r < rollout - 1]:  # a resume needs the newest only
+                del self._allocated[old], self._tally[old]
+            self._allocated[rollout], self._tally[rollout] = (listed, expected), {}
             self.driver.emit("witness_allocated", rollout=rollout, attempt=0, ids=listed, expected=expected)
 
     # ------------------------------------------------------------------ per step
@@ -260,11 +261,10 @@ class EvidenceRun:
     def _emit_counts(
         self, where: dict[str, int], ids: list[int], counts: list[int], contributions: list[float]
     ) -> None:
-        owed = self._owed.get(where["rollout"])
-        if owed is not None:
+        tally = self._tally.get(where["rollout"])
+        if tally is not None:
             for i, n in zip(ids, counts):
-                if i in owed:
-                    owed[i] -= n
+                tally[i] = tally.get(i, 0) + n
         self.log.emit(
             "witness_counts",
             **where,
@@ -322,8 +322,17 @@ class EvidenceRun:
         """Rank 0: whether every sample allocated to ``rollout`` was counted as often as expected
         by the steps logged so far (None: not allocated, or another rank). Recorded in each
         checkpoint's ``meta.json``: a resume takes only a checkpoint that ends its rollout."""
-        owed = self._owed.get(rollout)
-        return None if owed is None else all(n <= 0 for n in owed.values())
+        if rollout not in self._allocated:
+            return None
+        (ids, expected), tally = self._allocated[rollout], self._tally[rollout]
+        if not all(tally.get(i, 0) >= expected for i in ids):  # stops at the first sample short
+            return False
+        if len(set(ids)) == len(ids):
+            return True
+        need: dict[int, int] = {}
+        for i in ids:  # an id allocated twice is owed twice
+            need[i] = need.get(i, 0) + expected
+        return all(tally.get(i, 0) >= n for i, n in need.items())
 
     # ------------------------------------------------------------------ dumps and checkpoints
     def dump(self, step: int, module: Any, **options: Any) -> Any:
