@@ -3,22 +3,28 @@
     torchrun --nproc-per-node 2 examples/ddp_train.py --out runs/ddp
     ftkit analyze-events runs/ddp/events
     ftkit verify-checkpoint runs/ddp/checkpoints --events runs/ddp/events
+    torchrun --nproc-per-node 2 --max-restarts 1 examples/ddp_train.py --out runs/ddp   # elastic
 
 A small MLP regresses a fixed random data set (gloo on CPU, or NCCL with ``--device cuda``). Every
 rank logs its step outcomes, state fingerprints and the ids of the samples it trained; rank 0 logs
 the loss and publishes a guarded checkpoint every ``--checkpoint-every`` steps. A step whose
-gradients are not finite is discarded and retried (its samples are trained exactly once).
+gradients are not finite is discarded and retried (its samples are trained exactly once). A
+restarted job (torchrun's ``--max-restarts``, or the same command again) resumes the run from its
+newest trusted checkpoint that ends an epoch, not from step 0.
 
 The loop without ftkit is the same minus the lines marked ``# ftkit`` (the retry of a discarded
 step is what a guard asks for: without ftkit, a NaN gradient would silently reach the weights).
 The ``--plant-*`` flags plant one fault for ftkit to find (tests/examples use them): a rank's
 weights perturbed once (FT101), a sample dropped (FT103) or trained twice (FT104), a NaN gradient
-(the guard refuses the checkpoint of that interval).
+(the guard refuses the checkpoint of that interval); ``--plant-stall`` makes rank 1 of the job's
+first attempt wait after a step, to be killed from outside (the elastic restart test).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -39,10 +45,18 @@ def main() -> None:
     p.add_argument("--plant-drop", type=int, metavar="ID", help="never train sample ID")
     p.add_argument("--plant-duplicate", type=int, metavar="ID", help="train sample ID twice in its step")
     p.add_argument("--plant-nan", type=int, metavar="STEP", help="a NaN gradient in STEP's first attempt")
+    p.add_argument("--plant-stall", type=int, metavar="STEP", help="rank 1 waits after STEP (first attempt only)")
     args = p.parse_args()
 
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # torchrun's store outlives a restart and still holds the killed attempt's addresses, which a
+    # restarted rank may read before its peer replaces them (gloo: "connect ... refused"): each
+    # restart uses keys of its own.
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=not agent and rank == 0)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore(f"restart{restart}", store), rank=rank, world_size=world)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     data = torch.randn(args.samples, 16)
@@ -50,10 +64,11 @@ def main() -> None:
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)).to(args.device))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     profile = ftkit.EvidenceProfile(checkpoint_every=args.checkpoint_every)  # ftkit
-    run = ftkit.EvidenceRun(args.out, profile, config=vars(args))  # ftkit
+    run = ftkit.EvidenceRun(args.out, profile, config=vars(args), resume=True)  # ftkit: a restart resumes
+    start = run.restore(model, opt)  # ftkit: the checkpoint's state; where to go on (0, 0: a new run)
     per_step = args.batch * world
-    step = 0
-    for epoch in range(args.epochs):
+    step = start.step
+    for epoch in range(start.rollout, args.epochs):
         run.allocate(epoch, range(args.samples))  # ftkit: each sample once per epoch
         order = torch.randperm(args.samples, generator=torch.Generator().manual_seed(epoch)).tolist()
         for start in range(0, args.samples - per_step + 1, per_step):
@@ -79,6 +94,8 @@ def main() -> None:
             run.step(step, metrics={"loss": mean / world}, attempt=attempt, **evidence)  # ftkit
             if profile.due("checkpoint", step):  # ftkit
                 run.publish_checkpoint(step, model, opt, rollout=epoch)  # ftkit
+            while args.plant_stall == step and rank == 1 and restart == 0:
+                time.sleep(1)  # until killed from outside
             step += 1
     run.close()  # ftkit: a collective (every rank), so destroying the group next is safe
     dist.destroy_process_group()

@@ -17,6 +17,8 @@ The checkpoint stores ``model.safetensors`` (parameters) and ``optimizer.safeten
 (``<param>.<key>``), named as ``fingerprint_state`` names them, so its manifest's
 ``state_fingerprint`` is the ``total`` every rank logged at that step and
 ``ftkit verify-checkpoint RUN/checkpoints --events RUN/events`` checks the chain end to end.
+Its ``meta.json`` records ``rollout`` and ``rollout_complete`` (``EvidenceRun.rollout_complete``:
+whether the checkpoint ends its rollout, which a resume requires, ``ftkit.evidence.resume``).
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ def publish(
     params, optim = named_state(unwrap(model), optimizer)
     payload = Payload(
         files={MODEL: params, OPTIMIZER: optim},
-        meta={"run": run.run, "cells": run.world_size, "layout": {"tp": 1, "pp": 1}, **(meta or {})},
+        meta={
+            "run": run.run,
+            "cells": run.world_size,
+            "layout": {"tp": 1, "pp": 1},
+            "rollout_complete": run.rollout_complete(rollout),
+            **(meta or {}),
+        },
         fingerprint_prefixes=PREFIXES,
     )
     guard = run.guard.consume(step)

@@ -14,6 +14,13 @@ as its other collectives):
   ``ftkit.events.writer``: append-only, one ``write`` per line, never raising into training;
   ``incarnation=None`` claims the next free ``<n>``, so a restarted process never writes over its
   predecessor's log).
+- ``resume=True``: a restarted job goes on from the newest trusted checkpoint that ends its
+  rollout instead of starting again (``ftkit.evidence.resume``): rank 0 logs ``run_resumed`` in a
+  new driver incarnation instead of ``run_started``, and ``restore(model, optimizer)`` loads the
+  checkpoint and returns the ``ResumePoint`` (first step and rollout) to train from. Without a
+  checkpoint, or in a new run directory, it starts at step 0. Without ``resume``, a run directory
+  that holds an earlier session's log is an error (``ValueError`` on every rank), never a second
+  ``run_started``.
 - Per committed step, in this order: ``step_outcome`` (``step``), then the evidence the profile
   promises at that step: ``fingerprint``, ``witness_counts`` (a collective), ``metric`` (rank 0
   logs, the others ignore it), ``dump``, ``publish_checkpoint`` (a collective). ``step`` does the
@@ -40,6 +47,7 @@ from ftkit.checkpoint.guard import NonFiniteGuard
 from ftkit.events.writer import EventWriter
 from ftkit.evidence.collectives import IdGather, barrier, broadcast_json, gather_json, rank_and_world, release
 from ftkit.evidence.profile import EvidenceProfile
+from ftkit.evidence.resume import ResumePoint
 from ftkit.evidence.rundir import scalar, write_run_json
 
 
@@ -58,43 +66,80 @@ class EvidenceRun:
         engines: int = 0,
         incarnation: int | None = None,
         producer: str = "ftkit.evidence",
+        resume: bool = False,
     ) -> None:
         self.dir = Path(run_dir)
         self.profile = profile or EvidenceProfile()
         got_rank, got_world = rank_and_world()
         self.rank = got_rank if rank is None else rank
         self.world_size = got_world if world_size is None else world_size
-        self.guard = NonFiniteGuard()
         self.driver: EventWriter | None = None
         self._closed = False
         self._ids = IdGather()
         self._pending: tuple[Any, dict[str, int]] | None = None  # a deferred witness gather
+        self._allocated: dict[int, tuple[list[int], int]] = {}  # rank 0: rollout -> (ids, expected)
+        self._tally: dict[int, dict[int, int]] = {}  # rank 0: rollout -> id -> times counted so far
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
-        name = run or self.dir.resolve().name
+        opened: dict[str, Any] = {"run": run or self.dir.resolve().name, "start": ResumePoint().to_json(), "epoch": 0}
         if self.rank == 0:
-            layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
-            name = write_run_json(self.dir, name, dict(config or {}), layout, self.profile, producer)
-            self.driver = EventWriter(self.dir / "events", name, "driver")
-            self.driver.emit(
-                "run_started",
-                config=dict(config or {}),
-                num_cells=self.world_size,
-                tp=1,
-                pp=1,
-                num_engines=engines,
-                ftkit_version=__version__,
-            )
-            self.driver.emit("evidence_profile", producer=producer, kinds=self.profile.kinds())
-            for cell in range(self.world_size):
-                self.driver.emit("cell_state", cell=cell, old="pending", new="alive", reason="started")
-            self.driver.emit(
-                "reconfigure", epoch=0, alive_before=[], alive_after=list(range(self.world_size)), reason="start"
-            )
-            self.driver.sync()
-        self.run = str(broadcast_json(name))  # also the barrier: no rank logs before run_started
+            try:
+                opened = self._open_driver(opened["run"], dict(config or {}), engines, producer, resume)
+            except (OSError, ValueError) as exc:
+                opened = {"error": f"{type(exc).__name__}: {exc}"}
+        opened = dict(broadcast_json(opened))  # also the barrier: no rank logs before run_started
+        if "error" in opened:
+            raise ValueError(opened["error"])
+        self.run = str(opened["run"])
+        self.start = ResumePoint.from_json(opened["start"])
+        self.epoch = int(opened["epoch"])  # the membership epoch of this session
+        self.guard = NonFiniteGuard(self.start.step)
         self.log = EventWriter(
             self.dir / "events", self.run, "trainer", cell=self.rank, rank=0, incarnation=incarnation
         )
+
+    def _open_driver(
+        self, name: str, config: dict[str, Any], engines: int, producer: str, resume: bool
+    ) -> dict[str, Any]:
+        """Rank 0: ``run.json``, the driver log and its opening lines (a new run, or a resumed
+        one: ``ftkit.evidence.resume``); returns what every rank needs of it."""
+        from ftkit.evidence import resume as resuming
+
+        start, epoch = ResumePoint(), 0
+        if resuming.earlier_session(self.dir):
+            if not resume:
+                raise ValueError(
+                    f"{self.dir} holds the log of an earlier session: pass resume=True to go on with "
+                    "that run, or use another run directory"
+                )
+            resuming.check_profile(self.dir, self.profile)
+            start, epoch = resuming.plan(self.dir, self.profile), resuming.last_epoch(self.dir) + 1
+        layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
+        name = write_run_json(self.dir, name, config, layout, self.profile, producer)
+        driver = self.driver = EventWriter(self.dir / "events", name, "driver")
+        head = {"config": config, "num_cells": self.world_size, "tp": 1, "pp": 1, "num_engines": engines}
+        if start.resumed:
+            driver.emit("run_resumed", **head, ftkit_version=__version__, **start.fields())
+        else:
+            driver.emit("run_started", **head, ftkit_version=__version__)
+            driver.emit("evidence_profile", producer=producer, kinds=self.profile.kinds())
+        why = "resumed" if start.resumed else "started"
+        for cell in range(self.world_size):
+            driver.emit("cell_state", cell=cell, old="pending", new="alive", reason=why)
+        everyone = list(range(self.world_size))
+        driver.emit("reconfigure", epoch=epoch, alive_before=[], alive_after=everyone, reason=why)
+        driver.sync()
+        return {"run": name, "start": start.to_json(), "epoch": epoch}
+
+    def restore(self, model: Any, optimizer: Any = None) -> ResumePoint:
+        """Load the state of the checkpoint this session resumes from into ``model`` (wrappers
+        removed) and ``optimizer`` (every rank; no-op without one) and return where to train on
+        from (``ResumePoint``: ``step``, ``rollout``; ``0, 0`` for a new run). Call after building
+        both, before the first step (``ftkit.evidence.resume``)."""
+        if self.start.checkpoint is not None:
+            from ftkit.evidence.resume import load_state
+
+            load_state(self.dir / "checkpoints" / self.start.checkpoint, model, optimizer)
+        return self.start
 
     # ------------------------------------------------------------------ samples
     def allocate(self, rollout: int, ids: Iterable[int], expected: int = 1) -> None:
@@ -102,9 +147,11 @@ class EvidenceRun:
         ignore the call): each must be counted ``expected`` times over the rollout's committed steps.
         Call before the rollout's first step."""
         if self.driver is not None:
-            self.driver.emit(
-                "witness_allocated", rollout=rollout, attempt=0, ids=[int(i) for i in ids], expected=expected
-            )
+            listed = [int(i) for i in ids]
+            for old in [r for r in self._allocated if r < rollout - 1]:  # a resume needs the newest only
+                del self._allocated[old], self._tally[old]
+            self._allocated[rollout], self._tally[rollout] = (listed, expected), {}
+            self.driver.emit("witness_allocated", rollout=rollout, attempt=0, ids=listed, expected=expected)
 
     # ------------------------------------------------------------------ per step
     def step(
@@ -146,7 +193,7 @@ class EvidenceRun:
             rollout=rollout,
             step=step,
             attempt=attempt,
-            epoch=0,
+            epoch=self.epoch,
             cell=self.rank,
             rank=0,
             outcome=outcome,
@@ -214,6 +261,10 @@ class EvidenceRun:
     def _emit_counts(
         self, where: dict[str, int], ids: list[int], counts: list[int], contributions: list[float]
     ) -> None:
+        tally = self._tally.get(where["rollout"])
+        if tally is not None:
+            for i, n in zip(ids, counts):
+                tally[i] = tally.get(i, 0) + n
         self.log.emit(
             "witness_counts",
             **where,
@@ -266,6 +317,22 @@ class EvidenceRun:
                 self.guard.observe(step, f"gradient {name}", False)
                 self.log.emit("grad_nonfinite", rollout=rollout, step=step, cell=self.rank, rank=0, where=name)
         return False
+
+    def rollout_complete(self, rollout: int) -> bool | None:
+        """Rank 0: whether every sample allocated to ``rollout`` was counted as often as expected
+        by the steps logged so far (None: not allocated, or another rank). Recorded in each
+        checkpoint's ``meta.json``: a resume takes only a checkpoint that ends its rollout."""
+        if rollout not in self._allocated:
+            return None
+        (ids, expected), tally = self._allocated[rollout], self._tally[rollout]
+        if not all(tally.get(i, 0) >= expected for i in ids):  # stops at the first sample short
+            return False
+        if len(set(ids)) == len(ids):
+            return True
+        need: dict[int, int] = {}
+        for i in ids:  # an id allocated twice is owed twice
+            need[i] = need.get(i, 0) + expected
+        return all(tally.get(i, 0) >= n for i, n in need.items())
 
     # ------------------------------------------------------------------ dumps and checkpoints
     def dump(self, step: int, module: Any, **options: Any) -> Any:

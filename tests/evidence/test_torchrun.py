@@ -90,3 +90,60 @@ def test_a_nan_gradient_at_a_save_makes_the_guard_refuse_the_publication(tmp_pat
     assert doc["verdict"] == "pass", doc["findings"]
     assert cli.main(["verify-checkpoint", str(run)]) == 0
     capsys.readouterr()
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_a_worker_killed_by_sigkill_is_restarted_by_torchrun_and_resumes_from_its_checkpoint(tmp_path, capsys):
+    """torchrun --max-restarts 1; rank 1 waits after step 5 (epoch 1 of 3, 4 steps each; a checkpoint
+    at every epoch's last step) and is killed from here with SIGKILL by the pid its log records.
+    torchrun's second attempt resumes from step_000003 (the end of epoch 0), not from step 0."""
+    import signal
+    import time
+
+    run = tmp_path / "elastic"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", "1"]
+    flags = ["--epochs", "3", "--samples", "16", "--batch", "2", "--checkpoint-every", "4", "--plant-stall", "5"]
+    job = subprocess.Popen([*cmd, str(EXAMPLE), "--out", str(run), *flags], env=env, stderr=subprocess.PIPE, text=True)
+    killed = run / "events" / "trainer-c1-r0-i0.jsonl"
+    pid = None
+    while pid is None and job.poll() is None:  # until rank 1 has logged step 5 whole (then it waits)
+        time.sleep(0.2)
+        lines = _lines(killed) if killed.exists() else []
+        pid = next((e["source"]["pid"] for e in lines if e["type"] == "state_fingerprint" and e["step"] == 5), None)
+    assert pid is not None, job.communicate()[1][-3000:]
+    os.kill(pid, signal.SIGKILL)
+    _, err = job.communicate(timeout=600)
+    assert job.returncode == 0, err[-3000:]
+    assert "exitcode: -9" in err  # torchrun saw the kill and restarted the workers
+
+    events = run / "events"
+    assert sorted(p.name for p in events.iterdir()) == [
+        "driver-i0.jsonl",
+        "driver-i1.jsonl",
+        "trainer-c0-r0-i0.jsonl",
+        "trainer-c0-r0-i1.jsonl",
+        "trainer-c1-r0-i0.jsonl",
+        "trainer-c1-r0-i1.jsonl",
+    ]
+    resumed = _lines(events / "driver-i1.jsonl")
+    assert resumed[0]["type"] == "run_resumed" and "run_started" not in {e["type"] for e in resumed}
+    assert (resumed[0]["checkpoint"], resumed[0]["checkpoint_step"], resumed[0]["checkpoint_rollout"]) == (
+        "step_000003",
+        3,
+        0,
+    )
+    assert _lines(killed)[-1]["type"] != "log_closed"  # the killed incarnation's log just ends
+    for cell in (0, 1):
+        steps = [e["step"] for e in _lines(events / f"trainer-c{cell}-r0-i1.jsonl") if e["type"] == "step_outcome"]
+        assert steps == list(range(4, 12))  # epochs 1 and 2 again, from the checkpoint's state
+    doc = analyze(run, capsys)
+    assert doc["verdict"] == "pass", doc["findings"]
+    rules = {r["code"]: r for r in doc["rules"]}
+    assert all(rules[c]["checked"] > 0 for c in ("FT101", "FT103", "FT104"))
+    assert cli.main(["verify-checkpoint", str(run)]) == 0
+    capsys.readouterr()
