@@ -63,6 +63,7 @@ class StepCompute:
         self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
         self._rows_buf: Any = None
         self._policy_tokens: tuple[Any, Any] | None = None
+        self._task_obj: Any = None
         # GRPO at a rollout's first step: (trainer log-probs, recorded, mask, ids) per micro-shard
         self._checks: list[tuple[Any, Any, Any, Any]] | None = None
 
@@ -243,10 +244,16 @@ class StepCompute:
 
             from ftkit.train.rl.policy import allowed_index
 
-            allowed = self.cfg.addition_task().response_tokens
+            allowed = self._task().response_tokens
             vocab = self.ctx.model.vocab_size
             self._policy_tokens = (torch.tensor(allowed, dtype=torch.int64), allowed_index(allowed, vocab))
         return self._policy_tokens
+
+    def _task(self) -> Any:
+        """The run's task (through the model's tokenizer for a model path), built once."""
+        if self._task_obj is None:
+            self._task_obj = self.cfg.addition_task()
+        return self._task_obj
 
     def _score_canaries(self, task: StepTask) -> None:
         """``canary_logprobs`` of this cell at a rollout's first step: the canary set scored
@@ -259,7 +266,7 @@ class StepCompute:
         from ftkit.train.rl.policy import policy_logprobs
 
         allowed, index = self._policy()
-        tokens, mask = canary_tokens(self.cfg.addition_task(), self.cfg.rng.seed, GEN_CHUNK)
+        tokens, mask = canary_tokens(self._task(), self.cfg.rng.seed, GEN_CHUNK)
         tokens = tokens.to(self.ctx.device)
         pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
         with torch.no_grad():
