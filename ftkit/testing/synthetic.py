@@ -385,8 +385,9 @@ class _Sim:
                 self.rank_writers[(cell, 0)].emit(
                     "canary_logprobs", rollout=rollout, version=rollout, cell=cell, rank=0, **_canary(rollout)
                 )
-        if self.grpo and step % spec.steps_per_rollout == 0:
-            self._logprob_checks(rollout, step, attempt, ids, v == "FT114")
+        if self.grpo and step % spec.steps_per_rollout == 0:  # the whole rollout is compared
+            every = list(range(rollout * spec.samples_per_rollout, (rollout + 1) * spec.samples_per_rollout))
+            self._logprob_checks(rollout, step, attempt, every, v == "FT114")
         if v == "FT108":
             self._cell_state(self.alive[0], "starting", "alive", "injected")
         loss = float("nan") if v == "FT109" else round(2.5 / (1 + step), 6)
@@ -407,7 +408,7 @@ class _Sim:
             )
 
     def _logprob_checks(self, rollout: int, step: int, attempt: int, ids: list[int], mismatch: bool) -> None:
-        """Rank 0 of each live cell compares its share of the step's samples (GRPO); with
+        """Rank 0 of each live cell compares its share of the rollout's samples (GRPO); with
         ``mismatch`` one token of the first cell's first sample differs."""
         width = 4  # response positions
         for j, cell in enumerate(self.alive):

@@ -52,7 +52,8 @@ def test_engine_logprobs_equal_the_trainers_bit_for_bit(runs: dict[str, Path]) -
     for run in runs.values():
         checks = _events(run, "logprob_check")
         assert {c["step"] for c in checks} == {0, 2}  # each rollout's first step
-        assert sum(c["total"]["tokens"] for c in checks) == 2 * 16 * 8  # every sample of those steps
+        assert sum(c["total"]["tokens"] for c in checks) == 2 * 32 * 8  # every sample of both rollouts
+        assert sorted(i for c in checks for i in c["witness_ids"]) == list(range(64))
         assert all(c["total"]["differing"] == 0 and c["total"]["max_abs"] == 0.0 for c in checks)
         canaries = _events(run, "canary_logprobs")
         by_version: dict[int, list[list[float]]] = {}

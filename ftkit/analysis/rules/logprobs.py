@@ -1,8 +1,9 @@
 """Did the engines sample from the policy the trainer trained? FT114 engine-vs-trainer log-probs.
 
 With ``--loss grpo`` every rank recomputes, at each rollout's first step (its weights are the
-version the engines sampled with), the policy's log-probs of its samples' response tokens and
-logs them against the engines' recorded ones (``logprob_check``). ftkit's megatron engine
+version the engines sampled with), the policy's log-probs of the response tokens of its
+micro-shards of every step of the rollout and logs them against the engines' recorded ones
+(``logprob_check``): together the cells compare every sample of the rollout. ftkit's megatron engine
 and a TP=1 trainer run the same model with the same kernels on the same float32 logits, so
 their log-probs are bitwise equal: any differing token is an error. With TP > 1 the trainer's
 row-parallel sums round differently from the engine's TP=1 model, so a difference up to
@@ -21,7 +22,7 @@ equal the trainer's, under the same tolerance, with the same causes named. A sta
 caught even when the rollout's own batch would not show it.
 
 Fail closed: in a run whose config says ``loss: grpo``, a committed first step of a rollout
-whose samples were not all compared is an error (missing evidence); in an ``ftkit train`` run
+whose samples (all of the rollout's) were not all compared is an error (missing evidence); in an ``ftkit train`` run
 at ``pp=1`` (its config has ``loss``) with engines, a committed first step of a rollout without
 a trainer's and an engine's canary scores of its version is one too. A log without that
 config (another producer) is not checked: the rule reports it ran on nothing.
@@ -191,8 +192,8 @@ class LogprobMismatch(Rule):
                 )
             if not self.grpo:
                 continue
-            first = rollout * self.steps_per_rollout * self.step_samples
-            want = set(range(first, first + self.step_samples))
+            per_rollout = self.steps_per_rollout * self.step_samples
+            want = set(range(rollout * per_rollout, (rollout + 1) * per_rollout))
             missing = sorted(want - self.compared.get(step, set()))
             if missing:
                 self.report(

@@ -127,7 +127,8 @@ class StepCompute:
                 mid[1].remove()
                 poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
-        if self._checks:
+        if self._checks is not None:
+            self._check_later_steps(batch, mine, slices)
             self._emit_check(task)
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
@@ -281,16 +282,39 @@ class StepCompute:
                 **canary_fields(lp, mask),
             )
 
+    def _check_later_steps(self, batch: dict[str, Tensor], mine: list[int], slices: list[slice]) -> None:
+        """At a rollout's first step, also score this rank's micro-shards of the rollout's later
+        steps (no gradient, no witness: nothing is trained): the weights are still the ones the
+        engines sampled with, so every sample of the rollout is compared once the cells' shares
+        are put together. Skipped when the batch holds one step only."""
+        import torch
+
+        from ftkit.train.rl.policy import policy_logprobs
+
+        cfg, checks = self.cfg, self._checks
+        if checks is None or batch["tokens"].shape[0] != cfg.batch.samples_per_rollout:
+            return
+        allowed, index = self._policy()
+        n = cfg.batch.step_samples
+        for k in range(1, cfg.batch.steps_per_rollout):
+            for m in mine:
+                rows = slice(k * n + slices[m].start, k * n + slices[m].stop)
+                tokens = batch["tokens"][rows].to(self.ctx.device)
+                pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
+                with torch.no_grad():
+                    lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, None), tokens, allowed, index)
+                checks.append((lp.cpu(), batch["logprobs"][rows], batch["loss_mask"][rows], batch["witness_ids"][rows]))
+
     def _emit_check(self, task: StepTask) -> None:
-        """``logprob_check``: this rank's recomputed log-probs of its micro-shards' samples vs
-        the engines' recorded ones (``ftkit.train.rl.logprob_stats``); TP rank 0 only (every
-        TP rank holds the same gathered logits)."""
+        """``logprob_check``: this rank's recomputed log-probs of its micro-shards' samples (of
+        every step of the rollout) vs the engines' recorded ones (``ftkit.train.rl.logprob_stats``);
+        TP rank 0 only (every TP rank holds the same gathered logits)."""
         import torch
 
         from ftkit.train.rl.logprob_stats import compare_logprobs
 
         checks, self._checks = self._checks or [], None
-        if self.ctx.tp_rank != 0:
+        if self.ctx.tp_rank != 0 or not checks:
             return
         trainer, engine, mask, ids = (torch.cat([c[i] for c in checks]) for i in range(4))
         result = compare_logprobs(engine, trainer, mask)
