@@ -96,6 +96,10 @@ def test_export_of_a_checkpoint_is_its_verified_state(llama_runs, tmp_path):
         assert torch.equal(loaded[name], tensor), name
     final = load_file(str(runs[1] / "final" / "tp0-pp0.safetensors"))
     assert not torch.equal(final["model.decoder.final_layernorm.weight"], state["decoder.final_layernorm.weight"])
+    latest = ftkit("export", str(runs[1] / "checkpoints" / "latest"), "--hf", str(tmp_path / "latest"))
+    assert latest.returncode == 0, latest.stderr[-3000:]
+    missing = ftkit("export", str(runs[1] / "checkpoints" / "step_000099"), "--hf", str(tmp_path / "missing"))
+    assert missing.returncode == 2 and "no such checkpoint directory" in missing.stderr
 
     tampered = tmp_path / "tampered"
     shutil.copytree(runs[1], tampered, symlinks=True)

@@ -12,7 +12,8 @@ recorded path must still have the recorded ``model_digest``, its config, tokeniz
 ``final/tp{t}-pp{p}.safetensors`` (the parameters, ``model.<name>``, named model-wide; the
 union of the rank's pipeline stages). Memory: the whole final model state plus one shard.
 
-``export_checkpoint(checkpoint, out_dir)``: the checkpoint must lie in ``RUN/checkpoints/``.
+``export_checkpoint(checkpoint, out_dir)``: the checkpoint must lie in ``RUN/checkpoints/``
+(``RUN/checkpoints/latest`` is the checkpoint it points to).
 It is verified first exactly as ``ftkit verify-checkpoint RUN`` (and ``--resume``) verify it
 (``verify_path`` of the run with its event log, ``ftkit.checkpoint.selection.error_findings``):
 its files, manifest, tensor fingerprints and finiteness, its retention record, the committed
@@ -96,7 +97,13 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str
     from ftkit.tensors.untrusted import load_json
 
     checkpoint = Path(checkpoint)
+    if checkpoint.is_symlink():  # RUN/checkpoints/latest
+        checkpoint = checkpoint.resolve()
     run_dir = checkpoint.parent.parent
+    if not checkpoint.is_dir():
+        raise InputError(
+            f"{checkpoint}: no such checkpoint directory", f"list {checkpoint.parent} for the published ones"
+        )
     if checkpoint.parent.name != "checkpoints" or not (run_dir / "events").is_dir():
         raise InputError(
             f"{checkpoint} is not a checkpoint of a run (RUN/checkpoints/step_NNNNNN with RUN/events)",
