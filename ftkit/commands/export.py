@@ -31,7 +31,7 @@ in the source checkpoint's dtype (after `--lr 0`, bitwise the source's).
 
 def register(app: typer.Typer) -> None:
     def export(
-        run: Annotated[
+        run_or_checkpoint: Annotated[
             Path,
             typer.Argument(
                 help="A finished run directory, or a checkpoint directory of a run.",
@@ -53,8 +53,8 @@ def register(app: typer.Typer) -> None:
         from ftkit.train.recovery.export import export
 
         out = Output()
-        paths = export(run, hf, on_warning=out.warn)
-        out.info(f"exported {run} -> {hf} ({len(paths)} shard(s))")
+        paths = export(run_or_checkpoint, hf, on_warning=out.warn)
+        out.info(f"exported {run_or_checkpoint} -> {hf} ({len(paths)} shard(s))")
 
     export.__doc__ = HELP
     app.command("export")(export)
