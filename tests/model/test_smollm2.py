@@ -47,8 +47,9 @@ def test_smollm2_trains_one_rollout_and_exports_its_checkpoint(tmp_path: Path) -
     """The smallest `ftkit train --model SmolLM2.gguf` run (1 cell, 1 rollout) ends clean, and its
     checkpoint exports to a directory transformers loads with the checkpoint's embedding."""
     import torch
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
+
+    from ftkit.checkpoint.restore import MODEL, read_groups
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.setdefault("FTKIT_CACHE", str(tmp_path / "cache"))
@@ -59,6 +60,6 @@ def test_smollm2_trains_one_rollout_and_exports_its_checkpoint(tmp_path: Path) -
                 ["export", str(run / "checkpoints" / "step_000001"), "--hf", str(out)]):  # fmt: skip
         res = subprocess.run([sys.executable, "-m", "ftkit", *cmd], capture_output=True, text=True, env=env)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    state = load_file(str(run / "checkpoints" / "step_000001" / "model.safetensors"))
+    state = read_groups(run / "checkpoints" / "step_000001", only={MODEL})[MODEL]  # shard files
     loaded = AutoModelForCausalLM.from_pretrained(str(out)).state_dict()
     assert torch.equal(loaded["model.embed_tokens.weight"], state["embedding.word_embeddings.weight"][:49152])
