@@ -11,7 +11,7 @@ complete -c ftkit -n '__fish_use_subcommand' -a analyze-events -d 'Replay a run\
 complete -c ftkit -n '__fish_use_subcommand' -a analyze -d 'Alias of analyze-events.'
 complete -c ftkit -n '__fish_use_subcommand' -a verify-checkpoint -d 'Verify checkpoints, failing closed (rules FT201-FT218, docs/checkpoints.md).'
 complete -c ftkit -n '__fish_use_subcommand' -a check-model -d 'Check that ftkit\'s megatron-core model of a Hugging Face checkpoint computes what transformers computes.'
-complete -c ftkit -n '__fish_use_subcommand' -a export -d 'Export a run\'s final weights as a Hugging Face model directory (docs/models.md).'
+complete -c ftkit -n '__fish_use_subcommand' -a export -d 'Export a run\'s final weights, or a checkpoint\'s, as a Hugging Face model directory (docs/models.md).'
 complete -c ftkit -n '__fish_use_subcommand' -l version -d 'Print the version and exit.'
 complete -c ftkit -n '__fish_use_subcommand' -l debug -d 'Show tracebacks for errors.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l out -s o -r -F -d 'Run directory to create'

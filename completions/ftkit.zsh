@@ -10,7 +10,7 @@ _ftkit() {
     'analyze:Alias of analyze-events.'
     'verify-checkpoint:Verify checkpoints, failing closed (rules FT201-FT218, docs/checkpoints.md).'
     'check-model:Check that ftkit'\''s megatron-core model of a Hugging Face checkpoint computes what transformers computes.'
-    'export:Export a run'\''s final weights as a Hugging Face model directory (docs/models.md).'
+    'export:Export a run'\''s final weights, or a checkpoint'\''s, as a Hugging Face model directory (docs/models.md).'
   )
   _arguments -C \
     '(--version)'--version'[Print the version and exit.]' \

@@ -24,7 +24,7 @@ shards merged (``read_groups``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +69,17 @@ def load(checkpoint: Path, verified: bool = False) -> tuple[dict[str, dict[str, 
     return read_groups(checkpoint), load_json((checkpoint / META).read_bytes())
 
 
-def read_groups(checkpoint: Path) -> dict[str, dict[str, Any]]:
+def read_groups(checkpoint: Path, only: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """``{group: {name: torch tensor}}`` of the safetensors files the manifest of ``checkpoint``
-    lists, each group's shards merged (``shards.merge``). ``InputError`` when the list breaks
-    the shard rule (FT218). Reads only; verify the checkpoint first."""
+    lists (of the groups in ``only``, e.g. ``{MODEL}``, when given), each group's shards merged
+    (``shards.merge``). ``InputError`` when the list breaks the shard rule (FT218). Reads only;
+    verify the checkpoint first."""
     from safetensors.torch import load_file
 
     from ftkit.checkpoint.layout import MANIFEST
     from ftkit.checkpoint.manifest import ManifestError
     from ftkit.checkpoint.manifest import load as load_manifest
-    from ftkit.checkpoint.shards import group_problems, merge
+    from ftkit.checkpoint.shards import group_of, group_problems, merge
 
     try:
         man, _ = load_manifest(checkpoint / MANIFEST)
@@ -90,4 +91,5 @@ def read_groups(checkpoint: Path) -> dict[str, dict[str, Any]]:
         raise InputError(
             f"checkpoint {checkpoint}: FT218 {problems[0][1]}", f"run 'ftkit verify-checkpoint {checkpoint}'"
         )
-    return merge({name: load_file(str(checkpoint / name)) for name in listed})
+    wanted = [name for name in listed if only is None or group_of(name) in only]
+    return merge({name: load_file(str(checkpoint / name)) for name in wanted})

@@ -27,8 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ftkit.errors import InputError
+
+if TYPE_CHECKING:
+    from ftkit.checkpoint.results import VerifyResult
 
 Accept = Callable[[Path], "str | None"]  # a checkpoint -> why it must not be used, or None
 
@@ -60,16 +64,7 @@ def newest_trusted(
         result = verify_path(checkpoints.parent if events else checkpoints, events=events)
     except InputError as exc:
         raise ValueError(f"the checkpoints cannot be verified: {exc.message}") from None
-    untrusted: dict[str, str] = {}
-    general: list[str] = []
-    for f in result.findings:
-        if f.severity.value != "error":
-            continue
-        name = f.evidence.get("checkpoint")
-        if name is None:
-            general.append(f"{f.code}: {f.message}")
-        else:
-            untrusted.setdefault(str(name), f"{f.code}: {f.message}")
+    untrusted, general = error_findings(result)
     if general:
         more = f" (and {len(general) - 1} more)" if len(general) > 1 else ""
         warn(f"verify-checkpoint finds in {checkpoints}: {general[0]}{more}")
@@ -82,6 +77,22 @@ def newest_trusted(
             return path
         warn(f"{rec.name} does not verify ({why}); trying an older checkpoint")
     return None
+
+
+def error_findings(result: VerifyResult) -> tuple[dict[str, str], list[str]]:
+    """``(untrusted, general)`` of a verification: ``{checkpoint name: "FTnnn: message"}`` of the
+    first error finding naming each checkpoint, and the error findings that name none."""
+    untrusted: dict[str, str] = {}
+    general: list[str] = []
+    for f in result.findings:
+        if f.severity.value != "error":
+            continue
+        name = f.evidence.get("checkpoint")
+        if name is None:
+            general.append(f"{f.code}: {f.message}")
+        else:
+            untrusted.setdefault(str(name), f"{f.code}: {f.message}")
+    return untrusted, general
 
 
 def published_in_log(events: Path) -> list[str]:

@@ -37,6 +37,7 @@ __all__ = [
     "payload_nbytes",
     "tensor_nbytes",
     "write_files",
+    "write_plain",
     "write_st",
     "write_json",
     "fsync_file",
@@ -94,6 +95,19 @@ def write_files(files: Mapping[Path, StLayout], fsync: bool = True) -> dict[Path
     for _ in run_digests(writers):
         pass
     return {w.path: w.record() for w in writers}
+
+
+def write_plain(path: Path, layout: StLayout, fsync: bool = True) -> None:
+    """Write ``layout`` to ``path`` straight from the tensors' memory (no copy) and without any
+    digest (a file no manifest lists, such as an exported model's shard); fsynced unless
+    ``fsync`` is false. Throughput is a raw write's."""
+    with open(path, "wb") as fh:
+        fh.write(layout.head)
+        for *_, flat in layout.items:
+            fh.write(flat.data)
+        if fsync:
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def write_st(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> FileRecord:

@@ -1,8 +1,10 @@
-"""``ftkit export RUN --hf OUT``: a run's final state as a Hugging Face model directory.
+"""``ftkit export RUN_OR_CHECKPOINT --hf OUT``: a run's final state, or one of its checkpoints
+(verified first), as a Hugging Face model directory.
 
-Thin layer over ``ftkit.train.recovery.export.export_run``; prints the directory written. Exit 0, or 2
-with one line for a bad input (not a run, a preset run, no final state, a changed model, an
-existing non-empty OUT).
+Thin layer over ``ftkit.train.recovery.export.export``; prints the directory written (stderr),
+warnings of the verification on stderr. Exit 0, or 2 with one line for a bad input (not a run
+or checkpoint, a preset run, no final state, a checkpoint that does not verify, a changed model,
+an existing non-empty OUT), nothing written to OUT.
 """
 
 from __future__ import annotations
@@ -14,19 +16,29 @@ import typer
 
 from ftkit.report.sink import Output
 
-HELP = """Export a run's final weights as a Hugging Face model directory (docs/models.md).
+HELP = """Export a run's final weights, or a checkpoint's, as a Hugging Face model directory (docs/models.md).
 
-RUN is the directory of a finished `ftkit train --model PATH` run. OUT gets config.json, sharded
-safetensors with model.safetensors.index.json and the tokenizer files of the source model;
-`transformers.AutoModelForCausalLM.from_pretrained(OUT)` loads it. The tensors are the run's
-final weights in the source checkpoint's dtype (after `--lr 0`, bitwise the source's).
+RUN_OR_CHECKPOINT is the directory of a finished `ftkit train --model PATH` run (its final
+weights) or one of its checkpoints, RUN/checkpoints/step_NNNNNN (that checkpoint's weights). A
+checkpoint is verified first, as `ftkit verify-checkpoint RUN` verifies it (files, sha256,
+fingerprints, retention record, the event log's committed fingerprint): one that does not verify
+is exit 2, nothing written. OUT gets config.json, sharded safetensors with
+model.safetensors.index.json and the tokenizer files of the source model;
+`transformers.AutoModelForCausalLM.from_pretrained(OUT)` loads it. The tensors are the weights
+in the source checkpoint's dtype (after `--lr 0`, bitwise the source's).
 """
 
 
 def register(app: typer.Typer) -> None:
     def export(
-        run: Annotated[
-            Path, typer.Argument(help="A finished run directory.", metavar="RUN", file_okay=False, show_default=False)
+        run_or_checkpoint: Annotated[
+            Path,
+            typer.Argument(
+                help="A finished run directory, or a checkpoint directory of a run.",
+                metavar="RUN_OR_CHECKPOINT",
+                file_okay=False,
+                show_default=False,
+            ),
         ],
         hf: Annotated[
             Path,
@@ -38,10 +50,11 @@ def register(app: typer.Typer) -> None:
         from ftkit.extras import require
 
         require("train", "ftkit export")
-        from ftkit.train.recovery.export import export_run
+        from ftkit.train.recovery.export import export
 
-        paths = export_run(run, hf)
-        Output().info(f"exported {run} -> {hf} ({len(paths)} shard(s))")
+        out = Output()
+        paths = export(run_or_checkpoint, hf, on_warning=out.warn)
+        out.info(f"exported {run_or_checkpoint} -> {hf} ({len(paths)} shard(s))")
 
     export.__doc__ = HELP
     app.command("export")(export)

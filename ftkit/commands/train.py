@@ -314,7 +314,7 @@ def register(app: typer.Typer) -> None:
         steps per rollout over micro-shards reduced exactly across cells) and writes the run
         directory: run.json, events/, rollouts/, dumps/, final/, status.json. --model is a
         preset or a Hugging Face causal-LM directory / .gguf file (the built-in addition task
-        then goes through its tokenizer; `ftkit export RUN --hf OUT` writes the trained
+        then goes through its tokenizer; `ftkit export RUN_OR_CHECKPOINT --hf OUT` writes the trained
         weights back out; docs/models.md). Then replays its
         own event log through the analyzer and prints the verdict. Faults (a dead, hung or
         erring rank, a failed collective, a dead engine, a lost node of a --ray-address

@@ -4,8 +4,11 @@
 under model-wide megatron names (the union of its pipeline stages, ``hf_layout`` naming).
 Every Hugging Face tensor is merged from the ranks' pieces (``hf_layout.merge``: fused QKV and
 gate/up split, vocabulary padding removed, replicated tensors checked equal across ranks), cast
-to the checkpoint's dtype (``arch.dtype``) and written in checkpoint order into shards of at most
-``max_shard_bytes`` (``model-00001-of-0000N.safetensors``) with ``model.safetensors.index.json``.
+to the checkpoint's dtype (``arch.dtype``), assigned in checkpoint order to shards of at most
+``max_shard_bytes`` (``model-00001-of-0000N.safetensors``, tensors sorted by name inside a shard,
+so the same state gives the same bytes) with ``model.safetensors.index.json``. Shards are
+written straight from the merged tensors (views of the states where the layout allows, no
+serialisation copy: ``stfile.write_plain``) and fsynced, as is the directory.
 ``config.json`` is the source's (its dtype field set to the dtype written) and the tokenizer
 files of ``source_dir`` are copied. A tied model writes no ``lm_head.weight`` (the embedding is
 the output layer). The directory is built next to ``out_dir`` and renamed into place at the end;
@@ -81,6 +84,12 @@ def hf_tensors(states: Sequence[Mapping[str, torch.Tensor]], arch: HFArch) -> di
     return out
 
 
+def check_out_dir(out_dir: Path) -> None:
+    """``UsageError`` unless ``out_dir`` is new or an empty directory (callers check it before work)."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UsageError(f"{out_dir} exists and is not an empty directory", "choose a new output directory")
+
+
 def export_hf(
     states: Sequence[Mapping[str, torch.Tensor]],
     arch: HFArch,
@@ -89,13 +98,12 @@ def export_hf(
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> list[Path]:
     """Write the Hugging Face directory ``out_dir`` (module contract); returns the shard paths."""
-    from safetensors.torch import save_file
-
+    from ftkit.checkpoint.stfile import fsync_file, layout_st, write_plain
+    from ftkit.fsutil import fsync_dir
     from ftkit.model.hf_build import torch_dtype
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise UsageError(f"{out_dir} exists and is not an empty directory", "choose a new output directory")
+    check_out_dir(out_dir)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -112,7 +120,7 @@ def export_hf(
                 merged = merge(e, arch, [s[e.megatron] for s in states])
                 shard.update({k: v.to(dtype).contiguous() for k, v in merged.items() if k in names})
         file = f"model-{i:05d}-of-{len(plan):05d}.safetensors"
-        save_file(shard, str(tmp / file), metadata={"format": "pt"})
+        write_plain(tmp / file, layout_st(shard, {"format": "pt"}))
         weight_map.update(dict.fromkeys(shard, file))
         total += sum(t.numel() * t.element_size() for t in shard.values())
         paths.append(out_dir / file)
@@ -124,7 +132,12 @@ def export_hf(
     for name in TOKENIZER_FILES:
         if (Path(source_dir) / name).is_file():
             shutil.copyfile(Path(source_dir) / name, tmp / name)
+    for path in tmp.iterdir():
+        if path.suffix != ".safetensors":  # the shards were fsynced as they were written
+            fsync_file(path)
+    fsync_dir(tmp)
     if out_dir.exists():
         out_dir.rmdir()
     os.rename(tmp, out_dir)
+    fsync_dir(out_dir.parent)
     return paths

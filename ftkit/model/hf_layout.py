@@ -138,8 +138,17 @@ def rank_slice(e: Entry, arch: HFArch, read: Reader, r: int, t: int) -> torch.Te
     raise ValueError(f"unknown entry kind {e.kind!r}")
 
 
+def _cat(pieces: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """``torch.cat`` of the pieces; the piece itself (no copy) when there is one (TP = 1)."""
+    import torch
+
+    return pieces[0] if len(pieces) == 1 else torch.cat(list(pieces), dim)
+
+
 def merge(e: Entry, arch: HFArch, pieces: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The Hugging Face tensor(s) of entry ``e`` from every TP rank's piece (rank order)."""
+    """The Hugging Face tensor(s) of entry ``e`` from every TP rank's piece (rank order). At
+    TP = 1 the results are views of the piece where the layout allows (every kind but ``qkv``,
+    whose q, k and v rows interleave): callers that keep them must not write the pieces."""
     import torch
 
     if e.kind == "replicated":
@@ -149,12 +158,12 @@ def merge(e: Entry, arch: HFArch, pieces: Sequence[torch.Tensor]) -> dict[str, t
                 raise ValueError(f"{e.megatron}: TP rank {i} holds other values than rank 0 (a replicated tensor)")
         return {e.hf[0]: first}
     if e.kind == "row":
-        return {e.hf[0]: torch.cat(list(pieces), 1)}
+        return {e.hf[0]: _cat(pieces, 1)}
     if e.kind == "vocab":
-        return {e.hf[0]: torch.cat(list(pieces), 0)[: arch.vocab_size]}
+        return {e.hf[0]: _cat(pieces, 0)[: arch.vocab_size]}
     if e.kind == "fc1":
         halves = [p.chunk(2, 0) for p in pieces]
-        return {e.hf[0]: torch.cat([g for g, _ in halves], 0), e.hf[1]: torch.cat([u for _, u in halves], 0)}
+        return {e.hf[0]: _cat([g for g, _ in halves], 0), e.hf[1]: _cat([u for _, u in halves], 0)}
     if e.kind == "qkv":
         d, rep = arch.head_dim, arch.num_heads // arch.num_kv_heads
         parts: list[list[torch.Tensor]] = [[], [], []]
@@ -163,5 +172,5 @@ def merge(e: Entry, arch: HFArch, pieces: Sequence[torch.Tensor]) -> dict[str, t
             g = p.reshape(-1, (rep + 2) * d, *rest)
             for i, x in enumerate(g.split([rep * d, d, d], 1)):
                 parts[i].append(x.reshape(-1, *rest))
-        return {name: torch.cat(ps, 0) for name, ps in zip(e.hf, parts)}
+        return {name: _cat(ps, 0) for name, ps in zip(e.hf, parts)}
     raise ValueError(f"unknown entry kind {e.kind!r}")

@@ -1,36 +1,66 @@
-"""Export a run's final state as a Hugging Face model directory (``ftkit export RUN --hf OUT``).
+"""Export a run's final state, or one of its checkpoints, as a Hugging Face model directory
+(``ftkit export RUN_OR_CHECKPOINT --hf OUT``).
+
+``export(path, out_dir)`` dispatches on ``path``: a checkpoint directory (``step_NNNNNN/`` or a
+directory holding ``MANIFEST.json``) goes to ``export_checkpoint``, anything else to
+``export_run``. Both return the shard paths ``ftkit.model.hf_export.export_hf`` wrote, and both
+check ``out_dir`` (new or empty) before any work, so a refused input writes nothing there.
 
 ``export_run(run_dir, out_dir)`` reads ``run.json``'s config (validated: the model at the
 recorded path must still have the recorded ``model_digest``, its config, tokenizer and
 ``config.json`` are what the export copies), gathers each TP rank's state from
 ``final/tp{t}-pp{p}.safetensors`` (the parameters, ``model.<name>``, named model-wide; the
-union of the rank's pipeline stages) and writes ``ftkit.model.hf_export.export_hf``'s
-directory; it returns the shard paths. A run of a preset, a run without a complete final
-state (it did not finish) or an unreadable ``run.json`` is an ``InputError`` (exit 2). The
-exported tensors are the final weights cast to the checkpoint's dtype: after ``--lr 0`` every
-tensor is bitwise the source's. Memory: the whole final model state plus one shard.
+union of the rank's pipeline stages). Memory: the whole final model state plus one shard.
+
+``export_checkpoint(checkpoint, out_dir)``: the checkpoint must lie in ``RUN/checkpoints/``
+(``RUN/checkpoints/latest`` is the checkpoint it points to).
+It is verified first exactly as ``ftkit verify-checkpoint RUN`` (and ``--resume``) verify it
+(``verify_path`` of the run with its event log, ``ftkit.checkpoint.selection.error_findings``):
+its files, manifest, tensor fingerprints and finiteness, its retention record, the committed
+state fingerprint the log holds for its step. An error finding naming it is an ``InputError``
+(exit 2, one line with the first finding; nothing written), errors that name no checkpoint are
+passed to ``on_warning``. Nothing in the run is changed (no journal reconcile). The config is
+the checkpoint's own (``meta.json``, covered by the manifest), validated as a run's; the
+parameters are its canonical (TP=1/PP=1) model group, read alone (not the optimizer). Memory:
+the checkpoint's model state plus one shard.
+
+A preset run, a run without a complete final state (it did not finish), an unreadable
+``run.json`` / ``meta.json`` is an ``InputError`` (exit 2). The exported tensors are the
+weights cast to the checkpoint's dtype: after ``--lr 0`` every tensor is bitwise the source's.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import InputError
 
 if TYPE_CHECKING:
     import torch
 
+    from ftkit.train.config import TrainConfig
+
 PREFIX = "model."
+
+
+def export(path: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None) -> list[Path]:
+    """Export the run or checkpoint ``path`` to ``out_dir`` (module contract)."""
+    from ftkit.checkpoint.layout import MANIFEST, parse_step
+
+    path = Path(path)
+    if (path / MANIFEST).exists() or parse_step(path.name) is not None:
+        return export_checkpoint(path, out_dir, on_warning)
+    return export_run(path, out_dir)
 
 
 def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
     """Write the Hugging Face directory of ``run_dir``'s final state to ``out_dir`` (module contract)."""
     from safetensors import safe_open
 
-    from ftkit.model.hf_export import export_hf
-    from ftkit.train.config import load_config
+    from ftkit.model.hf_export import check_out_dir, export_hf
     from ftkit.train.rank.state import final_path
 
     run_dir = Path(run_dir)
@@ -38,14 +68,11 @@ def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
         values = dict(json.loads((run_dir / "run.json").read_text())["config"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(
-            f"{run_dir} is not a run directory: cannot read run.json ({exc})", "give a run directory"
+            f"{run_dir} is not a run directory: cannot read run.json ({exc})",
+            "give a run directory or a checkpoint directory (RUN/checkpoints/step_NNNNNN)",
         ) from None
-    cfg = load_config(values)
-    if cfg.model.is_preset:
-        raise InputError(
-            f"{run_dir} trained the preset {cfg.model.preset!r}, not a Hugging Face model",
-            "export --hf takes a run of ftkit train --model PATH",
-        )
+    cfg = _hf_config(values, run_dir)
+    check_out_dir(Path(out_dir))
     states: list[dict[str, torch.Tensor]] = []
     for t in range(cfg.layout.tp):
         state: dict[str, torch.Tensor] = {}
@@ -59,3 +86,62 @@ def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
                         state[key[len(PREFIX) :]] = f.get_tensor(key)
         states.append(state)
     return export_hf(states, cfg.hf_arch(), Path(out_dir), cfg.model_dir())
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None) -> list[Path]:
+    """Write the Hugging Face directory of the verified ``checkpoint`` to ``out_dir`` (module contract)."""
+    from ftkit.checkpoint.restore import MODEL, read_groups
+    from ftkit.checkpoint.selection import error_findings
+    from ftkit.checkpoint.verify import verify_path
+    from ftkit.model.hf_export import check_out_dir, export_hf
+    from ftkit.tensors.untrusted import load_json
+
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_symlink():  # RUN/checkpoints/latest
+        checkpoint = checkpoint.resolve()
+    run_dir = checkpoint.parent.parent
+    if not checkpoint.is_dir():
+        raise InputError(
+            f"{checkpoint}: no such checkpoint directory", f"list {checkpoint.parent} for the published ones"
+        )
+    if checkpoint.parent.name != "checkpoints" or not (run_dir / "events").is_dir():
+        raise InputError(
+            f"{checkpoint} is not a checkpoint of a run (RUN/checkpoints/step_NNNNNN with RUN/events)",
+            "export a checkpoint inside its run directory, which verification needs",
+        )
+    try:
+        values = dict(load_json((checkpoint / "meta.json").read_bytes())["config"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"{checkpoint}: cannot read the config in meta.json ({exc})",
+            f"run 'ftkit verify-checkpoint {run_dir}'",
+        ) from None
+    cfg = _hf_config(values, checkpoint)
+    check_out_dir(Path(out_dir))
+    result = verify_path(run_dir, events=True)
+    untrusted, general = error_findings(result)
+    why = untrusted.get(checkpoint.name)
+    if why is None and checkpoint.name not in result.checkpoints:
+        why = "it is not one of the run's checkpoints"
+    if why is not None:
+        raise InputError(
+            f"checkpoint {checkpoint} does not verify ({why})",
+            f"run 'ftkit verify-checkpoint {run_dir}' for every finding",
+        )
+    for message in general:
+        (on_warning or (lambda m: None))(f"verify-checkpoint finds in {run_dir}: {message}")
+    params = read_groups(checkpoint, only={MODEL})[MODEL]
+    return export_hf([params], cfg.hf_arch(), Path(out_dir), cfg.model_dir())
+
+
+def _hf_config(values: dict[str, Any], where: Path) -> TrainConfig:
+    """The validated config of a ``--model PATH`` run (``InputError`` for a preset's)."""
+    from ftkit.train.config import load_config
+
+    cfg = load_config(values)
+    if cfg.model.is_preset:
+        raise InputError(
+            f"{where} trained the preset {cfg.model.preset!r}, not a Hugging Face model",
+            "export --hf takes a run of ftkit train --model PATH",
+        )
+    return cfg
