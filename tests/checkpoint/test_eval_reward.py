@@ -25,7 +25,7 @@ class _Engines:
         out = torch.full((prompts.shape[0], self.task.response_len), EOS, dtype=torch.int64)
         out[:, :3] = self.task.answers(prompts)
         out[:2, 1] = out[:2, 1] + 1 if not self.marker else -1  # two wrong units digits (or no answer)
-        return out
+        return out, torch.zeros(out.shape, dtype=torch.float32)  # (responses, log-probs)
 
 
 class _Events:

@@ -152,7 +152,8 @@ def test_timeline_page_in_chromium(chromium: str, timeline_page: Path, tmp_path:
     assert f["charts"] == 3 and f["chartW"] > 400
     assert f["marks"] == {"fault": 2, "heal": 2, "reconfigure": 5}
     assert f["healRows"] == 2 and f["recovery"] == 2
-    assert f["h2"][:5] == ["Timeline", "Metrics by step", "Recovery", "Rules", "Findings"]
+    sections = ["Timeline", "Metrics by step", "Recovery", "Engine vs trainer log-probs", "Rules", "Findings"]
+    assert f["h2"][:6] == sections
 
 
 def test_timeline_screenshot_shows_the_story(chromium: str, timeline_page: Path, tmp_path: Path) -> None:

@@ -69,15 +69,17 @@ def test_responses_do_not_depend_on_the_engine_split(engines):
     ray, actors, _, _ = engines
     task = AdditionTask(response_len=6)
     prompts = task.prompts(seed=0, rollout=3, count=10).repeat_interleave(4, dim=0)  # 40 samples
-    whole = ray.get(actors["a"].generate.remote(prompts, 3, 0))
+    whole, whole_lp = ray.get(actors["a"].generate.remote(prompts, 3, 0))
     assert whole.shape == (40, 6) and whole.dtype == torch.int64
+    assert whole_lp.shape == (40, 6) and whole_lp.dtype == torch.float32 and bool((whole_lp <= 0).all())
     assert set(whole.unique().tolist()) <= set(RESPONSE_TOKENS)
     assert len({tuple(r) for r in whole.tolist()}) > 10  # sampled, not one constant answer
     for n_engines in (2, 3):
         ranges = split(40, n_engines)
         parts = [ray.get(actors["ab"[i % 2]].generate.remote(prompts[a:b], 3, a)) for i, (a, b) in enumerate(ranges)]
-        assert torch.equal(torch.cat(parts), whole)
-    assert not torch.equal(ray.get(actors["a"].generate.remote(prompts, 4, 0)), whole)  # another rollout
+        assert torch.equal(torch.cat([t for t, _ in parts]), whole)
+        assert torch.equal(torch.cat([lp for _, lp in parts]), whole_lp)  # the log-probs too, bit for bit
+    assert not torch.equal(ray.get(actors["a"].generate.remote(prompts, 4, 0))[0], whole)  # another rollout
 
 
 @pytest.mark.slow
@@ -86,15 +88,15 @@ def test_load_weights_fingerprints_what_the_engine_holds(engines):
 
     ray, actors, states, run_dir = engines
     prompts = AdditionTask(response_len=6).prompts(seed=0, rollout=0, count=16)
-    before = ray.get(actors["b"].generate.remote(prompts, 0, 0))
+    before = ray.get(actors["b"].generate.remote(prompts, 0, 0))[0]
     state = states[5]
     total = ray.get(actors["b"].load_weights.remote(state, 7, 2))
     assert total == fingerprint_tensors(state)[0]
     # the loaded weights are really used: other weights, other samples; the own weights back, the same
-    assert not torch.equal(ray.get(actors["b"].generate.remote(prompts, 0, 0)), before)
+    assert not torch.equal(ray.get(actors["b"].generate.remote(prompts, 0, 0))[0], before)
     own = ray.get(actors["b"].load_weights.remote(states[0], 8, 3))
     assert own == fingerprint_tensors(states[0])[0] != total
-    assert torch.equal(ray.get(actors["b"].generate.remote(prompts, 0, 0)), before)
+    assert torch.equal(ray.get(actors["b"].generate.remote(prompts, 0, 0))[0], before)
     ray.get(actors["b"].shutdown.remote())
     lines = [json.loads(line) for line in (run_dir / "events" / "engine-r1-i0.jsonl").read_text().splitlines()]
     loaded = [e for e in lines if e["type"] == "engine_weights"]
@@ -126,19 +128,19 @@ def test_greedy_decoding_is_fixed_and_leaves_sampling_alone(engines):
     b = actors["b"]
     ray.get(b.load_weights.remote(states[0], 20, 20))
     prompts = AdditionTask(response_len=6).heldout_prompts(seed=0, count=40)
-    sampled = ray.get(b.generate.remote(prompts, 3, 0))
-    greedy = ray.get(b.generate.remote(prompts, 3, 0, True))
+    sampled = ray.get(b.generate.remote(prompts, 3, 0))[0]
+    greedy = ray.get(b.generate.remote(prompts, 3, 0, True))[0]
     assert greedy.shape == (40, 6) and set(greedy.unique().tolist()) <= set(RESPONSE_TOKENS)
-    assert torch.equal(ray.get(b.generate.remote(prompts, 9, 17, True)), greedy)
-    parts = [ray.get(b.generate.remote(prompts[lo:hi], 0, lo, True)) for lo, hi in split(40, 3)]
+    assert torch.equal(ray.get(b.generate.remote(prompts, 9, 17, True))[0], greedy)
+    parts = [ray.get(b.generate.remote(prompts[lo:hi], 0, lo, True))[0] for lo, hi in split(40, 3)]
     assert torch.equal(torch.cat(parts), greedy)
     assert not torch.equal(sampled, greedy)  # sampling at temperature 1 is not the argmax
-    assert torch.equal(ray.get(b.generate.remote(prompts, 3, 0)), sampled)
+    assert torch.equal(ray.get(b.generate.remote(prompts, 3, 0))[0], sampled)
     broken = dict(states[0])
     broken["output_layer.weight"] = broken["output_layer.weight"].clone()
     broken["output_layer.weight"][EOS] = float("nan")  # one allowed token's logit is NaN everywhere
     ray.get(b.load_weights.remote(broken, 21, 21))
-    assert (ray.get(b.generate.remote(prompts, 3, 0, True)) == -1).all()  # no answer: eval_reward is NaN
+    assert (ray.get(b.generate.remote(prompts, 3, 0, True))[0] == -1).all()  # no answer: eval_reward is NaN
     ray.get(b.load_weights.remote(states[0], 22, 22))
 
 

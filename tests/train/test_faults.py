@@ -46,7 +46,7 @@ def test_the_issue_example_parses():
 @st.composite
 def specs_strategy(draw: st.DrawFn) -> FaultSpec:
     kind, point = draw(st.sampled_from(sorted((k, p) for k, ps in KIND_POINTS.items() for p in ps)))
-    engine_ok, rank_ok = point == "during_weight_sync", kind != "corrupt-engine"
+    engine_ok, rank_ok = point == "during_weight_sync", kind not in ("corrupt-engine", "stale-weights")
     on_engine = engine_ok and (not rank_ok or draw(st.booleans()))
     on_writer = point in WRITER_POINTS  # the checkpoint writer (the driver): no cell
     return FaultSpec(
@@ -79,6 +79,7 @@ def test_every_spec_round_trips_through_its_text(spec):
         ("kind=sigkill,point=during_weight_sync,cell=0,engine=0,step=0", "give engine= (an engine) or cell="),
         ("kind=sigkill,point=during_weight_sync,step=0", "strikes a rank: give cell="),
         ("kind=corrupt-engine,point=during_weight_sync,cell=0,step=0", "corrupt-engine strikes an engine"),
+        ("kind=stale-weights,point=during_weight_sync,cell=0,step=0", "stale-weights strikes an engine"),
         ("kind=sigkill,point=before_forward,engine=0,step=0", "engine= needs point=during_weight_sync"),
         ("kind=sigkill,point=before_forward,cell=0", "step= is required for point=before_forward"),
         ("kind=sigkill,point=before_forward,cell=-1,step=0", "cell must be an integer >= 0, not '-1'"),
