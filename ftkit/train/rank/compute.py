@@ -94,9 +94,9 @@ class StepCompute:
         grpo = cfg.objective.loss == "grpo"
         norm = loss_norm(data["loss_mask"], cfg.objective.aggregation) if grpo else step_tokens(data["loss_mask"])
         # at a rollout's first step the trainer's weights are the ones the engines sampled with
-        first = task.step % cfg.batch.steps_per_rollout == 0
-        self._checks = [] if grpo and first else None
-        if first and cfg.layout.pp == 1:  # every attempt: a killed first attempt may have logged nothing
+        rollout_start = task.step % cfg.batch.steps_per_rollout == 0
+        self._checks = [] if grpo and rollout_start else None
+        if rollout_start and cfg.layout.pp == 1:  # every attempt: a killed first attempt may have logged nothing
             self._score_canaries(task)
         if self.ctx.witness is not None:
             data["witness_rows"] = self.ctx.witness.rows(data["witness_ids"])
