@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ftkit.train.rank.reducer import ExactReducer, GradLayout
 
 
-#: The rollout tensors a step reads (``ftkit.train.rl.rollouts``).
+#: The rollout tensors a step reads (``ftkit.train.rl.rollouts``); ``logprobs`` only where recorded
+#: (a rollout of an ftkit before it, replayed from a checkpoint by ``ftkit dump``, trained REINFORCE).
 _STEP_KEYS = ("tokens", "loss_mask", "advantages", "witness_ids", "logprobs")
 
 
@@ -176,9 +177,9 @@ class StepCompute:
             )
         rows = batch["tokens"].shape[0]
         if rows == cfg.batch.samples_per_rollout:
-            return {key: batch[key][k * n : (k + 1) * n] for key in _STEP_KEYS}
+            return {key: batch[key][k * n : (k + 1) * n] for key in _STEP_KEYS if key in batch}
         if rows == n:
-            return {key: batch[key] for key in _STEP_KEYS}
+            return {key: batch[key] for key in _STEP_KEYS if key in batch}
         raise ValueError(
             f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
         )
