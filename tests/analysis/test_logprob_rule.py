@@ -137,3 +137,15 @@ def test_an_engine_canary_off_by_one_bit_is_an_error_and_a_missing_one_fails_clo
     assert _edit(events, trainer2, rename)
     found, _, codes = _ft114(events)
     assert codes == {"FT114"} and any("without a trainer's canary scores" in f.message for f in found)
+
+
+def test_another_producers_log_with_a_loss_in_its_config_owes_no_canaries(tmp_path):
+    from ftkit.evidence import EvidenceProfile, EvidenceRun
+
+    profile = EvidenceProfile(fingerprint_every=None, witness=False, metric_every=None, weights=True)
+    run = EvidenceRun(tmp_path, profile, config={"loss": "grpo"}, engines=1)
+    for step in range(4):
+        run.step_outcome(step)
+    run.close()
+    found, summary, _ = _ft114(tmp_path / "events")
+    assert not found and summary.checked == 0

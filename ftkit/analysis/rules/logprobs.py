@@ -23,9 +23,10 @@ caught even when the rollout's own batch would not show it.
 
 Fail closed: in a run whose config says ``loss: grpo``, a committed first step of a rollout
 whose samples (all of the rollout's) were not all compared is an error (missing evidence); in an ``ftkit train`` run
-at ``pp=1`` (its config has ``loss``) with engines, a committed first step of a rollout without
-a trainer's and an engine's canary scores of its version is one too. A log without that
-config (another producer) is not checked: the rule reports it ran on nothing.
+at ``pp=1`` (its config has ``loss`` and it logs no ``evidence_profile``) with engines, a
+committed first step of a rollout without a trainer's and an engine's canary scores of its
+version is one too. Another producer's log (an ``evidence_profile``) owes neither: the rule
+compares what is there and otherwise reports it ran on nothing.
 
 Memory: per weights version its sent and loaded fingerprints (two short strings per engine),
 per checked step the set of compared sample ids, and the findings' worst entries.
@@ -181,6 +182,8 @@ class LogprobMismatch(Rule):
                 where=where,
             )
         self._compare_canaries()
+        if self.replay.profile is not None:  # another producer's log (ftkit.evidence): nothing is owed here
+            return
         for step, (rollout, evidence) in sorted(self.first_steps.items()):
             self.check()
             if self.canaries and (rollout not in self.trainer_canary or rollout not in self.engine_canary):
