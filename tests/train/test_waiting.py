@@ -46,3 +46,33 @@ def test_a_named_peer_found_dead_ends_the_wait_at_once() -> None:
     got = waiter.wait({2: [never()]}, 60.0, dead=_probe(refs, {0: 4.0}), peers=(0,))
     assert refs.now == pytest.approx(4.0, abs=DEATH_POLL_S + 1e-9)
     assert got.collective == {2} and got.blocked[2].startswith("cell 0 (") and not got.failed
+
+
+def test_a_death_probe_into_a_gcs_that_does_not_answer_gives_up_and_blocks_no_later_probe(monkeypatch) -> None:
+    """A lookup in a dead GCS never returns (measured: over 110 s): the probe must return
+    None instead of holding the driver until Ray's client ends it at 60 s, and while that
+    lookup is stuck later probes do not start another one."""
+    import threading
+    import types
+
+    from ray._private import state
+
+    from ftkit.train.control import waiting
+
+    release, calls = threading.Event(), []
+
+    def stuck(actor_id: str) -> dict:
+        calls.append(actor_id)
+        release.wait()
+        return {"State": "DEAD"}
+
+    monkeypatch.setattr(waiting, "PROBE_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(state.state, "actor_table", stuck)
+    actor = types.SimpleNamespace(_actor_id=types.SimpleNamespace(hex=lambda: "a1"))
+    assert waiting.ray_actor_dead(actor) is None  # gave up on the stuck lookup
+    assert waiting.ray_actor_dead(actor) is None and calls == ["a1"]  # no second lookup while it is stuck
+    release.set()
+    while waiting._probing.locked():  # the stuck lookup returns once the GCS answers
+        release.wait(0.01)
+    monkeypatch.setattr(state.state, "actor_table", lambda actor_id: {"State": "DEAD"})
+    assert waiting.ray_actor_dead(actor) == "the actor died (Ray's actor table reports it DEAD)"

@@ -8,8 +8,8 @@ attempt is lost anyway). Each answer is classified (``problem``): a value, a dea
 failed), or no answer by the deadline (hung). ``wait`` never raises for a fault.
 
 Death notifications: given a ``dead(cell)`` probe (Ray's actor table: ``ray_actor_dead``, a
-GCS lookup of well under a millisecond), ``wait`` polls in slices of ``DEATH_POLL_S`` and asks
-it about the cells still pending: a cell Ray reports dead is failed at once (tens of
+GCS lookup of well under a millisecond, given up after ``PROBE_TIMEOUT_S``), ``wait`` polls in
+slices of ``DEATH_POLL_S`` and asks it about the cells still pending: a cell Ray reports dead is failed at once (tens of
 milliseconds after a kill, not at the deadline) and the others get the grace from then. A cell
 still pending at the deadline after a peer failed in the same wait (dead, erred, or one of the
 ``peers`` the caller named, such as a heal's donor, found dead) is **blocked on a dead peer**,
@@ -23,6 +23,7 @@ cells in the unit tests (``tests/train/fakecells.py``) without Ray and without s
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,15 +88,36 @@ def classify(ref: Any) -> Problem | None:
     return None
 
 
-def ray_actor_dead(actor: Any) -> str | None:
-    """Why Ray's actor table says ``actor`` (a handle) is dead, or None (alive, restarting, or
-    the table could not be read: the deadline still bounds the wait)."""
-    try:
-        from ray._private import state
+#: Longest a death probe may take: the actor table lives in Ray's GCS, and a lookup in a GCS
+#: that died never returns (measured: over 110 s); the driver must keep polling and reach its own
+#: GCS check (``GcsWatch``) before Ray's client gives up on the process at 60 s.
+PROBE_TIMEOUT_S = 0.5
+_probing = threading.Lock()  # at most one lookup in flight: a stuck one blocks no later probe
 
-        info = state.state.actor_table(actor._actor_id.hex())
-    except Exception:  # noqa: BLE001 - a probe only shortens waits; its failure changes nothing
+
+def ray_actor_dead(actor: Any) -> str | None:
+    """Why Ray's actor table says ``actor`` (a handle) is dead, or None (alive, restarting, the
+    table could not be read within ``PROBE_TIMEOUT_S``, or an earlier lookup is still stuck:
+    the deadline still bounds the wait). The lookup runs on a daemon thread, so a GCS that does
+    not answer costs the caller ``PROBE_TIMEOUT_S`` once, then nothing until it answers again."""
+    if not _probing.acquire(blocking=False):
         return None
+    found: list[Any] = []
+
+    def lookup() -> None:
+        try:
+            from ray._private import state
+
+            found.append(state.state.actor_table(actor._actor_id.hex()))
+        except Exception:  # noqa: BLE001 - a probe only shortens waits; its failure changes nothing
+            pass
+        finally:
+            _probing.release()
+
+    thread = threading.Thread(target=lookup, name="ftkit-death-probe", daemon=True)
+    thread.start()
+    thread.join(PROBE_TIMEOUT_S)
+    info = found[0] if found else None
     if not isinstance(info, dict) or info.get("State") != "DEAD":
         return None
     return "the actor died (Ray's actor table reports it DEAD)"
