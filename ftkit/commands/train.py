@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     BestMetric: TypeAlias = Enum
     Loss: TypeAlias = Enum
     Aggregation: TypeAlias = Enum
+    EngineKind: TypeAlias = Enum
 else:
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
@@ -59,6 +60,7 @@ else:
     BestMetric = _choices("BestMetric", "best_metric")
     Loss = _choices("Loss", "loss")
     Aggregation = _choices("Aggregation", "aggregation")
+    EngineKind = _choices("EngineKind", "engine_kind")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
@@ -183,6 +185,10 @@ def register(app: typer.Typer) -> None:
             _opt("--pp", field="pp", help="Pipeline-parallel ranks per cell (stages; must divide the model's layers)."),
         ] = None,
         engines: Annotated[int | None, _opt("--engines", field="engines")] = None,
+        engine_kind: Annotated[EngineKind | None, _opt("--engine", field="engine_kind")] = None,
+        logprob_tolerance: Annotated[
+            float | None, _opt("--logprob-tolerance", field="logprob_tolerance", metavar="DELTA", panel=PANEL_RL)
+        ] = None,
         rollouts: Annotated[int | None, _opt("--rollouts", field="rollouts")] = None,
         steps_per_rollout: Annotated[int | None, _opt("--steps-per-rollout", field="steps_per_rollout")] = None,
         samples_per_rollout: Annotated[int | None, _opt("--samples-per-rollout", field="samples_per_rollout")] = None,
@@ -346,6 +352,10 @@ def register(app: typer.Typer) -> None:
         from ftkit.train.rl.rewards import check_reward
 
         check_reward(cfg.task.reward, cfg.task.response_len, cfg.rng.seed)  # a bad plug-in: exit 2 before Ray
+        if cfg.generation.kind == "vllm":
+            from ftkit.engines.vllm import require_vllm
+
+            require_vllm()  # no vLLM virtualenv: exit 2 before Ray
 
         from ftkit.commands.train_report import report
         from ftkit.train.control.driver import run_training

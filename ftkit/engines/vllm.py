@@ -64,6 +64,21 @@ def vllm_python() -> str | None:
     return python if os.path.exists(python) else None
 
 
+def require_vllm() -> str:
+    """The vLLM virtualenv's interpreter; ``ftkit.errors.InputError`` (exit 2, with how to
+    install it) when there is none."""
+    python = vllm_python()
+    if python is None:
+        from ftkit.errors import InputError
+
+        where = os.environ.get("FTKIT_VLLM_VENV", DEFAULT_VENV)
+        raise InputError(
+            f"--engine vllm: no vLLM virtualenv at {where}",
+            hint="run `bash scripts/setup_vllm.sh` (or set FTKIT_VLLM_VENV to one)",
+        )
+    return python
+
+
 class VllmEngine:
     """One vLLM engine process (see the module docstring)."""
 
@@ -78,6 +93,9 @@ class VllmEngine:
         max_model_len: int = 256,
         kv_cache_gib: int = 1,
         gpu_memory_utilization: float = 0.05,
+        max_num_seqs: int = 16,
+        logprobs_mode: str = "raw_logprobs",
+        max_logprobs: int = 20,
         timeout_s: float = 600.0,
         python: str | None = None,
         log_path: str | None = None,
@@ -111,6 +129,9 @@ class VllmEngine:
             "max_model_len": max_model_len,
             "kv_cache_gib": kv_cache_gib,
             "gpu_memory_utilization": gpu_memory_utilization,
+            "max_num_seqs": max_num_seqs,
+            "logprobs_mode": logprobs_mode,
+            "max_logprobs": max_logprobs,
         }
         try:
             reply, _ = self._call(start)
@@ -176,16 +197,28 @@ class VllmEngine:
         reply, _ = self._call({"op": "held"})
         return self._held(reply, getattr(self, "version", -1))
 
-    def score(self, tokens: Sequence[int]) -> np.ndarray:
-        """float32 ``[len(tokens) - 1]``: the log-prob of each token given the ones before."""
-        _, out = self._call({"op": "score", "tokens": [int(t) for t in tokens]})
+    def score(self, tokens: Sequence[int], allowed: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``[len(tokens) - 1]``: the log-prob of each token given the ones before;
+        with ``allowed``, under the distribution restricted to those token ids (the engine must
+        have been started with ``max_logprobs=-1``)."""
+        header: dict[str, Any] = {"op": "score", "tokens": [int(t) for t in tokens]}
+        if allowed is not None:
+            header["allowed"] = [int(t) for t in allowed]
+        _, out = self._call(header)
         return out["logprobs"].numpy()
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_tokens: int, seeds: Sequence[int], temperature: float = 1.0
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        allowed: Sequence[int] | None = None,
     ) -> list[Generation]:
         """One response of ``max_tokens`` tokens per prompt (EOS ignored), prompt ``i`` sampled
-        with ``seeds[i]``; each with the engine's log-prob of every sampled token."""
+        with ``seeds[i]``; each with the engine's log-prob of every sampled token (what the
+        server's ``logprobs_mode`` says). ``allowed``: sample only these token ids
+        (``allowed_token_ids``); ``temperature`` 0: greedy."""
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         header = {
@@ -195,6 +228,8 @@ class VllmEngine:
             "seeds": [int(s) for s in seeds],
             "temperature": float(temperature),
         }
+        if allowed is not None:
+            header["allowed"] = [int(t) for t in allowed]
         _, out = self._call(header)
         tokens, logprobs = out["tokens"].numpy(), out["logprobs"].numpy()
         gens, at = [], 0

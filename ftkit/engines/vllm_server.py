@@ -10,10 +10,13 @@ starts the engine; each later frame has an ``op``:
 * ``held`` -> ``{total, params, dtype, source, sources}``: what the engine computes with
   (``vllm_worker.held``), mapped back to Hugging Face names (``layout.to_hf``), signed zeros
   folded (see ``vllm_worker``);
-* ``score`` (``tokens``) -> tensor ``logprobs`` float32 ``[len - 1]``: the log-prob of each
-  token after the first given the ones before (the canary);
-* ``generate`` (``prompts``, ``max_tokens``, ``seeds``, ``temperature``) -> tensors ``tokens``
-  int64 and ``logprobs`` float32 (concatenated) and ``lengths`` int64;
+* ``score`` (``tokens``, optional ``allowed``) -> tensor ``logprobs`` float32 ``[len - 1]``: the
+  log-prob of each token after the first given the ones before (the canary); with ``allowed``
+  (token ids) the log-prob under the distribution restricted to those tokens (the full
+  vocabulary's log-probs renormalised over them: the server must start with ``max_logprobs=-1``);
+* ``generate`` (``prompts``, ``max_tokens``, ``seeds``, ``temperature``, optional ``allowed``:
+  vLLM's ``allowed_token_ids``) -> tensors ``tokens`` int64 and ``logprobs`` float32
+  (concatenated) and ``lengths`` int64; ``temperature`` 0 is greedy;
 * ``exit``.
 
 A failing request is answered ``{"ok": false, "error": "..."}`` and the server goes on; only a
@@ -53,6 +56,7 @@ class Server:
             max_num_seqs=int(start.get("max_num_seqs", 16)),
             gpu_memory_utilization=float(start.get("gpu_memory_utilization", 0.05)),
             logprobs_mode=start.get("logprobs_mode", "raw_logprobs"),
+            max_logprobs=int(start.get("max_logprobs", 20)),
         )
         self.dtype = str(self.llm.llm_engine.model_config.dtype).rsplit(".", 1)[-1]
         self.names = set(self._held_hf()[0])  # the Hugging Face names a load must bring, all of them
@@ -93,11 +97,20 @@ class Server:
         from vllm.inputs import TokensPrompt
 
         toks = [int(t) for t in header["tokens"]]
-        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        allowed = header.get("allowed")
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0 if allowed is None else -1, detokenize=False)
         out = self.llm.generate([TokensPrompt(prompt_token_ids=toks)], sp, use_tqdm=False)[0]
         assert out.prompt_logprobs is not None  # asked for above
-        lp = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], toks[1:])]
-        return {}, {"logprobs": torch.tensor(lp, dtype=torch.float32)}
+        positions = out.prompt_logprobs[1:]
+        if allowed is None:
+            lp = torch.tensor([d[t].logprob for d, t in zip(positions, toks[1:])], dtype=torch.float32)
+        else:  # renormalised over the allowed tokens; a token outside them has -inf
+            ids = [int(t) for t in allowed]
+            table = torch.tensor([[d[a].logprob for a in ids] for d in positions], dtype=torch.float32)
+            mine = torch.tensor([d[t].logprob for d, t in zip(positions, toks[1:])], dtype=torch.float32)
+            inside = torch.tensor([t in set(ids) for t in toks[1:]])
+            lp = torch.where(inside, mine - torch.logsumexp(table, dim=-1), -torch.inf)
+        return {}, {"logprobs": lp}
 
     def generate(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         import torch
@@ -113,6 +126,7 @@ class Server:
                 logprobs=0,
                 ignore_eos=True,
                 detokenize=False,
+                allowed_token_ids=header.get("allowed"),
             )
             for seed in header["seeds"]
         ]

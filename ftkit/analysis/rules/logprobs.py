@@ -6,8 +6,10 @@ micro-shards of every step of the rollout and logs them against the engines' rec
 (``logprob_check``): together the cells compare every sample of the rollout. ftkit's megatron engine
 and a TP=1 trainer run the same model with the same kernels on the same float32 logits, so
 their log-probs are bitwise equal: any differing token is an error. With TP > 1 the trainer's
-row-parallel sums round differently from the engine's TP=1 model, so a difference up to
-``TOLERANCE`` is expected and only a larger one is reported (a warning).
+row-parallel sums round differently from the engine's TP=1 model, and a vLLM engine
+(``engine_kind: vllm``) computes with its own kernels, so there a difference up to the run's
+``logprob_tolerance`` (``TOLERANCE`` where the config does not say) is expected and only a larger
+one is reported (a warning).
 
 The finding names the likely cause from evidence the log already holds: *stale weights*
 (an engine's fingerprint of that version is the previous version's), *wrong weights* (an
@@ -41,7 +43,8 @@ from ftkit.analysis.records import StepRecord
 from ftkit.analysis.registry import Rule, register
 from ftkit.findings import Severity
 
-#: Largest |engine - trainer| tolerated when the trainer's layout is not the engine's (TP > 1).
+#: Largest |engine - trainer| tolerated where they are not bitwise equal by construction (TP > 1,
+#: a vLLM engine) and the config names no ``logprob_tolerance``.
 TOLERANCE = 1e-3
 MAX_POSITIONS = 8
 
@@ -58,7 +61,8 @@ class LogprobMismatch(Rule):
     name = "logprob-mismatch"
     description = (
         "the trainer's recomputed log-probs of a rollout's tokens, or of the canary set, differ from the "
-        f"engines' (any bit at TP=1; more than {TOLERANCE:g} at TP > 1), or a rollout's first step lacks "
+        f"engines' (any bit with megatron engines at TP=1; more than the tolerance, {TOLERANCE:g} by default, "
+        "at TP > 1 or with vLLM engines), or a rollout's first step lacks "
         "the comparison"
     )
     fix = (
@@ -71,7 +75,8 @@ class LogprobMismatch(Rule):
         super().__init__(replay)
         self.grpo = False
         self.canaries = False  # an ftkit train log at pp=1 with engines: canary scores are due
-        self.tp = 1
+        self.exact = True  # megatron engines and a TP=1 trainer: bitwise equal by construction
+        self.tolerance = TOLERANCE
         self.step_samples = 0
         self.steps_per_rollout = 1
         self.sent: dict[int, str] = {}
@@ -88,7 +93,11 @@ class LogprobMismatch(Rule):
         if kind in ("run_started", "run_resumed"):
             cfg = ev.get("config") or {}
             self.grpo = cfg.get("loss") == "grpo"
-            self.tp = int(ev.get("tp") or cfg.get("tp") or 1)
+            tp = int(ev.get("tp") or cfg.get("tp") or 1)
+            self.exact = tp == 1 and cfg.get("engine_kind", "megatron") == "megatron"
+            tol = cfg.get("logprob_tolerance")
+            ok = isinstance(tol, (int, float)) and not isinstance(tol, bool) and math.isfinite(tol) and tol > 0
+            self.tolerance = float(tol) if ok else TOLERANCE
             pp = int(ev.get("pp") or cfg.get("pp") or 1)
             self.canaries = "loss" in cfg and pp == 1 and bool(ev.get("num_engines"))
             spr = int(cfg.get("steps_per_rollout") or 1)
@@ -109,7 +118,7 @@ class LogprobMismatch(Rule):
             self.check()
             self.compared.setdefault(ev["step"], set()).update(ev["witness_ids"])
             total = ev["total"]
-            if total["differing"] and (self.tp == 1 or total["nonfinite"] or total["max_abs"] > TOLERANCE):
+            if total["differing"] and (self.exact or total["nonfinite"] or total["max_abs"] > self.tolerance):
                 self.mismatches.append((ev, self.replay.where(fi, line)))
 
     def on_step(self, rec: StepRecord) -> None:
@@ -132,12 +141,12 @@ class LogprobMismatch(Rule):
                 deltas = [_delta(a, b) for a, b in zip(got, want)]
                 differing = sum(1 for a, b in zip(got, want) if a != b)
                 worst = max(deltas, default=0.0)
-                if not differing or (self.tp > 1 and worst <= TOLERANCE):
+                if not differing or (not self.exact and worst <= self.tolerance):
                     continue
                 self.report(
                     f"canary log-probs of version {version}: engine {engine} differs from cell {cell}'s trainer on "
                     f"{differing} of {len(got)} tokens (max |delta| {worst:.3g}); likely cause: {self._cause(version)}",
-                    severity=Severity.error if self.tp == 1 else Severity.warning,
+                    severity=Severity.error if self.exact else Severity.warning,
                     engine=engine,
                     cell=cell,
                     version=version,
@@ -164,7 +173,7 @@ class LogprobMismatch(Rule):
             worst = max(
                 zip(ev["witness_ids"], ev["samples"]), key=lambda s: (s[1]["nonfinite"], s[1]["max_abs"]), default=None
             )
-            exact = self.tp == 1
+            exact = self.exact
             self.report(
                 f"rollout {ev['rollout']} step {ev['step']} cell {ev['cell']} rank {ev['rank']}: "
                 f"{total['differing']} of {total['tokens']} token log-probs differ from the engines' "

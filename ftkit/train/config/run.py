@@ -57,6 +57,7 @@ class TrainConfig(BaseModel):
     rng: s.SeedSection = s.SeedSection()
     schedule: s.ScheduleSection = s.ScheduleSection()
     objective: s.ObjectiveSection = s.ObjectiveSection()
+    generation: s.GenerationSection = s.GenerationSection()
     reduction: s.ReductionSection = s.ReductionSection()
     compute: s.ComputeSection = s.ComputeSection()
     layout: s.LayoutSection = s.LayoutSection()
@@ -92,6 +93,11 @@ class TrainConfig(BaseModel):
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
         self._check_objective()
+        if self.generation.kind == "vllm" and self.model.is_preset:
+            raise ValueError(
+                "engine_kind='vllm' needs a Hugging Face model (--model PATH): vLLM cannot load "
+                f"the {self.model.preset!r} preset"
+            )
         return self
 
     def _check_objective(self) -> None:

@@ -12,7 +12,8 @@ Each field has a *flat name* (its alias, else its own name): the key of the flat
 ``run.json``, the ``run_started`` event and checkpoints hold, and of the command-line option.
 Flat names are unique across sections. New kinds of thing plug in as fields of their section:
 a Hugging Face path beside ``model.preset``, prompts beside ``task.reward``, a loss kind or
-GRPO clip / KL beside ``objective.lr``, an engine ``kind`` beside ``engine.count``.
+GRPO clip / KL beside ``objective.lr``, the inference engine's kind in ``generation`` (it decides
+the samples, so it is fixed on resume; ``engine.count`` is not).
 """
 
 from __future__ import annotations
@@ -190,6 +191,26 @@ class ObjectiveSection(Section):
         return GrpoConfig(self.clip_low, self.clip_high, self.kl_coef, self.aggregation)
 
 
+class GenerationSection(Section):
+    """Which inference engine generates the rollouts (it decides the samples: fixed on resume),
+    and how far its log-probs may be from the trainer's (rule FT114)."""
+
+    PLACE = Place("fixed", pairs_dumps=False)
+    kind: Literal["megatron", "vllm"] = Field(
+        "megatron",
+        alias="engine_kind",
+        description="megatron: ftkit's megatron-core engine, its log-probs bitwise the trainer's at TP=1; "
+        "vllm: real vLLM engines (a Hugging Face --model, scripts/setup_vllm.sh; docs/rl.md).",
+    )
+    logprob_tolerance: float = Field(
+        1e-3,
+        gt=0,
+        allow_inf_nan=False,
+        description="FT114: largest |engine - trainer| token log-prob difference tolerated where they are "
+        "not bitwise equal by construction (vllm engines, or tp > 1); above it, a warning.",
+    )
+
+
 class ReductionSection(Section):
     """How gradients are summed across micro-shards and cells."""
 
@@ -255,7 +276,7 @@ class ClusterSection(Section):
 
 
 class EngineSection(Section):
-    """The inference engines (a ``kind`` megatron | vllm later)."""
+    """How many inference engines run (their kind is ``generation.kind``)."""
 
     PLACE = Place("free", pairs_dumps=False)
     count: int = Field(1, ge=1, le=16, alias="engines", description="Inference engine actors.")

@@ -403,11 +403,20 @@ class Driver:
         )
 
     def _push_weights(self, version: int) -> None:
-        """Export the first live cell's weights, fingerprint them, load them on every engine."""
+        """Export the first live cell's weights, fingerprint them, load them on every engine.
+        vLLM engines get them under Hugging Face names, fingerprinted as such an engine must
+        hold them (``ftkit.engines.protocol.expected_weights``: float32, signed zeros folded)."""
         from ftkit.tensors.fingerprint import fingerprint_tensors
 
         state = self._session().roster.on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
-        total, params = fingerprint_tensors(state)
+        if self.cfg.generation.kind == "vllm":
+            from ftkit.engines.protocol import expected_weights
+            from ftkit.model.hf_export import hf_tensors
+
+            state = hf_tensors([state], self.cfg.hf_arch())
+            total, params = expected_weights(state, "float32", signed_zeros=False)
+        else:
+            total, params = fingerprint_tensors(state)
         self.events.emit("weights_sent", rollout=version, version=version, total=total, params=params)
         self.engine_totals.append(self.engines.load(state, version))
 

@@ -43,6 +43,18 @@ if TYPE_CHECKING:
 MAX_RESTARTS = 3
 
 
+def engine_class(cfg: TrainConfig) -> type:
+    """The engine actor class of ``cfg.generation.kind``: ``InferenceEngine`` (megatron) or
+    ``VllmInferenceEngine`` (vllm)."""
+    if cfg.generation.kind == "vllm":
+        from ftkit.train.rl.vllm_actor import VllmInferenceEngine
+
+        return VllmInferenceEngine
+    from ftkit.train.rl.engines import InferenceEngine
+
+    return InferenceEngine
+
+
 class EnginePool:
     """The engine actors of a run (see the module docstring)."""
 
@@ -58,11 +70,10 @@ class EnginePool:
         import ray
 
         from ftkit.train.control.cells import actor_resources
-        from ftkit.train.rl.engines import InferenceEngine
 
         self.cfg, self.run_dir, self.placer, self.events = cfg, run_dir, placer, events
         res = actor_resources(device)
-        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(InferenceEngine)
+        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(engine_class(cfg))
         self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engine.count)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
         self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent

@@ -57,22 +57,21 @@ def split(n: int, engines: int) -> list[tuple[int, int]]:
     return out
 
 
-class InferenceEngine:
-    """One inference engine (see the module docstring for the contract)."""
+class EngineActor:
+    """What every engine actor of ``ftkit train`` shares, whatever computes behind it: its
+    config, index, task, event log (``engine-r<engine>-i<n>.jsonl``, ``engine_restart`` first
+    when it replaces a failed one) and fault injector. ``InferenceEngine`` (megatron-core) and
+    ``ftkit.train.rl.vllm_actor.VllmInferenceEngine`` add ``load_weights`` and ``generate``."""
 
     def __init__(self, cfg: TrainConfig, run_dir: str, engine: int, restarted: tuple[str, str] | None = None) -> None:
         """``restarted``: ``(cause, during)`` when this engine replaces one that failed; it is
         logged as ``engine_restart``, the first event of this engine's log."""
         from ftkit.events.writer import EventWriter
-        from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
         from ftkit.train.control.rundir import run_name
+        from ftkit.train.faults.points import injector_for
 
         self.cfg = cfg  # validated once, by the driver
         self.engine = engine
-        self.device = self.cfg.resolved_device()
-        configure_determinism(self.cfg.compute.threads_per_rank)
-        init_local_parallel(self.device)
-        self.model = build_gpt(self.cfg.gpt_spec(), self.device).eval()
         self.task = self.cfg.addition_task()
         self.version: int | None = None
         self.events = EventWriter(
@@ -85,8 +84,6 @@ class InferenceEngine:
         if restarted is not None:
             self.events.emit("engine_restart", engine=engine, cause=restarted[0], during=restarted[1])
             self.events.sync()
-        from ftkit.train.faults.points import injector_for
-
         self.faults = injector_for(self.cfg, self.events, "engine", engine=engine)
 
     def ready(self) -> int:
@@ -98,6 +95,28 @@ class InferenceEngine:
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
+
+    def sync_fault(self, version: int, rollout: int, attempt: int) -> str | None:
+        """The ``during_weight_sync`` fault due at this load, if any (its kind)."""
+        sync_step = version * self.cfg.batch.steps_per_rollout
+        return self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
+
+    def shutdown(self) -> None:
+        """Flush and close the engine's event log."""
+        self.events.close()
+
+
+class InferenceEngine(EngineActor):
+    """One megatron-core inference engine (see the module docstring for the contract)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: str, engine: int, restarted: tuple[str, str] | None = None) -> None:
+        from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+
+        super().__init__(cfg, run_dir, engine, restarted)
+        self.device = self.cfg.resolved_device()
+        configure_determinism(self.cfg.compute.threads_per_rank)
+        init_local_parallel(self.device)
+        self.model = build_gpt(self.cfg.gpt_spec(), self.device).eval()
 
     def load_weights(self, state: dict[str, Tensor], version: int, rollout: int, attempt: int = 0) -> str:
         """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
@@ -121,8 +140,7 @@ class InferenceEngine:
                     f"engine {self.engine}: {name} is {src.dtype}{tuple(src.shape)}, "
                     f"the model holds {p.dtype}{tuple(p.shape)}"
                 )
-        sync_step = version * self.cfg.batch.steps_per_rollout
-        fault = self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
+        fault = self.sync_fault(version, rollout, attempt)
         with torch.no_grad():
             if fault != "stale-weights":
                 for name, p in params.items():
@@ -220,7 +238,3 @@ class InferenceEngine:
                 if uniforms is None:
                     logprobs[:, j] = torch.where(finite, logprobs[:, j], torch.nan)
         return tokens[:k, p:], logprobs
-
-    def shutdown(self) -> None:
-        """Flush and close the engine's event log."""
-        self.events.close()
