@@ -64,6 +64,9 @@ def test_options_override_the_config_file(capsys, tmp_path):
         (["--dump-what", "grads,logits"], "dump_what"),
         (["--cells", "0"], "cells"),
         (["--pp", "3"], "pp (3) must divide the tiny model's 2 layers"),
+        (["--engine", "vllm"], "engine_kind='vllm' needs a Hugging Face model (--model PATH)"),
+        (["--engine", "sglang"], "--engine"),
+        (["--logprob-tolerance", "0"], "logprob_tolerance"),
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(capsys, tmp_path, args, message):
@@ -72,6 +75,19 @@ def test_bad_values_are_one_line_and_exit_2(capsys, tmp_path, args, message):
     errors = [line for line in err.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and message in errors[0]
     assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_vllm_engine_without_its_virtualenv_is_exit_2_before_anything_starts(capsys, tmp_path, monkeypatch):
+    from tests.model.hf_models import make_model
+
+    model = make_model("llama", tmp_path, eos=True)
+    capsys.readouterr()  # transformers' progress bar of the save
+    monkeypatch.setenv("FTKIT_VLLM_VENV", str(tmp_path / "no-venv"))
+    code, out, err = _run(capsys, "train", "--model", str(model), "--engine", "vllm", "--out", str(tmp_path / "run"))
+    assert code == 2 and out == ""
+    assert err.startswith(f"Error: --engine vllm: no vLLM virtualenv at {tmp_path / 'no-venv'}")
+    assert "scripts/setup_vllm.sh" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
 
 

@@ -97,7 +97,7 @@ class LogprobMismatch(Rule):
             self.exact = tp == 1 and cfg.get("engine_kind", "megatron") == "megatron"
             tol = cfg.get("logprob_tolerance")
             ok = isinstance(tol, (int, float)) and not isinstance(tol, bool) and math.isfinite(tol) and tol > 0
-            self.tolerance = float(tol) if ok else TOLERANCE
+            self.tolerance = float(tol) if ok and tol is not None else TOLERANCE
             pp = int(ev.get("pp") or cfg.get("pp") or 1)
             self.canaries = "loss" in cfg and pp == 1 and bool(ev.get("num_engines"))
             spr = int(cfg.get("steps_per_rollout") or 1)
