@@ -122,6 +122,7 @@ class VllmInferenceEngine(EngineActor):
         return out, logprobs
 
     def shutdown(self) -> None:
-        """Stop the vLLM process, then flush and close the event log."""
-        self.llm.close()
+        """Flush and close the event log first (the driver waits for it a bounded time), then
+        stop the vLLM process (it may take seconds to exit)."""
         super().shutdown()
+        self.llm.close()
