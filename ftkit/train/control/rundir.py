@@ -17,7 +17,7 @@ included). It refuses, with a ``UsageError`` (exit 2):
 
 ``make_run_dir`` then creates the directory fresh, replacing an old run only when allowed;
 ``write_run_json`` records what reproduces the run. The rest of the layout (``events/``,
-``rollouts/``, ``dumps/``, ``final/``, ``checkpoints/``) is written by the parts that own it;
+``rollouts/``, ``dumps/``, ``final/``, ``checkpoints/``, ``logs/``) is written by the parts that own it;
 see docs/train.md.
 """
 
@@ -49,6 +49,7 @@ RUN_AREAS: dict[str, tuple[str, ...]] = {
     "final": (".safetensors",),
     "dumps": (".safetensors", ".json"),
     "checkpoints": (".safetensors", ".json"),
+    "logs": (".log",),  # what vLLM engines print (--engine vllm: vllm-engine-<e>.log)
 }
 _LINKS = {("checkpoints", "latest")}  # the only symlinks ftkit makes (checkpoints/latest)
 _TEMP_MARKS = (".tmp-", ".tmp", ".deleting-")  # hidden names of ftkit's temporaries
