@@ -40,6 +40,7 @@ def _a_run(path: Path) -> Path:
         "checkpoints/step_000002/MANIFEST.json",
         "checkpoints/retention.json",
         "checkpoints/.step_000004.tmp-x/model.safetensors",
+        "logs/vllm-engine-0.log",
         "status.json",
     ):
         (path / rel).parent.mkdir(parents=True, exist_ok=True)
