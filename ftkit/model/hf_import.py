@@ -201,7 +201,8 @@ def fill(files: CheckpointFiles, plan: Plan, out: torch.Tensor) -> None:
     for p in plan.parts:
         place = out if p.dim in (None, 1) else out[p.at : p.at + p.stop - p.start]
         files.read_into(p.hf, p.dim, p.start, p.stop, place)
-    out[plan.zero_from :] = 0
+    if plan.zero_from < plan.shape[0]:
+        out[plan.zero_from :] = 0
 
 
 def _plans(arch: HFArch, names: Iterable[str], r: int, t: int, te: bool) -> Iterator[tuple[str, Plan]]:
