@@ -172,7 +172,7 @@ def _bytes(t: torch.Tensor) -> Any:
     """The bytes of contiguous CPU tensor ``t`` as a writable flat numpy uint8 array (shared)."""
     import torch
 
-    return t.reshape(-1).view(torch.uint8).numpy()
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
 
 
 def check_tensors(files: CheckpointFiles, arch: HFArch) -> None:
