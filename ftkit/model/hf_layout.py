@@ -16,9 +16,11 @@ qkv         megatron's fused ``linear_qkv``: for each of its ``kv/t`` query grou
 fc1         megatron's fused SwiGLU ``linear_fc1``: ``[gate rows of r; up rows of r]``
 ==========  ==========================================================================
 
-``rank_slice(entry, arch, read, r, t)`` builds rank ``r``'s tensor from ``read(hf_name, dim,
-start, stop)`` (rows or columns ``[start, stop)`` along ``dim``, or the whole tensor for ``dim``
-None), so a caller streaming from disk reads only this rank's share; ``merge(entry, arch,
+``rank_plan(entry, arch, r, t)`` says how rank ``r``'s tensor is made: its shape, the ``Part``s
+it is read from (rows or columns ``[start, stop)`` of one Hugging Face tensor, landing at
+destination row ``at``; a fused tensor is one part per query group's q, k and v rows or per gate
+and up half) and the padding rows to zero, so a reader copies every byte of this rank's share
+once, straight into its place, and nothing of another rank's share; ``merge(entry, arch,
 pieces)`` is the inverse (every rank's tensor -> the Hugging Face tensors, padding removed).
 With TE (``te=True``) the layer norms live in the fused linears (megatron's
 ``sharded_state_dict_keys_map``): ``self_attention.linear_qkv.layer_norm_weight`` and
@@ -27,7 +29,7 @@ With TE (``te=True``) the layer norms live in the fused linears (megatron's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,7 +38,6 @@ from ftkit.model.hf_config import HFArch
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-Reader = Callable[[str, "int | None", int, int], "torch.Tensor"]
 EMBED, LM_HEAD, FINAL_NORM = "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"
 
 
@@ -105,36 +106,59 @@ def _share(n: int, r: int, t: int) -> tuple[int, int]:
     return r * size, (r + 1) * size
 
 
-def rank_slice(e: Entry, arch: HFArch, read: Reader, r: int, t: int) -> torch.Tensor:
-    """Rank ``r``'s (of ``t``) tensor of entry ``e``, read through ``read`` (module docstring)."""
-    import torch
+@dataclass(frozen=True)
+class Part:
+    """Rows (``dim`` 0) or columns (``dim`` 1) ``[start, stop)`` of Hugging Face tensor ``hf``, or
+    all of it (``dim`` None). Rows land in destination rows ``[at, at + stop - start)``; columns
+    and whole tensors fill the whole destination."""
 
+    hf: str
+    dim: int | None
+    start: int
+    stop: int
+    at: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Rank ``r``'s tensor of one entry: ``shape``, the ``parts`` that fill it (disjoint), and the
+    vocabulary padding: rows ``[zero_from, shape[0])``, zero (``zero_from == shape[0]``: none)."""
+
+    shape: tuple[int, ...]
+    parts: tuple[Part, ...]
+    zero_from: int
+
+
+def rank_plan(e: Entry, arch: HFArch, r: int, t: int) -> Plan:
+    """How rank ``r`` (of ``t``) builds its tensor of entry ``e`` (module docstring)."""
+    h, d = arch.hidden_size, arch.head_dim
     if e.kind == "replicated":
-        return read(e.hf[0], None, 0, 0)
+        n = d if e.hf[0].endswith(("q_norm.weight", "k_norm.weight")) else h
+        return Plan((n,), (Part(e.hf[0], None, 0, 0),), n)
     if e.kind == "row":  # o_proj's columns are the attention heads, down_proj's the MLP's
-        n = arch.num_heads * arch.head_dim if e.hf[0].endswith("o_proj.weight") else arch.ffn_hidden_size
-        return read(e.hf[0], 1, *_share(n, r, t))
+        n = arch.num_heads * d if e.hf[0].endswith("o_proj.weight") else arch.ffn_hidden_size
+        start, stop = _share(n, r, t)
+        return Plan((h, stop - start), (Part(e.hf[0], 1, start, stop),), h)
     if e.kind == "vocab":
         start, stop = _share(arch.padded_vocab(t), r, t)
-        real = read(e.hf[0], 0, start, min(stop, arch.vocab_size)) if start < arch.vocab_size else None
-        out = torch.zeros((stop - start, arch.hidden_size), dtype=real.dtype if real is not None else torch.float32)
-        if real is not None:
-            out[: real.shape[0]] = real
-        return out
-    d, groups = arch.head_dim, arch.num_kv_heads // t
+        real = max(0, min(stop, arch.vocab_size) - start)
+        parts = (Part(e.hf[0], 0, start, start + real),) if real else ()
+        return Plan((stop - start, h), parts, real)
+    rest: tuple[int, ...] = () if e.megatron.endswith(".bias") else (h,)
     if e.kind == "qkv":
-        rep = arch.num_heads // arch.num_kv_heads
-        q = read(e.hf[0], 0, *_share(arch.num_heads * d, r, t))
-        k = read(e.hf[1], 0, *_share(arch.num_kv_heads * d, r, t))
-        v = read(e.hf[2], 0, *_share(arch.num_kv_heads * d, r, t))
-        rest = tuple(q.shape[1:])
-        fused = torch.cat(
-            [q.reshape(groups, rep * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)], 1
-        )
-        return fused.reshape(groups * (rep + 2) * d, *rest)
+        rep, groups = arch.num_heads // arch.num_kv_heads, arch.num_kv_heads // t
+        q0, k0, size = r * groups * rep * d, r * groups * d, (rep + 2) * d
+        fused: list[Part] = []
+        for g in range(groups):
+            base, q, k = g * size, q0 + g * rep * d, k0 + g * d
+            fused.append(Part(e.hf[0], 0, q, q + rep * d, base))
+            fused.append(Part(e.hf[1], 0, k, k + d, base + rep * d))
+            fused.append(Part(e.hf[2], 0, k, k + d, base + (rep + 1) * d))
+        return Plan((groups * size, *rest), tuple(fused), groups * size)
     if e.kind == "fc1":
-        span = _share(arch.ffn_hidden_size, r, t)
-        return torch.cat([read(e.hf[0], 0, *span), read(e.hf[1], 0, *span)], 0)
+        start, stop = _share(arch.ffn_hidden_size, r, t)
+        n = stop - start
+        return Plan((2 * n, h), (Part(e.hf[0], 0, start, stop), Part(e.hf[1], 0, start, stop, n)), 2 * n)
     raise ValueError(f"unknown entry kind {e.kind!r}")
 
 

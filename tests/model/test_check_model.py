@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from ftkit.cli import main
-from ftkit.model import hf_layout
+from ftkit.model.hf_import import CheckpointFiles
 from tests.model.hf_models import FAMILIES, make_model
 
 
@@ -27,29 +26,20 @@ def test_parity_passes(family: str, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "ftkit.check-model" in (tmp_path / "j.xml").read_text()
 
 
-def _swap_q_and_k(real: hf_layout.Reader, layer: int) -> hf_layout.Reader:
-    """A reader that hands layer ``layer``'s k_proj rows where q_proj's first rows belong."""
-
-    def read(name: str, dim: int | None, start: int, stop: int) -> torch.Tensor:
-        t = real(name, dim, start, stop)
-        if name == f"model.layers.{layer}.self_attn.q_proj.weight":
-            k = real(name.replace("q_proj", "k_proj"), dim, 0, 32)
-            t = torch.cat([k, t[32:]])
-        return t
-
-    return read
-
-
 def test_planted_qk_swap_is_caught_at_its_layer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = make_model("llama", tmp_path)
-    real_slice = hf_layout.rank_slice
+    real = CheckpointFiles.read_into
 
-    def buggy(e, arch, read, r, t):  # type: ignore[no-untyped-def]
-        return real_slice(e, arch, _swap_q_and_k(read, 1), r, t)
+    def buggy(self, name, dim, start, stop, out):  # type: ignore[no-untyped-def]
+        """Layer 1's k_proj rows where q_proj's first rows belong."""
+        if name == "model.layers.1.self_attn.q_proj.weight" and start == 0:
+            real(self, name.replace("q_proj", "k_proj"), dim, 0, 32, out[:32])
+            return real(self, name, dim, 32, stop, out[32:])
+        return real(self, name, dim, start, stop, out)
 
-    monkeypatch.setattr("ftkit.model.hf_import.rank_slice", buggy)
+    monkeypatch.setattr(CheckpointFiles, "read_into", buggy)
     code = main(["check-model", str(model), "--prompt", "The capital of France is", "-f", "json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and doc["verdict"] == "fail"

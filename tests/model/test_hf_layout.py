@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,18 +14,19 @@ from safetensors.torch import load_file
 
 from ftkit.model import hf_import
 from ftkit.model.families import load_arch
+from ftkit.model.hf_config import HFArch
 from ftkit.model.hf_export import export_hf, hf_tensors
-from ftkit.model.hf_import import CheckpointFiles, check_tensors, rank_tensors
+from ftkit.model.hf_import import CheckpointFiles, check_tensors, load_rank, rank_tensors
 from ftkit.model.hf_layout import entries
 from tests.model.hf_models import FAMILIES, make_model
 
 
 def rank_states(model_dir: Path, tp: int) -> list[dict[str, torch.Tensor]]:
     arch = load_arch(model_dir)
-    files = CheckpointFiles(model_dir)
-    check_tensors(files, arch)
     names = [e.megatron for e in entries(arch) if not (arch.tied and e.megatron == "output_layer.weight")]
-    return [dict(rank_tensors(files, arch, names, r, tp)) for r in range(tp)]
+    with CheckpointFiles(model_dir) as files:
+        check_tensors(files, arch)
+        return [dict(rank_tensors(files, arch, names, r, tp)) for r in range(tp)]
 
 
 def source_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -88,45 +90,116 @@ def test_fused_qkv_is_grouped_as_megatron_lays_it_out(tmp_path: Path) -> None:
 
 
 def test_import_reads_only_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The memory bound: every read is a get_slice of this rank's share; no whole tensor is loaded
-    (get_tensor), and no rank reads more than its share."""
+    """The memory bound: every byte read from the files (``preadv`` of row ranges, column copies
+    from the memory map) is this rank's share, read once, and no single read is larger than one
+    parameter slice (replicated tensors are read by each rank that holds them)."""
     src = make_model("llama", tmp_path)
-    read_elems: list[int] = []
-    whole: list[str] = []
+    reads: list[int] = []
+    real_preadv, real_columns = os.preadv, CheckpointFiles._copy_columns
 
-    class Handle:
-        def __init__(self, inner: object) -> None:
-            self.inner = inner
+    def preadv(fd: int, buffers: list[memoryview], offset: int) -> int:
+        n = real_preadv(fd, buffers, offset)
+        reads.append(n)
+        return n
 
-        def keys(self) -> list[str]:
-            return self.inner.keys()  # type: ignore[attr-defined]
+    def columns(self: CheckpointFiles, name: str, info: object, lo: int, hi: int, out: torch.Tensor) -> None:
+        reads.append((hi - lo) * out.shape[0])
+        real_columns(self, name, info, lo, hi, out)  # type: ignore[arg-type]
 
-        def get_tensor(self, name: str) -> None:
-            whole.append(name)
-            raise AssertionError("import must not read a whole tensor")
-
-        def get_slice(self, name: str) -> object:
-            part = self.inner.get_slice(name)  # type: ignore[attr-defined]
-
-            class Slice:
-                def get_shape(self) -> list[int]:
-                    return part.get_shape()
-
-                def __getitem__(self, index: object) -> torch.Tensor:
-                    t = part[index]
-                    read_elems.append(t.numel())
-                    return t
-
-            return Slice()
-
-    real = hf_import.CheckpointFiles._open
-    monkeypatch.setattr(hf_import.CheckpointFiles, "_open", lambda self, f: Handle(real(self, f)))
+    monkeypatch.setattr(hf_import.os, "preadv", preadv)
+    monkeypatch.setattr(CheckpointFiles, "_copy_columns", columns)
     states = rank_states(src, 2)
-    assert not whole
-    held = sum(t.numel() for t in states[0].values())
-    padding = (512 - 300) * 128  # zero rows rank 1 holds beyond the real vocabulary
-    assert sum(read_elems) == 2 * held - padding  # both ranks: exactly their own shares, nothing twice
-    assert max(read_elems) <= max(t.numel() for t in states[0].values())
+    held = sum(t.numel() * t.element_size() for state in states for t in state.values())
+    padding = (512 - 300) * 128 * 4  # zero rows rank 1 holds beyond the real vocabulary, not read
+    assert sum(reads) == held - padding  # both ranks: exactly their own shares, nothing twice
+    assert max(reads) <= max(t.numel() * t.element_size() for t in states[0].values())
+
+
+def reference_rank(source: dict[str, torch.Tensor], arch: HFArch, r: int, t: int) -> dict[str, torch.Tensor]:
+    """Rank r's tensors built the obvious way from whole tensors (the oracle): slices, torch.cat
+    of the grouped q, k, v and of gate, up, and zero rows padding the vocabulary."""
+
+    def share(n: int) -> slice:
+        return slice(r * n // t, (r + 1) * n // t)
+
+    d, rep, groups = arch.head_dim, arch.num_heads // arch.num_kv_heads, arch.num_kv_heads // t
+    out = {}
+    for e in entries(arch):
+        if arch.tied and e.megatron == "output_layer.weight":
+            continue
+        x = [source[n] for n in e.hf]
+        if e.kind == "replicated":
+            y = x[0]
+        elif e.kind == "row":
+            y = x[0][:, share(x[0].shape[1])]
+        elif e.kind == "vocab":
+            padded = torch.cat([x[0], x[0].new_zeros(arch.padded_vocab(t) - arch.vocab_size, x[0].shape[1])])
+            y = padded[share(padded.shape[0])]
+        elif e.kind == "fc1":
+            y = torch.cat([x[0][share(x[0].shape[0])], x[1][share(x[1].shape[0])]])
+        else:
+            q, k, v = (p[share(p.shape[0])] for p in x)
+            rest = tuple(q.shape[1:])
+            grouped = [q.reshape(groups, rep * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)]
+            y = torch.cat(grouped, 1).reshape(-1, *rest)
+        out[e.megatron] = y
+    return out
+
+
+def to_bf16(model_dir: Path) -> None:
+    """Rewrite ``model_dir``'s weights as bfloat16 (what most published checkpoints are)."""
+    from safetensors.torch import save_file
+
+    for f in model_dir.glob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(f).items()}, str(f), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    ("family", "overrides", "bf16"),
+    [
+        ("llama", {}, False),  # tied embeddings
+        ("llama", {"tie_word_embeddings": False}, True),
+        ("qwen2", {}, False),  # QKV bias
+        ("qwen2", {}, True),
+    ],
+    ids=["llama-tied", "llama-untied-bf16", "qwen2-bias", "qwen2-bias-bf16"],
+)
+def test_reader_matches_the_safetensors_reference(
+    family: str, overrides: dict[str, object], bf16: bool, tmp_path: Path
+) -> None:
+    """Every rank tensor, fresh (``rank_tensors``, the checkpoint's dtype) and filled into existing
+    float32 parameters (``load_rank``, what ``load_into`` does: cast on the way), is bitwise the
+    reference built from safetensors' own ``load_file``, at TP 1 and 2; the destination's padding
+    rows are zeroed even when they held something."""
+    src = make_model(family, tmp_path, **overrides)
+    if bf16:
+        to_bf16(src)
+    arch = load_arch(src)
+    source = source_tensors(src)
+    for tp in (1, 2):
+        states = rank_states(src, tp)
+        for r in range(tp):
+            want = reference_rank(source, arch, r, tp)
+            assert set(states[r]) == set(want)
+            dests = {n: torch.full(w.shape, float("nan"), dtype=torch.float32) for n, w in want.items()}
+            with CheckpointFiles(src) as files:
+                load_rank(files, arch, dests, r, tp)
+            for name, w in want.items():
+                got = states[r][name]
+                assert got.dtype == w.dtype and torch.equal(got.view(torch.uint8), w.view(torch.uint8)), name
+                assert torch.equal(dests[name], w.float()), name
+
+
+def test_a_strided_destination_is_filled_through_a_copy(tmp_path: Path) -> None:
+    """A parameter that is not contiguous (or not on the CPU) is filled through a staging tensor."""
+    src = make_model("qwen2", tmp_path)
+    arch = load_arch(src)
+    name = "decoder.layers.0.self_attention.linear_proj.weight"
+    want = reference_rank(source_tensors(src), arch, 1, 2)[name]
+    dest = torch.zeros(want.shape[1], want.shape[0]).t()
+    with CheckpointFiles(src) as files:
+        load_rank(files, arch, {name: dest}, 1, 2)
+    assert torch.equal(dest, want)
 
 
 def test_missing_and_unmapped_tensors_are_config_errors(tmp_path: Path) -> None:
