@@ -193,10 +193,11 @@ class EnginePool:
         from ftkit.train.control.run_end import raise_if_interrupted
 
         raise_if_interrupted()  # a call a signal cut short is the run stopping, not an engine failing
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"engine {e} failed ({type(exc).__name__}: {first[:200]}); restarting it\n")
+        cause = getattr(exc, "cause", None) or exc  # a RayTaskError's own first line names only the call
+        first = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        sys.stderr.write(f"engine {e} failed ({type(cause).__name__}: {first[:200]}); restarting it\n")
         if self.events is not None:
-            reason = f"{type(exc).__name__}: {first[:300]}"
+            reason = f"{type(cause).__name__}: {first[:300]}"
             self.events.emit("engine_failed", engine=e, incarnation=self.engine_restarts.get(e, 0), reason=reason)
         with contextlib.suppress(Exception):  # already gone is fine
             ray.kill(self.actors[e], no_restart=True)
@@ -205,7 +206,7 @@ class EnginePool:
         self.unplaced.add(e)
         self.fresh.add(e)
         target = self.placer.engine_target(e) if self.placer is not None else None
-        self.actors[e] = self._spawn(e, target, (f"{type(exc).__name__}: {first[:200]}", during))
+        self.actors[e] = self._spawn(e, target, (f"{type(cause).__name__}: {first[:200]}", during))
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush the engines' logs (at most ``timeout_s``), then kill them."""
