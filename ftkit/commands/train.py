@@ -205,8 +205,12 @@ def register(app: typer.Typer) -> None:
         reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
         reward: Annotated[str | None, _opt("--reward", field="reward", metavar="REWARD")] = None,
         prompts: Annotated[str | None, _opt("--prompts", field="prompts", metavar="FILE", panel=PANEL_DATA)] = None,
-        input_key: Annotated[str | None, _opt("--input-key", field="input_key", metavar="KEY", panel=PANEL_DATA)] = None,
-        label_key: Annotated[str | None, _opt("--label-key", field="label_key", metavar="KEY", panel=PANEL_DATA)] = None,
+        input_key: Annotated[
+            str | None, _opt("--input-key", field="input_key", metavar="KEY", panel=PANEL_DATA)
+        ] = None,
+        label_key: Annotated[
+            str | None, _opt("--label-key", field="label_key", metavar="KEY", panel=PANEL_DATA)
+        ] = None,
         max_prompt_len: Annotated[
             int | None, _opt("--max-prompt-len", field="max_prompt_len", metavar="N", panel=PANEL_DATA)
         ] = None,

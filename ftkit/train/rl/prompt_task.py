@@ -143,7 +143,7 @@ class PromptTask:
         """float32 ``[n, response_len]``: 1 up to and including the first ``eos``, 0 after it."""
         import torch
 
-        stops = (responses == self.stop_token).to(torch.int64)
+        stops = torch.eq(responses, self.stop_token).to(torch.int64)
         return ((stops.cumsum(dim=1) - stops) == 0).to(torch.float32)
 
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:

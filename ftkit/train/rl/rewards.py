@@ -15,9 +15,10 @@ bits wherever they are computed.
   text rewards ``exact_match`` / ``format``, ``MODULE:FUNCTION``, or an installed
   ``ftkit.rewards`` entry point), called once per sample with the keyword contract
   (``prompt``, ``response``, ``label``, ``prompt_ids``, ``response_ids``) on the task's text
-  (``RlTask.reward_sample``: the addition task's or a prompt dataset's). A plug-in that raises or returns a non-finite value is a
-  ``RewardError`` (exit 2) naming it and the sample; ``check_reward`` (at start-up, before Ray)
-  refuses one that does not resolve or that scores the same samples differently twice.
+  (``RlTask.reward_sample``: the addition task's or a prompt dataset's). A plug-in that raises
+  or returns a non-finite value is a ``RewardError`` (exit 2) naming it and the sample;
+  ``check_reward`` (at start-up, before Ray) refuses one that does not resolve or that scores
+  the same samples differently twice.
 """
 
 from __future__ import annotations

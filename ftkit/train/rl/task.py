@@ -91,13 +91,6 @@ class RlTask(Protocol):
 
     def response_mask(self, responses: Tensor) -> Any: ...
 
-    def response_mask(self, responses: Tensor) -> Any:
-        """float32 ``[n, response_len]`` of ones: every generated token is learned (what follows
-        ``eos`` is not scored by the task reward, but it is trained on)."""
-        import torch
-
-        return torch.ones(responses.shape, dtype=torch.float32)
-
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample: ...
 
     def decode(self, tokens: Tensor) -> str: ...
