@@ -95,9 +95,10 @@ class PromptTask:
         self.encoded, self.tokenizer = encoded, tokenizer
         self.vocab_size, self.prompt_len, self.response_len = vocab_size, prompt_len, response_len
         self.response_tokens = tuple(range(vocab_size))
-        self.stop_token: int | None = int(tokenizer.eos_token_id)
+        self.eos = int(tokenizer.eos_token_id)
+        self.stop_token: int | None = self.eos
         pad = tokenizer.pad_token_id
-        self.pad_token = self.stop_token if pad is None else int(pad)
+        self.pad_token = self.eos if pad is None else int(pad)
         self._table = torch.from_numpy(pad_prompts([e.ids for e in encoded], prompt_len, self.pad_token).ids)
         self._row: dict[tuple[int, ...], int] = {}
         for i in reversed(range(len(encoded))):  # the first record of a repeated prompt wins
@@ -105,7 +106,7 @@ class PromptTask:
         answers = torch.full((len(encoded), response_len), self.pad_token, dtype=torch.int64)
         for i, e in enumerate(encoded):
             label = [] if e.record.label is None else list(tokenizer.encode(e.record.label, add_special_tokens=False))
-            ids = [*label, self.stop_token][:response_len]
+            ids = [*label, self.eos][:response_len]
             answers[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         self._answers = answers
 
@@ -143,7 +144,7 @@ class PromptTask:
         """float32 ``[n, response_len]``: 1 up to and including the first ``eos``, 0 after it."""
         import torch
 
-        stops = torch.eq(responses, self.stop_token).to(torch.int64)
+        stops = torch.eq(responses, self.eos).to(torch.int64)
         return ((stops.cumsum(dim=1) - stops) == 0).to(torch.float32)
 
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:
@@ -152,7 +153,7 @@ class PromptTask:
 
         e = self.encoded[self._records(prompt[None, :])[0]]
         r = [int(t) for t in response]
-        r = r[: r.index(self.stop_token)] if self.stop_token in r else r
+        r = r[: r.index(self.eos)] if self.eos in r else r
         r = [t for t in r if t >= 0]  # -1: a greedy position with non-finite logits
         text = str(self.tokenizer.decode(r, skip_special_tokens=True))
         return RewardSample(e.text, text, e.record.label, list(e.ids), r)
