@@ -329,6 +329,7 @@ DATA_SHAPING = (
     "group_size",
     "response_len",
     "prompts",
+    "prompts_digest",
     "input_key",
     "label_key",
     "max_prompt_len",
@@ -343,6 +344,7 @@ DATA_SHAPING = (
 RECORDED_BEFORE: dict[str, Any] = {
     "model_digest": "",
     "prompts": None,
+    "prompts_digest": "",
     "input_key": "prompt",
     "label_key": "answer",
     "max_prompt_len": 64,

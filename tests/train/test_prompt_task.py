@@ -144,3 +144,15 @@ def test_a_prompt_dataset_trains_the_same_bits_on_one_and_two_cells(llama, tmp_p
     assert recorded["task"]["name"] == "prompts" and recorded["task"]["prompt_len"] == 12
     compare = ftkit("compare-dumps", "--exact", str(runs[1]), str(runs[2]))
     assert compare.returncode == 0, compare.stdout[-3000:] + compare.stderr[-3000:]
+
+
+def test_the_prompt_file_is_recorded_by_path_and_digest_and_must_not_change(llama, tmp_path):
+    from ftkit.errors import ConfigError
+
+    prompts = write_prompts(tmp_path / "p.jsonl")
+    recorded = config(llama, prompts).model_dump(mode="json")  # the flat record of run.json
+    assert recorded["prompts"] == str(prompts.absolute()) and len(recorded["prompts_digest"]) == 16
+    assert config(llama, prompts, prompts_digest=recorded["prompts_digest"]).task.prompts_digest
+    write_prompts(prompts, [json.dumps({"prompt": "1 + 1 =", "answer": 2})])
+    with pytest.raises(ConfigError, match="the prompt file .* has changed"):  # exit 2
+        config(llama, prompts, prompts_digest=recorded["prompts_digest"])

@@ -133,6 +133,11 @@ class TaskSection(Section):
         description="Prompt dataset: a JSONL file, one object per line (docs/rl.md); needs a model path with a "
         "tokenizer (--model PATH). Default: the embedded addition task.",
     )
+    prompts_digest: str = Field(
+        "",
+        description="Content digest of the prompt file (recorded by ftkit; empty without prompts).",
+        json_schema_extra=FILE_ONLY,
+    )
     input_key: str = Field("prompt", description="The prompt's key in each line of --prompts.")
     label_key: str = Field(
         "answer", description="The reference answer's key in each line of --prompts (empty: no labels)."
@@ -158,6 +163,18 @@ class TaskSection(Section):
 
     @model_validator(mode="after")
     def _prompt_options(self) -> TaskSection:
+        if self.prompts is not None:
+            from ftkit.tasks.jsonl import JsonlPrompts
+
+            digest = JsonlPrompts(self.prompts).digest()  # InputError (exit 2) for a missing file
+            if self.prompts_digest and self.prompts_digest != digest:
+                raise ValueError(
+                    f"the prompt file {self.prompts} has changed: its content digest is {digest}, "
+                    f"the run recorded {self.prompts_digest}"
+                )
+            object.__setattr__(self, "prompts_digest", digest)  # frozen: set once here
+        elif self.prompts_digest:
+            raise ValueError("prompts_digest is for a prompt file (prompts is not set)")
         if self.prompts is None:
             fields = type(self).model_fields
             given = [n for n in ("input_key", "label_key", "max_prompt_len") if getattr(self, n) != fields[n].default]
