@@ -30,6 +30,7 @@ PANEL_DUMPS = "Dumps"
 PANEL_FAULTS = "Fault tolerance"
 PANEL_CKPT = "Checkpoints"
 PANEL_RL = "RL objective"
+PANEL_DATA = "Prompts"
 
 
 def _choices(name: str, field: str) -> type[Enum]:
@@ -209,6 +210,19 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, _opt("--seed", field="seed")] = None,
         reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
         reward: Annotated[str | None, _opt("--reward", field="reward", metavar="REWARD")] = None,
+        prompts: Annotated[str | None, _opt("--prompts", field="prompts", metavar="FILE", panel=PANEL_DATA)] = None,
+        input_key: Annotated[
+            str | None, _opt("--input-key", field="input_key", metavar="KEY", panel=PANEL_DATA)
+        ] = None,
+        label_key: Annotated[
+            str | None, _opt("--label-key", field="label_key", metavar="KEY", panel=PANEL_DATA)
+        ] = None,
+        max_prompt_len: Annotated[
+            int | None, _opt("--max-prompt-len", field="max_prompt_len", metavar="N", panel=PANEL_DATA)
+        ] = None,
+        response_len: Annotated[
+            int | None, _opt("--max-response-len", field="response_len", metavar="N", panel=PANEL_DATA)
+        ] = None,
         device: Annotated[Device | None, _opt("--device", field="device")] = None,
         ray_address: Annotated[str | None, _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
         dump_rollouts: Annotated[
@@ -351,7 +365,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(0)
         from ftkit.train.rl.rewards import check_reward
 
-        check_reward(cfg.task.reward, cfg.task.response_len, cfg.rng.seed)  # a bad plug-in: exit 2 before Ray
+        # The task (a prompt file read and checked whole) and a bad plug-in: exit 2 before Ray.
+        check_reward(cfg.task.reward, cfg.rl_task(), cfg.rng.seed)
         if cfg.generation.kind == "vllm":
             from ftkit.engines.vllm import require_vllm
 

@@ -328,14 +328,27 @@ DATA_SHAPING = (
     "micro_shards",
     "group_size",
     "response_len",
+    "prompts",
+    "prompts_digest",
+    "input_key",
+    "label_key",
+    "max_prompt_len",
     "reward",
     "seed",
     "rollouts",
 )
 
 #: The value of a field a record made before the field existed stands for (``model_digest``:
-#: such runs trained a preset, whose digest is empty).
-RECORDED_BEFORE: dict[str, Any] = {"model_digest": ""}
+#: such runs trained a preset, whose digest is empty; the prompt fields: such runs trained the
+#: addition task, and their defaults).
+RECORDED_BEFORE: dict[str, Any] = {
+    "model_digest": "",
+    "prompts": None,
+    "prompts_digest": "",
+    "input_key": "prompt",
+    "label_key": "answer",
+    "max_prompt_len": 64,
+}
 
 
 def config_diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, tuple[Any, Any]]:

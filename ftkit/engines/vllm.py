@@ -214,11 +214,13 @@ class VllmEngine:
         seeds: Sequence[int],
         temperature: float = 1.0,
         allowed: Sequence[int] | None = None,
+        stop: Sequence[int] | None = None,
     ) -> list[Generation]:
         """One response of ``max_tokens`` tokens per prompt (EOS ignored), prompt ``i`` sampled
         with ``seeds[i]``; each with the engine's log-prob of every sampled token (what the
         server's ``logprobs_mode`` says). ``allowed``: sample only these token ids
-        (``allowed_token_ids``); ``temperature`` 0: greedy."""
+        (``allowed_token_ids``); ``stop``: token ids that end a response (kept as its last token,
+        so a response may be shorter than ``max_tokens``); ``temperature`` 0: greedy."""
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         header = {
@@ -230,6 +232,8 @@ class VllmEngine:
         }
         if allowed is not None:
             header["allowed"] = [int(t) for t in allowed]
+        if stop is not None:
+            header["stop"] = [int(t) for t in stop]
         _, out = self._call(header)
         tokens, logprobs = out["tokens"].numpy(), out["logprobs"].numpy()
         gens, at = [], 0

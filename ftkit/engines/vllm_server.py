@@ -15,7 +15,8 @@ starts the engine; each later frame has an ``op``:
   (token ids) the log-prob under the distribution restricted to those tokens (the full
   vocabulary's log-probs renormalised over them: the server must start with ``max_logprobs=-1``);
 * ``generate`` (``prompts``, ``max_tokens``, ``seeds``, ``temperature``, optional ``allowed``:
-  vLLM's ``allowed_token_ids``) -> tensors ``tokens`` int64 and ``logprobs`` float32
+  vLLM's ``allowed_token_ids``, optional ``stop``: its ``stop_token_ids``, the stop token kept as
+  the last of the response) -> tensors ``tokens`` int64 and ``logprobs`` float32
   (concatenated) and ``lengths`` int64; ``temperature`` 0 is greedy;
 * ``exit``.
 
@@ -127,6 +128,7 @@ class Server:
                 ignore_eos=True,
                 detokenize=False,
                 allowed_token_ids=header.get("allowed"),
+                stop_token_ids=header.get("stop"),
             )
             for seed in header["seeds"]
         ]

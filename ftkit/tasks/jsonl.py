@@ -36,6 +36,20 @@ class JsonlPrompts:
         if not self.path.is_file():
             raise InputError(f"prompt file {self.path} does not exist or is not a file", hint="pass a JSONL file")
 
+    def digest(self) -> str:
+        """The xxh64 of the file's bytes (``run.json`` records it: a resumed run must read the
+        same prompts)."""
+        import xxhash
+
+        h = xxhash.xxh64()
+        try:
+            with self.path.open("rb") as f:
+                while chunk := f.read(1 << 22):
+                    h.update(chunk)
+        except OSError as e:
+            raise InputError(f"cannot read prompt file {self.path}: {e.strerror}") from None
+        return h.hexdigest()
+
     def __iter__(self) -> Iterator[PromptRecord]:
         try:
             f = self.path.open("rb")

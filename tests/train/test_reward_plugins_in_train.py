@@ -81,7 +81,7 @@ def test_a_module_function_plug_in_scores_every_sample(plugin_dir: Path) -> None
 )
 def test_a_bad_plug_in_is_refused_before_the_run(plugin_dir: Path, spec: str, says: str) -> None:
     with pytest.raises(FtkitError, match=re.escape(says)):  # ConfigError or RewardError: exit 2
-        check_reward(spec, 4, seed=0)
+        check_reward(spec, AdditionTask(4), seed=0)
 
 
 def _ftkit(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ftkit.model.gpt import GPTSpec
     from ftkit.model.hf_config import HFArch
     from ftkit.train.faults.spec import FaultBounds, FaultSpec
-    from ftkit.train.rl.task import AdditionTask
+    from ftkit.train.rl.task import RlTask
 
 #: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
 #: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
@@ -139,15 +139,33 @@ class TrainConfig(BaseModel):
 
         return load_arch(self.model_dir())
 
-    def addition_task(self) -> AdditionTask:
-        """The run's built-in task: over the synthetic vocabulary for a preset, over the model's
-        tokenizer for a model path (``ftkit.train.rl.task.task_for``); ``ValueError`` for a bad
-        ``response_len``, ``ConfigError`` for an unusable tokenizer."""
+    def rl_task(self) -> RlTask:
+        """The run's task (``ftkit.train.rl.task.RlTask``): the prompt dataset of ``prompts``
+        through the model's tokenizer (``ftkit.train.rl.prompt_task``), else the built-in
+        addition task, over the synthetic vocabulary for a preset, over the model's tokenizer
+        for a model path (``ftkit.train.rl.task.task_for``); ``ConfigError`` (exit 2) for a
+        ``response_len`` the addition task refuses, an unusable tokenizer or prompt file."""
+        from ftkit.errors import ConfigError
         from ftkit.train.rl.task import task_for
 
-        if self.model.is_preset:
-            return task_for(self.task.response_len)
-        return task_for(self.task.response_len, self.model_dir(), self.hf_arch().vocab_size)
+        if self.task.prompts is not None:  # a model path (check_geometry)
+            from ftkit.train.rl.prompt_task import prompt_task
+
+            return prompt_task(
+                Path(self.task.prompts),
+                self.model_dir(),
+                self.hf_arch().vocab_size,
+                input_key=self.task.input_key,
+                label_key=self.task.label_key or None,
+                max_prompt_len=self.task.max_prompt_len,
+                response_len=self.task.response_len,
+            )
+        try:
+            if self.model.is_preset:
+                return task_for(self.task.response_len)
+            return task_for(self.task.response_len, self.model_dir(), self.hf_arch().vocab_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc), hint="raise --max-response-len (config: response_len)") from None
 
     def fault_bounds(self) -> FaultBounds:
         """What a fault spec may name in this run (cells, ranks, engines, steps)."""
@@ -194,6 +212,11 @@ def check_geometry(cfg: TrainConfig) -> None:
     if B % cfg.task.group_size:
         raise ValueError(f"samples_per_rollout ({B}) must be divisible by group_size ({cfg.task.group_size})")
     name, tp, pp = cfg.model.preset, cfg.layout.tp, cfg.layout.pp
+    if cfg.task.prompts is not None and cfg.model.is_preset:
+        raise ValueError(
+            f"prompts need a model with a tokenizer; the preset {name!r} has none "
+            "(give --model PATH, a Hugging Face model directory, or drop --prompts for the addition task)"
+        )
     if cfg.model.is_preset:
         from ftkit.model.presets import get_preset
 
@@ -222,7 +245,13 @@ def check_geometry(cfg: TrainConfig) -> None:
                 f"TP=1 to {arch.padded_vocab(1)}: not supported yet (choose a tp that keeps {arch.padded_vocab(1)})"
             )
         max_seq_len = arch.max_seq_len
-    if cfg.task.response_len >= max_seq_len // 2:
+    if cfg.task.prompts is not None:
+        if cfg.task.max_prompt_len + cfg.task.response_len > max_seq_len:
+            raise ValueError(
+                f"max_prompt_len + response_len ({cfg.task.max_prompt_len} + {cfg.task.response_len}) must be at "
+                f"most the {name} model's sequence length ({max_seq_len})"
+            )
+    elif cfg.task.response_len >= max_seq_len // 2:
         raise ValueError(
             f"response_len ({cfg.task.response_len}) must be below half the {name} model's "
             f"sequence length ({max_seq_len})"

@@ -123,7 +123,32 @@ class TaskSection(Section):
 
     PLACE = Place("fixed", pairs_dumps=True)
     group_size: int = Field(8, ge=1, description="Responses per prompt (advantage group).")
-    response_len: int = Field(8, ge=1, description="Generated tokens per response.", json_schema_extra=FILE_ONLY)
+    response_len: int = Field(
+        8,
+        ge=1,
+        description="Tokens per response: the addition task generates exactly this many; with --prompts the "
+        "most a response may have (it stops at eos; the rest is padding, not learned).",
+    )
+    prompts: str | None = Field(
+        None,
+        description="Prompt dataset: a JSONL file, one object per line (docs/rl.md); needs a model path with a "
+        "tokenizer (--model PATH). Default: the embedded addition task.",
+    )
+    prompts_digest: str = Field(
+        "",
+        description="Content digest of the prompt file (recorded by ftkit; empty without prompts).",
+        json_schema_extra=FILE_ONLY,
+    )
+    input_key: str = Field("prompt", description="The prompt's key in each line of --prompts.")
+    label_key: str = Field(
+        "answer", description="The reference answer's key in each line of --prompts (empty: no labels)."
+    )
+    max_prompt_len: int = Field(
+        64,
+        ge=1,
+        description="Tokens per prompt with --prompts (chat template applied): shorter ones are left-padded, a "
+        "longer one is an error naming its line.",
+    )
     reward: str = Field(
         "task",
         description="task: the addition task's verifiable reward; deterministic_random: 0/1 from a stable "
@@ -131,6 +156,37 @@ class TaskSection(Section):
         "MODULE:FUNCTION: a plug-in importable from the working directory or the Python path; NAME: a plug-in "
         "installed in the ftkit.rewards entry-point group (docs/rl.md).",
     )
+
+    @field_validator("prompts")
+    @classmethod
+    def _absolute_prompts(cls, v: str | None) -> str | None:
+        return None if v is None else str(Path(v).absolute())
+
+    @model_validator(mode="after")
+    def _prompt_options(self) -> TaskSection:
+        if self.prompts is not None:
+            from ftkit.tasks.jsonl import JsonlPrompts
+
+            digest = JsonlPrompts(self.prompts).digest()  # InputError (exit 2) for a missing file
+            if self.prompts_digest and self.prompts_digest != digest:
+                raise ValueError(
+                    f"the prompt file {self.prompts} has changed: its content digest is {digest}, "
+                    f"the run recorded {self.prompts_digest}"
+                )
+            object.__setattr__(self, "prompts_digest", digest)  # frozen: set once here
+        elif self.prompts_digest:
+            raise ValueError("prompts_digest is for a prompt file (prompts is not set)")
+        if self.prompts is None:
+            fields = type(self).model_fields
+            given = [n for n in ("input_key", "label_key", "max_prompt_len") if getattr(self, n) != fields[n].default]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply to prompts only (give --prompts FILE, or drop them)")
+        elif self.reward == "task":
+            raise ValueError(
+                "reward 'task' is the addition task's; with prompts choose a text reward "
+                "(e.g. --reward exact_match, or MODULE:FUNCTION)"
+            )
+        return self
 
     @field_validator("reward")
     @classmethod

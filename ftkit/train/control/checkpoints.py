@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ftkit.train.config import TrainConfig
     from ftkit.train.control.engine_pool import EnginePool
     from ftkit.train.control.roster import CellRoster
-    from ftkit.train.rl.task import AdditionTask
+    from ftkit.train.rl.task import RlTask
 
 
 class RunCheckpoints:
@@ -52,7 +52,7 @@ class RunCheckpoints:
         roster: CellRoster,
         events: EventWriter,
         engines: EnginePool,
-        task: AdditionTask,
+        task: RlTask,
     ) -> None:
         from ftkit.checkpoint.publish import Publisher
         from ftkit.checkpoint.retention import RetentionPolicy

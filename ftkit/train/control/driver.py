@@ -86,10 +86,7 @@ class Driver:
         self.on_warning = on_warning or (lambda message: print(f"Warning: {message}", file=sys.stderr))
         self.on_step = on_step or (lambda report: None)
         self.on_event = on_event or (lambda type_, fields: None)
-        try:
-            self.task = cfg.addition_task()
-        except ValueError as exc:
-            raise ConfigError(str(exc), hint="raise --response-len (config: response_len)") from None
+        self.task = cfg.rl_task()
         self.cells: CellSession | None = None  # the cells, their roster, coordinator and healer
         self.engines: Any = None
         self.checkpoints: Any = None
@@ -315,7 +312,13 @@ class Driver:
         batch = self._generate(rollout)
         rewards = get_reward(cfg.task.reward)(self.task, batch["prompts"], batch["responses"])
         tensors = rollouts.build_batch(
-            batch["prompts"], batch["responses"], batch["logprobs"], rewards, cfg.task.group_size, rollout
+            batch["prompts"],
+            batch["responses"],
+            batch["logprobs"],
+            rewards,
+            cfg.task.group_size,
+            rollout,
+            self.task.response_mask(batch["responses"]),
         )
         self._check_rescored(rollout, tensors)
         if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with

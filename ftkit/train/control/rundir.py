@@ -37,7 +37,7 @@ from ftkit.errors import UsageError
 
 if TYPE_CHECKING:
     from ftkit.train.config import TrainConfig
-    from ftkit.train.rl.task import AdditionTask
+    from ftkit.train.rl.task import RlTask
 
 RUN_SCHEMA = "ftkit.run/1"
 RUN_JSON = "run.json"
@@ -195,7 +195,7 @@ def run_name(run_dir: Path | str) -> str:
     return name if isinstance(name, str) and name else Path(run_dir).resolve().name
 
 
-def write_run_json(run_dir: Path, cfg: TrainConfig, device: str, task: AdditionTask) -> None:
+def write_run_json(run_dir: Path, cfg: TrainConfig, device: str, task: RlTask) -> None:
     """``run.json``: what reproduces the run (config, version, layout, seed). A resumed run
     keeps the name its ``run.json`` already records (``run_name``)."""
     from ftkit.tensors.st import write_bytes_atomic

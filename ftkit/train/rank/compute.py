@@ -254,7 +254,7 @@ class StepCompute:
     def _task(self) -> Any:
         """The run's task (through the model's tokenizer for a model path), built once."""
         if self._task_obj is None:
-            self._task_obj = self.cfg.addition_task()
+            self._task_obj = self.cfg.rl_task()
         return self._task_obj
 
     def _score_canaries(self, task: StepTask) -> None:

@@ -2,7 +2,7 @@
 and by the trainer, so an engine that did not take an update is caught whatever the batch.
 
 The canary set is the run's first ``GEN_CHUNK`` held-out prompts with their correct
-responses (``AdditionTask.heldout_prompts`` / ``correct_responses``): a function of the seed
+responses (``RlTask.heldout_prompts`` / ``correct_responses``): a function of the seed
 only, in the engines' generation shape (``GEN_CHUNK`` rows of the full sequence length). An
 engine scores it right after it loads a weights version (``InferenceEngine.load_weights``); each
 cell's trainer rank 0 scores it at the first step of the rollout that version generated, when
@@ -18,20 +18,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ftkit.train.rl.task import AdditionTask
+    from ftkit.train.rl.task import RlTask
 
 
-def canary_tokens(task: AdditionTask, seed: int, rows: int) -> tuple[Any, Any]:
+def canary_tokens(task: RlTask, seed: int, rows: int) -> tuple[Any, Any]:
     """``(tokens, mask)``: int64 and float32 ``[rows, seq_len]`` (engines and trainers pass
     ``engines.GEN_CHUNK``, the engines' usual shape), the prompts followed by their correct
-    responses, and 1 where a response token is predicted (``loss_mask``'s layout)."""
+    responses, and 1 where a learned response token is predicted (``loss_mask``'s layout)."""
     import torch
 
     prompts = task.heldout_prompts(seed, rows)
     tokens = torch.cat([prompts, task.correct_responses(prompts)], dim=1)
     p = prompts.shape[1]
     mask = torch.zeros(tokens.shape, dtype=torch.float32)
-    mask[:, p - 1 : p - 1 + task.response_len] = 1.0
+    mask[:, p - 1 : p - 1 + task.response_len] = task.response_mask(tokens[:, p:])
     return tokens, mask
 
 

@@ -15,7 +15,10 @@ Contract:
   loaded weights is flipped after the copy): FT102 reports both, FT114 the log-probs. Then it
   scores the canary set (``ftkit.train.rl.canary``) and logs ``canary_logprobs``.
 * ``generate(prompts, rollout, first_index)`` samples ``response_len`` tokens per prompt and
-  returns them with the policy's float32 log-prob of each (``ftkit.train.rl.policy``).
+  returns them with the policy's float32 log-prob of each (``ftkit.train.rl.policy``). A task
+  with a ``stop_token`` (a prompt dataset: ``eos``) stops a response at it: the positions after
+  it hold the task's ``pad_token`` with log-prob 0 (the driver's ``loss_mask`` leaves them out),
+  and a chunk whose rows have all stopped runs no further forward pass.
   Sample ``i`` (its global index in the rollout, ``first_index + row``) draws from the stream
   ``("sample", seed, rollout, i)`` and the model runs on fixed chunks of ``GEN_CHUNK``
   sequences of fixed length, so a response depends only on (weights, prompt, seed, rollout,
@@ -72,7 +75,7 @@ class EngineActor:
 
         self.cfg = cfg  # validated once, by the driver
         self.engine = engine
-        self.task = self.cfg.addition_task()
+        self.task = self.cfg.rl_task()
         self.version: int | None = None
         self.events = EventWriter(
             os.path.join(run_dir, "events"),
@@ -220,9 +223,14 @@ class InferenceEngine(EngineActor):
             )
         allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
         positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(GEN_CHUNK, s)
-        logprobs = torch.empty((k, r), dtype=torch.float32)
+        logprobs = torch.zeros((k, r), dtype=torch.float32)
+        stop, done = self.task.stop_token, torch.zeros(k, dtype=torch.bool)
+        if stop is not None:  # positions after a row's stop token hold the pad token (log-prob 0)
+            tokens[:k, p:] = self.task.pad_token
         with torch.no_grad():
             for j in range(r):
+                if bool(done.all()):  # every row stopped: the rest of the chunk is padding
+                    break
                 logits = self.model(tokens.to(self.device), positions.to(self.device), None)
                 at = logits[:k, p - 1 + j].to("cpu")
                 step = at.to(torch.float64)[:, allowed]
@@ -237,4 +245,8 @@ class InferenceEngine(EngineActor):
                 logprobs[:, j] = sampled_logprobs(at, allowed, pick.squeeze(1))
                 if uniforms is None:
                     logprobs[:, j] = torch.where(finite, logprobs[:, j], torch.nan)
+                if stop is not None:
+                    tokens[:k, p + j] = torch.where(done, self.task.pad_token, tokens[:k, p + j])
+                    logprobs[:, j] = torch.where(done, 0.0, logprobs[:, j])
+                    done |= tokens[:k, p + j] == stop
         return tokens[:k, p:], logprobs

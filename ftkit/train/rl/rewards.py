@@ -5,8 +5,9 @@ int64 token tensors ``prompts [n, P]`` and ``responses [n, R]``, and depends on 
 only (never on the process, the engine or the time), so a rollout's rewards are the same
 bits wherever they are computed.
 
-* ``task``: the task's own verifiable reward (``AdditionTask.reward``: partial credit for
-  correct answer digits), so learning is visible.
+* ``task``: the addition task's own verifiable reward (``AdditionTask.reward``: partial credit
+  for correct answer digits), so learning is visible; a prompt dataset has none (the config
+  refuses ``task`` with ``prompts``).
 * ``deterministic_random``: 0 or 1 from a stable hash (blake2b over the little-endian int64
   bytes of prompt then response), uncorrelated with correctness. Fault tests use it: every
   sample's reward is fixed by its tokens alone.
@@ -14,9 +15,10 @@ bits wherever they are computed.
   text rewards ``exact_match`` / ``format``, ``MODULE:FUNCTION``, or an installed
   ``ftkit.rewards`` entry point), called once per sample with the keyword contract
   (``prompt``, ``response``, ``label``, ``prompt_ids``, ``response_ids``) on the task's text
-  (``AdditionTask.reward_sample``). A plug-in that raises or returns a non-finite value is a
-  ``RewardError`` (exit 2) naming it and the sample; ``check_reward`` (at start-up, before Ray)
-  refuses one that does not resolve or that scores the same samples differently twice.
+  (``RlTask.reward_sample``: the addition task's or a prompt dataset's). A plug-in that raises
+  or returns a non-finite value is a ``RewardError`` (exit 2) naming it and the sample;
+  ``check_reward`` (at start-up, before Ray) refuses one that does not resolve or that scores
+  the same samples differently twice.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from ftkit.train.rl.task import AdditionTask
+    from ftkit.train.rl.task import AdditionTask, RlTask
 
 RewardFn = Callable[[Any, Any, Any], Any]
 
@@ -46,7 +48,7 @@ def random_bit(prompt: Tensor, response: Tensor) -> int:
     return h.digest()[0] & 1
 
 
-def deterministic_random(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
+def deterministic_random(task: RlTask, prompts: Tensor, responses: Tensor) -> Any:
     """float32 ``[n]`` of 0/1: ``random_bit`` of each sample's prompt and response."""
     import torch
 
@@ -72,7 +74,7 @@ def _plugin(spec: str) -> RewardFn:
 
     loaded = load_reward(spec)
 
-    def fn(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
+    def fn(task: RlTask, prompts: Tensor, responses: Tensor) -> Any:
         import torch
 
         samples = [task.reward_sample(p, r) for p, r in zip(prompts.cpu(), responses.cpu())]
@@ -81,21 +83,16 @@ def _plugin(spec: str) -> RewardFn:
     return fn
 
 
-def check_reward(spec: str, response_len: int, seed: int) -> None:
-    """Resolve ``--reward`` and, for a plug-in, score the addition task's held-out prompts with
-    their correct answers twice: ``ConfigError`` (exit 2) when it does not resolve, fails on them,
-    or is not deterministic (a run's rewards must be the same bits wherever they are recomputed).
-    A ``response_len`` the task refuses is left to the driver's own check."""
+def check_reward(spec: str, task: RlTask, seed: int) -> None:
+    """Resolve ``--reward`` and, for a plug-in, score the task's held-out prompts (a prompt
+    dataset's first ones) with their correct answers (its labels) twice: ``ConfigError``
+    (exit 2) when it does not resolve, fails on them, or is not deterministic (a run's rewards
+    must be the same bits wherever they are recomputed)."""
     if spec in REWARDS:
         return
     from ftkit.errors import ConfigError
     from ftkit.tasks.rewards import check_determinism, load_reward
-    from ftkit.train.rl.task import AdditionTask
 
-    try:
-        task = AdditionTask(response_len)
-    except ValueError:
-        return
     loaded = load_reward(spec)
     prompts = task.heldout_prompts(seed)
     samples = [task.reward_sample(p, r) for p, r in zip(prompts, task.correct_responses(prompts))]

@@ -5,8 +5,9 @@ samples ``[g*G, (g+1)*G)`` are the ``G = group_size`` responses to prompt ``g``.
 (docs/architecture.md, "Training"):
 
 * ``tokens`` int64 ``[N, S]``: prompt then response, ``S = prompt_len + response_len``;
-* ``loss_mask`` float32 ``[N, S]``: 1 at position ``t`` where token ``t+1`` is a response
-  token (the token predicted at ``t`` is learned), else 0;
+* ``loss_mask`` float32 ``[N, S]``: 1 at position ``t`` where token ``t+1`` is a learned
+  response token (the task's ``response_mask``: every response token of the addition task, a
+  prompt dataset's up to and including ``eos``), else 0;
 * ``advantages`` float32 ``[N]``: group-normalised rewards;
 * ``rewards`` float32 ``[N]``;
 * ``witness_ids`` int64 ``[N]``: ``rollout * N + i`` for sample ``i``; unique over the run,
@@ -59,11 +60,18 @@ def witness_ids(rollout: int, count: int) -> Any:
 
 
 def build_batch(
-    prompts: Tensor, responses: Tensor, logprobs: Tensor, rewards: Tensor, group_size: int, rollout: int
+    prompts: Tensor,
+    responses: Tensor,
+    logprobs: Tensor,
+    rewards: Tensor,
+    group_size: int,
+    rollout: int,
+    response_mask: Tensor | None = None,
 ) -> dict[str, Any]:
     """The batch tensors of one rollout from per-sample ``prompts [N, P]``, ``responses
-    [N, R]`` (int64), the engines' ``logprobs [N, R]`` of those response tokens and
-    ``rewards [N]``; see the module docstring."""
+    [N, R]`` (int64), the engines' ``logprobs [N, R]`` of those response tokens, ``rewards
+    [N]`` and the learned response tokens ``response_mask [N, R]`` (float32; ``None``: all of
+    them); see the module docstring."""
     import torch
 
     n, p = prompts.shape
@@ -74,10 +82,11 @@ def build_batch(
             f"({rewards.shape[0]}) must have the same number of samples (and response length)"
         )
     tokens = torch.cat([prompts.to(torch.int64), responses.to(torch.int64)], dim=1).contiguous()
+    learned = torch.ones((n, r), dtype=torch.float32) if response_mask is None else response_mask.to(torch.float32)
     loss_mask = torch.zeros((n, p + r), dtype=torch.float32)
-    loss_mask[:, p - 1 : p + r - 1] = 1.0
+    loss_mask[:, p - 1 : p + r - 1] = learned
     behaviour = torch.zeros((n, p + r), dtype=torch.float32)
-    behaviour[:, p - 1 : p + r - 1] = logprobs.to(torch.float32)
+    behaviour[:, p - 1 : p + r - 1] = torch.where(learned > 0, logprobs.to(torch.float32), 0.0)
     return {
         "tokens": tokens,
         "loss_mask": loss_mask,

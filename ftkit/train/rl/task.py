@@ -18,6 +18,10 @@ task reward gives partial credit, the fraction of the three target positions (te
 ``<eos>``) that are right, so a user sees it climb as the policy learns;
 ``ftkit.train.rl.rewards`` also offers a reward that ignores correctness.
 
+``RlTask`` is the seam the training side uses (driver, engines, ranks, canaries, rewards,
+checkpoints): ``AdditionTask`` and the dataset-backed ``ftkit.train.rl.prompt_task.PromptTask``
+both implement it.
+
 Heavy imports (torch, transformers) stay inside the functions.
 """
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ftkit.train.rl.seeds import torch_generator
 
@@ -47,6 +51,64 @@ ANSWER_LEN = 3
 HELDOUT_PROMPTS = 32
 
 _NAMES = {PAD: "<pad>", BOS: "<bos>", EOS: "<eos>", PLUS: "+", EQUALS: "="}
+
+
+class RlTask(Protocol):
+    """What training asks of a task. Shapes are fixed per run: every prompt row has
+    ``prompt_len`` tokens and every response ``response_len``, so a sequence is always
+    ``seq_len = prompt_len + response_len`` tokens whatever the data.
+
+    * ``name``, ``vocab_size``, ``prompt_len``, ``response_len``, ``seq_len``;
+    * ``response_tokens``: the token ids an engine may sample (its policy's support);
+    * ``stop_token``: ``None`` (every response is ``response_len`` sampled tokens) or the id
+      after which an engine stops: the rest of the response is ``pad_token`` and unlearned;
+    * ``prompts(seed, rollout, count)``: int64 ``[count, prompt_len]``, a function of
+      ``(seed, rollout)`` only; ``heldout_prompts(seed, count)``: the run's fixed evaluation and
+      canary set;
+    * ``correct_responses(prompts)``: int64 ``[n, response_len]``, a right answer per prompt;
+    * ``response_mask(responses)``: float32 ``[n, response_len]``, 1 on the response tokens
+      that are learned;
+    * ``reward_sample(prompt, response)``: one sample as a reward plug-in sees it;
+    * ``decode(tokens)``: readable text.
+    """
+
+    name: str
+    vocab_size: int
+    prompt_len: int
+    response_len: int
+    response_tokens: tuple[int, ...]
+    stop_token: int | None
+    pad_token: int
+
+    @property
+    def seq_len(self) -> int: ...
+
+    def prompts(self, seed: int, rollout: int, count: int) -> Any: ...
+
+    def heldout_prompts(self, seed: int, count: int = ...) -> Any: ...
+
+    def correct_responses(self, prompts: Tensor) -> Any: ...
+
+    def response_mask(self, responses: Tensor) -> Any: ...
+
+    def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample: ...
+
+    def decode(self, tokens: Tensor) -> str: ...
+
+
+def load_tokenizer(model_dir: Path) -> Any:
+    """The Hugging Face tokenizer of ``model_dir``; ``ConfigError`` (exit 2) when it cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    from ftkit.errors import ConfigError
+
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}",
+            hint="the model directory needs tokenizer.json / tokenizer_config.json",
+        ) from None
 
 
 def _synthetic_text(tokens: Any) -> str:
@@ -74,17 +136,9 @@ class TaskVocab:
         """The ids of the Hugging Face tokenizer in ``model_dir`` for a model of ``vocab_size``
         tokens; ``ftkit.errors.ConfigError`` (exit 2) when a digit is not one token, the
         tokenizer has no ``eos_token`` or an id falls outside the model's vocabulary."""
-        from transformers import AutoTokenizer
-
         from ftkit.errors import ConfigError
 
-        try:
-            tok = AutoTokenizer.from_pretrained(str(model_dir))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(
-                f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}",
-                hint="the model directory needs tokenizer.json / tokenizer_config.json",
-            ) from None
+        tok = load_tokenizer(model_dir)
 
         def ids(text: str) -> tuple[int, ...]:
             return tuple(int(i) for i in tok.encode(text, add_special_tokens=False))
@@ -138,6 +192,7 @@ class AdditionTask:
     """
 
     name = "addition"
+    stop_token: int | None = None  # every response is response_len sampled tokens
 
     def __init__(self, response_len: int, vocab: TaskVocab = SYNTHETIC) -> None:
         import torch
@@ -151,6 +206,7 @@ class AdditionTask:
         self.vocab = vocab
         self.vocab_size = vocab.vocab_size
         self.response_tokens = (vocab.eos, *vocab.digits)
+        self.pad_token = vocab.eos
         # Row 10 * a + b: the prompt of a + b.
         self._table = torch.tensor(
             [
@@ -213,6 +269,13 @@ class AdditionTask:
         out = torch.full((prompts.shape[0], self.response_len), self.vocab.eos, dtype=torch.int64)
         out[:, :ANSWER_LEN] = self.answers(prompts)
         return out
+
+    def response_mask(self, responses: Tensor) -> Any:
+        """float32 ``[n, response_len]`` of ones: every generated token is learned (what follows
+        ``eos`` is not scored by the task reward, but it is trained on)."""
+        import torch
+
+        return torch.ones(responses.shape, dtype=torch.float32)
 
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:
         """One sample as a reward plug-in sees it (``ftkit.tasks.protocols.RewardSample``):

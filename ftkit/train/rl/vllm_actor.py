@@ -17,10 +17,11 @@ Contract (what differs from the megatron engine):
   ``corrupt-engine`` sends one tensor with one bit flipped.
 * The canary set is scored by vLLM itself (prompt log-probs of the full vocabulary, renormalised
   over the task's response tokens): the same quantity the trainer scores, from vLLM's kernels.
-* ``generate``: vLLM samples ``response_len`` tokens per prompt from the task's response tokens
-  only (``allowed_token_ids``), temperature 1, seeded per sample with
-  ``derive_seed("sample", seed, rollout, i)`` (``i`` the sample's index in the rollout), so a
-  response does not depend on which engine produced it; the log-probs are vLLM's
+* ``generate``: vLLM samples up to ``response_len`` tokens per prompt from the task's response
+  tokens only (``allowed_token_ids``), stopping after the task's ``stop_token`` where it has one
+  (the rest of the row is the pad token with log-prob 0, as the megatron engine leaves it),
+  temperature 1, seeded per sample with ``derive_seed("sample", seed, rollout, i)`` (``i`` the
+  sample's index in the rollout), so a response does not depend on which engine produced it; the log-probs are vLLM's
   ``processed_logprobs`` (after the allowed-token mask: the policy's distribution). vLLM's
   sampler is not ftkit's inverse-CDF one, so a vLLM run's samples differ from a megatron run's.
   The number of training cells never reaches the engines, so 1 cell and 2 cells train on the
@@ -95,7 +96,7 @@ class VllmInferenceEngine(EngineActor):
         tokens, mask = canary_tokens(self.task, self.cfg.rng.seed, GEN_CHUNK)
         lp = torch.zeros(tokens.shape, dtype=torch.float32)  # the last position predicts nothing
         for row in range(tokens.shape[0]):
-            scores = self.llm.score(tokens[row].tolist(), allowed=self.task.response_tokens)
+            scores = self.llm.score(tokens[row].tolist(), allowed=self._allowed())
             lp[row, :-1] = torch.from_numpy(scores)
         self.events.emit(
             "canary_logprobs", rollout=rollout, version=version, engine=self.engine, **canary_fields(lp, mask)
@@ -108,18 +109,29 @@ class VllmInferenceEngine(EngineActor):
 
         from ftkit.train.rl.seeds import derive_seed
 
-        n, r = prompts.shape[0], self.task.response_len
+        n, r, stop = prompts.shape[0], self.task.response_len, self.task.stop_token
         seeds = [derive_seed("sample", self.cfg.rng.seed, rollout, first_index + i) for i in range(n)]
         gens = self.llm.generate(
-            prompts.tolist(), r, seeds, temperature=0.0 if greedy else 1.0, allowed=self.task.response_tokens
+            prompts.tolist(),
+            r,
+            seeds,
+            temperature=0.0 if greedy else 1.0,
+            allowed=self._allowed(),
+            stop=None if stop is None else [stop],
         )
-        out = torch.empty((n, r), dtype=torch.int64)
-        logprobs = torch.full((n, r), torch.nan, dtype=torch.float32)
+        out = torch.full((n, r), self.task.pad_token, dtype=torch.int64)  # after a stop: pad, log-prob 0
+        logprobs = torch.zeros((n, r), dtype=torch.float32)
         for i, g in enumerate(gens):
-            out[i] = torch.from_numpy(g.tokens)
-            if len(g.logprobs) == r:
-                logprobs[i] = torch.from_numpy(g.logprobs)
+            m = len(g.tokens)
+            out[i, :m] = torch.from_numpy(g.tokens)
+            logprobs[i, :m] = torch.from_numpy(g.logprobs)
         return out, logprobs
+
+    def _allowed(self) -> tuple[int, ...] | None:
+        """The tokens vLLM may sample: the task's response tokens, ``None`` where they are the
+        whole vocabulary (no mask to apply)."""
+        tokens = self.task.response_tokens
+        return None if len(tokens) == self.task.vocab_size else tokens
 
     def shutdown(self) -> None:
         """Flush and close the event log first (the driver waits for it a bounded time), then

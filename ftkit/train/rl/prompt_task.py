@@ -1,0 +1,163 @@
+"""A task backed by a prompt dataset (``--prompts FILE``): the ``RlTask`` of a JSONL file read
+through a Hugging Face model's tokenizer.
+
+Built once per process from the config (``prompt_task``): the whole file is read and checked
+(``ftkit.tasks.jsonl.JsonlPrompts``: a malformed line is ``ConfigError`` naming ``file:line``),
+every prompt rendered (the tokenizer's chat template where it has one) and encoded
+(``ftkit.tasks.batching.encode_prompts``: a prompt longer than ``max_prompt_len`` is an error
+naming its line; nothing is truncated), then left-padded to exactly ``max_prompt_len`` tokens.
+So every prompt row is ``[max_prompt_len]`` and every sequence ``[max_prompt_len +
+response_len]``: the shapes come from the config, never from the data of a batch, and the
+exactness of the cells (1 cell == 2 cells bitwise) holds as it does for the addition task.
+
+* ``prompts(seed, rollout, count)``: the records ``ftkit.tasks.sampling.rollout_indices``
+  draws (epochs of seeded permutations: every prompt once per epoch, the same on resume).
+* ``heldout_prompts(seed, count)``: the file's first ``count`` records (repeated in order
+  when the file is shorter), the evaluation and canary set: held out as a sample, not as
+  content, like the addition task's.
+* Engines sample from the whole vocabulary of the model (``response_tokens``) and stop at the
+  tokenizer's ``eos`` (``stop_token``): the tokens after it are the pad token, masked out of
+  the loss (``response_mask``: 1 up to and including the first ``eos``).
+* ``reward_sample`` gives a reward the prompt as the model saw it (template applied), the
+  response decoded up to ``eos`` (special tokens skipped), the record's label and the token ids
+  of both (the response's without ``eos`` and padding).
+* ``correct_responses``: the label's tokens then ``eos`` (truncated to ``response_len``),
+  what ``check_reward`` scores before a run starts and the canaries score after each sync.
+
+Padding is plain tokens under the causal mask with positions ``0..S-1`` (the trainer's and
+the engines' one forward): a left-padded prompt attends to its pads. That is a function of the
+data only, so it changes no exactness argument; a padding-aware attention mask and per-sample
+position ids (``ftkit.tasks.batching.join`` computes them) are not passed to the model yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.tasks.batching import Encoded
+    from ftkit.tasks.protocols import RewardSample
+
+#: Prompts in the held-out evaluation set (``heldout_prompts``), as for the addition task.
+HELDOUT_PROMPTS = 32
+
+
+def prompt_task(
+    path: Path,
+    model_dir: Path,
+    vocab_size: int,
+    *,
+    input_key: str,
+    label_key: str | None,
+    max_prompt_len: int,
+    response_len: int,
+) -> PromptTask:
+    """The ``PromptTask`` of the JSONL file ``path`` through the tokenizer of ``model_dir``
+    (a model of ``vocab_size`` tokens); ``ConfigError`` (exit 2) for a malformed line, a prompt
+    over ``max_prompt_len`` tokens, a tokenizer without ``eos_token`` or a token id outside the
+    model's vocabulary."""
+    from ftkit.errors import ConfigError
+    from ftkit.tasks.batching import encode_prompts
+    from ftkit.tasks.jsonl import JsonlPrompts
+    from ftkit.train.rl.task import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    if tok.eos_token_id is None:
+        raise ConfigError(
+            f"the tokenizer of {model_dir} has no eos_token (a response of --prompts stops at it)",
+            hint="set eos_token in tokenizer_config.json",
+        )
+    encoded = encode_prompts(tok, JsonlPrompts(path, input_key, label_key), max_prompt_len)
+    if not encoded:
+        raise ConfigError(f"prompt file {path} holds no prompts", hint="one JSON object per line")
+    top = max(max(e.ids) for e in encoded)
+    if top >= vocab_size:
+        raise ConfigError(
+            f"the tokenizer of {model_dir} gives token id {top}, outside the model's vocabulary of {vocab_size}",
+            hint="use the tokenizer the model was trained with",
+        )
+    return PromptTask(encoded, tok, vocab_size, max_prompt_len, response_len)
+
+
+class PromptTask:
+    """The ``RlTask`` of encoded prompt records (see the module docstring)."""
+
+    name = "prompts"
+
+    def __init__(self, encoded: list[Encoded], tokenizer: Any, vocab_size: int, prompt_len: int, response_len: int):
+        import torch
+
+        from ftkit.tasks.batching import pad_prompts
+
+        self.encoded, self.tokenizer = encoded, tokenizer
+        self.vocab_size, self.prompt_len, self.response_len = vocab_size, prompt_len, response_len
+        self.response_tokens = tuple(range(vocab_size))
+        self.eos = int(tokenizer.eos_token_id)
+        self.stop_token: int | None = self.eos
+        pad = tokenizer.pad_token_id
+        self.pad_token = self.eos if pad is None else int(pad)
+        self._table = torch.from_numpy(pad_prompts([e.ids for e in encoded], prompt_len, self.pad_token).ids)
+        self._row: dict[tuple[int, ...], int] = {}
+        for i in reversed(range(len(encoded))):  # the first record of a repeated prompt wins
+            self._row[tuple(int(t) for t in self._table[i])] = i
+        answers = torch.full((len(encoded), response_len), self.pad_token, dtype=torch.int64)
+        for i, e in enumerate(encoded):
+            label = [] if e.record.label is None else list(tokenizer.encode(e.record.label, add_special_tokens=False))
+            ids = [*label, self.eos][:response_len]
+            answers[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
+        self._answers = answers
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per sample: ``max_prompt_len + response_len``."""
+        return self.prompt_len + self.response_len
+
+    def prompts(self, seed: int, rollout: int, count: int) -> Any:
+        """``count`` prompts (int64 ``[count, prompt_len]``) of ``rollout``, a function of
+        ``(seed, rollout)`` only."""
+        from ftkit.tasks.sampling import rollout_indices
+
+        return self._table[rollout_indices(len(self.encoded), count, seed, rollout)]
+
+    def heldout_prompts(self, seed: int, count: int = HELDOUT_PROMPTS) -> Any:
+        """The file's first ``count`` prompts, in order, repeated when it is shorter (``seed``
+        is unused: the set is the file's head)."""
+        return self._table[[i % len(self.encoded) for i in range(count)]]
+
+    def _records(self, prompts: Tensor) -> list[int]:
+        rows = []
+        for p in prompts:
+            key = tuple(int(t) for t in p)
+            if key not in self._row:
+                raise ValueError("a prompt row that is not one of the dataset's")
+            rows.append(self._row[key])
+        return rows
+
+    def correct_responses(self, prompts: Tensor) -> Any:
+        """int64 ``[n, response_len]``: each prompt's label tokens, ``eos``, then padding."""
+        return self._answers[self._records(prompts)]
+
+    def response_mask(self, responses: Tensor) -> Any:
+        """float32 ``[n, response_len]``: 1 up to and including the first ``eos``, 0 after it."""
+        import torch
+
+        stops = torch.eq(responses, self.eos).to(torch.int64)
+        return ((stops.cumsum(dim=1) - stops) == 0).to(torch.float32)
+
+    def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:
+        """One sample as a reward plug-in sees it (see the module docstring)."""
+        from ftkit.tasks.protocols import RewardSample
+
+        e = self.encoded[self._records(prompt[None, :])[0]]
+        r = [int(t) for t in response]
+        r = r[: r.index(self.eos)] if self.eos in r else r
+        r = [t for t in r if t >= 0]  # -1: a greedy position with non-finite logits
+        text = str(self.tokenizer.decode(r, skip_special_tokens=True))
+        return RewardSample(e.text, text, e.record.label, list(e.ids), r)
+
+    def decode(self, tokens: Tensor) -> str:
+        """The tokenizer's decoding of a token sequence (negative ids dropped)."""
+        return str(self.tokenizer.decode([int(t) for t in tokens if int(t) >= 0]))
