@@ -254,22 +254,16 @@ class EvidenceRun:
         handle, where = self._pending
         self._pending = None
         ids, counts = torch.unique(torch.cat(self._ids.wait(handle)), return_counts=True)  # sorted
-        self._emit_counts(where, ids.tolist(), counts.tolist(), counts.double().tolist())
+        self._emit_counts(where, ids, counts, counts.double())
 
-    def _emit_counts(
-        self, where: dict[str, int], ids: list[int], counts: list[int], contributions: list[float]
-    ) -> None:
+    def _emit_counts(self, where: dict[str, int], ids: Any, counts: Any, contributions: Any) -> None:
+        """Tally (rank 0) and log one step's counts: three aligned 1-d tensors or sequences."""
         tally = self._tally.get(where["rollout"])
         if tally is not None:
             tally.add(ids, counts)
+        listed = [x.tolist() if hasattr(x, "tolist") else list(x) for x in (ids, counts, contributions)]
         self.log.emit(
-            "witness_counts",
-            **where,
-            cell=self.rank,
-            rank=0,
-            ids=list(ids),
-            counts=list(counts),
-            contributions=list(contributions),
+            "witness_counts", **where, cell=self.rank, rank=0, ids=listed[0], counts=listed[1], contributions=listed[2]
         )
 
     def metric(self, step: int | None, *, rollout: int = 0, **values: float | None) -> None:
