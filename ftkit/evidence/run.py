@@ -48,8 +48,8 @@ from ftkit.events.writer import EventWriter
 from ftkit.evidence.collectives import IdGather, barrier, broadcast_json, gather_json, rank_and_world, release
 from ftkit.evidence.profile import EvidenceProfile
 from ftkit.evidence.resume import ResumePoint
-from ftkit.evidence.tally import RolloutTally
 from ftkit.evidence.rundir import scalar, write_run_json
+from ftkit.evidence.tally import RolloutTally
 
 
 class EvidenceRun:
