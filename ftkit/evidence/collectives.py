@@ -83,7 +83,8 @@ def release() -> None:
 
 class IdGather:
     """All-gathers every rank's list of ints (the sample ids of a step) in ONE collective per call,
-    optionally asynchronous (``start`` returns at once; ``wait`` gives the lists in rank order).
+    optionally asynchronous (``start`` returns at once; ``wait`` gives the lists in rank order, as
+    int64 tensors).
 
     Each rank sends ``[n, id_0, ..., id_{n-1}]`` padded to a capacity all ranks hold alike; when a
     rank's list did not fit, every rank sees that from the gathered lengths, grows the capacity the
