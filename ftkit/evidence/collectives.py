@@ -83,7 +83,8 @@ def release() -> None:
 
 class IdGather:
     """All-gathers every rank's list of ints (the sample ids of a step) in ONE collective per call,
-    optionally asynchronous (``start`` returns at once; ``wait`` gives the lists in rank order).
+    optionally asynchronous (``start`` returns at once; ``wait`` gives the lists in rank order, as
+    int64 tensors).
 
     Each rank sends ``[n, id_0, ..., id_{n-1}]`` padded to a capacity all ranks hold alike; when a
     rank's list did not fit, every rank sees that from the gathered lengths, grows the capacity the
@@ -110,15 +111,19 @@ class IdGather:
         _held["ids"] = [slot, *parts]  # the previous gather was waited: its worker let go long ago
         return (parts, dist.all_gather(parts, slot, async_op=True), ids)
 
-    def wait(self, handle: Any) -> list[list[int]]:
-        """The lists of every rank, in rank order (collective again only when one did not fit)."""
+    def wait(self, handle: Any) -> list[Any]:
+        """The lists of every rank, in rank order, as 1-d int64 CPU tensors (collective again only
+        when one did not fit)."""
+        import torch
+
         parts, work, ids = handle
         if work is None:
-            return list(parts)
+            return [torch.tensor(p, dtype=torch.int64) for p in parts]
         work.wait()
-        rows = [p.cpu().tolist() for p in parts]
-        longest = max(r[0] for r in rows)
+        rows = [p.cpu() for p in parts]
+        lengths = [int(n) for n in torch.stack([r[0] for r in rows]).tolist()]
+        longest = max(lengths)
         if longest > self.capacity:
             self.capacity = 2 * longest
             return self.wait(self.start(ids))
-        return [r[1 : r[0] + 1] for r in rows]
+        return [r[1 : n + 1] for r, n in zip(rows, lengths)]

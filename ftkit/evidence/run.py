@@ -49,6 +49,7 @@ from ftkit.evidence.collectives import IdGather, barrier, broadcast_json, gather
 from ftkit.evidence.profile import EvidenceProfile
 from ftkit.evidence.resume import ResumePoint
 from ftkit.evidence.rundir import scalar, write_run_json
+from ftkit.evidence.tally import RolloutTally
 
 
 class EvidenceRun:
@@ -77,8 +78,7 @@ class EvidenceRun:
         self._closed = False
         self._ids = IdGather()
         self._pending: tuple[Any, dict[str, int]] | None = None  # a deferred witness gather
-        self._allocated: dict[int, tuple[list[int], int]] = {}  # rank 0: rollout -> (ids, expected)
-        self._tally: dict[int, dict[int, int]] = {}  # rank 0: rollout -> id -> times counted so far
+        self._tally: dict[int, RolloutTally] = {}  # rank 0: rollout -> its allocated samples' counts
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
         opened: dict[str, Any] = {"run": run or self.dir.resolve().name, "start": ResumePoint().to_json(), "epoch": 0}
         if self.rank == 0:
@@ -148,9 +148,9 @@ class EvidenceRun:
         Call before the rollout's first step."""
         if self.driver is not None:
             listed = [int(i) for i in ids]
-            for old in [r for r in self._allocated if r < rollout - 1]:  # a resume needs the newest only
-                del self._allocated[old], self._tally[old]
-            self._allocated[rollout], self._tally[rollout] = (listed, expected), {}
+            for old in [r for r in self._tally if r < rollout - 1]:  # a resume needs the newest only
+                del self._tally[old]
+            self._tally[rollout] = RolloutTally(listed, expected)
             self.driver.emit("witness_allocated", rollout=rollout, attempt=0, ids=listed, expected=expected)
 
     # ------------------------------------------------------------------ per step
@@ -249,30 +249,21 @@ class EvidenceRun:
         """Finish a deferred witness gather and write its line (no-op when none is pending)."""
         if self._pending is None:
             return
+        import torch
+
         handle, where = self._pending
         self._pending = None
-        tally: dict[int, int] = {}
-        for ids in self._ids.wait(handle):
-            for i in ids:
-                tally[i] = tally.get(i, 0) + 1
-        order = sorted(tally)
-        self._emit_counts(where, order, [tally[i] for i in order], [float(tally[i]) for i in order])
+        ids, counts = torch.unique(torch.cat(self._ids.wait(handle)), return_counts=True)  # sorted
+        self._emit_counts(where, ids, counts, counts.double())
 
-    def _emit_counts(
-        self, where: dict[str, int], ids: list[int], counts: list[int], contributions: list[float]
-    ) -> None:
+    def _emit_counts(self, where: dict[str, int], ids: Any, counts: Any, contributions: Any) -> None:
+        """Tally (rank 0) and log one step's counts: three aligned 1-d tensors or sequences."""
         tally = self._tally.get(where["rollout"])
         if tally is not None:
-            for i, n in zip(ids, counts):
-                tally[i] = tally.get(i, 0) + n
+            tally.add(ids, counts)
+        listed = [x.tolist() if hasattr(x, "tolist") else list(x) for x in (ids, counts, contributions)]
         self.log.emit(
-            "witness_counts",
-            **where,
-            cell=self.rank,
-            rank=0,
-            ids=list(ids),
-            counts=list(counts),
-            contributions=list(contributions),
+            "witness_counts", **where, cell=self.rank, rank=0, ids=listed[0], counts=listed[1], contributions=listed[2]
         )
 
     def metric(self, step: int | None, *, rollout: int = 0, **values: float | None) -> None:
@@ -322,17 +313,8 @@ class EvidenceRun:
         """Rank 0: whether every sample allocated to ``rollout`` was counted as often as expected
         by the steps logged so far (None: not allocated, or another rank). Recorded in each
         checkpoint's ``meta.json``: a resume takes only a checkpoint that ends its rollout."""
-        if rollout not in self._allocated:
-            return None
-        (ids, expected), tally = self._allocated[rollout], self._tally[rollout]
-        if not all(tally.get(i, 0) >= expected for i in ids):  # stops at the first sample short
-            return False
-        if len(set(ids)) == len(ids):
-            return True
-        need: dict[int, int] = {}
-        for i in ids:  # an id allocated twice is owed twice
-            need[i] = need.get(i, 0) + expected
-        return all(tally.get(i, 0) >= n for i, n in need.items())
+        tally = self._tally.get(rollout)
+        return None if tally is None else tally.complete()
 
     # ------------------------------------------------------------------ dumps and checkpoints
     def dump(self, step: int, module: Any, **options: Any) -> Any:

@@ -23,8 +23,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     ids = IdGather(capacity=4)
-    small = ids.wait(ids.start([rank, 10 + rank]))
-    big = ids.wait(ids.start(list(range(100 * rank, 100 * rank + 3 + 50 * rank))))  # rank 1: 53 ids
+    small = [t.tolist() for t in ids.wait(ids.start([rank, 10 + rank]))]
+    big = [t.tolist() for t in ids.wait(ids.start(list(range(100 * rank, 100 * rank + 3 + 50 * rank))))]  # rank 1: 53
     after = ids.capacity
     doc = {
         "gather": gather_json({"rank": rank, "text": "é" * rank}),
