@@ -117,8 +117,42 @@ def build_hf_gpt(arch: HFArch, device: str, dtype: str = "float32", parallel_out
         rope_scaling=arch.rope_scaling_factor is not None,
         rope_scaling_factor=arch.rope_scaling_factor or 8.0,
     )
+    mark_tp_shards(model)
     if device == "cpu":
         from ftkit.model.rope import cpu_rotary
 
         cpu_rotary(model)
     return model.to(device)
+
+
+def mark_tp_shards(model: Any) -> None:
+    """Give each TP-split weight of ``model`` megatron's ``tensor_model_parallel`` /
+    ``partition_dim`` / ``partition_stride`` attributes where it has none.
+
+    megatron sets them on a weight only where it initialises it (``perform_initialization``);
+    ftkit builds with that off and loads the weights itself, so without this every weight would
+    look replicated to what reads them: the cell's canonical state (the weights sent to engines,
+    heal, checkpoints' canonical form) and the optimizer's grad-norm (a TP duplicate counted
+    once). Vocabulary embedding and column-parallel weights split on dim 0 (the gated MLP's
+    ``linear_fc1`` with stride 2: each rank holds its part of gate, then of up), row-parallel
+    weights on dim 1. Biases already carry them (megatron sets those unconditionally)."""
+    from megatron.core.tensor_parallel.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_tensor_model_parallel_attributes,
+    )
+
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if weight is None or hasattr(weight, "tensor_model_parallel"):
+            continue
+        if isinstance(module, VocabParallelEmbedding):
+            dim, stride = 0, 1
+        elif isinstance(module, ColumnParallelLinear):
+            dim, stride = 0, 2 if name.endswith("mlp.linear_fc1") and module.config.gated_linear_unit else 1
+        elif isinstance(module, RowParallelLinear):
+            dim, stride = 1, 1
+        else:
+            continue
+        set_tensor_model_parallel_attributes(weight, True, dim, stride)
