@@ -7,7 +7,7 @@ cells never reaches the engines); the log analyzes clean with FT102 comparing th
 of what vLLM's kernels compute with to what was sent, and FT114 comparing every rollout's
 log-probs and the canary set within the tolerance; the ``stale-weights`` fault is caught by
 FT102 and attributed by FT114; a vLLM process killed from outside with SIGKILL is replaced and
-the run ends bitwise the fault-free one.
+the run ends bitwise the fault-free one; a TP=2 trainer syncs and proves the engine the same way.
 
 Skips only when the vLLM virtualenv is absent (``scripts/setup_vllm.sh``; ``scripts/setup.sh``
 creates it).
@@ -155,3 +155,16 @@ def _vllm_pid_after_first_sync(run: Path, proc: subprocess.Popen[str]) -> int:
                 return int(m.group(1))
         time.sleep(0.2)
     raise AssertionError("engine 0 never loaded version 0")
+
+
+def test_tp2_trainer_syncs_and_proves_a_vllm_engine(tmp_path: Path) -> None:
+    """A TP=2 trainer: its shards are gathered to the Hugging Face tensors the engine loads
+    (FT102 equal), its log-probs agree with vLLM's within the tolerance (FT114 clean)."""
+    model = make_model("llama", tmp_path, eos=True, vocab_size=512)  # TP=2 keeps TP=1's padding
+    run = tmp_path / "tp2"
+    res = ftkit("train", "--model", str(model), "--out", str(run), "--cells", "1", "--tp", "2", *CONFIG)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    sent = {e["version"]: e["total"] for e in events(run, "weights_sent")}
+    assert {e["version"]: e["total"] for e in events(run, "engine_weights")} == sent
+    checks = events(run, "logprob_check")
+    assert checks and all(e["total"]["tokens"] > 0 and e["total"]["max_abs"] < 1e-4 for e in checks)
