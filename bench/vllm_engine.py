@@ -9,7 +9,8 @@ as ``ftkit train --engine vllm`` starts it), interleaved, median of ``--repeat``
 - ``sync``: ``VllmEngine.load_weights`` of the same tensors, as the trainer sends them: the pipe
   transfer, vLLM's ``load_weights``, the kernels' repacking and the read-back fingerprint of what
   the kernels hold (FT102's evidence) together; ``sync (load only)`` is the server's own
-  measure of the load and repack, without transfer and fingerprint;
+  measure of the load and repack, without transfer and fingerprint; ``held fingerprint`` the
+  read-back alone;
 - ``generate``: ``--prompts`` prompts of the model's tokenizer, ``--tokens`` sampled tokens each,
   in one call (tokens/s), next to the megatron engine of ``ftkit train`` on the same model and
   prompt shape (``InferenceEngine``'s per-token full forward, chunks of 16 sequences).
@@ -78,6 +79,12 @@ def main() -> None:
         print(f"raw copy          {copy:8.3f} s  ({nbytes / copy / 1e9:.2f} GB/s)")
         print(f"sync              {sync:8.3f} s  ratio raw copy / sync {copy / sync:.3f}")
         print(f"sync (load only)  {load:8.3f} s  ratio raw copy / load {copy / load:.3f}")
+        held = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            eng.held()
+            held.append(time.perf_counter() - t0)
+        print(f"held fingerprint  {statistics.median(held):8.3f} s  (the kernel read-back FT102 needs, part of sync)")
 
         from transformers import AutoTokenizer
 
