@@ -109,7 +109,8 @@ class Server:
             ids = [int(t) for t in allowed]
             table = torch.tensor([[d[a].logprob for a in ids] for d in positions], dtype=torch.float32)
             mine = torch.tensor([d[t].logprob for d, t in zip(positions, toks[1:])], dtype=torch.float32)
-            inside = torch.tensor([t in set(ids) for t in toks[1:]])
+            known = set(ids)
+            inside = torch.tensor([t in known for t in toks[1:]])
             lp = torch.where(inside, mine - torch.logsumexp(table, dim=-1), -torch.inf)
         return {}, {"logprobs": lp}
 
