@@ -61,3 +61,27 @@ def test_raylet_notices_never_reach_stdout_and_worker_deaths_are_dropped(monkeyp
     worker_line = {"pid": 123, "lines": ["hello"], "is_err": False}
     ray_worker.print_to_stdstream(worker_line, False)
     assert printed[-1] is worker_line
+
+
+def test_an_interruption_caught_by_ray_s_deserialisation_logs_no_traceback() -> None:
+    import logging
+
+    from ftkit.train.control.ray_session import RAY_LOGGER, _drop_interruption_tracebacks
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    logging.getLogger(RAY_LOGGER).addHandler(handler)  # as ray's stderr handler
+    try:
+        _drop_interruption_tracebacks()
+        _drop_interruption_tracebacks()  # idempotent: one filter
+        assert len(handler.filters) == 1
+        log = logging.getLogger("ray._private.serialization")
+        for exc in (RunInterrupted(signal.SIGTERM), ValueError("a real unpickling failure")):
+            try:
+                raise exc
+            except Exception as caught:  # what ray's deserialize_objects does: logger.exception(e)
+                log.exception(caught)
+    finally:
+        logging.getLogger(RAY_LOGGER).removeHandler(handler)
+    assert [r.exc_info[1].__class__ for r in seen if r.exc_info] == [ValueError]

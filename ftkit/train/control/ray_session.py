@@ -28,6 +28,8 @@ TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
 #: The raylet's notices of a worker that died: the deaths ftkit detects and logs itself (``cell_state``,
 #: ``engine_failed``), printed by Ray's driver on *stdout*, which carries ftkit's data only.
 _WORKER_DIED = re.compile(r"worker died|was killed", re.IGNORECASE)
+#: The logger whose handlers print every Ray logger's records (Ray's loggers do not reach the root).
+RAY_LOGGER = "ray"
 
 
 def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> bool:
@@ -60,6 +62,7 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
                     ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
         rearm()
         _route_raylet_notices()
+        _drop_interruption_tracebacks()
     except (RunInterrupted, SystemExit) as exc:
         if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
@@ -135,6 +138,27 @@ def _route_raylet_notices() -> None:
 
     route.ftkit_routed = True  # type: ignore[attr-defined]  # marks the wrapper: installed once
     ray_worker.print_to_stdstream = route
+
+
+class _NotAnInterruption(logging.Filter):
+    """Drops a log record whose exception is ftkit's ``RunInterrupted``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from ftkit.train.control.run_end import RunInterrupted
+
+        return not (record.exc_info and isinstance(record.exc_info[1], RunInterrupted))
+
+
+def _drop_interruption_tracebacks() -> None:
+    """Ray code that catches any ``Exception`` in the driver's main thread logs it with its
+    traceback: its object deserialisation does so for the ``RunInterrupted`` of a signal that
+    lands while it unpickles a result, and returns a ``RaySystemError`` that the driver then reads
+    as the recorded interruption (``pending_interruption``). That traceback is not a bug and stays
+    off stderr (which then holds the run's one ``Error:`` line): every handler of ``RAY_LOGGER``
+    drops such records. Idempotent."""
+    for handler in logging.getLogger(RAY_LOGGER).handlers:
+        if not any(isinstance(f, _NotAnInterruption) for f in handler.filters):
+            handler.addFilter(_NotAnInterruption())
 
 
 @contextlib.contextmanager
