@@ -16,17 +16,21 @@ gives two ratios, plain over instrumented:
 - CPU time of both ranks' blocks (``time.process_time``: every thread of both processes, gloo's and
   the event writer's background fsync included), which waiting for other jobs does not distort.
 
-It prints the median and quartiles of both over the pairs (the quartiles are the noise: on a shared
-machine single pairs swing by several percent either way), the CPU time the ftkit calls themselves
-took on the training thread per step and the ratio that alone would give, the ratio of the fastest
-blocks (other jobs only ever add time), the load average before and after, and a verdict
-(``verdict_of``): PASS when both medians are >= 0.97, INCONCLUSIVE when only the steps/s median
-misses it within its quartiles. Then the cost of each evidence kind
+Blocks are one step by default: the finer the interleaving, the less of the machine's drift lands
+between the two halves of a pair. Each pair is followed by an **A/A control pair**: two blocks of
+the plain loop, timed and ordered the same way. Its median ratio would be 1.0 on a quiet machine;
+how far it is from 1.0 is the noise floor of this run, measured on the same machine at the same
+time. It prints the median and quartiles of all three over the pairs, the CPU time the ftkit calls
+themselves took on the training thread per step and the ratio that alone would give, the ratio of
+the fastest blocks (other jobs only ever add time), the load average before and after, and a
+verdict (``verdict_of``): PASS when both medians are >= 0.97 and the control is within the margin
+(1.0 +- 0.03); FAIL when the CPU median misses, or the steps/s one does with its quartiles below;
+otherwise INCONCLUSIVE (the machine was too noisy to tell). Then the cost of each evidence kind
 per call, timed alone on the same state (median wall and training-thread CPU time of ``--repeat``
 calls), also as a share of the median plain step. Usage::
 
-    python bench/evidence_overhead.py             # defaults: 1.6M-parameter MLP, 24 pairs of 4 steps (~2 min)
-    python bench/evidence_overhead.py --quick     # 6 pairs, 5 calls per kind, no dump or checkpoint (~30 s)
+    python bench/evidence_overhead.py             # defaults: 1.6M-parameter MLP, 64 pairs of 1 step (~2 min)
+    python bench/evidence_overhead.py --quick     # 12 pairs, 5 calls per kind, no dump or checkpoint (~30 s)
     python bench/evidence_overhead.py --hidden 256 --pairs 30
 """
 
@@ -80,17 +84,20 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
     return tuple(statistics.quantiles(values, n=4)) if len(values) > 1 else (values[0],) * 3  # type: ignore[return-value]
 
 
-def verdict_of(wall: float, wall_q1: float, wall_q3: float, cpu: float) -> str:
-    """PASS when the medians of both ratios reach ``TARGET``; FAIL when the CPU-time one does not,
-    or the steps/s one does not and its quartiles lie below it (not noise); otherwise INCONCLUSIVE:
-    the CPU time passes but the steps/s quartiles straddle the target (the load decides the wall
-    time of a pair: rerun on a quieter machine or with more pairs)."""
+def verdict_of(wall: float, wall_q1: float, wall_q3: float, cpu: float, control: float) -> str:
+    """PASS when the medians of both ratios reach ``TARGET`` and the A/A control's median is within
+    the margin of 1.0 (``1 - TARGET``: the run could tell a 3% cost from none); FAIL when the
+    CPU-time one does not, or the steps/s one does not and its quartiles lie below it (not noise);
+    otherwise INCONCLUSIVE: the steps/s quartiles straddle the target, or the control shows the
+    machine noisier than the margin (rerun on a quieter machine or with more pairs)."""
     if cpu < TARGET:
         return f"FAIL (CPU-time ratio {cpu:.3f} < {TARGET})"
+    if wall < TARGET and wall_q3 < TARGET:
+        return f"FAIL (steps/s ratio {wall:.3f}, quartiles {wall_q1:.3f} .. {wall_q3:.3f})"
+    if abs(control - 1.0) > 1.0 - TARGET:
+        return f"INCONCLUSIVE (the A/A control reads {control:.3f}: this run's noise exceeds the margin)"
     if wall >= TARGET:
         return "PASS"
-    if wall_q3 < TARGET:
-        return f"FAIL (steps/s ratio {wall:.3f}, quartiles {wall_q1:.3f} .. {wall_q3:.3f})"
     return f"INCONCLUSIVE (steps/s median {wall:.3f} < {TARGET} within quartiles {wall_q1:.3f} .. {wall_q3:.3f})"
 
 
@@ -145,11 +152,14 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     load_before = os.getloadavg()[0]
     pairs: list[dict[str, tuple[float, float]]] = []
     inline_s = 0.0
+    controls: list[dict[str, tuple[float, float]]] = []
     for pair in range(args.pairs):
         order = (("plain", plain), ("ftkit", instrumented))
         inline[0] = 0.0
         pairs.append({name: _block(fn, args.steps) for name, fn in (order if pair % 2 == 0 else order[::-1])})
         inline_s += inline[0]
+        control = (("a", plain), ("b", plain))
+        controls.append({name: _block(fn, args.steps) for name, fn in (control if pair % 2 == 0 else control[::-1])})
     load_after = os.getloadavg()[0]
     cpu = gather_json([[p["plain"][1], p["ftkit"][1]] for p in pairs])  # every rank's CPU seconds per pair
     kinds = {
@@ -167,6 +177,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         wall = sorted(p["plain"][0] / p["ftkit"][0] for p in pairs)
         cpus = sorted(sum(r[i][0] for r in cpu) / sum(r[i][1] for r in cpu) for i in range(len(pairs)))
         (wq1, wmed, wq3), (cq1, cmed, cq3) = _quartiles(wall), _quartiles(cpus)
+        aq1, amed, aq3 = _quartiles(sorted(c["a"][0] / c["b"][0] for c in controls))
         n = args.pairs * args.steps
         plain_wall = sum(p["plain"][0] for p in pairs)
         ftkit_wall = sum(p["ftkit"][0] for p in pairs)
@@ -179,6 +190,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         print(f"instrumented loop: {n / ftkit_wall:8.3f} steps/s")
         print(f"steps/s ratio, median of pairs: {wmed:.3f} (quartiles {wq1:.3f} .. {wq3:.3f})")
         print(f"CPU-time ratio, both ranks, median of pairs: {cmed:.3f} (quartiles {cq1:.3f} .. {cq3:.3f})")
+        print(f"A/A control (plain over plain), median of pairs: {amed:.3f} (quartiles {aq1:.3f} .. {aq3:.3f})")
         print(
             f"ftkit calls on the training thread: {inline_step * 1e3:.2f} ms CPU per step, "
             f"alone a ratio of {plain_step / (plain_step + inline_step):.3f}"
@@ -186,7 +198,7 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
         fastest = min(p["plain"][0] for p in pairs) / min(p["ftkit"][0] for p in pairs)
         print(f"  fastest plain block over fastest instrumented block: {fastest:.3f}")
         print(f"  (pooled wall time: {plain_wall / ftkit_wall:.3f})")
-        print(f"{verdict_of(wmed, wq1, wq3, cmed)} against {TARGET}")
+        print(f"{verdict_of(wmed, wq1, wq3, cmed, amed)} against {TARGET}")
         share = f"share of a plain step ({plain_step * 1e3:.0f} ms)"
         print(f"\n| evidence kind | ms per call, wall | ms CPU (training thread) | {share} |")
         print("|---|---|---|---|")
@@ -221,13 +233,13 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=2048, help="samples per rank and step")
-    p.add_argument("--steps", type=int, default=4, help="steps per block")
-    p.add_argument("--pairs", type=int, default=24, help="ABBA pairs of blocks (plain, instrumented)")
+    p.add_argument("--steps", type=int, default=1, help="steps per block")
+    p.add_argument("--pairs", type=int, default=64, help="ABBA pairs of blocks, each with a control pair")
     p.add_argument("--repeat", type=int, default=20, help="calls timed per evidence kind")
-    p.add_argument("--quick", action="store_true", help="6 pairs, 5 calls per kind, no dump or checkpoint")
+    p.add_argument("--quick", action="store_true", help="12 pairs, 5 calls per kind, no dump or checkpoint")
     args = p.parse_args()
     if args.quick:
-        args.pairs, args.repeat = min(args.pairs, 6), min(args.repeat, 5)
+        args.pairs, args.repeat = min(args.pairs, 12), min(args.repeat, 5)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
