@@ -23,6 +23,7 @@ first attempt wait after a step, to be killed from outside (the elastic restart 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -98,6 +99,8 @@ def main() -> None:
                 time.sleep(1)  # until killed from outside
             step += 1
     run.close()  # ftkit: a collective (every rank), so destroying the group next is safe
+    del model, opt  # DDP's reducer holds the process group: let it go now, not at interpreter exit,
+    gc.collect()  # where gloo's threads are torn down without a GIL (SIGABRT "terminate called")
     dist.destroy_process_group()
 
 
