@@ -11,7 +11,7 @@ Contract:
   megatron's local spec with ftkit's causal, GQA-capable ``SDPAttention`` (``attention.py``).
 * ``build_hf_gpt(arch, device, dtype)``: the model of megatron's *already initialised* parallel
   state (``ftkit.model.gpt.init_local_parallel`` for a world of one): this rank's pipeline stage
-  with ``pre_process`` / ``post_process``, the vocabulary padded by ``arch.padded_vocab(tp)``,
+  with ``pre_process`` / ``post_process``, the vocabulary padded to ``arch.padded_vocab``,
   RoPE with ``rope_theta`` (and Llama-3 scaling), tied embeddings when the config ties them.
   On CPU the rotary embedding is ``ftkit.model.rope``'s (megatron's moves itself to CUDA).
   ``uses_te(device)`` says whether the TE names apply (``hf_layout.entries(te=...)``).
@@ -105,7 +105,7 @@ def build_hf_gpt(arch: HFArch, device: str, dtype: str = "float32", parallel_out
     model = GPTModel(
         config=transformer_config(arch, tp, pp, device, dtype),
         transformer_layer_spec=layer_spec(arch, device),
-        vocab_size=arch.padded_vocab(tp),
+        vocab_size=arch.padded_vocab,
         max_sequence_length=arch.max_seq_len,
         pre_process=ps.is_pipeline_first_stage(),
         post_process=ps.is_pipeline_last_stage(),

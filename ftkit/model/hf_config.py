@@ -6,9 +6,12 @@ then refuses (``ModelConfigError``, exit 2, naming the field) any key that is ne
 nor a known piece of metadata and holds a value that could change the model (anything but
 ``None``, ``False``, ``0`` or an empty container): an unfamiliar field is never dropped silently.
 
-``HFArch.padded_vocab(tp)`` is the TP padding rule: the vocabulary rounded up to a multiple of
-``VOCAB_DIVISOR * tp`` (megatron's ``make_vocab_size_divisible_by`` times the TP size), so every
-TP rank holds an equal, whole share; the padding rows are zero and are removed on export.
+``HFArch.padded_vocab`` is the padding rule: the vocabulary rounded up to a multiple of
+``VOCAB_DIVISOR`` (1,024), whatever the TP size. So every TP size that divides it (every power of
+two up to 1,024) holds the same rows, each rank an equal, whole share (at TP <= 8 a multiple of
+megatron's ``make_vocab_size_divisible_by`` of 128): the cells, the engines (TP=1), checkpoints
+and dumps see one padded vocabulary at every TP. The padding rows are zero and are removed on
+export.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 
 from ftkit.errors import ConfigError, InputError
 
-VOCAB_DIVISOR = 128
+#: The padded vocabulary is a multiple of this: 128 (megatron's default divisor) times TP=8.
+VOCAB_DIVISOR = 1024
 DTYPES = ("float32", "bfloat16", "float16")
 
 # PretrainedConfig attributes that describe generation, bookkeeping or the tokenizer, never the
@@ -119,10 +123,10 @@ class HFArch:
     qk_norm: bool
     dtype: str  # the checkpoint's dtype (export writes it)
 
-    def padded_vocab(self, tp: int) -> int:
-        """The vocabulary megatron holds at TP size ``tp`` (module docstring)."""
-        step = VOCAB_DIVISOR * tp
-        return -(-self.vocab_size // step) * step
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary megatron holds, at every TP size (module docstring)."""
+        return -(-self.vocab_size // VOCAB_DIVISOR) * VOCAB_DIVISOR
 
     def check_layout(self, tp: int, pp: int) -> None:
         """``ModelConfigError`` unless the shapes split over ``tp`` x ``pp`` ranks."""
@@ -133,6 +137,11 @@ class HFArch:
         ):
             if n % tp:
                 raise ModelConfigError(f"{what}={n} does not split over TP={tp}", "choose a TP size that divides it")
+        if self.padded_vocab % tp:
+            raise ModelConfigError(
+                f"vocab_size={self.vocab_size} (padded to {self.padded_vocab} rows) does not split over TP={tp}",
+                "choose a power-of-two TP size",
+            )
         if self.num_layers < pp:
             raise ModelConfigError(f"num_hidden_layers={self.num_layers} < PP={pp}", "choose a smaller PP size")
 

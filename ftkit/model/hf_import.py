@@ -205,13 +205,13 @@ def fill(files: CheckpointFiles, plan: Plan, out: torch.Tensor) -> None:
         out[plan.zero_from :] = 0
 
 
-def _plans(arch: HFArch, names: Iterable[str], r: int, t: int, te: bool) -> Iterator[tuple[str, Plan]]:
+def _plans(arch: HFArch, names: Iterable[str], r: int, t: int, te: bool) -> Iterator[tuple[str, Entry, Plan]]:
     table: dict[str, Entry] = {e.megatron: e for e in entries(arch, te)}
     for name in names:
         entry = table.get(name)
         if entry is None:
             raise ValueError(f"no Hugging Face mapping for megatron parameter {name!r}")
-        yield name, rank_plan(entry, arch, r, t)
+        yield name, entry, rank_plan(entry, arch, r, t)
 
 
 def rank_tensors(
@@ -221,9 +221,8 @@ def rank_tensors(
     each freshly allocated in the checkpoint's dtype."""
     import torch
 
-    for name, plan in _plans(arch, names, r, t, te):
-        dtype = files.dtype(plan.parts[0].hf) if plan.parts else torch.float32
-        out = torch.empty(plan.shape, dtype=dtype)
+    for name, entry, plan in _plans(arch, names, r, t, te):
+        out = torch.empty(plan.shape, dtype=files.dtype(entry.hf[0]))  # a rank of padding rows only too
         fill(files, plan, out)
         yield name, out
 
@@ -236,7 +235,7 @@ def load_rank(
     import torch
 
     with torch.no_grad():
-        for name, plan in _plans(arch, dests, r, t, te):
+        for name, _, plan in _plans(arch, dests, r, t, te):
             dest = dests[name]
             if tuple(dest.shape) != plan.shape:
                 raise InputError(f"{name}: rank slice {list(plan.shape)} does not fit parameter {list(dest.shape)}", "")

@@ -140,7 +140,7 @@ def rank_plan(e: Entry, arch: HFArch, r: int, t: int) -> Plan:
         start, stop = _share(n, r, t)
         return Plan((h, stop - start), (Part(e.hf[0], 1, start, stop),), h)
     if e.kind == "vocab":
-        start, stop = _share(arch.padded_vocab(t), r, t)
+        start, stop = _share(arch.padded_vocab, r, t)
         real = max(0, min(stop, arch.vocab_size) - start)
         parts = (Part(e.hf[0], 0, start, start + real),) if real else ()
         return Plan((stop - start, h), parts, real)

@@ -2,7 +2,7 @@
 
 ``make_model(family, tmp_path, **overrides)`` saves one to ``tmp_path / family`` and returns the
 directory: head_dim 32, 4 query heads over 2 KV heads, 2 layers, a vocabulary of 300 (padded to
-384 by megatron, so the padding path runs), norms and biases drawn away from their init values so
+1024 rows, so the padding path runs), norms and biases drawn away from their init values so
 a swapped or missing one changes the output.
 """
 

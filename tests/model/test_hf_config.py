@@ -36,8 +36,13 @@ def test_llama_fields_map() -> None:
         False,
         False,
     )
-    assert a.padded_vocab(1) == 1024 and a.padded_vocab(2) == 1024 and a.padded_vocab(8) == 1024 * 1
-    assert arch_for({**BASE, "vocab_size": 1025}).padded_vocab(4) == 1536
+    assert a.padded_vocab == 1024
+    assert arch_for({**BASE, "vocab_size": 1025}).padded_vocab == 2048
+    for vocab, padded in ((32000, 32768), (151936, 152576), (128256, 129024), (49152, 49152)):
+        arch = arch_for({**BASE, "vocab_size": vocab, "num_key_value_heads": 8})  # Llama-2, Qwen2/3, Llama-3, SmolLM2
+        assert arch.padded_vocab == padded
+        for tp in (1, 2, 4, 8):  # the same rows at every power-of-two TP
+            arch.check_layout(tp, 1)
 
 
 def test_family_switches() -> None:
@@ -84,3 +89,8 @@ def test_layout_must_split() -> None:
     a.check_layout(2, 3)
     with pytest.raises(ModelConfigError, match="num_key_value_heads=2 does not split over TP=4"):
         a.check_layout(4, 1)
+    odd = arch_for(
+        {**BASE, "num_attention_heads": 6, "num_key_value_heads": 6, "hidden_size": 192, "intermediate_size": 384}
+    )
+    with pytest.raises(ModelConfigError, match=r"vocab_size=1000 \(padded to 1024 rows\) does not split over TP=3"):
+        odd.check_layout(3, 1)

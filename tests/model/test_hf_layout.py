@@ -85,8 +85,9 @@ def test_fused_qkv_is_grouped_as_megatron_lays_it_out(tmp_path: Path) -> None:
             fc1[128:], up[r * 128 : (r + 1) * 128]
         )
         emb = states[r]["embedding.word_embeddings.weight"]
-        assert emb.shape == (256, 128)  # 300 padded to a multiple of 128 * TP = 512 at TP=2
-    assert torch.equal(states[1]["embedding.word_embeddings.weight"][300 - 256 :], torch.zeros(512 - 300, 128))
+        assert emb.shape == (512, 128)  # 300 padded to a multiple of 1024 at every TP
+    assert torch.equal(states[0]["embedding.word_embeddings.weight"][300:], torch.zeros(512 - 300, 128))
+    assert torch.equal(states[1]["embedding.word_embeddings.weight"], torch.zeros(512, 128))  # padding only
 
 
 def test_import_reads_only_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +111,7 @@ def test_import_reads_only_slices(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(CheckpointFiles, "_copy_columns", columns)
     states = rank_states(src, 2)
     held = sum(t.numel() * t.element_size() for state in states for t in state.values())
-    padding = (512 - 300) * 128 * 4  # zero rows rank 1 holds beyond the real vocabulary, not read
+    padding = (1024 - 300) * 128 * 4  # zero rows beyond the real vocabulary (all of rank 1's), not read
     assert sum(reads) == held - padding  # both ranks: exactly their own shares, nothing twice
     assert max(reads) <= max(t.numel() * t.element_size() for t in states[0].values())
 
@@ -133,7 +134,7 @@ def reference_rank(source: dict[str, torch.Tensor], arch: HFArch, r: int, t: int
         elif e.kind == "row":
             y = x[0][:, share(x[0].shape[1])]
         elif e.kind == "vocab":
-            padded = torch.cat([x[0], x[0].new_zeros(arch.padded_vocab(t) - arch.vocab_size, x[0].shape[1])])
+            padded = torch.cat([x[0], x[0].new_zeros(arch.padded_vocab - arch.vocab_size, x[0].shape[1])])
             y = padded[share(padded.shape[0])]
         elif e.kind == "fc1":
             y = torch.cat([x[0][share(x[0].shape[0])], x[1][share(x[1].shape[0])]])

@@ -1,5 +1,5 @@
 """``ftkit train --model DIR`` on a small random-init Hugging Face Llama (issue 21): the model's
-own vocabulary (300 tokens, padded to 384), the addition task through its tokenizer, and the
+own vocabulary (300 tokens, padded to 1024 rows), the addition task through its tokenizer, and the
 invariants of a preset run: 1 cell and 2 cells train bitwise the same (``compare-dumps
 --exact``), the event log analyzes clean, and ``run.json`` records the model's path and digest.
 The same runs' checkpoint exports as its verified state (a tampered one is refused); the other

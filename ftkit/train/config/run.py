@@ -238,12 +238,6 @@ def check_geometry(cfg: TrainConfig) -> None:
             # megatron-core syncs a tied embedding over its pipeline stages' embedding group
             # (CUDA only), and the cells' exact reduction does not hold that copy in step.
             raise ValueError(f"pp ({pp}) with the model's tied embeddings is not supported yet (use pp 1)")
-        if arch.padded_vocab(tp) != arch.padded_vocab(1):
-            # The engines hold the TP=1 model: its vocabulary rows must be the cells' too.
-            raise ValueError(
-                f"tp ({tp}) pads the model's vocabulary of {arch.vocab_size} to {arch.padded_vocab(tp)} rows, "
-                f"TP=1 to {arch.padded_vocab(1)}: not supported yet (choose a tp that keeps {arch.padded_vocab(1)})"
-            )
         max_seq_len = arch.max_seq_len
     if cfg.task.prompts is not None:
         if cfg.task.max_prompt_len + cfg.task.response_len > max_seq_len:
