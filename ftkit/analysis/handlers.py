@@ -65,6 +65,8 @@ class EventHandlers(Watermark):
 
     def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.run_finished = (ev, self.where(fi, line))
+        if ev["status"] == "completed" and ev["source"].get("role") == "driver":
+            self.recovery.run_completed()
 
     def _placement(self, ev: dict[str, Any], fi: int, line: int) -> None:
         index = ev["cell"] if ev["role"] == "trainer" else ev["engine"]
@@ -154,6 +156,8 @@ class EventHandlers(Watermark):
     def _weights(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self._recompute(ev, fi, line, combine(ev["params"]))
         src = self.file_source[fi] or {}
+        if ev["type"] == "weights_sent":
+            self.recovery.activity(ev["time"])
         if ev["type"] == "engine_weights" and src.get("role") == "engine" and ev["engine"] != src.get("rank"):
             self.report(
                 "FT111",
@@ -205,6 +209,7 @@ class EventHandlers(Watermark):
 
     def _metric(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["step"] is not None and ev["source"].get("role") == "driver":
+            self.recovery.activity(ev["time"])
             self.closure.declare_step(ev["step"])
             self.declared_step = max(self.declared_step, ev["step"])
 

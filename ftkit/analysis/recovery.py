@@ -25,7 +25,10 @@ recovered from it.
   after the fault), whichever came first; ``absorbed`` for a fault that fails nothing by design
   (``slow``, in ``ABSORBABLE``) when its step committed anyway; for a fault at a checkpoint publication point
   (``publish_*``), ``rejected`` or ``published``: the publication ended and training went on;
-  ``None`` means unrecovered (FT113).
+  ``run end`` for a failure the driver detected (not injected) after the run's last activity
+  (its last committed step's ``metric`` and its last ``weights_sent``) in a run that then
+  finished ``completed``: a process that died after its last use, found when the driver flushed
+  the logs at the end; the run owed it nothing more. ``None`` means unrecovered (FT113).
 
 A fault that struck an inference engine (``engine`` set) is the engine's alone: detected by the
 driver's ``engine_failed`` for that engine, recovered by that engine's ``engine_restart`` (the
@@ -104,6 +107,19 @@ class RecoveryTracker:
         self._heals: dict[tuple[int, int | None], list[FaultRow]] = {}  # (cell, epoch) -> rows it healed
         self._by_rollout: dict[int | None, list[FaultRow]] = {}
         self._next_rollout: list[FaultRow] = []  # detected rows struck between rollouts
+        self._last_activity = float("-inf")  # the driver's last step metric or weight sync
+
+    def activity(self, t: float) -> None:
+        """The driver declared a step trained (``metric``) or sent weights (``weights_sent``) at ``t``."""
+        if t > self._last_activity:
+            self._last_activity = t
+
+    def run_completed(self) -> None:
+        """The run finished ``completed``: the detected failures after its last activity are
+        recovered by ``run end`` (module docstring)."""
+        self._recovered(
+            [r for r in self._waiting["recover"] if not r.injected and r.time > self._last_activity], "run end"
+        )
 
     def fault(self, ev: dict[str, Any], where: tuple[str, int]) -> None:
         self._add(

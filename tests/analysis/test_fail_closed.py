@@ -204,6 +204,16 @@ def test_an_engine_log_cut_is_excused_only_by_the_drivers_engine_failed(run):
     _write(driver, events)
     result = analyze_paths([run])
     assert not any("ends without log_closed" in f.message for f in result.findings), result.findings
-    # the failure itself is a fault of the recovery table, and nothing replaced the engine before the end
-    (unrecovered,) = result.findings
+    # the failure is a row of the recovery table; declared after the run's last step and weight
+    # sync in a run that completed, it owed nothing more: recovered by the run's end
+    assert result.findings == []
+    (row,) = result.recovery
+    assert (row["engine"], row["cause"], row["recovered_by"]) == (0, "node lost", "run end")
+    # declared before the last weight sync, with nothing replacing the engine: unrecovered
+    sent = max(i for i, e in enumerate(events) if e["type"] == "weights_sent")
+    events.insert(sent, {**events.pop(at), "time": events[sent]["time"] - 1e-3})
+    for seq, e in enumerate(events):
+        e["seq"] = seq
+    _write(driver, events)
+    (unrecovered,) = analyze_paths([run]).findings
     assert unrecovered.code == "FT113" and "failure of engine 0 (node lost)" in unrecovered.message

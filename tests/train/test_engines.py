@@ -170,3 +170,30 @@ def test_an_engine_that_does_not_answer_in_time_is_failed_like_a_dead_one(monkey
     with pytest.raises(ray.exceptions.GetTimeoutError, match=r"within 7s \(--step-timeout\)"):
         pool._get(0, object())
     assert asked == [57, 57, 7]
+
+
+@pytest.mark.slow
+def test_an_engine_dead_after_its_last_use_is_declared_at_shutdown(ray_session, tmp_path):
+    """An engine SIGKILLed after its last call: the pool's shutdown cannot flush its log, so the
+    driver logs ``engine_failed`` for it (the analyzer excuses only a declared death); the live
+    engine flushes and closes its log as always."""
+    import os
+    import signal
+
+    from ftkit.events.writer import EventWriter
+    from ftkit.train.control.engine_pool import EnginePool
+
+    run_dir = tmp_path / "run"
+    driver = EventWriter(run_dir / "events", run="run", role="driver")
+    pool = EnginePool(_cfg(0, engines=2), str(run_dir), "cpu", events=driver)
+    pool.ready()
+    pid = ray_session.get(pool.actors[1].__ray_call__.remote(lambda actor: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    pool.shutdown(30.0)
+    driver.close()
+    lines = [json.loads(x) for x in (run_dir / "events" / "driver-i0.jsonl").read_text().splitlines()]
+    failed = [e for e in lines if e["type"] == "engine_failed"]
+    assert [(e["engine"], e["incarnation"]) for e in failed] == [(1, 0)]
+    assert failed[0]["reason"].startswith("at shutdown: ")
+    closed = [json.loads(x)["type"] for x in (run_dir / "events" / "engine-r0-i0.jsonl").read_text().splitlines()]
+    assert closed[-1] == "log_closed"

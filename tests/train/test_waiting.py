@@ -76,3 +76,33 @@ def test_a_death_probe_into_a_gcs_that_does_not_answer_gives_up_and_blocks_no_la
         release.wait(0.01)
     monkeypatch.setattr(state.state, "actor_table", lambda actor_id: {"State": "DEAD"})
     assert waiting.ray_actor_dead(actor) == "the actor died (Ray's actor table reports it DEAD)"
+
+
+@pytest.mark.slow
+def test_failed_flushes_names_the_dead_and_the_silent_owners(ray_session) -> None:
+    """Real actors: one flushes, one was SIGKILLed after its last use, one does not answer in time."""
+    import os
+    import signal
+    import time
+
+    from ftkit.train.control.waiting import failed_flushes
+
+    ray = ray_session
+
+    @ray.remote(num_cpus=0.1)
+    class Owner:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def flush(self, wait_s: float) -> None:
+            time.sleep(wait_s)
+
+    owners = [Owner.remote() for _ in range(3)]
+    pids = ray.get([o.pid.remote() for o in owners])
+    os.kill(pids[1], signal.SIGKILL)
+    got = failed_flushes({i: [o.flush.remote(60.0 if i == 2 else 0.0)] for i, o in enumerate(owners)}, 5.0)
+    assert set(got) == {1, 2}
+    assert "ActorDiedError" in got[1] or "died" in got[1].lower()
+    assert got[2] == "did not flush its event log within 5s"
+    for o in owners:
+        ray.kill(o)

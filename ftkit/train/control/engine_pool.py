@@ -209,13 +209,23 @@ class EnginePool:
         self.actors[e] = self._spawn(e, target, (f"{type(cause).__name__}: {first[:200]}", during))
 
     def shutdown(self, timeout_s: float) -> None:
-        """Flush the engines' logs (at most ``timeout_s``), then kill them."""
+        """Flush the engines' logs (at most ``timeout_s``), then kill them. An engine that died
+        after its last use (or does not answer) is logged ``engine_failed`` first: its log ends
+        without ``log_closed``, and the analyzer excuses only a declared death."""
         import contextlib
 
         import ray
 
-        with contextlib.suppress(Exception):  # an engine already gone is fine
-            ray.get([a.shutdown.remote() for a in self.actors], timeout=timeout_s)
+        from ftkit.train.control.waiting import failed_flushes
+
+        failed: dict[int, str] = {}
+        with contextlib.suppress(Exception):  # Ray itself gone: nothing can be told apart
+            failed = failed_flushes({e: [a.shutdown.remote()] for e, a in enumerate(self.actors)}, timeout_s)
+        for e, cause in sorted(failed.items()):
+            sys.stderr.write(f"engine {e} failed after its last use ({cause})\n")
+            if self.events is not None:
+                incarnation = self.engine_restarts.get(e, 0)
+                self.events.emit("engine_failed", engine=e, incarnation=incarnation, reason=f"at shutdown: {cause}")
         for a in self.actors:
             with contextlib.suppress(Exception):  # already gone is fine
                 ray.kill(a, no_restart=True)

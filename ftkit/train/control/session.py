@@ -120,9 +120,9 @@ class CellSession:
     def stop(self, reason: str, flush_s: float, release: bool = True) -> None:
         """Flush the live cells' event logs (at most ``flush_s``), kill every cell (releasing its
         placement group unless ``release`` is false), and move each cell that is not stopped to
-        ``stopped`` with ``reason``."""
-        import ray
-
+        ``stopped`` with ``reason``. A live cell whose flush fails (a rank that died after the
+        last step, or does not answer) is declared ``failed`` first: its log ends without
+        ``log_closed``, and the analyzer excuses only a declared death."""
         from ftkit.train.control.cell_state import CellState
 
         if self._roster is None:  # nothing was spawned
@@ -130,9 +130,14 @@ class CellSession:
         roster = self._roster
         if self.healer is not None:
             self.healer.give_up(reason)
-        live = [cell for c, cell in roster.cells.items() if roster.book.state[c] == CellState.alive]
-        with contextlib.suppress(Exception):  # an actor or group already gone is fine
-            ray.get([ref for cell in live for ref in cell.shutdown()], timeout=flush_s)
+        from ftkit.train.control.waiting import failed_flushes
+
+        live = {c: cell for c, cell in roster.cells.items() if roster.book.state[c] == CellState.alive}
+        failed: dict[int, str] = {}
+        with contextlib.suppress(Exception):  # Ray itself gone: nothing can be told apart
+            failed = failed_flushes({c: cell.shutdown() for c, cell in live.items()}, flush_s)
+        for c, cause in sorted(failed.items()):
+            roster.fail(c, f"at {reason}: {cause}")
         for cell in roster.cells.values():
             cell.kill(release_group=release)
         left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)

@@ -232,3 +232,29 @@ class RefWaiter:
                 out.blocked[cell] = peer_dead
             else:
                 out.failed[cell] = f"hung: no answer after {self.clock() - start:.1f}s (deadline)"
+
+
+def failed_flushes(calls: dict[int, list[Any]], timeout_s: float) -> dict[int, str]:
+    """Wait at most ``timeout_s`` in all for the log-flushing calls of every owner (a cell's ranks,
+    an engine: ``owner -> refs``); return the owners whose calls raised (a process that died after
+    its last use) or did not answer in time, each with the first line of its cause. The caller
+    declares them (a death the analyzer then excuses from ending without ``log_closed``)."""
+    import ray
+
+    refs = [r for rs in calls.values() for r in rs]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    done = set(ready)
+    failed: dict[int, str] = {}
+    for owner, rs in calls.items():
+        for ref in rs:
+            if ref not in done:
+                failed[owner] = f"did not flush its event log within {timeout_s:.0f}s"
+                break
+            try:
+                ray.get(ref, timeout=0)
+            except Exception as exc:  # noqa: BLE001 - any failure of the call is the owner's death
+                cause = getattr(exc, "cause", None) or exc
+                first = str(cause).splitlines()[0] if str(cause) else ""
+                failed[owner] = f"{type(cause).__name__}: {first[:200]}".rstrip(": ")
+                break
+    return failed
