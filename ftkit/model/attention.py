@@ -3,7 +3,10 @@
 megatron-core's local ``DotProductAttention`` forks the CUDA RNG tracker for its dropout
 and allocates through the global memory buffer, neither of which works on a CPU-only
 process. ``SDPAttention`` has the same constructor and ``forward`` signature and computes
-causal attention with ``torch.nn.functional.scaled_dot_product_attention``. Attention
+causal attention with ``torch.nn.functional.scaled_dot_product_attention``; an
+``attention_mask`` (megatron's convention: bool, broadcastable to ``[b, 1, s, s]``, ``True`` where a
+query must not attend to a key) replaces the causal mask and must include it (callers pass one
+for left-padded prompts: ``ftkit.train.rl.masks``). Attention
 dropout is not supported (every ftkit preset has it off), so the module consumes no random
 numbers and its output depends on its inputs only.
 
@@ -68,7 +71,7 @@ class SDPAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        """Causal attention; ``attention_mask`` is ignored (the mask is the causal one)."""
+        """Causal attention, or attention under ``attention_mask`` when given (module docstring)."""
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("SDPAttention supports neither packed sequences nor attention bias")
         rep = self.heads_per_partition // self.groups_per_partition
@@ -77,7 +80,11 @@ class SDPAttention(MegatronModule):
             value = value.repeat_interleave(rep, dim=2)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        if attention_mask is None:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
+        else:
+            allowed = ~attention_mask.to(device=q.device, dtype=torch.bool)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.softmax_scale)
         # [b, n, s, d] -> [s, b, n * d]
         s, b = query.shape[0], query.shape[1]
         return out.permute(2, 0, 1, 3).reshape(s, b, self.heads_per_partition * self.head_dim)

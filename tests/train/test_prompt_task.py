@@ -156,3 +156,47 @@ def test_the_prompt_file_is_recorded_by_path_and_digest_and_must_not_change(llam
     write_prompts(prompts, [json.dumps({"prompt": "1 + 1 =", "answer": 2})])
     with pytest.raises(ConfigError, match="the prompt file .* has changed"):  # exit 2
         config(llama, prompts, prompts_digest=recorded["prompts_digest"])
+
+
+def test_the_mask_hides_each_rows_left_padding_and_the_future():
+    from ftkit.train.rl.masks import padding_mask
+
+    m = padding_mask(torch.tensor([0, 2]), 4)
+    assert m.shape == (2, 1, 4, 4) and m.dtype == torch.bool
+    causal = torch.ones(4, 4, dtype=torch.bool).triu(1)
+    assert torch.equal(m[0, 0], causal)  # no padding: the causal mask alone
+    visible = ~m[1, 0]  # row 1: keys 0 and 1 are pads; a pad query sees itself only
+    assert visible.tolist() == [
+        [True, False, False, False],
+        [False, True, False, False],
+        [False, False, True, False],
+        [False, False, True, True],
+    ]
+
+
+def test_a_prompts_output_does_not_depend_on_its_padding(llama, tmp_path):
+    """ftkit's megatron model of a Llama (rotary positions): each dataset prompt's next-token
+    log-probs, left-padded under the task's mask, equal those of the prompt alone (float
+    rounding only); without the mask the pads change them."""
+    from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+    from ftkit.train.rl.masks import sequence_mask
+
+    cfg = config(llama, write_prompts(tmp_path / "p.jsonl"))
+    task = cfg.rl_task()
+    configure_determinism(1)
+    init_local_parallel("cpu")
+    model = build_gpt(cfg.gpt_spec(), "cpu").eval()
+    prompts = task.heldout_prompts(0, len(PROBLEMS))
+    pads = task.prompt_pads(prompts)
+    assert int(pads.min()) > 0  # every prompt here is shorter than max_prompt_len
+    unmasked_gap = 0.0
+    with torch.no_grad():
+        pos = torch.arange(prompts.shape[1]).unsqueeze(0).expand_as(prompts)
+        padded = model(prompts, pos, sequence_mask(task, prompts))[..., : task.vocab_size].log_softmax(-1)
+        plain = model(prompts, pos, None)[..., : task.vocab_size].log_softmax(-1)
+        for i, n in enumerate(pads.tolist()):
+            alone = prompts[i : i + 1, n:]
+            ref = model(alone, torch.arange(alone.shape[1])[None], None)[..., : task.vocab_size].log_softmax(-1)
+            assert torch.allclose(padded[i, n:], ref[0], atol=1e-5), (i, (padded[i, n:] - ref[0]).abs().max())
+            unmasked_gap = max(unmasked_gap, float((plain[i, n:] - ref[0]).abs().max()))
+    assert unmasked_gap > 1e-3  # the pads are seen without the mask: the check has teeth

@@ -189,27 +189,31 @@ class StepCompute:
         import torch
 
         from ftkit.train.rank.loss import pg_loss, targets
+        from ftkit.train.rl.masks import sequence_mask
 
         tokens = part["tokens"].to(self.ctx.device)
         pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
+        mask = sequence_mask(self._task(), tokens)
         labels = targets(tokens)
         emb = None
         if self.ctx.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
             emb = self.ctx.model.embedding(input_ids=tokens, position_ids=pos)
             emb = self.ctx.witness.apply(emb, part["witness_rows"])
         if self.cfg.objective.loss == "grpo":  # pp == 1 (TrainConfig)
-            loss = self._grpo_loss(part, tokens, pos, emb, norm)
+            loss = self._grpo_loss(part, tokens, pos, mask, emb, norm)
         elif self.pipe is not None:
             return self.pipe.forward_backward(
-                tokens, pos, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+                tokens, pos, mask, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
             )
         else:
-            nll = self.ctx.model(tokens, pos, None, decoder_input=emb, labels=labels)
+            nll = self.ctx.model(tokens, pos, mask, decoder_input=emb, labels=labels)
             loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
         loss.backward()
         return float(loss.detach())
 
-    def _grpo_loss(self, part: dict[str, Tensor], tokens: Tensor, pos: Tensor, emb: Tensor | None, norm: float) -> Any:
+    def _grpo_loss(
+        self, part: dict[str, Tensor], tokens: Tensor, pos: Tensor, mask: Tensor | None, emb: Tensor | None, norm: float
+    ) -> Any:
         """A micro-shard's GRPO loss (``ftkit.train.rl.grpo``) against the recorded behaviour
         log-probs; at a rollout's first step its log-probs are kept for the check."""
         import torch
@@ -218,21 +222,23 @@ class StepCompute:
         from ftkit.train.rl.policy import policy_logprobs
 
         allowed, index = self._policy()
-        logp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, emb), tokens, allowed, index)
+        logp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, mask, emb), tokens, allowed, index)
         ref = None
         if self.ctx.reference is not None:
             with torch.no_grad():
-                ref = policy_logprobs(self._logits(self.ctx.reference, tokens, pos, None), tokens, allowed, index)
-        mask = part["loss_mask"].to(logp.device)
+                logits = self._logits(self.ctx.reference, tokens, pos, mask, None)
+                ref = policy_logprobs(logits, tokens, allowed, index)
+        learned = part["loss_mask"].to(logp.device)
         behaviour = part["logprobs"].to(logp.device)
-        loss, _ = grpo_loss(logp, behaviour, part["advantages"], mask, norm, self.cfg.objective.grpo(), ref)
+        loss, _ = grpo_loss(logp, behaviour, part["advantages"], learned, norm, self.cfg.objective.grpo(), ref)
         if self._checks is not None:
             self._checks.append((logp.detach().cpu(), part["logprobs"], part["loss_mask"], part["witness_ids"]))
         return loss
 
-    def _logits(self, model: Any, tokens: Tensor, pos: Tensor, emb: Tensor | None) -> Any:
-        """``[b, s, V]`` logits of the whole (padded) vocabulary, gathered over TP ranks."""
-        logits = model(tokens, pos, None, decoder_input=emb)
+    def _logits(self, model: Any, tokens: Tensor, pos: Tensor, mask: Tensor | None, emb: Tensor | None) -> Any:
+        """``[b, s, V]`` logits of the whole (padded) vocabulary, gathered over TP ranks;
+        ``mask``: the attention mask of the rows (``ftkit.train.rl.masks``) or None."""
+        logits = model(tokens, pos, mask, decoder_input=emb)
         if self.cfg.layout.tp > 1:
             from ftkit.train.rank.tp_gather import gather_vocab
 
@@ -265,14 +271,16 @@ class StepCompute:
 
         from ftkit.train.rl.canary import canary_fields, canary_tokens
         from ftkit.train.rl.engines import GEN_CHUNK
+        from ftkit.train.rl.masks import sequence_mask
         from ftkit.train.rl.policy import policy_logprobs
 
         allowed, index = self._policy()
         tokens, mask = canary_tokens(self._task(), self.cfg.rng.seed, GEN_CHUNK)
         tokens = tokens.to(self.ctx.device)
         pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
+        attention = sequence_mask(self._task(), tokens)
         with torch.no_grad():
-            lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, None), tokens, allowed, index)
+            lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, attention, None), tokens, allowed, index)
         if self.ctx.tp_rank == 0:
             self.ctx.events.emit(
                 "canary_logprobs",
@@ -290,6 +298,7 @@ class StepCompute:
         are put together. Skipped when the batch holds one step only."""
         import torch
 
+        from ftkit.train.rl.masks import sequence_mask
         from ftkit.train.rl.policy import policy_logprobs
 
         cfg, checks = self.cfg, self._checks
@@ -302,8 +311,10 @@ class StepCompute:
                 rows = slice(k * n + slices[m].start, k * n + slices[m].stop)
                 tokens = batch["tokens"][rows].to(self.ctx.device)
                 pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
+                attention = sequence_mask(self._task(), tokens)
                 with torch.no_grad():
-                    lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, None), tokens, allowed, index)
+                    logits = self._logits(self.ctx.model, tokens, pos, attention, None)
+                    lp = policy_logprobs(logits, tokens, allowed, index)
                 checks.append((lp.cpu(), batch["logprobs"][rows], batch["loss_mask"][rows], batch["witness_ids"][rows]))
 
     def _emit_check(self, task: StepTask) -> None:

@@ -10,7 +10,7 @@ alike. megatron still provides everything else: the stage's model (``pre_process
 
 Contract (``StagePipeline(model, device)`` on every rank of a cell with ``pp > 1``):
 
-* ``forward_backward(tokens, pos, labels, decoder_input, loss_fn) -> float``: one micro-shard,
+* ``forward_backward(tokens, pos, mask, labels, decoder_input, loss_fn) -> float``: one micro-shard,
   one pass. A non-first stage receives the ``[s, b, h]`` hidden states from the previous
   stage (same TP rank) and feeds them through ``set_input_tensor``; a non-last stage sends
   its output on and receives the gradient of that output back; the last stage applies
@@ -55,9 +55,16 @@ class StagePipeline:
         self.hidden = model.config.hidden_size
 
     def forward_backward(
-        self, tokens: Tensor, pos: Tensor, labels: Tensor, decoder_input: Any, loss_fn: Callable[[Tensor], Tensor]
+        self,
+        tokens: Tensor,
+        pos: Tensor,
+        mask: Tensor | None,
+        labels: Tensor,
+        decoder_input: Any,
+        loss_fn: Callable[[Tensor], Tensor],
     ) -> float:
-        """Forward and backward of one micro-shard through every stage (see the module doc)."""
+        """Forward and backward of one micro-shard through every stage (see the module doc);
+        ``mask``: its attention mask (``ftkit.train.rl.masks``, the same on every stage) or None."""
         import torch
         import torch.distributed as dist
 
@@ -68,7 +75,7 @@ class StagePipeline:
             dist.recv(inp, src=self.prev)
             inp.requires_grad_()
             self.model.set_input_tensor(inp)
-        out = self.model(tokens, pos, None, decoder_input=decoder_input, labels=labels if self.last else None)
+        out = self.model(tokens, pos, mask, decoder_input=decoder_input, labels=labels if self.last else None)
         value = 0.0
         if self.last:
             loss = loss_fn(out)

@@ -167,13 +167,16 @@ class InferenceEngine(EngineActor):
         import torch
 
         from ftkit.train.rl.canary import canary_fields, canary_tokens
+        from ftkit.train.rl.masks import sequence_mask
         from ftkit.train.rl.policy import allowed_index, policy_logprobs
 
         tokens, mask = canary_tokens(self.task, self.cfg.rng.seed, GEN_CHUNK)
         allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
         positions = torch.arange(tokens.shape[1], dtype=torch.int64).unsqueeze(0).expand_as(tokens)
+        attention = sequence_mask(self.task, tokens)
+        attention = None if attention is None else attention.to(self.device)
         with torch.no_grad():
-            logits = self.model(tokens.to(self.device), positions.to(self.device), None).to("cpu")
+            logits = self.model(tokens.to(self.device), positions.to(self.device), attention).to("cpu")
         lp = policy_logprobs(logits, tokens, allowed, allowed_index(self.task.response_tokens, logits.shape[-1]))
         self.events.emit(
             "canary_logprobs", rollout=rollout, version=version, engine=self.engine, **canary_fields(lp, mask)
@@ -203,6 +206,7 @@ class InferenceEngine(EngineActor):
     def _generate_chunk(self, prompts: Tensor, rollout: int, first_index: int, greedy: bool) -> tuple[Any, Any]:
         import torch
 
+        from ftkit.train.rl.masks import chunk_mask
         from ftkit.train.rl.policy import sampled_logprobs
 
         k, p = prompts.shape
@@ -223,6 +227,8 @@ class InferenceEngine(EngineActor):
             )
         allowed = torch.tensor(self.task.response_tokens, dtype=torch.int64)
         positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(GEN_CHUNK, s)
+        attention = chunk_mask(self.task, prompts, GEN_CHUNK, s)  # the prompts' left padding unseen
+        attention = None if attention is None else attention.to(self.device)
         logprobs = torch.zeros((k, r), dtype=torch.float32)
         stop, done = self.task.stop_token, torch.zeros(k, dtype=torch.bool)
         if stop is not None:  # positions after a row's stop token hold the pad token (log-prob 0)
@@ -231,7 +237,7 @@ class InferenceEngine(EngineActor):
             for j in range(r):
                 if bool(done.all()):  # every row stopped: the rest of the chunk is padding
                     break
-                logits = self.model(tokens.to(self.device), positions.to(self.device), None)
+                logits = self.model(tokens.to(self.device), positions.to(self.device), attention)
                 at = logits[:k, p - 1 + j].to("cpu")
                 step = at.to(torch.float64)[:, allowed]
                 if uniforms is None:  # greedy; ties go to the first allowed token

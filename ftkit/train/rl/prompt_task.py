@@ -24,10 +24,13 @@ exactness of the cells (1 cell == 2 cells bitwise) holds as it does for the addi
 * ``correct_responses``: the label's tokens then ``eos`` (truncated to ``response_len``),
   what ``check_reward`` scores before a run starts and the canaries score after each sync.
 
-Padding is plain tokens under the causal mask with positions ``0..S-1`` (the trainer's and
-the engines' one forward): a left-padded prompt attends to its pads. That is a function of the
-data only, so it changes no exactness argument; a padding-aware attention mask and per-sample
-position ids (``ftkit.tasks.batching.join`` computes them) are not passed to the model yet.
+Padding is invisible to the model: ``prompt_pads`` gives each row's left padding, and the
+trainer and the megatron engine pass the mask of ``ftkit.train.rl.masks`` (causal, and no real
+token attends to a pad) to every forward; the vLLM engine is given the prompts without their
+pads. Positions stay ``0..S-1``: with rotary embeddings an attention score depends on the
+distance between two tokens only, so a prompt's output does not depend on how much padding
+precedes it (up to float rounding). The mask is a function of the data only, so it changes no
+exactness argument.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ class PromptTask:
             ids = [*label, self.eos][:response_len]
             answers[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         self._answers = answers
+        self._pads = torch.tensor([prompt_len - len(e.ids) for e in encoded], dtype=torch.int64)
 
     @property
     def seq_len(self) -> int:
@@ -135,6 +139,10 @@ class PromptTask:
                 raise ValueError("a prompt row that is not one of the dataset's")
             rows.append(self._row[key])
         return rows
+
+    def prompt_pads(self, prompts: Tensor) -> Any:
+        """int64 ``[n]``: the left padding of each prompt row (of the dataset's rows)."""
+        return self._pads[self._records(prompts)]
 
     def correct_responses(self, prompts: Tensor) -> Any:
         """int64 ``[n, response_len]``: each prompt's label tokens, ``eos``, then padding."""

@@ -69,7 +69,10 @@ class RlTask(Protocol):
     * ``response_mask(responses)``: float32 ``[n, response_len]``, 1 on the response tokens
       that are learned;
     * ``reward_sample(prompt, response)``: one sample as a reward plug-in sees it;
-    * ``decode(tokens)``: readable text.
+    * ``decode(tokens)``: readable text;
+    * ``prompt_pads(prompts)``: int64 ``[n]``, the left padding of each prompt row (tokens the
+      model must not attend to: ``ftkit.train.rl.masks``), or ``None`` for a task whose prompts
+      are never padded.
     """
 
     name: str
@@ -94,6 +97,8 @@ class RlTask(Protocol):
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample: ...
 
     def decode(self, tokens: Tensor) -> str: ...
+
+    def prompt_pads(self, prompts: Tensor) -> Any: ...
 
 
 def load_tokenizer(model_dir: Path) -> Any:
@@ -300,3 +305,7 @@ class AdditionTask:
         """Readable text of a token sequence, e.g. ``<bos>3+4=07<eos>`` (synthetic) or the
         tokenizer's decoding."""
         return self.vocab.text(tokens)
+
+    def prompt_pads(self, prompts: Tensor) -> None:
+        """``None``: every prompt has exactly ``prompt_len`` tokens, none is padded."""
+        return None

@@ -28,6 +28,10 @@ Contract (what differs from the megatron engine):
   same rollouts; whether another engine count samples the same tokens depends on vLLM's
   kernels being batch-independent (its seeds are per request), which ftkit does not claim.
   ``greedy``: temperature 0.
+* A left-padded prompt (``RlTask.prompt_pads``: a prompt dataset's) is given to vLLM without its
+  padding, in ``generate`` and in the canary scores, where the trainer and the megatron engine
+  mask the pads out (``ftkit.train.rl.masks``); with rotary positions both compute the same
+  distribution up to float rounding, which FT114 compares within ``--logprob-tolerance``.
 
 Log-probs differ from the trainer's by vLLM's arithmetic (other kernels): FT114 holds them to
 ``--logprob-tolerance`` (a warning above it), not to the bit.
@@ -94,10 +98,12 @@ class VllmInferenceEngine(EngineActor):
         from ftkit.train.rl.canary import canary_fields, canary_tokens
 
         tokens, mask = canary_tokens(self.task, self.cfg.rng.seed, GEN_CHUNK)
-        lp = torch.zeros(tokens.shape, dtype=torch.float32)  # the last position predicts nothing
+        pads = self._pads(tokens[:, : self.task.prompt_len])
+        lp = torch.zeros(tokens.shape, dtype=torch.float32)  # the last position predicts nothing, a pad 0
         for row in range(tokens.shape[0]):
-            scores = self.llm.score(tokens[row].tolist(), allowed=self._allowed())
-            lp[row, :-1] = torch.from_numpy(scores)
+            first = pads[row]  # vLLM is given the sequence without its prompt's left padding
+            scores = self.llm.score(tokens[row, first:].tolist(), allowed=self._allowed())
+            lp[row, first:-1] = torch.from_numpy(scores)
         self.events.emit(
             "canary_logprobs", rollout=rollout, version=version, engine=self.engine, **canary_fields(lp, mask)
         )
@@ -111,8 +117,9 @@ class VllmInferenceEngine(EngineActor):
 
         n, r, stop = prompts.shape[0], self.task.response_len, self.task.stop_token
         seeds = [derive_seed("sample", self.cfg.rng.seed, rollout, first_index + i) for i in range(n)]
+        pads = self._pads(prompts)
         gens = self.llm.generate(
-            prompts.tolist(),
+            [row[pads[i] :] for i, row in enumerate(prompts.tolist())],  # without the left padding
             r,
             seeds,
             temperature=0.0 if greedy else 1.0,
@@ -126,6 +133,11 @@ class VllmInferenceEngine(EngineActor):
             out[i, :m] = torch.from_numpy(g.tokens)
             logprobs[i, :m] = torch.from_numpy(g.logprobs)
         return out, logprobs
+
+    def _pads(self, prompts: Tensor) -> list[int]:
+        """The left padding of each prompt row (0 for a task whose prompts are never padded)."""
+        pads = self.task.prompt_pads(prompts)
+        return [0] * prompts.shape[0] if pads is None else [int(x) for x in pads]
 
     def _allowed(self) -> tuple[int, ...] | None:
         """The tokens vLLM may sample: the task's response tokens, ``None`` where they are the
