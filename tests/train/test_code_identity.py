@@ -59,3 +59,21 @@ def test_train_from_inside_another_checkout_is_exit_2_naming_both(tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "another ftkit" in errors[0] and str(ROOT / "ftkit") in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr and not (other / "run").exists()
+
+
+def test_kernels_not_built_are_exit_2_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """Not a failure of every cell at its start, retried until no cell is left (exit 1)."""
+    import sys
+
+    from ftkit import tensors
+    from ftkit.cli import main
+
+    monkeypatch.setitem(sys.modules, "ftkit.tensors._kernels", None)  # as if the .so were absent
+    monkeypatch.delattr(tensors, "_kernels", raising=False)
+    monkeypatch.delattr(tensors, "kernels", raising=False)
+    monkeypatch.delitem(sys.modules, "ftkit.tensors.kernels", raising=False)
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--cells", "1", "--rollouts", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Error: ftkit's compiled kernels" in err and "build_ext --inplace" in err and "Traceback" not in err
+    assert not out.exists()

@@ -117,6 +117,11 @@ class Driver:
         from ftkit.train.control.rundir import check_run_dir, make_run_dir, run_name, write_run_json
 
         cfg = self.cfg
+        # The ranks need the compiled kernels (their dump writer counts non-finites): a missing
+        # build is an InstallError (exit 2) here, before anything starts, not a failure of every
+        # cell at its start that the run retries until no cell is left (exit 1).
+        from ftkit.tensors import kernels  # noqa: F401
+
         self.device = cfg.resolved_device()
         if self.device == "cuda" and not cuda_available():
             raise ConfigError(
