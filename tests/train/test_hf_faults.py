@@ -1,5 +1,5 @@
 """The fault-tolerance invariants on a Hugging Face model (issue 21, item 6): a small random-init
-GQA Llama (4 query over 2 KV heads, untied, vocabulary 512, so TP 1 and 2 pad it alike) trained
+GQA Llama (4 query over 2 KV heads, untied, vocabulary 300, padded alike at TP 1 and 2) trained
 through ``--model DIR`` by real Ray actors and megatron ranks, and checked from artefacts only.
 
 - **Heal.** The test itself sends ``SIGKILL`` to cell 1's rank process (its pid from the rank's
@@ -61,7 +61,7 @@ RUNS = {"base": dict(cells=2), "pp2": dict(cells=1, pp=2), "tp2": dict(cells=1, 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_model("llama", tmp_path_factory.mktemp("hf"), eos=True, tie_word_embeddings=False, vocab_size=512)
+    return make_model("llama", tmp_path_factory.mktemp("hf"), eos=True, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")
