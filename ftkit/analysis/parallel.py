@@ -5,8 +5,9 @@
 processes: reading, decoding (``EventStream.file_events``, so the same lines decode to the same
 objects and the same issues are reported), the structural check (``ftkit.events.validate``), the
 per-stream envelope (the stream's source and run, the ``seq`` chain, time order) and, for a
-fingerprint line, re-encoding its per-tensor entries as one ``bytes`` (decoded again only when the
-replay needs them: the first line of a group of equal fingerprints). Only the cross-stream replay
+fingerprint line, re-encoding its per-tensor entries as one ``bytes`` (decoded and hashed again
+only for the first line of a group of equal fingerprints: recomputing every line's total in the
+workers cost them about 0.7x the plain loop more CPU for no measurable gain in the replay). Only the cross-stream replay
 stays in the analysing process: it merges the files by time as before and replays what the
 workers send.
 
@@ -40,6 +41,7 @@ import fcntl
 import marshal
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -63,15 +65,18 @@ _F_SETPIPE_SZ = 1031
 
 def default_workers(files: int, size: int) -> int:
     """Worker processes for ``files`` files of ``size`` bytes: ``FTKIT_ANALYZE_WORKERS`` when set
-    (``0`` or ``1``: one process), else 0 below ``PARALLEL_BYTES`` and one per core otherwise (at
-    most one per file)."""
+    (``0``: none), else 0 below ``PARALLEL_BYTES`` or in a process that imported Ray (``ftkit
+    train`` analysing its own log: forking a process with Ray's threads could deadlock), and one per
+    core but the replay's otherwise; at most one per file, and (unless set) none where that leaves
+    one: on two cores the workers' extra CPU (about 0.8x the serial analysis) is not repaid unless
+    both cores are idle (docs/analyze-events.md, "Worker processes")."""
     env = os.environ.get("FTKIT_ANALYZE_WORKERS", "").strip()
     if env.isdigit():
         n = int(env)
-    elif size < PARALLEL_BYTES:
+    elif size < PARALLEL_BYTES or "ray" in sys.modules:  # a Ray driver's threads make fork() unsafe
         return 0
-    else:
-        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    else:  # the replay keeps one core busy: workers pay off only with cores to spare (measured)
+        n = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)) - 1
     n = min(n, files)
     return n if n >= 2 or (env.isdigit() and n == 1) else 0
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,10 +83,19 @@ def test_a_file_of_several_sources_falls_back_the_same(tmp_path: Path, monkeypat
     assert '"read_as": "sorted"' in out or '"read_as": "sequential"' in out
 
 
-def test_worker_count_follows_the_input_size_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_count_follows_the_input_size_the_cores_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FTKIT_ANALYZE_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert default_workers(40, PARALLEL_BYTES) == 7  # one core for the replay
+    assert default_workers(3, PARALLEL_BYTES) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert default_workers(40, PARALLEL_BYTES) == 0  # two cores: one worker does not pay
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert default_workers(40, PARALLEL_BYTES - 1) == 0  # small: one process
     assert default_workers(1, PARALLEL_BYTES * 4) == 0  # one file: nothing to share
+    monkeypatch.setitem(sys.modules, "ray", sys)  # a Ray driver (ftkit train): no fork
+    assert default_workers(40, PARALLEL_BYTES * 4) == 0
+    monkeypatch.delitem(sys.modules, "ray")
     monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", "3")
     assert default_workers(40, 10) == 3
     assert default_workers(2, 10) == 2  # at most one per file
