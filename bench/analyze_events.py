@@ -16,7 +16,11 @@ the same run, interleaved:
   (``os.wait4`` rusage of that child);
 - ``merged``: the same over the one merged file (read sequentially after a keys-only pass);
 - ``shuffled`` (``--shuffled``): the same over the merged file's lines in random order (the
-  bounded on-disk sort).
+  bounded on-disk sort);
+- ``w0``, ``w1``, ... (``--workers``): the per-process files again with ``FTKIT_ANALYZE_WORKERS``
+  set to each count (0: one process; ``ftkit.analysis.parallel``), for the worker scaling: the
+  speed-up over ``w0`` and its share per worker (parallel efficiency; where cores are fewer than
+  workers + 1 the count simulates more cores and the efficiency falls).
 
 It prints ``analyze / plain`` (issue 10's target: <= 0.5; earlier target <= 1.0), ``merged /
 analyze`` and ``shuffled / analyze`` (issue 13's target for the merged file: <= 1.2), each in wall
@@ -27,6 +31,12 @@ and CPU time (the best of ``--repeat``, as other processes share the machine), a
     python bench/analyze_events.py --events 200000       # smaller
     python bench/analyze_events.py --events 1000000 --shuffled
     python bench/analyze_events.py --generator independent --events 150000 --tensors 4 --shuffled
+
+The three shapes of issue 27 (``docs/analyze-events.md``, "Speed and memory")::
+
+    python bench/analyze_events.py --generator independent --events 283000 --tensors 4          # many small events
+    python bench/analyze_events.py --generator independent --events 283000 --cells 8 --tensors 20 # cells x tensors
+    python bench/analyze_events.py --events 283000 --tensors 20 --shuffled --workers             # faulted, shuffled
 """
 
 from __future__ import annotations
@@ -94,33 +104,6 @@ def plain_loop(files: list[Path]) -> tuple[float, float, int]:
     return time.perf_counter() - t0, time.process_time() - c0, n
 
 
-def _decode_check(path: Path) -> int:
-    """orjson and the analyzer's compiled check over one file (the part of the work a worker
-    process could take per stream); the number of lines that pass."""
-    from ftkit.events.validate import is_valid
-
-    ok = 0
-    with open(path, "rb") as f:
-        for line in f:
-            ok += is_valid(orjson.loads(line))
-    return ok
-
-
-def scaling(files: list[Path], workers: tuple[int, ...] = (1, 2, 4)) -> dict[int, float]:
-    """Wall seconds of decoding and checking ``files`` in ``n`` worker processes (a pool started
-    per measurement, fork, one file per task), for each ``n``: how the per-stream part scales."""
-    import multiprocessing
-
-    out = {}
-    ctx = multiprocessing.get_context("fork")
-    for n in workers:
-        t0 = time.perf_counter()
-        with ctx.Pool(n) as pool:
-            pool.map(_decode_check, files, chunksize=1)
-        out[n] = time.perf_counter() - t0
-    return out
-
-
 def floor_loop(files: list[Path]) -> tuple[float, float]:
     """Wall and CPU seconds of the same loop with ``orjson.loads`` (decoding alone)."""
     t0, c0 = time.perf_counter(), time.process_time()
@@ -131,15 +114,20 @@ def floor_loop(files: list[Path]) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def analyze(path: Path) -> tuple[float, float, int, int, dict]:
+def analyze(path: Path, workers: int | None = None) -> tuple[float, float, int, int, dict]:
     """Wall seconds, CPU seconds, exit code, peak RSS bytes and the JSON document of one
-    ``ftkit analyze-events`` subprocess (its own rusage, from ``os.wait4``)."""
+    ``ftkit analyze-events`` subprocess (its rusage from ``os.wait4``, which includes its worker
+    processes); ``workers``: ``FTKIT_ANALYZE_WORKERS`` for it (None: the analyzer's choice)."""
     out = tempfile.TemporaryFile()  # noqa: SIM115 - read back after the child exits
+    env = dict(os.environ)
+    if workers is not None:
+        env["FTKIT_ANALYZE_WORKERS"] = str(workers)
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-m", "ftkit", "analyze-events", str(path), "--format", "json"],
         stdout=out,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -195,9 +183,11 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=2, help="measurements per size; the best of each is kept")
     p.add_argument("--shuffled", action="store_true", help="also measure the merged lines in random order")
     p.add_argument(
-        "--scaling",
-        action="store_true",
-        help="also time decoding + checking the files in 1, 2 and 4 worker processes (the per-stream part)",
+        "--workers",
+        type=int,
+        nargs="*",
+        default=[0, 1, 2, 4],
+        help="also analyse the per-process files with FTKIT_ANALYZE_WORKERS set to each (0: one process)",
     )
     p.add_argument("--existing", type=Path, default=None, help="measure a log kept by --keep (DIR/events) again")
     args = p.parse_args()
@@ -216,6 +206,7 @@ def main() -> int:
             files = sorted(events_dir.glob("*.jsonl"))
             size = sum(f.stat().st_size for f in files)
             inputs = {"analyze": events_dir, "merged": merged}
+            inputs.update({f"w{n}": events_dir for n in args.workers})
             if args.shuffled:
                 inputs["shuffled"] = root / "shuffled.jsonl"
                 if not inputs["shuffled"].exists():
@@ -237,22 +228,13 @@ def main() -> int:
                 wall["floor"].append(w)
                 cpu["floor"].append(c)
                 for name, path in inputs.items():
-                    w, c, rc, peak, docs[name] = analyze(path)
+                    w, c, rc, peak, docs[name] = analyze(path, int(name[1:]) if name[0] == "w" else None)
                     wall[name].append(w)
                     cpu[name].append(c)
                     rss[name] = max(rss[name], peak)
                 print(
                     f"[{target}] plain {wall['plain'][-1]:.1f}s, "
                     + ", ".join(f"{k} {wall[k][-1]:.1f}s (RSS {rss[k] / 2**20:.0f} MiB)" for k in inputs),
-                    file=sys.stderr,
-                    flush=True,
-                )
-            if args.scaling:
-                walls = scaling(files)
-                print(
-                    f"[{target}] decode + check in worker processes (wall, per-stream part only; the replay is "
-                    "serial): "
-                    + ", ".join(f"{n}: {w:.2f}s ({walls[1] / w / n:.0%} efficiency)" for n, w in walls.items()),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -303,6 +285,18 @@ def main() -> int:
             f"{r['ratio']:>6.3f} {r['cpu_ratio']:>6.3f} {r['merged_s']:>9.1f} {r['merged_vs_files']:>8.3f} "
             f"{r['merged_vs_files_cpu']:>6.3f} {rss_text:>22} {r['verdict']} {r['same_result']}"
         )
+        base = r.get("w0_s")
+        for k in (f"w{n}" for n in args.workers):
+            n = int(k[1:])
+            speedup = (
+                f", speed-up {base / r[k + '_s']:.2f}x ({base / r[k + '_s'] / max(n, 1):.0%} per worker)"
+                if base
+                else ""
+            )
+            print(
+                f"{'':>10} workers {n}: {r[k + '_s']:.1f}s, vs the plain loop wall / cpu "
+                f"{r[k + '_ratio']:.3f} / {r[k + '_cpu_ratio']:.3f}{speedup}, peak RSS {r['peak_rss_mib'][k]:.0f} MiB"
+            )
         if "shuffled_s" in r:
             print(
                 f"{'':>10} shuffled: {r['shuffled_s']:.1f}s, {r['shuffled_vs_files']:.3f}x the files "

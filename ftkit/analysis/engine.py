@@ -21,16 +21,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftkit.analysis.parallel import ParallelStream, default_workers
 from ftkit.analysis.profile import uncovered
 from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import NotPerProcess, Replay
 from ftkit.analysis.replay_state import MAX_STORED
 from ftkit.events.demux import DemuxStream
-from ftkit.events.reader import STDIN, EventStream, discover
+from ftkit.events.reader import STDIN, EventStream, discover, size_of
 from ftkit.events.spill import SPILL_BYTES
 from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 
-Stream = EventStream | DemuxStream
+Stream = EventStream | DemuxStream  # ParallelStream is an EventStream
 Progress = Callable[[int, int], None]  # (done, total): bytes of all reading passes (see ReadCounts.progress)
 
 
@@ -65,12 +66,15 @@ def analyze_paths(
     files = discover(paths)
     if STDIN not in files:
         replay = Replay(rule_classes)
-        stream: Stream = EventStream(files, replay.issue)
+        workers = default_workers(len(files), sum(size_of(p) for p in files)) if replay.takes_compact else 0
+        stream: Stream = ParallelStream(files, replay.issue, workers) if workers else EventStream(files, replay.issue)
         try:
             _replay(replay, stream, per_process=True, progress=progress)
             return _result(replay, stream, len(files), "per-process")
         except NotPerProcess:
             pass  # not one process per file: read it again, demultiplexed
+        finally:
+            stream.close()
     replay = Replay(rule_classes)
     stream = DemuxStream(files, replay.issue, spill_bytes, progress=progress)
     try:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ftkit.analysis.records import RolloutRecord
+import orjson
+
+from ftkit.analysis.records import RolloutRecord, StepRecord
 from ftkit.analysis.watermark import Watermark
 from ftkit.events.schema import DEAD_STATES
 from ftkit.findings import Severity
@@ -23,6 +25,12 @@ Handler = Callable[[dict[str, Any], int, int], None]
 
 class EventHandlers(Watermark):
     """The core event handlers (state in ``ReplayState``)."""
+
+    outcome_hooks: list[Callable[..., None]] = []  # rules' ``outcome`` (see Replay.__init__)
+
+    def compact_handlers(self) -> list[Callable[[tuple[Any, ...], int, int], None]]:
+        """The handler of each compact record code (``ftkit.analysis.parallel.HOT_TYPES``)."""
+        return [self._step_outcome_c, self._fingerprint_c, self._witness_counts_c]
 
     def core_handlers(self) -> dict[str, Handler]:
         """Event type -> the replay's handler of it."""
@@ -121,21 +129,33 @@ class EventHandlers(Watermark):
 
     # The three step-evidence handlers below run for most events of a log: they call
     # ``self.locate`` (not ``where``) and avoid ``setdefault(k, {})`` (a dict built per call) for speed.
+    # Each has a twin entry point taking a compact record (``ftkit.analysis.parallel``: the fields of
+    # a line a worker process decoded, checked and reduced); both share the code after the fields.
     def _step_outcome(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
-        if rec is None:
-            return
+        if rec is not None:
+            self._outcome_at(rec, ev["epoch"], ev["cell"], self._rank(ev), ev["outcome"], ev["time"], fi, line)
+
+    def _step_outcome_c(self, c: tuple[Any, ...], fi: int, line: int) -> None:
+        rec = self._record_at(fi, line, "step_outcome", (c[4], c[5], c[6]), c[7], c[8], c[1], c[9])
+        if rec is not None:
+            self._outcome_at(rec, c[11], c[7], self._rank_of(c[8], fi), c[10], c[1], fi, line)
+        for hook in self.outcome_hooks:
+            hook(c[7], c[8] if c[9] else (self.file_source[fi] or {}).get("rank"), c[5], c[6], c[10], fi, line)
+
+    def _outcome_at(
+        self, rec: StepRecord, epoch: int, cell: int, rank: int | None, outcome: str, time: float, fi: int, line: int
+    ) -> None:
         if rec.epoch is None:
-            rec.epoch = ev["epoch"]
-        ranks = rec.outcomes.get(ev["cell"])
+            rec.epoch = epoch
+        ranks = rec.outcomes.get(cell)
         if ranks is None:
-            ranks = rec.outcomes[ev["cell"]] = {}
-        outcome = ev["outcome"]
-        ranks[self._rank(ev)] = (outcome, self.locate(fi, line))
+            ranks = rec.outcomes[cell] = {}
+        ranks[rank] = (outcome, self.locate(fi, line))
         if outcome != "committed":
-            self.recovery.detected(ev["time"])
+            self.recovery.detected(time)
         else:
-            self.recovery.committed(ev["time"])
+            self.recovery.committed(time)
 
     def _fingerprint(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
@@ -146,12 +166,48 @@ class EventHandlers(Watermark):
         if detail is None or detail[0] != ev["params"] or detail[1] != ev["optimizer"]:
             total = self._recompute(ev, fi, line, state_total(ev["params"], ev["optimizer"]))
             detail = rec.fp_detail.get((rank, total))
+        self._fingerprint_at(rec, rank, ev["cell"], total, detail, fi, line, ev["params"], ev["optimizer"])
+
+    def _fingerprint_c(self, c: tuple[Any, ...], fi: int, line: int) -> None:
+        """A compact fingerprint (``c[11]``: its parts as the worker encoded them): the same as
+        above, with one more shortcut -- parts encoded as the group's were are the group's parts."""
+        rec = self._record_at(fi, line, "state_fingerprint", (c[4], c[5], c[6]), c[7], c[8], c[1], c[9])
+        if rec is None:
+            return
+        rank, total, blob = self._rank_of(c[8], fi), c[10], c[11]
+        detail = rec.fp_detail.get((rank, total))
+        if detail is not None and rec.fp_blobs.get((rank, total)) == blob:
+            self._fingerprint_at(rec, rank, c[7], total, detail, fi, line, None, None)
+            return
+        params, optimizer = orjson.loads(blob)
+        if detail is None or detail[0] != params or detail[1] != optimizer:
+            parts = state_total(params, optimizer)
+            if total != parts:
+                self._contradicted("state_fingerprint", total, parts, fi, line)
+                total = parts
+            detail = rec.fp_detail.get((rank, total))
+        if detail is None:
+            rec.fp_blobs[(rank, total)] = blob
+        self._fingerprint_at(rec, rank, c[7], total, detail, fi, line, params, optimizer)
+
+    def _fingerprint_at(
+        self,
+        rec: StepRecord,
+        rank: int | None,
+        cell: int,
+        total: str,
+        detail: Any,
+        fi: int,
+        line: int,
+        params: Any,
+        optimizer: Any,
+    ) -> None:
         cells = rec.fingerprints.get(rank)
         if cells is None:
             cells = rec.fingerprints[rank] = {}
-        cells[ev["cell"]] = total
+        cells[cell] = total
         if detail is None:
-            rec.fp_detail[(rank, total)] = (ev["params"], ev["optimizer"], ev["cell"], self.locate(fi, line))
+            rec.fp_detail[(rank, total)] = (params, optimizer, cell, self.locate(fi, line))
 
     def _weights(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self._recompute(ev, fi, line, combine(ev["params"]))
@@ -172,24 +228,34 @@ class EventHandlers(Watermark):
         and from here on the line stands for what its parts say (``ev["total"]`` is replaced), so
         the rules compare the per-tensor entries across cells and with the weights sent."""
         if ev["total"] != parts:
-            self.report(
-                "FT111",
-                f"{ev['type']} total {ev['total'][:12]} is not the fingerprint of its own per-tensor "
-                f"entries ({parts[:12]}): a damaged or forged line",
-                where=self.where(fi, line),
-            )
+            self._contradicted(ev["type"], ev["total"], parts, fi, line)
             ev["total"] = parts
         return parts
 
+    def _contradicted(self, t: str, total: str, parts: str, fi: int, line: int) -> None:
+        self.report(
+            "FT111",
+            f"{t} total {total[:12]} is not the fingerprint of its own per-tensor "
+            f"entries ({parts[:12]}): a damaged or forged line",
+            where=self.where(fi, line),
+        )
+
     def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
-        if rec is None:
-            return
-        rec.witness_cells.add(ev["cell"])
+        if rec is not None:
+            self._witness_at(rec, ev["cell"], ev["ids"], ev["counts"], fi, line)
+
+    def _witness_counts_c(self, c: tuple[Any, ...], fi: int, line: int) -> None:
+        rec = self._record_at(fi, line, "witness_counts", (c[4], c[5], c[6]), c[7], c[8], c[1], c[9])
+        if rec is not None:
+            self._witness_at(rec, c[7], c[10], c[11], fi, line)
+
+    def _witness_at(self, rec: StepRecord, cell: int, ids: list[int], counts: list[int], fi: int, line: int) -> None:
+        rec.witness_cells.add(cell)
         if rec.witness is None:
-            rec.witness = (ev["ids"], ev["counts"], ev["cell"], self.locate(fi, line))
-        elif ev["ids"] != rec.witness[0] or ev["counts"] != rec.witness[1]:
-            rec.witness_conflicts.append((ev["cell"], self.locate(fi, line)))
+            rec.witness = (ids, counts, cell, self.locate(fi, line))
+        elif ids != rec.witness[0] or counts != rec.witness[1]:
+            rec.witness_conflicts.append((cell, self.locate(fi, line)))
 
     def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
         ro = self.rollouts.get(ev["rollout"])

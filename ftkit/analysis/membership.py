@@ -59,6 +59,14 @@ class Membership(ReplayState):
             died = max(self.cell_last.get(cell, -1), self.max_step, self.declared_step + 1)
             deaths.append([died, None])
 
+    def _rank_of(self, rank: int | None, fi: int) -> int | None:
+        """``_rank`` of an event of stream ``fi`` whose ``rank`` field is ``rank``."""
+        if rank is None:
+            rank = (self.file_source[fi] or {}).get("rank")
+        if type(rank) is int and rank > self.max_rank:
+            self.max_rank = rank
+        return rank
+
     def _rank(self, ev: dict[str, Any]) -> int | None:
         """The event's rank (its own field, else its source's), tracking the highest seen."""
         rank = ev.get("rank")

@@ -54,6 +54,7 @@ class StepRecord:
         "outcomes",
         "fingerprints",
         "fp_detail",
+        "fp_blobs",
         "witness",
         "witness_conflicts",
         "witness_cells",
@@ -69,6 +70,7 @@ class StepRecord:
         self.outcomes: dict[int, dict[int | None, tuple[str, Where]]] = {}
         self.fingerprints: dict[int | None, dict[int, str]] = {}
         self.fp_detail: dict[tuple[int | None, str], tuple[dict[str, str], dict[str, str], int, Where]] = {}
+        self.fp_blobs: dict[tuple[int | None, str], bytes] = {}  # a compact group's parts, as a worker encoded them
         self.witness: tuple[list[int], list[int], int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
         self.witness_cells: set[int] = set()  # cells that reported witness counts

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ftkit.analysis.handlers import EventHandlers, Handler
+from ftkit.analysis.parallel import HOT_TYPES
 from ftkit.analysis.records import RuleHooks
 from ftkit.analysis.watermark import LAG
 from ftkit.events.schema import EVENT_TYPES, Source
@@ -50,9 +51,15 @@ class Replay(EventHandlers):
         for rule in self.rules:
             for t in rule.events:
                 self.handlers[t].append(rule.on_event)
+        # Compact records (ftkit.analysis.parallel) carry no dict: they can be replayed only when the
+        # rules of their types read fields, i.e. only step_outcome, through an ``outcome`` method.
+        hot = [r for r in self.rules if set(r.events) & set(HOT_TYPES)]
+        self.outcome_hooks = [getattr(r, "outcome") for r in hot if hasattr(r, "outcome")]  # noqa: B009
+        fields_only = [set(r.events) & set(HOT_TYPES) == {"step_outcome"} and hasattr(r, "outcome") for r in hot]
+        self.takes_compact = all(fields_only)
 
     # ----------------------------------------------------------------- the loop
-    def run(self, items: Iterable[tuple[dict[str, Any] | None, int, int]], tick: Callable[[], None] | None) -> None:
+    def run(self, items: Iterable[tuple[Any, int, int]], tick: Callable[[], None] | None) -> None:
         """Replay ``(event, stream, line)`` items -- ``None`` as the event when a stream ended after
         line ``line`` -- calling ``tick()`` every ``TICK`` events (progress).
 
@@ -60,12 +67,17 @@ class Replay(EventHandlers):
         envelope -- source, ``seq`` chain, time order, run name, an incarnation reopened after its
         ``log_closed``, lines after ``run_finished`` -- then the handlers of its type (the core one
         first, then the rules).
-        Anything unusual leaves the loop for a method that reports it."""
+        Anything unusual leaves the loop for a method that reports it.
+
+        An event may also be a compact record (a tuple: ``ftkit.analysis.parallel``), a hot line a
+        worker process already checked and whose envelope it found usual: only what depends on
+        other streams is done here, then its type's compact handler."""
         # one lookup per line gives the check and the handlers of its type
         dispatch = {t: (check, self.handlers[t]) for t, check in CHECKS.items()}
         by_type = dict.fromkeys(dispatch, 0)  # a plain dict counts faster than a Counter (merged below)
         file_source, seq_next, last_time, runs = self.file_source, self.seq_next, self.last_time, self.runs
         closed, unordered = self.closed, self.unordered
+        compact, hot = self.compact_handlers(), HOT_TYPES
         n = 0
         try:
             for event, fi, line in items:
@@ -75,6 +87,24 @@ class Replay(EventHandlers):
                 n += 1
                 if tick is not None and not n % TICK:
                     tick()
+                if type(event) is tuple:  # a compact record: checked, its envelope the stream's usual one
+                    code = event[0]
+                    by_type[hot[code]] += 1
+                    seq = event[3]
+                    if seq != seq_next[fi]:
+                        self._seq(fi, line, seq)
+                    seq_next[fi] = seq + 1
+                    time = event[1]
+                    if time < last_time[fi] - 1.0 and fi not in unordered:
+                        self._unordered(fi, line)
+                    last_time[fi] = time
+                    if closed[fi]:
+                        closed[fi] = False
+                    if self.run_finished is not None:
+                        self.after_finish[0] += 1
+                        self.after_finish[1] = self.after_finish[1] or self.where(fi, line)
+                    compact[code](event, fi, line)
+                    continue
                 t: Any = event.get("type")  # any JSON value until its check passes
                 try:
                     check, handlers = dispatch[t]

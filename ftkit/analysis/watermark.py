@@ -97,13 +97,34 @@ class Watermark(Membership):
         """The open record of the event's (rollout, step, attempt), opened on first sight; None
         when the step is already closed (the event came late: counted, reported by the rules) or
         when the event is not its writer's (see ``_foreign``)."""
+        return self._record_at(
+            fi,
+            line,
+            ev["type"],
+            (ev["rollout"], ev["step"], ev["attempt"]),
+            ev["cell"],
+            ev.get("rank"),
+            ev["time"],
+            "rank" in ev,
+        )
+
+    def _record_at(
+        self,
+        fi: int,
+        line: int,
+        t: str,
+        key: tuple[int, int, int],
+        ev_cell: int,
+        ev_rank: int | None,
+        time: float,
+        has_rank: bool,
+    ) -> StepRecord | None:
+        """``_record`` of an event given by its fields (a compact record: ``ftkit.analysis.parallel``);
+        ``has_rank``: whether the event has a ``rank`` field (``ev_rank`` is None when it has not)."""
         cell = self.file_cell.get(fi)  # a trainer's stream (its source is known): the source's cell
-        if cell is not None and (
-            ev["cell"] != cell or ev.get("rank") not in (None, (self.file_source[fi] or {}).get("rank"))
-        ):
-            self._foreign(ev, fi, line)
+        if cell is not None and (ev_cell != cell or ev_rank not in (None, (self.file_source[fi] or {}).get("rank"))):
+            self._foreign(t, ev_cell, ev_rank, has_rank, fi, line)
             return None
-        key = (ev["rollout"], ev["step"], ev["attempt"])
         rec = self.pending.get(key)
         if rec is not None and self.file_step.get(fi) == key[1]:
             return rec  # the common case, without a call
@@ -111,7 +132,7 @@ class Watermark(Membership):
             if not self._progress(fi, line, key[1], key[0]):
                 return None
             snapshot = frozenset(c for c, s in self.cell_status.items() if s == "alive") if self.cell_status else None
-            rec = self.pending[key] = StepRecord(key[0], key[1], key[2], ev["time"], snapshot)
+            rec = self.pending[key] = StepRecord(key[0], key[1], key[2], time, snapshot)
             self.closure.see_step(key[1])
             if key[0] not in self.rollouts:
                 self.rollouts[key[0]] = RolloutRecord(key[0])
@@ -119,13 +140,13 @@ class Watermark(Membership):
             return None
         return rec
 
-    def _foreign(self, ev: dict[str, Any], fi: int, line: int) -> None:
+    def _foreign(self, t: str, cell: int, rank: int | None, has_rank: bool, fi: int, line: int) -> None:
         """Step evidence whose ``cell`` / ``rank`` is not its writer's (``source``): a rank writes
         only its own evidence, so the line is moved or forged; it counts for nobody (FT111)."""
         src = self.file_source[fi] or {}
         self.report(
             "FT111",
-            f"{ev['type']} of cell {ev['cell']} rank {ev.get('rank', src.get('rank'))} written by the process of "
+            f"{t} of cell {cell} rank {rank if has_rank else src.get('rank')} written by the process of "
             f"cell {src.get('cell')} rank {src.get('rank')}: evidence only counts from its own writer",
             where=self.where(fi, line),
         )

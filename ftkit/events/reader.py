@@ -318,7 +318,7 @@ class EventStream(ReadCounts):
         self.counts = [0, 0]  # lines, bytes (uncompressed) read so far
         self.size = sum(size_of(p) for p in files)
 
-    def _file_events(self, index: int) -> Iterator[tuple[float, int, Any, int]]:
+    def file_events(self, index: int) -> Iterator[tuple[float, int, Any, int]]:
         """Heap items ``(time, index, event, line)`` of one file, in file order (``read_blocks``:
         whole lines a block at a time, over-long lines dropped, so memory stays bounded)."""
         path = self.files[index]
@@ -362,7 +362,7 @@ class EventStream(ReadCounts):
     def events(self) -> Iterator[tuple[Any, int, int]]:
         """Yield ``(event, file_index, line_number)`` in time order across files; after a file's
         last event, ``(None, file_index, last_line)`` marks its end."""
-        return merge_by_time([self._file_events(i) for i in range(len(self.files))])
+        return merge_by_time([self.file_events(i) for i in range(len(self.files))])
 
     def locate(self, stream: int, line: int) -> tuple[str, int]:
         """(file, line) of an item this stream yielded."""

@@ -29,23 +29,27 @@ class CommitInconsistent(Rule):
             ckpt = ev["checkpoint_step"]
             self.last = {k: (min(step, ckpt), attempt) for k, (step, attempt) in self.last.items()}
             return
-        if ev["outcome"] != "committed":
-            return
         rank = ev["rank"] if "rank" in ev else ev["source"].get("rank")
-        key = (ev["cell"], rank)
-        prev, step = self.last.get(key), ev["step"]
+        self.outcome(ev["cell"], rank, ev["step"], ev["attempt"], ev["outcome"], fi, line)
+
+    def outcome(self, cell: int, rank: int | None, step: int, attempt: int, outcome: str, fi: int, line: int) -> None:
+        """A ``step_outcome`` by its fields (also what the replay calls for a compact record)."""
+        if outcome != "committed":
+            return
+        key = (cell, rank)
+        prev = self.last.get(key)
         if prev is not None and step <= prev[0]:
             self.report(
-                f"cell {ev['cell']} rank {rank} committed step {ev['step']} (attempt {ev['attempt']}) "
+                f"cell {cell} rank {rank} committed step {step} (attempt {attempt}) "
                 f"after already committing step {prev[0]} (attempt {prev[1]})",
-                cell=ev["cell"],
+                cell=cell,
                 rank=rank,
-                step=ev["step"],
-                attempt=ev["attempt"],
+                step=step,
+                attempt=attempt,
                 where=self.replay.where(fi, line),
             )
             step = prev[0]
-        self.last[key] = (step, ev["attempt"])  # the highest step committed so far
+        self.last[key] = (step, attempt)  # the highest step committed so far
 
     def on_step(self, rec: StepRecord) -> None:
         if not rec.committed:

@@ -1,0 +1,103 @@
+"""The per-process reader on worker processes (``ftkit.analysis.parallel``) gives the same analysis,
+byte for byte, as one process: on clean and faulted logs, on every injected violation, and on
+damage the workers must hand back untouched (malformed and truncated lines, a seq gap, a forged
+line, a fingerprint total its parts contradict, a file that is not one process's)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftkit.analysis.engine import analyze_paths
+from ftkit.analysis.parallel import PARALLEL_BYTES, default_workers
+from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
+
+
+def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> str:
+    monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", str(workers))
+    r = analyze_paths([path])
+    return json.dumps(
+        {
+            "findings": [f.model_dump(mode="json") for f in r.findings],
+            "rules": [s.model_dump(mode="json") for s in r.rules],
+            "stats": r.stats,
+            "recovery": r.recovery,
+            "notes": r.notes,
+        },
+        sort_keys=True,
+        default=str,
+    )
+
+
+def _same(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    serial = _analysis(path, monkeypatch, 0)
+    for workers in (1, 2, 3):
+        assert _analysis(path, monkeypatch, workers) == serial, workers
+    assert not multiprocessing.active_children()  # the workers were stopped
+    return serial
+
+
+@pytest.mark.parametrize("violation", [None, *VIOLATIONS])
+def test_workers_give_the_same_analysis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, violation: str | None) -> None:
+    generate(tmp_path, SyntheticSpec(cells=3, tp=1, pp=2, rollouts=3, tensors=6, faults=1, violation=violation))
+    out = _same(tmp_path / "events", monkeypatch)
+    if violation is not None:
+        assert f'"code": "{violation}"' in out
+
+
+def _rank_file(events: Path) -> Path:
+    return sorted(events.glob("trainer-c1-r0-*.jsonl"))[0]
+
+
+def test_damage_is_reported_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    generate(tmp_path, SyntheticSpec(cells=3, tp=1, pp=2, rollouts=3, tensors=6, faults=1))
+    events = tmp_path / "events"
+    path = _rank_file(events)
+    lines = path.read_bytes().split(b"\n")
+    fps = [i for i, ln in enumerate(lines) if b'"state_fingerprint"' in ln]
+    bad = json.loads(lines[fps[1]])
+    bad["total"] = "0" * 32  # a total its parts contradict
+    lines[fps[1]] = json.dumps(bad).encode()
+    forged = json.loads(lines[fps[2]])
+    forged["cell"] = 0  # evidence naming another cell
+    lines[fps[2]] = json.dumps(forged).encode()
+    lines[fps[3]] = b'{"type": "state_fingerprint", oops'  # malformed
+    del lines[fps[4] + 1]  # a seq gap
+    path.write_bytes(b"\n".join(lines[:-1]) + b'\n{"type": "step_out')  # a truncated last line
+    out = _same(events, monkeypatch)
+    for text in ("not the fingerprint of its own", "evidence only counts from its own writer", "malformed", "seq gap"):
+        assert text in out
+
+
+def test_a_file_of_several_sources_falls_back_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    generate(tmp_path, SyntheticSpec(cells=2, tp=1, pp=1, rollouts=2, tensors=4, faults=0))
+    events = tmp_path / "events"
+    a, b = sorted(events.glob("trainer-*.jsonl"))[:2]
+    a.write_bytes(a.read_bytes() + b.read_bytes())  # two sources in one file, one twice
+    out = _same(events, monkeypatch)
+    assert '"read_as": "sorted"' in out or '"read_as": "sequential"' in out
+
+
+def test_worker_count_follows_the_input_size_the_cores_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FTKIT_ANALYZE_WORKERS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert default_workers(40, PARALLEL_BYTES) == 7  # one core for the replay
+    assert default_workers(3, PARALLEL_BYTES) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert default_workers(40, PARALLEL_BYTES) == 0  # two cores: one worker does not pay
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert default_workers(40, PARALLEL_BYTES - 1) == 0  # small: one process
+    assert default_workers(1, PARALLEL_BYTES * 4) == 0  # one file: nothing to share
+    monkeypatch.setitem(sys.modules, "ray", sys)  # a Ray driver (ftkit train): no fork
+    assert default_workers(40, PARALLEL_BYTES * 4) == 0
+    monkeypatch.delitem(sys.modules, "ray")
+    monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", "3")
+    assert default_workers(40, 10) == 3
+    assert default_workers(2, 10) == 2  # at most one per file
+    monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", "0")
+    assert default_workers(40, PARALLEL_BYTES * 4) == 0
