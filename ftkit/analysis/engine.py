@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftkit.analysis.parallel import ParallelStream, default_workers
+from ftkit.analysis.parallel import ParallelStream, WorkerLost, default_workers
 from ftkit.analysis.profile import uncovered
 from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import NotPerProcess, Replay
@@ -64,15 +64,18 @@ def analyze_paths(
     """
     rule_classes = select_rules(select, skip)
     files = discover(paths)
-    if STDIN not in files:
+    workers = default_workers(len(files), sum(size_of(p) for p in files)) if STDIN not in files else 0
+    for n in dict.fromkeys([workers, 0]) if STDIN not in files else []:  # a lost worker: again in one process
         replay = Replay(rule_classes)
-        workers = default_workers(len(files), sum(size_of(p) for p in files)) if replay.takes_compact else 0
-        stream: Stream = ParallelStream(files, replay.issue, workers) if workers else EventStream(files, replay.issue)
+        n = n if replay.takes_compact else 0
+        stream: Stream = ParallelStream(files, replay.issue, n) if n else EventStream(files, replay.issue)
         try:
             _replay(replay, stream, per_process=True, progress=progress)
             return _result(replay, stream, len(files), "per-process")
         except NotPerProcess:
-            pass  # not one process per file: read it again, demultiplexed
+            break  # not one process per file: read it again, demultiplexed
+        except WorkerLost:
+            continue
         finally:
             stream.close()
     replay = Replay(rule_classes)

@@ -145,6 +145,11 @@ def _serve(files: dict[int, Path], requests: Connection, replies: Connection) ->
             del gens[i]
 
 
+class WorkerLost(Exception):
+    """A worker process ended without answering (killed, out of memory): ``analyze_paths`` then
+    analyses the same files again in one process, so the result does not depend on it."""
+
+
 class ParallelStream(EventStream):
     """``EventStream`` whose files are reduced by ``workers`` forked processes (see the module)."""
 
@@ -184,7 +189,10 @@ class ParallelStream(EventStream):
         """File ``i``'s requested chunk (replies for other files of its worker are kept)."""
         ready, replies = self.ready, self.replies[self.owner[i]]
         while i not in ready:
-            reply = replies.recv_bytes()
+            try:
+                reply = replies.recv_bytes()
+            except (EOFError, OSError) as exc:  # the worker is gone
+                raise WorkerLost(f"the analysis worker of file {i} ended: {exc or type(exc).__name__}") from None
             ready[int.from_bytes(reply[:4], "little")] = reply[4:]
         return ready.pop(i)
 

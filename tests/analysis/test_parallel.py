@@ -101,3 +101,24 @@ def test_worker_count_follows_the_input_size_the_cores_and_the_environment(monke
     assert default_workers(2, 10) == 2  # at most one per file
     monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", "0")
     assert default_workers(40, PARALLEL_BYTES * 4) == 0
+
+
+def test_a_worker_killed_mid_analysis_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker SIGKILLed before it answers (the OOM killer, an operator): the files are analysed
+    again in one process, with the same result, never exit 3."""
+    import signal
+
+    from ftkit.analysis import parallel
+
+    generate(tmp_path, SyntheticSpec(cells=3, tp=1, pp=2, rollouts=3, tensors=6, faults=1))
+    serial = _analysis(tmp_path / "events", monkeypatch, 0)
+    serve = parallel._serve
+
+    def dies_first(files, requests, replies):  # type: ignore[no-untyped-def]
+        if min(files) == 0:  # the worker of file 0 dies, the other one serves
+            os.kill(os.getpid(), signal.SIGKILL)
+        serve(files, requests, replies)
+
+    monkeypatch.setattr(parallel, "_serve", dies_first)
+    assert _analysis(tmp_path / "events", monkeypatch, 2) == serial
+    assert not multiprocessing.active_children()
