@@ -122,8 +122,10 @@ class CellSession:
         placement group unless ``release`` is false), and move each cell that is not stopped to
         ``stopped`` with ``reason``. A live cell whose flush fails (a rank that died after the
         last step, or does not answer) is declared ``failed`` first: its log ends without
-        ``log_closed``, and the analyzer excuses only a declared death."""
+        ``log_closed``, and the analyzer excuses only a declared death. Not after a signal: then
+        no cell is failed (``CellBook``), the run ends ``interrupted``."""
         from ftkit.train.control.cell_state import CellState
+        from ftkit.train.control.run_end import pending_interruption
 
         if self._roster is None:  # nothing was spawned
             return
@@ -136,7 +138,7 @@ class CellSession:
         failed: dict[int, str] = {}
         with contextlib.suppress(Exception):  # Ray itself gone: nothing can be told apart
             failed = failed_flushes({c: cell.shutdown() for c, cell in live.items()}, flush_s)
-        for c, cause in sorted(failed.items()):
+        for c, cause in sorted(failed.items()) if pending_interruption() is None else []:
             roster.fail(c, f"at {reason}: {cause}")
         for cell in roster.cells.values():
             cell.kill(release_group=release)
