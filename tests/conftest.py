@@ -11,3 +11,16 @@ raise) removes it with ``monkeypatch.delenv``.
 import os
 
 os.environ["FTKIT_STRICT_EVENTS"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``full`` run only in the full suite (``tests/suite.py``)."""
+    import pytest
+    from suite import FULL, SKIP_REASON
+
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if item.get_closest_marker("full") is not None:
+            item.add_marker(skip)

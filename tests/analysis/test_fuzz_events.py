@@ -1,6 +1,7 @@
 """Randomised, seeded suite of mutated event logs (issue 9: analyze-events never crashes, fails closed).
 
-``FTKIT_FUZZ_CASES`` mutated logs (default 1,000) go through the CLI's ``main`` in-process, each
+``FTKIT_FUZZ_CASES`` mutated logs (default 500, 2,000 in the full suite: ``tests/suite.py``) go
+through the CLI's ``main`` in-process, each
 under a SIGALRM timeout; a few more run as subprocesses, where a signal would show. Every case
 must exit 0, 1 or 2 (never 3, never a signal, never a hang), and every case the generator labels
 *lossy* (a line carrying evidence is gone: deleted, cut off at a line boundary, deleted with the
@@ -26,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from suite import FULL
 
 from ftkit import cli
 from ftkit.testing.synthetic import SyntheticSpec, generate
 
 REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
 
-CASES = int(os.environ.get("FTKIT_FUZZ_CASES", "1000"))
+CASES = int(os.environ.get("FTKIT_FUZZ_CASES", "2000" if FULL else "500"))
 SUBPROCESS_CASES = 8
 SEED = int(os.environ.get("FTKIT_FUZZ_SEED", "20261130"))
 TIMEOUT_S = 60

@@ -16,7 +16,7 @@ rollouts, dumps), ``analyze-events B`` (the combined log of both sessions) and
 - B SIGKILLed from outside at a random moment (its whole process group: Ray included),
   resumed with one cell instead of two;
 - B killed by an injected ``sigkill`` inside a publication phase (``publish_rename`` here, all
-  seven with ``FTKIT_FULL_FAULT_MATRIX=1``; at ``publish_preflight`` a rank dies instead and the
+  seven in the full suite; at ``publish_preflight`` a rank dies instead and the
   resume finds the run complete).
 """
 
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from driver_log import driver_steps
+from suite import FULL
 
 from ftkit.checkpoint.layout import FAULT_POINTS
 
@@ -44,7 +45,6 @@ CONFIG = (
     "--cells", "2", "--samples-per-rollout", "16", "--micro-shards", "4", "--group-size", "4",
     "--reward", "deterministic_random", "--dump-rollouts", "0,3", "--seed", "3", "--step-timeout", "60",
 )  # fmt: skip
-FULL = os.environ.get("FTKIT_FULL_FAULT_MATRIX") == "1"
 PHASES = list(FAULT_POINTS) if FULL else ["publish_rename"]
 
 
@@ -141,6 +141,7 @@ def test_resume_falls_back_from_a_corrupt_checkpoint_and_equals_the_uninterrupte
     _assert_same_run(uninterrupted, run)
 
 
+@pytest.mark.full
 def test_sigkill_from_outside_at_a_random_moment_then_resume(uninterrupted: Path, tmp_path: Path) -> None:
     seed = int(os.environ.get("FTKIT_TEST_SEED", time.time_ns() % 1_000_000))
     rng = random.Random(seed)
@@ -164,6 +165,7 @@ def test_sigkill_from_outside_at_a_random_moment_then_resume(uninterrupted: Path
     _assert_same_run(uninterrupted, run, context)
 
 
+@pytest.mark.full
 def test_a_completed_run_extended_by_resume_equals_the_uninterrupted_run(
     uninterrupted: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -188,6 +190,7 @@ def test_a_completed_run_extended_by_resume_equals_the_uninterrupted_run(
     assert "CD006" in {f["code"] for f in json.loads(capsys.readouterr().out)["findings"]}
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("phase", PHASES)
 def test_sigkill_in_a_publication_phase_then_resume(uninterrupted: Path, tmp_path: Path, phase: str) -> None:
     """The driver-side phases kill ``ftkit train`` itself. ``publish_preflight`` runs in the

@@ -76,7 +76,7 @@ def test_train_publishes_rejects_and_verifies(tmp_path) -> None:
     assert doc["stats"]["events"] and {r["code"]: r["checked"] for r in doc["rules"]}["FT214"] == 1
 
 
-@pytest.mark.parametrize("point", ["publish_manifest", "publish_journal"])
+@pytest.mark.parametrize("point", ["publish_manifest", pytest.param("publish_journal", marks=pytest.mark.full)])
 def test_train_killed_while_publishing_leaves_nothing_partial(tmp_path, point) -> None:
     """``kind=sigkill`` at a publication phase kills ``ftkit train`` itself (the writer). After
     ``reconcile`` (what a resume does first) nothing partial is visible and everything

@@ -1,6 +1,7 @@
 """Randomised suite: mutated safetensors files and dump trees never crash, hang or signal.
 
-Bounded and seeded: ``FTKIT_FUZZ_CASES`` cases (default 1,000) of one to three mutations each
+Bounded and seeded: ``FTKIT_FUZZ_CASES`` cases (default 500, 2,000 in the full suite:
+``tests/suite.py``) of one to three mutations each
 (``tests/dumps/fuzzing.py``), run in-process through the CLI's ``main`` with a per-case alarm,
 plus a few as subprocesses of ``python -m ftkit`` (which would show a signal as a negative
 return code). Every case must exit 0, 1 or 2; exit 2 must print an ``Error:`` line and a
@@ -21,13 +22,14 @@ from pathlib import Path
 import pytest
 import torch
 from fuzzing import mutate_tree  # tests/dumps/fuzzing.py (pytest puts this directory on sys.path)
+from suite import FULL
 
 from ftkit import cli
 from ftkit.dumps.writer import DumpWriter
 from ftkit.tensors.sharding import Sharding
 from ftkit.tensors.st import write_safetensors_atomic
 
-CASES = int(os.environ.get("FTKIT_FUZZ_CASES", "1000"))
+CASES = int(os.environ.get("FTKIT_FUZZ_CASES", "2000" if FULL else "500"))
 SEED = int(os.environ.get("FTKIT_FUZZ_SEED", "20261130"))
 CASE_TIMEOUT_S = 30
 SUBPROCESS_CASES = 6

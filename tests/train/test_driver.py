@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
+from suite import FULL
 
 from ftkit.cli import main
 from ftkit.train.config import TrainConfig
@@ -16,7 +17,7 @@ from ftkit.train.control.driver import run_training
 BASE = dict(rollouts=2, steps_per_rollout=2, samples_per_rollout=16, micro_shards=4, group_size=4, seed=11)
 RUNS = {
     "c2": dict(cells=2),
-    "c2_again": dict(cells=2),
+    **({"c2_again": dict(cells=2)} if FULL else {}),  # the same seed twice: the full suite only
     "c1": dict(cells=1),
     "c3": dict(cells=3, engines=2),  # and two engines: generation does not depend on their number
     "tp2": dict(cells=2, tp=2),
@@ -54,6 +55,7 @@ def fingerprints(run_dir):
     return out
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_same_seed_twice_is_bitwise_identical(runs):
     a, b = runs["c2"].run_dir, runs["c2_again"].run_dir

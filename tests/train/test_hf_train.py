@@ -3,7 +3,7 @@ own vocabulary (300 tokens, padded to 1024 rows), the addition task through its 
 invariants of a preset run: 1 cell and 2 cells train bitwise the same (``compare-dumps
 --exact``), the event log analyzes clean, and ``run.json`` records the model's path and digest.
 The same runs' checkpoint exports as its verified state (a tampered one is refused); the other
-families run the 1-cell / 2-cell invariant with ``FTKIT_MODEL_MATRIX=1`` (about 2 minutes each).
+families run the 1-cell / 2-cell invariant with ``FTKIT_MODEL_MATRIX=1`` or in the full suite (about 2 minutes each).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from suite import FULL
 
 from tests.model.hf_models import FAMILIES, make_model
 
@@ -67,7 +68,7 @@ def test_hf_llama_trains_the_same_bits_on_one_and_two_cells(llama_runs):
     assert_same_bits(runs)
 
 
-@pytest.mark.skipif(not os.environ.get("FTKIT_MODEL_MATRIX"), reason="FTKIT_MODEL_MATRIX=1 runs every family")
+@pytest.mark.skipif(not (FULL or os.environ.get("FTKIT_MODEL_MATRIX")), reason="FTKIT_MODEL_MATRIX=1 runs every family")
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama"])  # qwen2 QKV bias, qwen3 QK-norm, mistral
 def test_every_family_trains_the_same_bits_on_one_and_two_cells(family, tmp_path):
     assert_same_bits(train_cells(family, tmp_path)[1])

@@ -9,7 +9,7 @@ bitwise equal (``compare-dumps --exact``) to a local fault-free run of the same 
 Two tests run by default (the spread, and the loss of the node holding one cell and the
 engine); the loss of a node holding only an engine, of the only node holding cells, and of
 every cell before any checkpoint (a local run: restart from the seed) run with
-``FTKIT_FULL_FAULT_MATRIX=1``.
+the full suite (``FTKIT_FULL_TESTS=1``, ``tests/suite.py``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ from faultkit import Trigger, all_events, rank_events
 from ftkit.cli import main
 
 pytestmark = pytest.mark.slow
-full_matrix = pytest.mark.skipif(
-    os.environ.get("FTKIT_FULL_FAULT_MATRIX") != "1", reason="node-loss matrix: set FTKIT_FULL_FAULT_MATRIX=1"
-)
+full_matrix = pytest.mark.full
 
 ARGS = ["--cells", "3", "--rollouts", "3", "--steps-per-rollout", "2", "--samples-per-rollout", "24"]
 ARGS += ["--micro-shards", "3", "--group-size", "4", "--seed", "23", "--collective-timeout", "5"]
@@ -108,6 +106,7 @@ def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess[str]:
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
+@pytest.mark.full
 def test_cells_and_the_engine_are_spread_over_the_nodes(baseline, tmp_path):
     out = tmp_path / "spread"
     with clusterkit.node_cluster([1, 1, 1]) as (cluster, nodes):  # two slots per node

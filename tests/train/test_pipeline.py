@@ -3,7 +3,6 @@ real gloo send/recv between stages. A PP=2 cell runs each micro-shard's exact PP
 so it must end bitwise where the PP=1 run of the same seed ends, for any cell count."""
 
 import json
-import os
 
 import pytest
 import torch
@@ -182,7 +181,7 @@ def test_dump_from_checkpoint_replays_a_live_rollout_bitwise(runs, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("FTKIT_FULL_FAULT_MATRIX") != "1", reason="set FTKIT_FULL_FAULT_MATRIX=1")
+@pytest.mark.full
 def test_dump_from_checkpoint_in_another_layout_pairs_tensor_for_tensor(runs, tmp_path):
     """A TP=2 replay of a TP=1 run: every tensor pairs (TP shards reassembled); TP=2 sums its
     all-reduces in another order, so the values agree within a tolerance, not bitwise."""

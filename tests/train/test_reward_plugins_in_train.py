@@ -148,6 +148,7 @@ def test_a_rollout_scored_again_must_score_its_unchanged_samples_the_same() -> N
         )
 
 
+@pytest.mark.full
 @pytest.mark.slow
 def test_a_resumed_run_whose_plug_in_scores_a_regenerated_rollout_differently_fails(
     plugin_dir: Path, monkeypatch: pytest.MonkeyPatch

@@ -7,7 +7,7 @@ outside) is still the interruption, no cell is failed once a signal arrived, and
 driver). The process tests send real signals to a real ``ftkit train`` at many instants, start-up
 included, and check the exit code (128 + signal), one ``Error:`` line, the run's status, and that
 no process of the run (its own session) is left. CI runs a representative subset; set
-``FTKIT_SIGNAL_SWEEP=1`` for the whole sweep.
+``FTKIT_SIGNAL_SWEEP=1`` (or the full suite, ``FTKIT_FULL_TESTS=1``) for the whole sweep.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from suite import FULL
 
 from ftkit.train.control.cell_state import CellBook, CellState
 from ftkit.train.control.run_end import (
@@ -32,7 +33,7 @@ from ftkit.train.control.run_end import (
     signals_interrupt,
 )
 
-SWEEP = os.environ.get("FTKIT_SIGNAL_SWEEP") == "1"
+SWEEP = FULL or os.environ.get("FTKIT_SIGNAL_SWEEP") == "1"
 
 
 def _deliver(sig: int) -> None:
