@@ -194,7 +194,7 @@ def test_sigterm_during_start_up_is_143_and_leaves_no_process(tmp_path, after_s)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "commits"),
-    MID_RUN if SWEEP else [(signal.SIGTERM, 4), (signal.SIGHUP, 2)],
+    MID_RUN if SWEEP else [(signal.SIGTERM, 4), pytest.param(signal.SIGHUP, 2, marks=pytest.mark.full)],
 )
 def test_a_signal_mid_run_is_honoured(tmp_path, sig, commits):
     _signal_and_check(tmp_path, [sig], after_s=None, after_commits=commits)

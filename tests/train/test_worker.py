@@ -1,7 +1,10 @@
 """RankWorker end to end without Ray: events, membership invariance (I3) and TP=2 cells.
 
 Real megatron-core models, real gloo process groups: one spawned process per rank, all
-runs of this module in one batch of processes (see ``cellrun``).
+runs of this module in one batch of processes (see ``cellrun``). In the full suite
+(``FTKIT_FULL_TESTS=1``): CI proves the same at the driver's level, through Ray
+(``test_driver``: 1, 2 and 3 cells bitwise, TP=2, every log clean; ``test_fault_matrix``: a NaN
+attempt discarded; ``test_pipeline``: TP x PP cells publish the TP=1 layout).
 """
 
 import json
@@ -10,6 +13,8 @@ import pytest
 import torch
 from cellrun import events, run_cells
 from safetensors.torch import load_file
+
+pytestmark = pytest.mark.full
 
 BASE = dict(
     samples_per_rollout=24,
