@@ -37,7 +37,6 @@ from ftkit.train.faults.spec import KIND_POINTS, TRAINER_POINTS, WRITER_POINTS
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-full_only = pytest.mark.full
 # 3 rollouts x 2 steps of 16 samples in 4 micro-shards, every rollout dumped.
 CONFIG = (
     "--rollouts", "3", "--samples-per-rollout", "16", "--micro-shards", "4", "--group-size", "4",
@@ -168,7 +167,7 @@ def test_rank_killed_mid_reduce_nan_gradient_and_engine_killed(reference: Path, 
     assert analyze(out)[1]["stats"]["engine_restarts"] == 1
 
 
-@full_only
+@pytest.mark.full
 def test_hung_rank_is_detected_and_a_corrupt_heal_rejected(reference: Path, out: Path) -> None:
     """A rank hangs (the step deadline catches it); its cell is restarted and its first heal
     gets one bit flipped: the heal is rejected, retried, and accepted with equal fingerprints."""
@@ -198,7 +197,7 @@ def test_corrupt_engine_is_reported_not_hidden(reference: Path, out: Path) -> No
     assert "Traceback" not in res.stderr
 
 
-@full_only
+@pytest.mark.full
 def test_rank_killed_by_someone_else(reference: Path, out: Path) -> None:
     """A fault ftkit did not inject: this test SIGKILLs rank 0 of cell 1 (its pid from the
     events) once the cell has committed a step."""
@@ -236,7 +235,7 @@ def _wait_for_commit(run: Path, cell: int, step: int, proc: subprocess.Popen[str
     raise AssertionError(f"cell {cell} never committed step {step}")
 
 
-@full_only
+@pytest.mark.full
 def test_two_cells_die_in_one_step_one_survives(reference: Path, out: Path) -> None:
     """Cells 0 (the first live cell: exports weights, writes replicated dumps) and 2 die in
     the same step; with --min-cells 1 cell 1 carries on alone, then the others are healed."""
@@ -253,7 +252,7 @@ def test_two_cells_die_in_one_step_one_survives(reference: Path, out: Path) -> N
     assert [1] in alive
 
 
-@full_only
+@pytest.mark.full
 def test_two_recipients_heal_from_two_donors_in_parallel(reference: Path, out: Path) -> None:
     """Cells 1 and 2 of 4 die in step 4 (the last but one). Their restarts start together once
     cells 0 and 3 committed the retry, and the boundary before the last step waits for both, so
@@ -283,7 +282,7 @@ def test_two_recipients_heal_from_two_donors_in_parallel(reference: Path, out: P
     assert alive[-1] == [0, 1, 2, 3], alive
 
 
-@full_only
+@pytest.mark.full
 def test_last_cell_dying_is_a_clean_failure(out: Path) -> None:
     res = train(out, *specs("kind=sigkill,point=before_forward,cell=0,step=1"), cells=1)
     assert res.returncode == 1, explain(res)
@@ -319,7 +318,7 @@ def _alive(pid: int) -> bool:
     return not (status.exists() and "\nState:\tZ" in status.read_text())
 
 
-@full_only
+@pytest.mark.full
 def test_short_chaos_run(reference: Path, out: Path) -> None:
     res = train(out, *QUICK, "--chaos", "mtbf=2,seed=5,max=3", cells=3)
     assert_survived(out, res, reference, faults=3)
@@ -355,7 +354,7 @@ def _matrix() -> Iterator[Any]:
                 yield pytest.param(case, id=name)
 
 
-@full_only
+@pytest.mark.full
 @pytest.mark.parametrize("inject", list(_matrix()))
 def test_full_matrix(reference: Path, out: Path, inject: list[str]) -> None:
     res = train(out, *QUICK, *specs(*inject))
@@ -366,7 +365,7 @@ def test_full_matrix(reference: Path, out: Path, inject: list[str]) -> None:
         assert [e["step"] for e in rejected] == [1], "the faulted publication was not rejected"
 
 
-@full_only
+@pytest.mark.full
 def test_cell_dies_while_another_heals(reference: Path, out: Path) -> None:
     """Cell 1 dies at step 1 and is restarted (its heal slowed 8 s in during_heal); cell 2 dies
     at step 2, while cell 1 is still on its way back (restarting or healing: a restart takes
@@ -394,7 +393,7 @@ def test_cell_dies_while_another_heals(reference: Path, out: Path) -> None:
     assert {c for t, c, new in moves if new == "alive" and t > t2_failed} >= {1, 2}
 
 
-@full_only
+@pytest.mark.full
 def test_recipient_dies_during_its_heal(reference: Path, out: Path) -> None:
     """The restarted cell 1 dies as its heal starts (before it connects to its donor): Ray's
     death notice fails it at once and calls the donor off, so training goes on within the bound
@@ -419,7 +418,7 @@ def test_recipient_dies_during_its_heal(reference: Path, out: Path) -> None:
     assert resumed - died < timeout, f"the survivors stood still {resumed - died:.1f}s after the recipient died"
 
 
-@full_only
+@pytest.mark.full
 def test_chaos_soak(tmp_path: Path) -> None:
     """At least 10 faults in one run of 3 cells over 16 rollouts (32 steps; chaos draws 18,
     of which those striking a cell still being restarted do not fire), clean and bitwise

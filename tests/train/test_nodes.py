@@ -29,7 +29,6 @@ from faultkit import Trigger, all_events, rank_events
 from ftkit.cli import main
 
 pytestmark = pytest.mark.slow
-full_matrix = pytest.mark.full
 
 ARGS = ["--cells", "3", "--rollouts", "3", "--steps-per-rollout", "2", "--samples-per-rollout", "24"]
 ARGS += ["--micro-shards", "3", "--group-size", "4", "--seed", "23", "--collective-timeout", "5"]
@@ -144,7 +143,7 @@ def test_losing_the_node_of_one_cell_and_the_engine_is_survived_and_equal(baseli
     assert [h["cell"] for h in all_events(out, "heal")] == [lost]
 
 
-@full_matrix
+@pytest.mark.full
 def test_losing_a_node_that_holds_only_the_engine(baseline, tmp_path):
     out = tmp_path / "lose-engine"
     with clusterkit.node_cluster([1, 1, 1, 1]) as (cluster, nodes):  # one cell per node, the engine alone
@@ -158,7 +157,7 @@ def test_losing_a_node_that_holds_only_the_engine(baseline, tmp_path):
     assert engine[0] == victim and len(engine) == 2 and engine[1] != victim
 
 
-@full_matrix
+@pytest.mark.full
 def test_losing_the_only_node_with_cells_restarts_them_all_on_a_new_node(baseline, tmp_path):
     out = tmp_path / "lose-all"
     with clusterkit.node_cluster([2]) as (cluster, nodes):
@@ -177,7 +176,7 @@ def test_losing_the_only_node_with_cells_restarts_them_all_on_a_new_node(baselin
     assert all(where[("trainer", c, 0)][0] == victim and where[("trainer", c, 0)][-1] != victim for c in range(3))
 
 
-@full_matrix
+@pytest.mark.full
 def test_losing_every_cell_before_any_checkpoint_restarts_from_the_seed(baseline, tmp_path):
     """A local run of one cell, no checkpoints, whose rank is SIGKILLed after step 0: the cell
     is started again in the same process from the seed's initial state, the run is equal."""
