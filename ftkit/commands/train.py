@@ -187,6 +187,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         engines: Annotated[int | None, _opt("--engines", field="engines")] = None,
         engine_kind: Annotated[EngineKind | None, _opt("--engine", field="engine_kind")] = None,
+        engine_tp: Annotated[int | None, _opt("--engine-tp", field="engine_tp", metavar="N", panel=PANEL_RL)] = None,
         logprob_tolerance: Annotated[
             float | None, _opt("--logprob-tolerance", field="logprob_tolerance", metavar="DELTA", panel=PANEL_RL)
         ] = None,

@@ -19,12 +19,17 @@ Contract (``ftkit.engines.protocol.Engine``):
   model; it returns ``HeldWeights`` read from what the kernels compute with (``vllm_worker``).
   ``signed_zeros`` is False: the held fingerprint folds -0.0 into +0.0, so the trainer must
   use ``expected_weights(tensors, engine.dtype, engine.signed_zeros)``;
+* ``tensor_parallel_size`` > 1 runs one vLLM worker process per TP rank (vLLM's ``mp``
+  executor; threads not pinned to cores, ``OMP_NUM_THREADS`` = cores / TP unless set); the
+  workers end with the server, killed or not, and ``held`` gathers every rank's shards back
+  into Hugging Face tensors (``layout.to_hf``), so the fingerprint is the same at any TP;
 * ``skip_next_load()`` arms the ``stale-weights`` fault: the next load is answered as if
   done but the engine keeps its previous weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -96,6 +101,7 @@ class VllmEngine:
         max_num_seqs: int = 16,
         logprobs_mode: str = "raw_logprobs",
         max_logprobs: int = 20,
+        tensor_parallel_size: int = 1,
         timeout_s: float = 600.0,
         python: str | None = None,
         log_path: str | None = None,
@@ -108,6 +114,9 @@ class VllmEngine:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=root, VLLM_CPU_KVCACHE_SPACE=str(kv_cache_gib))
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if tensor_parallel_size > 1:  # one worker process per TP rank, sharing this machine's cores
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # auto binding wants a NUMA node per rank
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // tensor_parallel_size)))
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="ftkit-vllm-", suffix=".log")
             os.close(fd)
@@ -132,6 +141,7 @@ class VllmEngine:
             "max_num_seqs": max_num_seqs,
             "logprobs_mode": logprobs_mode,
             "max_logprobs": max_logprobs,
+            "tensor_parallel_size": tensor_parallel_size,
         }
         try:
             reply, _ = self._call(start)
@@ -257,4 +267,5 @@ class VllmEngine:
             proc.wait()
         for f in (proc.stdin, proc.stdout):
             if f is not None:
-                f.close()
+                with contextlib.suppress(OSError):  # a dead engine leaves a request unflushed
+                    f.close()

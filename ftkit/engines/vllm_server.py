@@ -37,7 +37,8 @@ from ftkit.engines import ipc, layout, vllm_worker
 
 
 class Server:
-    """One vLLM ``LLM`` (TP=1, engine core in this process) and the requests on it."""
+    """One vLLM ``LLM`` (engine core in this process; at TP > 1 one worker process per rank,
+    vLLM's ``mp`` executor) and the requests on it."""
 
     def __init__(self, start: dict[str, Any]) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # collective_rpc runs here
@@ -47,8 +48,11 @@ class Server:
         model = start["model"]
         with open(os.path.join(model, "config.json")) as f:
             self.shape = layout.LlamaShape.from_hf_config(json.load(f))
+        tp = int(start.get("tensor_parallel_size", 1))
         self.llm = LLM(
             model=model,
+            tensor_parallel_size=tp,
+            distributed_executor_backend="mp" if tp > 1 else None,
             dtype=start.get("dtype", "bfloat16"),
             seed=int(start.get("seed", 0)),
             skip_tokenizer_init=True,
@@ -67,7 +71,7 @@ class Server:
         hf = layout.to_hf([tensors for tensors, _ in results], self.shape)
         sources: dict[str, str] = {}
         for vname, src in results[0][1].items():  # the HF names a vLLM name maps to share its source
-            for name in layout.to_hf([{vname: results[0][0][vname]}], self.shape):
+            for name in layout.to_hf([{vname: tensors[vname]} for tensors, _ in results], self.shape):
                 sources[name] = src
         return hf, sources
 

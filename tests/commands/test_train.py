@@ -67,6 +67,8 @@ def test_options_override_the_config_file(capsys, tmp_path):
         (["--engine", "vllm"], "engine_kind='vllm' needs a Hugging Face model (--model PATH)"),
         (["--engine", "sglang"], "--engine"),
         (["--logprob-tolerance", "0"], "logprob_tolerance"),
+        (["--engine-tp", "2"], "engine_tp (2) needs engine_kind='vllm'"),
+        (["--engine-tp", "0"], "engine_tp"),
     ],
 )
 def test_bad_values_are_one_line_and_exit_2(capsys, tmp_path, args, message):
@@ -88,6 +90,26 @@ def test_vllm_engine_without_its_virtualenv_is_exit_2_before_anything_starts(cap
     assert code == 2 and out == ""
     assert err.startswith(f"Error: --engine vllm: no vLLM virtualenv at {tmp_path / 'no-venv'}")
     assert "scripts/setup_vllm.sh" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "etp, message",
+    [
+        ("3", "engine_tp (3) must divide the model's num_attention_heads (4)"),
+        ("8", "engine_tp (8) must divide the model's num_attention_heads (4)"),
+    ],
+)
+def test_an_engine_tp_vllm_cannot_split_the_model_by_is_exit_2(capsys, tmp_path, etp, message):
+    from tests.model.hf_models import make_model
+
+    model = make_model("llama", tmp_path, eos=True)
+    capsys.readouterr()  # transformers' progress bar of the save
+    args = ("--model", str(model), "--engine", "vllm", "--engine-tp", etp, "--out", str(tmp_path / "run"))
+    code, out, err = _run(capsys, "train", *args)
+    assert code == 2 and out == "" and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and message in errors[0], err
     assert not (tmp_path / "run").exists()
 
 

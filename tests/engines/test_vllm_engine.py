@@ -8,6 +8,8 @@ In the full suite (``FTKIT_FULL_TESTS=1``). Skips only when the vLLM virtualenv 
 
 import math
 import os
+import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import torch
 
 from ftkit.engines.protocol import expected_weights
 from ftkit.engines.vllm import EngineError, VllmEngine, vllm_python
+from tests.train.faultkit import still_alive
 
 pytestmark = [
     pytest.mark.slow,
@@ -126,3 +129,30 @@ def test_a_refused_load_is_an_error_and_the_engine_goes_on(engine: VllmEngine, m
     with pytest.raises(EngineError, match="missing.*up_proj"):
         engine.load_weights(partial, version=5)
     assert engine.load_weights(sent, version=5).total == expected_weights(sent, engine.dtype, False)[0]
+
+
+def test_a_tp2_engine_proves_its_sync_and_its_workers_end_with_it(model_dir: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Engine TP=2 (two vLLM worker processes): each rank loads its slices of the Hugging Face
+    tensors, and its held shards (vocabulary rows, q/k/v heads, gate/up halves, row-parallel
+    inputs) gather back to exactly what was sent; killed from outside, the server takes its
+    workers with it and the next call is ``EngineDied``."""
+    from ftkit.engines.vllm import EngineDied
+
+    log = str(tmp_path / "engine.log")
+    eng = VllmEngine(model_dir, dtype="bfloat16", max_model_len=128, tensor_parallel_size=2, log_path=log)
+    try:
+        sent = _weights(model_dir)
+        assert (eng.held().total, eng.held().params) == expected_weights(sent, eng.dtype, eng.signed_zeros)
+        scaled = {n: t * 1.5 for n, t in sent.items()}
+        assert eng.load_weights(scaled, version=1).total == expected_weights(scaled, eng.dtype, False)[0]
+        (g,) = eng.generate([[5, 6, 7]], max_tokens=4, seeds=[1])
+        assert g.tokens.shape == (4,) and np.all(np.isfinite(g.logprobs))
+        children = Path(f"/proc/{eng.pid}/task/{eng.pid}/children").read_text()
+        workers = [int(p) for p in children.split()]
+        assert len(workers) >= 2  # the TP ranks (and vLLM's resource tracker)
+        os.kill(eng.pid, signal.SIGKILL)
+        assert not still_alive(workers, 30)
+        with pytest.raises(EngineDied):
+            eng.generate([[5, 6, 7]], max_tokens=4, seeds=[1])
+    finally:
+        eng.close()  # after a death with a request unflushed: no error

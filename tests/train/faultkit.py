@@ -9,6 +9,7 @@ to a real process, whatever the driver is doing at that moment.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,31 @@ def all_events(run_dir: Path, type_: str) -> list[dict]:
     for f in sorted((Path(run_dir) / "events").glob("*.jsonl")):
         out += [e for e in map(json.loads, f.read_text().splitlines()) if e["type"] == type_]
     return out
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "\nState:\tZ" not in status.read_text()
+    except FileNotFoundError:
+        return False
+
+
+def still_alive(pids: set[int] | list[int], limit_s: float) -> set[int]:
+    """The ``pids`` still alive after waiting up to ``limit_s`` for all of them to end."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        alive = {p for p in pids if process_alive(p)}
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
 
 
 class Trigger(threading.Thread):

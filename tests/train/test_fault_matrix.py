@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faultkit import still_alive
 
 from ftkit.train.faults.spec import KIND_POINTS, TRAINER_POINTS, WRITER_POINTS
 
@@ -298,24 +299,8 @@ def test_last_cell_dying_is_a_clean_failure(out: Path) -> None:
 def _assert_actors_gone(evs: list[dict[str, Any]]) -> None:
     """No process that wrote to the run's log (ranks, engines) outlives ``ftkit train``."""
     pids = {e["source"]["pid"] for e in evs if e["source"]["role"] in ("trainer", "engine")}
-    deadline = time.monotonic() + 60  # Ray reaps its workers asynchronously
-    while time.monotonic() < deadline:
-        alive = {p for p in pids if _alive(p)}
-        if not alive:
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"actor processes {sorted(alive)} outlived the run")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    status = Path(f"/proc/{pid}/status")
-    return not (status.exists() and "\nState:\tZ" in status.read_text())
+    alive = still_alive(pids, 60)  # Ray reaps its workers asynchronously
+    assert not alive, f"actor processes {sorted(alive)} outlived the run"
 
 
 @pytest.mark.full

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import pytest
 
 from ftkit.engines.vllm import vllm_python
 from tests.model.hf_models import make_model
+from tests.train.faultkit import still_alive
 
 pytestmark = [
     pytest.mark.slow,
@@ -169,18 +171,35 @@ def _vllm_pid_after_first_sync(run: Path, proc: subprocess.Popen[str]) -> int:
     raise AssertionError("engine 0 never loaded version 0")
 
 
-@pytest.mark.full
-def test_tp2_trainer_syncs_and_proves_a_vllm_engine(tmp_path: Path) -> None:
-    """A TP=2 trainer: its shards are gathered to the Hugging Face tensors the engine loads
-    (FT102 equal), its log-probs agree with vLLM's within the tolerance (FT114 clean)."""
+@pytest.mark.parametrize(
+    "tp, engine_tp",
+    [pytest.param(2, 1, marks=pytest.mark.full), (2, 2), pytest.param(1, 2, marks=pytest.mark.full)],
+    ids=["trainer-tp2", "both-tp2", "engine-tp2"],
+)
+def test_trainer_and_engine_tp_sync_and_prove_a_vllm_engine(tmp_path: Path, tp: int, engine_tp: int) -> None:
+    """A TP=2 trainer's shards are gathered to the Hugging Face tensors the engine loads; a TP=2
+    engine (two vLLM worker processes) loads its own slices of them and its held shards are
+    gathered back: FT102 equal at every version whatever the two TPs, the log-probs agree within
+    the tolerance (FT114 clean), the run analyzes clean, and no vLLM process outlives the run."""
     model = make_model("llama", tmp_path, eos=True, vocab_size=512)  # TP=2 keeps TP=1's padding
-    run = tmp_path / "tp2"
-    res = ftkit("train", "--model", str(model), "--out", str(run), "--cells", "1", "--tp", "2", *CONFIG)
+    run = tmp_path / "run"
+    layout = ("--tp", str(tp), "--engine-tp", str(engine_tp))
+    res = ftkit("train", "--model", str(model), "--out", str(run), "--cells", "1", *layout, *CONFIG)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert json.loads((run / "run.json").read_text())["config"]["engine_tp"] == engine_tp
     sent = {e["version"]: e["total"] for e in events(run, "weights_sent")}
-    assert {e["version"]: e["total"] for e in events(run, "engine_weights")} == sent
+    assert sorted(sent) == [0, 1, 2] and {e["version"]: e["total"] for e in events(run, "engine_weights")} == sent
     checks = events(run, "logprob_check")
     assert checks and all(e["total"]["tokens"] > 0 and e["total"]["max_abs"] < 1e-4 for e in checks)
+    analyzed = ftkit("analyze-events", str(run / "events"), "--format", "json")
+    assert analyzed.returncode == 0, analyzed.stdout[-3000:]
+    rules = {r["code"]: r for r in json.loads(analyzed.stdout)["rules"]}
+    assert rules["FT102"]["checked"] == 3 and rules["FT114"]["status"] == "passed"
+    log = (run / "logs" / "vllm-engine-0.log").read_text()
+    assert f"tensor_parallel_size={engine_tp}," in log
+    workers = {int(p) for p in re.findall(r"\(Worker_TP\d+ pid=(\d+)\)", log)}
+    assert len(workers) == (engine_tp if engine_tp > 1 else 0)
+    assert not still_alive(workers, 30)  # the engine's worker processes ended with it
 
 
 @pytest.mark.full

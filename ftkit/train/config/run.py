@@ -98,7 +98,24 @@ class TrainConfig(BaseModel):
                 "engine_kind='vllm' needs a Hugging Face model (--model PATH): vLLM cannot load "
                 f"the {self.model.preset!r} preset"
             )
+        self._check_engine_tp()
         return self
+
+    def _check_engine_tp(self) -> None:
+        """``engine_tp`` > 1 only for vLLM engines, and only where vLLM can split the model:
+        query heads and the MLP divide by it, key/value heads divide it or are divided by it."""
+        etp = self.generation.tp
+        if etp == 1:
+            return
+        if self.generation.kind != "vllm":
+            raise ValueError(f"engine_tp ({etp}) needs engine_kind='vllm' (ftkit's megatron engines run at TP=1)")
+        arch = self.hf_arch()
+        kv = arch.num_kv_heads
+        for what, n in (("num_attention_heads", arch.num_heads), ("intermediate_size", arch.ffn_hidden_size)):
+            if n % etp:
+                raise ValueError(f"engine_tp ({etp}) must divide the model's {what} ({n})")
+        if kv % etp and etp % kv:
+            raise ValueError(f"engine_tp ({etp}) and the model's num_key_value_heads ({kv}) must divide one another")
 
     def _check_objective(self) -> None:
         """GRPO settings only with ``loss='grpo'``; GRPO computes its log-probs from the

@@ -258,6 +258,14 @@ class GenerationSection(Section):
         description="megatron: ftkit's megatron-core engine, its log-probs bitwise the trainer's at TP=1; "
         "vllm: real vLLM engines (a Hugging Face --model, scripts/setup_vllm.sh; docs/rl.md).",
     )
+    tp: int = Field(
+        1,
+        ge=1,
+        le=8,
+        alias="engine_tp",
+        description="Tensor-parallel ranks of each vLLM engine (one vLLM worker process per rank; "
+        "must split the model's heads); megatron engines run at 1.",
+    )
     logprob_tolerance: float = Field(
         1e-3,
         gt=0,

@@ -67,6 +67,7 @@ class VllmInferenceEngine(EngineActor):
             max_num_seqs=GEN_CHUNK,
             logprobs_mode="processed_logprobs",
             max_logprobs=-1,
+            tensor_parallel_size=cfg.generation.tp,
             timeout_s=cfg.recovery.step_timeout,
             log_path=log,
         )
