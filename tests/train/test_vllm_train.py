@@ -7,9 +7,10 @@ cells never reaches the engines); the log analyzes clean with FT102 comparing th
 of what vLLM's kernels compute with to what was sent, and FT114 comparing every rollout's
 log-probs and the canary set within the tolerance; the ``stale-weights`` fault is caught by
 FT102 and attributed by FT114; a vLLM process killed from outside with SIGKILL is replaced and
-the run ends bitwise the fault-free one; a TP=2 trainer syncs and proves the engine the same way.
-CI runs the stale-weights run (it also proves the sync before the fault: FT102 equal, FT114's
-log-probs within the tolerance); the others are in the full suite (``FTKIT_FULL_TESTS=1``).
+the run ends bitwise the fault-free one; a TP=2 trainer, a TP=2 engine (``--engine-tp 2``) and
+both sync and prove the engine the same way. CI runs the stale-weights run with a TP=2 trainer
+and a TP=2 engine (it also proves the syncs around the fault: FT102 equal, FT114's log-probs
+within the tolerance); the others are in the full suite (``FTKIT_FULL_TESTS=1``).
 
 Skips only when the vLLM virtualenv is absent (``scripts/setup_vllm.sh``; ``scripts/setup.sh``
 creates it).
@@ -109,10 +110,16 @@ def test_vllm_run_proves_its_weights_and_log_probs(runs: dict[int, Path]) -> Non
     assert {e["version"] for e in canaries if e.get("engine") is not None} == {0, 1, 2}
 
 
-def test_stale_vllm_engine_is_caught_and_attributed(model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("tp, engine_tp", [pytest.param(1, 1, marks=pytest.mark.full), (2, 2)], ids=["tp1", "both-tp2"])
+def test_stale_vllm_engine_is_caught_and_attributed(tmp_path: Path, tp: int, engine_tp: int) -> None:
+    """The stale-weights fault at the second sync is caught (FT102) and attributed (FT114), and
+    the syncs around it are proven; in CI with a TP=2 trainer and a TP=2 engine (two vLLM worker
+    processes), which no vLLM process outlives."""
+    model = make_model("llama", tmp_path, eos=True, vocab_size=512)  # TP=2 keeps TP=1's padding
     run = tmp_path / "stale"
     fault = "kind=stale-weights,point=during_weight_sync,engine=0,step=2"
-    res = ftkit("train", "--model", str(model), "--out", str(run), "--cells", "1", "--inject", fault, *CONFIG)
+    layout = ("--tp", str(tp), "--engine-tp", str(engine_tp))
+    res = ftkit("train", "--model", str(model), "--out", str(run), "--cells", "1", *layout, "--inject", fault, *CONFIG)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     analyzed = ftkit("analyze-events", str(run / "events"), "--format", "json")
     findings = json.loads(analyzed.stdout)["findings"]
@@ -127,6 +134,18 @@ def test_stale_vllm_engine_is_caught_and_attributed(model: Path, tmp_path: Path)
     assert held[(0, 0)] == sent[0] and held[(0, 1)] == sent[0] != sent[1]
     first = [e for e in events(run, "logprob_check") if e["step"] == 0]
     assert first and all(e["total"]["tokens"] > 0 and e["total"]["max_abs"] < 1e-4 for e in first)
+    assert held[(0, 2)] == sent[2]  # the fault is one-shot: the next sync lands
+    assert_engine_processes_ended(run, engine_tp)
+
+
+def assert_engine_processes_ended(run: Path, engine_tp: int) -> None:
+    """The engine ran at ``engine_tp`` ranks and none of its vLLM worker processes (their pids
+    from its log) outlived the run."""
+    log = (run / "logs" / "vllm-engine-0.log").read_text()
+    assert f"tensor_parallel_size={engine_tp}," in log
+    workers = {int(p) for p in re.findall(r"\(Worker_TP\d+ pid=(\d+)\)", log)}
+    assert len(workers) == (engine_tp if engine_tp > 1 else 0)
+    assert not still_alive(workers, 30)
 
 
 @pytest.mark.full
@@ -171,11 +190,8 @@ def _vllm_pid_after_first_sync(run: Path, proc: subprocess.Popen[str]) -> int:
     raise AssertionError("engine 0 never loaded version 0")
 
 
-@pytest.mark.parametrize(
-    "tp, engine_tp",
-    [pytest.param(2, 1, marks=pytest.mark.full), (2, 2), pytest.param(1, 2, marks=pytest.mark.full)],
-    ids=["trainer-tp2", "both-tp2", "engine-tp2"],
-)
+@pytest.mark.full
+@pytest.mark.parametrize("tp, engine_tp", [(2, 1), (2, 2), (1, 2)], ids=["trainer-tp2", "both-tp2", "engine-tp2"])
 def test_trainer_and_engine_tp_sync_and_prove_a_vllm_engine(tmp_path: Path, tp: int, engine_tp: int) -> None:
     """A TP=2 trainer's shards are gathered to the Hugging Face tensors the engine loads; a TP=2
     engine (two vLLM worker processes) loads its own slices of them and its held shards are
@@ -195,11 +211,7 @@ def test_trainer_and_engine_tp_sync_and_prove_a_vllm_engine(tmp_path: Path, tp: 
     assert analyzed.returncode == 0, analyzed.stdout[-3000:]
     rules = {r["code"]: r for r in json.loads(analyzed.stdout)["rules"]}
     assert rules["FT102"]["checked"] == 3 and rules["FT114"]["status"] == "passed"
-    log = (run / "logs" / "vllm-engine-0.log").read_text()
-    assert f"tensor_parallel_size={engine_tp}," in log
-    workers = {int(p) for p in re.findall(r"\(Worker_TP\d+ pid=(\d+)\)", log)}
-    assert len(workers) == (engine_tp if engine_tp > 1 else 0)
-    assert not still_alive(workers, 30)  # the engine's worker processes ended with it
+    assert_engine_processes_ended(run, engine_tp)
 
 
 @pytest.mark.full
