@@ -15,8 +15,11 @@ as ``ftkit train --engine vllm`` starts it), interleaved, median of ``--repeat``
   in one call (tokens/s), next to the megatron engine of ``ftkit train`` on the same model and
   prompt shape (``InferenceEngine``'s per-token full forward, chunks of 16 sequences).
 
-Prints seconds, the ratio ``raw copy / sync`` (how close the sync is to a plain copy) and the two
-engines' tokens/s, with the load average before and after (the machine may be shared). Usage::
+Prints seconds, the ratio ``raw copy / sync`` (how close the sync is to a plain copy), the engine
+server's peak resident memory during the syncs above its resident memory before them (``VmHWM`` -
+``VmRSS`` of its process: what a sync costs in memory beyond the weights it replaces, against
+the model's size) and the two engines' tokens/s, with the load average before and after (the
+machine may be shared). Usage::
 
     python bench/vllm_engine.py                     # SmolLM2
     python bench/vllm_engine.py --model DIR --repeat 5
@@ -61,6 +64,8 @@ def main() -> None:
     eng = VllmEngine(str(model), dtype="float32", max_model_len=256, logprobs_mode="processed_logprobs")
     print(f"vLLM start-up {time.perf_counter() - t0:.1f} s")
     try:
+        Path(f"/proc/{eng.pid}/clear_refs").write_text("5")  # VmHWM from here: the syncs' peak, not start-up's
+        resident = _memory_mb(eng.pid, "VmRSS")
         targets = {k: torch.empty_like(v) for k, v in tensors.items()}
         copies, syncs, loads = [], [], []
         for i in range(args.repeat):
@@ -79,6 +84,9 @@ def main() -> None:
         print(f"raw copy          {copy:8.3f} s  ({nbytes / copy / 1e9:.2f} GB/s)")
         print(f"sync              {sync:8.3f} s  ratio raw copy / sync {copy / sync:.3f}")
         print(f"sync (load only)  {load:8.3f} s  ratio raw copy / load {copy / load:.3f}")
+        peak = _memory_mb(eng.pid, "VmHWM") - resident
+        model_mb = nbytes / 2**20
+        print(f"sync memory       {peak:8.0f} MB  server peak over its resident set ({peak / model_mb:.2f}x the model)")
         held = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
@@ -103,6 +111,14 @@ def main() -> None:
         eng.close()
     megatron_tokens_per_s(model, ids, args.prompts, args.tokens, args.repeat)
     print(f"load average after {os.getloadavg()[0]:.1f}")
+
+
+def _memory_mb(pid: int, field: str) -> float:
+    """``field`` (``VmRSS``, ``VmHWM``) of process ``pid`` in MiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} for process {pid}")
 
 
 def megatron_tokens_per_s(model: Path, ids: list[int], prompts: int, tokens: int, repeat: int) -> None:
