@@ -9,7 +9,8 @@ starts the engine; each later frame has an ``op``:
   ``stale-weights`` fault, reply as if loaded but load nothing) -> the held fingerprint;
 * ``held`` -> ``{total, params, dtype, source, sources}``: what the engine computes with
   (``vllm_worker.held``), mapped back to Hugging Face names (``layout.to_hf``), signed zeros
-  folded (see ``vllm_worker``);
+  folded (see ``vllm_worker``); read back and fingerprinted one decoder layer at a time, so
+  it costs one layer's memory, not the model's;
 * ``score`` (``tokens``, optional ``allowed``) -> tensor ``logprobs`` float32 ``[len - 1]``: the
   log-prob of each token after the first given the ones before (the canary); with ``allowed``
   (token ids) the log-prob under the distribution restricted to those tokens (the full
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ftkit.engines import ipc, layout, vllm_worker
@@ -64,22 +67,35 @@ class Server:
             max_logprobs=int(start.get("max_logprobs", 20)),
         )
         self.dtype = str(self.llm.llm_engine.model_config.dtype).rsplit(".", 1)[-1]
-        self.names = set(self._held_hf()[0])  # the Hugging Face names a load must bring, all of them
+        self.batches = _batches(self.llm.collective_rpc(vllm_worker.param_names)[0])
+        self.names: set[str] = set()  # the Hugging Face names a load must bring, all of them
+        for hf, _ in self._held_hf():
+            self.names.update(hf)
 
-    def _held_hf(self) -> tuple[dict[str, Any], dict[str, str]]:
-        results = self.llm.collective_rpc(vllm_worker.held)
-        hf = layout.to_hf([tensors for tensors, _ in results], self.shape)
-        sources: dict[str, str] = {}
-        for vname, src in results[0][1].items():  # the HF names a vLLM name maps to share its source
-            for name in layout.to_hf([{vname: tensors[vname]} for tensors, _ in results], self.shape):
-                sources[name] = src
-        return hf, sources
+    def _held_hf(self) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+        """What the engine computes with, as Hugging Face-named tensors and their sources, one
+        batch of vLLM parameters at a time (``_batches``): a read-back holds one batch's tensors
+        (every rank's pieces, then the gathered ones), never a copy of the whole model."""
+        for batch in self.batches:
+            results = self.llm.collective_rpc(vllm_worker.held, args=(batch,))
+            shards = [tensors for tensors, _ in results]
+            hf = layout.to_hf(shards, self.shape)
+            sources: dict[str, str] = {}
+            for vname, src in results[0][1].items():  # the HF names a vLLM name maps to share its source
+                for name in layout.to_hf([{vname: s[vname]} for s in shards], self.shape):
+                    sources[name] = src
+            yield hf, sources
 
     def held(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         from ftkit.engines.protocol import fingerprint_held
+        from ftkit.tensors.fingerprint import combine
 
-        hf, sources = self._held_hf()
-        total, params = fingerprint_held(hf, signed_zeros=False)
+        params: dict[str, str] = {}
+        sources: dict[str, str] = {}
+        for hf, src in self._held_hf():
+            params.update(fingerprint_held(hf, signed_zeros=False)[1])
+            sources.update(src)
+        total = combine(params)  # what fingerprint_held of all of them at once gives
         source = "kernel" if "kernel" in sources.values() else "param"
         reply = {"total": total, "params": params, "dtype": self.dtype, "source": source, "sources": sources}
         return reply, {}
@@ -152,6 +168,20 @@ class Server:
             "logprobs": torch.tensor(logprobs, dtype=torch.float32),
             "lengths": torch.tensor(lengths, dtype=torch.int64),
         }
+
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+
+
+def _batches(names: list[str]) -> list[list[str]]:
+    """vLLM parameter names grouped for the read-back: a decoder layer's together, every other
+    parameter (embedding, final norm, LM head) alone; each group maps to Hugging Face names by
+    itself (``layout.to_hf`` never needs two groups at once)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        m = _LAYER.match(name)
+        groups.setdefault(m[1] if m else name, []).append(name)
+    return list(groups.values())
 
 
 def main() -> int:

@@ -17,14 +17,16 @@ is ``1 * w`` plus exact zeros accumulated in float32, so the probe returns every
 bitwise, except that the sign of a zero weight is lost (an accumulator starts at +0); the
 fingerprints of ``ftkit.engines.vllm`` therefore fold -0.0 into +0.0 on both sides.
 
-``load_hf`` is the in-place update: give every repacked linear layer back a full-size
-weight parameter (with vLLM's own loader), run the model's ``load_weights`` on the Hugging
-Face-named tensors, then rerun each layer's ``process_weights_after_loading`` so the kernels
-repack the new values. Without that last step the kernels keep the old weights.
+``load_hf`` is the in-place update, one decoder layer at a time: give the layer's repacked
+linear layers back a full-size weight parameter (with vLLM's own loader), run the model's
+``load_weights`` on the layer's Hugging Face-named tensors, then rerun each of its layers'
+``process_weights_after_loading`` so the kernels repack the new values. Without that last step
+the kernels keep the old weights.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -43,18 +45,26 @@ def _linear_modules(model: Any) -> dict[str, Any]:
     return out
 
 
-def held(worker: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def param_names(worker: Any) -> list[str]:
+    """The vLLM names of this worker's model parameters, in the model's order."""
+    return [name for name, _ in worker.model_runner.model.named_parameters()]
+
+
+def held(worker: Any, names: list[str] | None = None) -> tuple[dict[str, Any], dict[str, str]]:
     """``({vLLM name: tensor}, {vLLM name: source})`` of what this worker's model computes
-    with: linear weights probed through their kernel (source ``"kernel"``), every other
-    parameter read as held (``"param"``)."""
+    with, for the parameters ``names`` (all when None): linear weights probed through their
+    kernel (source ``"kernel"``), every other parameter read as held (``"param"``)."""
     import torch
 
     model = worker.model_runner.model
     linear = _linear_modules(model)
+    wanted = None if names is None else set(names)
     tensors: dict[str, Any] = {}
     sources: dict[str, str] = {}
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if wanted is not None and name not in wanted:
+                continue
             mod_name, _, leaf = name.rpartition(".")
             mod = linear.get(mod_name)
             if mod is not None and leaf == "weight":
@@ -73,25 +83,49 @@ def held(worker: Any) -> tuple[dict[str, Any], dict[str, str]]:
 def load_hf(worker: Any, tensors: dict[str, Any]) -> int:
     """Load Hugging Face-named ``tensors`` into this worker's model in place and repack them
     for the kernels; returns the number of layers repacked. Every weight of the model must be
-    in ``tensors`` (the caller checks the names)."""
+    in ``tensors`` (the caller checks the names).
+
+    One decoder layer at a time (then the rest: embedding, final norm, LM head): its linear
+    layers get a full-size weight again, the layer's tensors are loaded and the layer is
+    repacked before the next one starts, and each loaded tensor is dropped from ``tensors``
+    (the dict is consumed). So a sync holds the tensors not yet loaded plus one layer's
+    unpacked weights, not the model three times over (received, unpacked, repacked)."""
     import torch
-    from vllm.model_executor.parameter import ModelWeightParameter
 
     model = worker.model_runner.model
     linear = _linear_modules(model)
+    groups: dict[str, list[str]] = {}
+    for name in list(tensors):
+        m = _LAYER.match(name)
+        groups.setdefault(m[1] if m else "", []).append(name)
+    rest = [n for n in linear if not _LAYER.match(n)]
     with torch.no_grad():
-        for mod in linear.values():
-            w = mod.weight
-            if w.numel() == 0:  # repacked: give the loader a full-size parameter again
-                rows = int(mod.output_size_per_partition)
-                cols = int(mod.input_size_per_partition)
-                mod.weight = ModelWeightParameter(
-                    data=torch.empty(rows, cols, dtype=w.dtype),
-                    input_dim=1,
-                    output_dim=0,
-                    weight_loader=mod.weight_loader_v2,
-                )
-        model.load_weights(iter(tensors.items()))
-        for mod in linear.values():
-            mod.quant_method.process_weights_after_loading(mod)
+        for prefix, names in sorted(groups.items(), key=lambda g: g[0] == ""):  # the layers, then the rest
+            mods = rest if prefix == "" else [n for n in linear if n.startswith(prefix + ".")]
+            for n in mods:
+                _unpack(linear[n])
+            model.load_weights((name, tensors.pop(name)) for name in names)
+            for n in mods:
+                linear[n].quant_method.process_weights_after_loading(linear[n])
     return len(linear)
+
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+
+
+def _unpack(mod: Any) -> None:
+    """Give a repacked linear layer (``weight`` of shape ``[0]``) a full-size weight
+    parameter again, with vLLM's own loader, so ``load_weights`` can fill it."""
+    import torch
+    from vllm.model_executor.parameter import ModelWeightParameter
+
+    w = mod.weight
+    if w.numel() == 0:
+        rows = int(mod.output_size_per_partition)
+        cols = int(mod.input_size_per_partition)
+        mod.weight = ModelWeightParameter(
+            data=torch.empty(rows, cols, dtype=w.dtype),
+            input_dim=1,
+            output_dim=0,
+            weight_loader=mod.weight_loader_v2,
+        )
