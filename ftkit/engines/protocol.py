@@ -94,8 +94,10 @@ def fingerprint_held(tensors: Mapping[str, torch.Tensor], signed_zeros: bool) ->
     (the one routine both sides of an engine's check use)."""
     import torch
 
-    from ftkit.tensors.fingerprint import fingerprint_tensors
+    from ftkit.tensors.fingerprint import combine, fingerprint
 
-    if not signed_zeros:
-        tensors = {n: torch.where(t == 0, torch.zeros_like(t), t) for n, t in tensors.items()}
-    return fingerprint_tensors(tensors)
+    if signed_zeros:
+        per_name = {n: fingerprint(t) for n, t in tensors.items()}
+    else:  # folded one tensor at a time: a model's weights are never held twice
+        per_name = {n: fingerprint(torch.where(t == 0, torch.zeros_like(t), t)) for n, t in tensors.items()}
+    return combine(per_name), per_name

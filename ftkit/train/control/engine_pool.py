@@ -133,6 +133,7 @@ class EnginePool:
         """Every engine loads ``state`` as ``version``; their fingerprint totals, in engine order."""
         import ray
 
+        self.weights = None  # the previous version's object is freed before the new one is stored
         self.weights = (ray.put(state), version)
         return [self._call(e, "load") for e in range(len(self.actors))]
 
