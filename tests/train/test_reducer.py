@@ -183,3 +183,37 @@ def test_numpy_kernels_see_a_nan_in_any_window():
     rows[1, -2] = float("nan")
     exps, finite = ExactReducer(layout, 2).exponents(rows)
     assert not finite and exps[0] == 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_chunked_integer_collectives_give_the_same_bits(monkeypatch, k):
+    """The CPU kernels all-reduce the integer sums a chunk at a time (the side vector in the
+    last chunk): the same bits as the torch kernels' one collective, under a fake all-reduce
+    that is not the identity (every buffer doubled, as two identical cells would give), with
+    each collective a chunk's size."""
+    from ftkit.train.rank import reducer
+    from ftkit.train.rank.reducer import WINDOW
+
+    monkeypatch.setattr(reducer, "CHUNK", 2 * WINDOW)  # several chunks of two windows
+    layout = GradLayout.of([(f"t{i}", (3, 7)) for i in range(5)] + [("big", (5 * WINDOW + 11,)), ("tail", (13,))])
+    rows = _kernel_rows(k, layout)
+    side = torch.arange(M, dtype=torch.float64) - 2.5
+    results, sizes = [], []
+    for numpy_kernels in (True, False):
+        seen: list[int] = []
+
+        def doubled(t, op, seen=seen):
+            if t.dtype == torch.int64 and op == "sum":
+                seen.append(t.numel())
+                t.mul_(2)
+
+        red = ExactReducer(layout, 8, numpy_kernels=numpy_kernels)
+        s = side.clone()
+        results.append((red.reduce(rows.clone(), doubled, side=s).clone(), s))
+        sizes.append(seen)
+    (a, sa), (b, sb) = results
+    assert a.numpy().tobytes() == b.numpy().tobytes() and sa.numpy().tobytes() == sb.numpy().tobytes()
+    chunked, whole = sizes
+    assert whole == [layout.numel + M] and len(chunked) == 3  # 164 k elements in chunks of 2 windows
+    assert sum(chunked) == layout.numel + M and max(chunked) <= 2 * WINDOW + M
+    assert torch.allclose(a.double(), 2 * rows.double().sum(0), rtol=1e-6, atol=2 * k * 2.0**-127)

@@ -103,7 +103,10 @@ class ExactReducer:
 
     Cost: one read pass over the rows for the exponents, one read of the rows and one write
     of the int64 sums for the quantisation, one pass over the sums for the result; every
-    large buffer is allocated once (a fresh one per step would page-fault it in again).
+    large buffer is allocated once (a fresh one per step would page-fault it in again). On CPU
+    the integer sums are all-reduced a chunk of at most ``CHUNK`` elements at a time, so the
+    int64 workspace and each collective are 64 MiB whatever the model's size (the float32
+    result is the only model-sized buffer); the torch kernels use one collective.
     On CPU the kernels are numpy ufuncs applied window by window (at most ``WINDOW``
     elements; the exponents take one ``reduceat`` per window, the scaling one multiply per
     tensor piece), so the scaled, rounded and accumulated rows of a window stay in the
@@ -117,6 +120,7 @@ class ExactReducer:
         self.segs = layout.segments()
         self.numpy_kernels = numpy_kernels
         self.windows = _windows(self.segs, WINDOW)
+        self.chunks = _chunks(self.windows, CHUNK)
         self._work: dict[str, Any] = {}
 
     def _buf(self, name: str, dtype: torch.dtype, device: torch.device, size: int) -> Any:
@@ -176,26 +180,23 @@ class ExactReducer:
         ]
         n = self.layout.numel
         extra = 0 if side is None else side.numel()
-        qbuf = self._buf("q", torch.int64, dev, n + extra)
-        q, out = qbuf[:n], self._buf("out", torch.float32, dev, n)
+        out = self._buf("out", torch.float32, dev, n)
         # g * 2**shift is exact in float32 (only the exponent moves) and round() is exact: every
         # row becomes integers of magnitude <= 2**INT_BITS / M. Their sums over any subset of the
         # M micro-shards are integers of magnitude <= 2**52, so float64 adds them exactly, in
-        # any order.
+        # any order; and integer sums do not depend on how the elements are cut into collectives.
         if self._numpy(shards):
-            _np_quantize(shards.numpy(), shifts, self.windows, q.numpy())
+            self._np_reduce(shards.numpy(), shifts, allreduce, out.numpy(), side)
         else:
+            qbuf = self._buf("q", torch.int64, dev, n + extra)
+            q = qbuf[:n]
             self._torch_quantize(shards, shifts, q)
-        if side is not None:
-            qbuf[n:].copy_(side.view(torch.int64))
-        allreduce(qbuf, "sum")
-        if side is not None:
-            side.view(torch.int64).copy_(qbuf[n:])
-        # one correctly rounded conversion, then an exact power of two
-        if self._numpy(shards):
-            _np_dequantize(q.numpy(), shifts, self.windows, out.numpy())
-        else:
-            out.copy_(q)
+            if side is not None:
+                qbuf[n:].copy_(side.view(torch.int64))
+            allreduce(qbuf, "sum")
+            if side is not None:
+                side.view(torch.int64).copy_(qbuf[n:])
+            out.copy_(q)  # one correctly rounded conversion, then an exact power of two
             for (a, b), k in zip(self.segs, shifts):
                 if k:
                     out[a:b].mul_(2.0**-k)
@@ -204,6 +205,29 @@ class ExactReducer:
             if e != ZERO_EXPONENT and e + log_m > 127 and not bool(torch.isfinite(out[a:b]).all()):
                 return None  # same integers everywhere, same decision
         return out
+
+    def _np_reduce(
+        self, x: np.ndarray, shifts: list[int], allreduce: AllReduce, out: np.ndarray, side: Tensor | None
+    ) -> None:
+        """The CPU kernels' quantise, integer all-reduce and dequantise, one chunk of at most
+        ``CHUNK`` elements at a time (``side`` rides in the last chunk's collective): the int64
+        buffer and each all-reduce are a chunk's, not the model's."""
+        import torch
+
+        extra = 0 if side is None else side.numel()
+        width = max(end - base for base, end, _ in self.chunks)
+        qbuf = self._buf("q", torch.int64, torch.device("cpu"), width + extra)
+        for i, (base, end, windows) in enumerate(self.chunks):
+            q = qbuf[: end - base]
+            _np_quantize(x, shifts, windows, q.numpy(), base)
+            buf = q
+            if side is not None and i == len(self.chunks) - 1:
+                buf = qbuf[: end - base + extra]
+                buf[end - base :].copy_(side.view(torch.int64))
+            allreduce(buf, "sum")
+            if buf is not q:
+                side.view(torch.int64).copy_(buf[end - base :])  # type: ignore[union-attr]  # side is set
+            _np_dequantize(q.numpy(), shifts, windows, out, base)
 
     def _torch_quantize(self, shards: Tensor, shifts: list[int], q: Tensor) -> None:
         """Per-tensor torch kernels (any device), in place in ``shards``: scale, round,
@@ -226,6 +250,9 @@ class ExactReducer:
 # Elements per window of the CPU kernels: k float32 rows, a float64 and an int64 row of one
 # window stay in a core's L2 cache for the few k (micro-shards per cell) of a step.
 WINDOW = 1 << 15
+# Elements per integer all-reduce of the CPU kernels (64 MiB of int64): the workspace and each
+# collective stay this size whatever the model's (a 135M-parameter model's int64 sums are 1 GiB).
+CHUNK = 1 << 23
 
 
 class _Window:
@@ -259,6 +286,19 @@ def _windows(segs: Sequence[tuple[int, int]], width: int) -> list[_Window]:
     return [_Window(*c) for c in cuts]
 
 
+def _chunks(windows: list[_Window], width: int) -> list[tuple[int, int, list[_Window]]]:
+    """Consecutive windows grouped into ``(start, end, windows)`` chunks of at most ``width``
+    elements (at least one window each; one empty chunk when there are no windows)."""
+    out: list[tuple[int, int, list[_Window]]] = []
+    for w in windows:
+        if out and w.end - out[-1][0] <= width:
+            start, _, ws = out[-1]
+            out[-1] = (start, w.end, [*ws, w])
+        else:
+            out.append((w.start, w.end, [w]))
+    return out or [(0, 0, [])]
+
+
 def _np_tops(x: np.ndarray, windows: list[_Window], count: int) -> Any:
     """Per tensor ``max(max(g), -min(g))`` over the rows of ``x`` (NaN propagates)."""
     import numpy as np
@@ -277,8 +317,9 @@ def _np_tops(x: np.ndarray, windows: list[_Window], count: int) -> Any:
     return np.maximum(hi, -lo)
 
 
-def _np_quantize(x: np.ndarray, shifts: list[int], windows: list[_Window], q: np.ndarray) -> None:
-    """``q = sum_rows(round(x * 2**shift))`` as int64, window by window (in cache)."""
+def _np_quantize(x: np.ndarray, shifts: list[int], windows: list[_Window], q: np.ndarray, base: int = 0) -> None:
+    """``q[i - base] = sum_rows(round(x[:, i] * 2**shift))`` as int64 over the windows' elements
+    ``i``, window by window (in cache)."""
     import numpy as np
 
     k = x.shape[0]
@@ -292,23 +333,24 @@ def _np_quantize(x: np.ndarray, shifts: list[int], windows: list[_Window], q: np
         for a, b, i in w.pieces:  # a scalar per piece: cheaper than gathering a per-element scale
             np.multiply(x[:, a:b], scale[i], out=buf[:, a - w.start : b - w.start])
         np.rint(buf, out=buf)  # half to even, like torch.round
+        dst = q[w.start - base : w.end - base]
         if k == 1:
-            np.copyto(q[w.start : w.end], buf[0], casting="unsafe")  # an integer-valued float32: exact
+            np.copyto(dst, buf[0], casting="unsafe")  # an integer-valued float32: exact
         else:
             a64 = acc[:n]
             np.copyto(a64, buf[0])
             for row in buf[1:]:
                 np.add(a64, row, out=a64)
-            np.copyto(q[w.start : w.end], a64, casting="unsafe")
+            np.copyto(dst, a64, casting="unsafe")
 
 
-def _np_dequantize(q: np.ndarray, shifts: list[int], windows: list[_Window], out: np.ndarray) -> None:
-    """``out = float32(q) * 2**-shift``, window by window."""
+def _np_dequantize(q: np.ndarray, shifts: list[int], windows: list[_Window], out: np.ndarray, base: int = 0) -> None:
+    """``out[i] = float32(q[i - base]) * 2**-shift`` over the windows' elements, window by window."""
     import numpy as np
 
     inverse = np.ldexp(np.float32(1), -np.array(shifts, dtype=np.int32))
     for w in windows:
-        np.copyto(out[w.start : w.end], q[w.start : w.end], casting="unsafe")
+        np.copyto(out[w.start : w.end], q[w.start - base : w.end - base], casting="unsafe")
         for a, b, i in w.pieces:
             if shifts[i]:
                 np.multiply(out[a:b], inverse[i], out=out[a:b])
