@@ -27,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
@@ -148,9 +149,7 @@ def _read_tensors(f: IO[bytes], size: int) -> dict[str, torch.Tensor]:
             begin, end = (int(o) for o in m["data_offsets"])
         except (KeyError, TypeError, ValueError):
             raise ValueError(f"payload entry {name!r} is not a safetensors tensor: {m!r}") from None
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = math.prod(shape)
         if min(shape, default=0) < 0 or not 0 <= begin <= end <= data or end - begin != numel * dtype.itemsize:
             raise ValueError(f"payload entry {name!r}: offsets {begin}..{end} do not hold {shape} {m['dtype']}")
         entries.append((begin, end, name, dtype, shape))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -170,16 +169,13 @@ class Server:
         }
 
 
-_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
-
-
 def _batches(names: list[str]) -> list[list[str]]:
     """vLLM parameter names grouped for the read-back: a decoder layer's together, every other
     parameter (embedding, final norm, LM head) alone; each group maps to Hugging Face names by
     itself (``layout.to_hf`` never needs two groups at once)."""
     groups: dict[str, list[str]] = {}
     for name in names:
-        m = _LAYER.match(name)
+        m = vllm_worker.LAYER.match(name)
         groups.setdefault(m[1] if m else name, []).append(name)
     return list(groups.values())
 

@@ -29,6 +29,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+#: A decoder layer's parameter or module name (vLLM's and Hugging Face's alike): group 1 is the
+#: layer's prefix (``model.layers.3``). Loads and read-backs go one such layer at a time.
+LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+
 
 def _linear_modules(model: Any) -> dict[str, Any]:
     """Modules whose compute goes through a CPU GEMM kernel (``cpu_linear``), by name;
@@ -96,9 +100,9 @@ def load_hf(worker: Any, tensors: dict[str, Any]) -> int:
     linear = _linear_modules(model)
     groups: dict[str, list[str]] = {}
     for name in list(tensors):
-        m = _LAYER.match(name)
+        m = LAYER.match(name)
         groups.setdefault(m[1] if m else "", []).append(name)
-    rest = [n for n in linear if not _LAYER.match(n)]
+    rest = [n for n in linear if not LAYER.match(n)]
     with torch.no_grad():
         for prefix, names in sorted(groups.items(), key=lambda g: g[0] == ""):  # the layers, then the rest
             mods = rest if prefix == "" else [n for n in linear if n.startswith(prefix + ".")]
@@ -108,9 +112,6 @@ def load_hf(worker: Any, tensors: dict[str, Any]) -> int:
             for n in mods:
                 linear[n].quant_method.process_weights_after_loading(linear[n])
     return len(linear)
-
-
-_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
 
 
 def _unpack(mod: Any) -> None:

@@ -9,11 +9,12 @@ to a real process, whatever the driver is doing at that moment.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ftkit.fsutil import pid_alive
 
 
 def rank_events(run_dir: Path, cell: int, rank: int = 0, incarnation: int = 0) -> list[dict]:
@@ -38,16 +39,11 @@ def all_events(run_dir: Path, type_: str) -> list[dict]:
 
 
 def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    """Whether ``pid`` is a live process (``ftkit.fsutil.pid_alive``, and not a zombie)."""
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
-    status = Path(f"/proc/{pid}/status")
     try:
-        return "\nState:\tZ" not in status.read_text()
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
     except FileNotFoundError:
         return False
 
