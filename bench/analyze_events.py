@@ -191,6 +191,8 @@ def main() -> int:
     )
     p.add_argument("--existing", type=Path, default=None, help="measure a log kept by --keep (DIR/events) again")
     args = p.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for target in args.events:
         root = args.existing or Path(tempfile.mkdtemp(prefix=f"ftkit-bench-{target}-", dir=args.dir))

@@ -65,20 +65,20 @@ _F_SETPIPE_SZ = 1031
 
 def default_workers(files: int, size: int) -> int:
     """Worker processes for ``files`` files of ``size`` bytes: ``FTKIT_ANALYZE_WORKERS`` when set
-    (``0``: none), else 0 below ``PARALLEL_BYTES`` or in a process that imported Ray (``ftkit
-    train`` analysing its own log: forking a process with Ray's threads could deadlock), and one per
-    core but the replay's otherwise; at most one per file, and (unless set) none where that leaves
-    one: on two cores the workers' extra CPU (about 0.8x the serial analysis) is not repaid unless
-    both cores are idle (docs/analyze-events.md, "Worker processes")."""
+    (``0``: none), else 0 below ``PARALLEL_BYTES``, for a single file, or in a process that
+    imported Ray (``ftkit train`` analysing its own log: forking a process with Ray's threads could
+    deadlock), and one per core but the replay's otherwise (so one on two cores, none on one); at
+    most one per file. Measured on an idle two-core machine, one worker takes a third off the wall
+    time; on cores other jobs hold, its extra CPU can cost more than it saves
+    (docs/analyze-events.md, "Worker processes")."""
     env = os.environ.get("FTKIT_ANALYZE_WORKERS", "").strip()
     if env.isdigit():
-        n = int(env)
-    elif size < PARALLEL_BYTES or "ray" in sys.modules:  # a Ray driver's threads make fork() unsafe
+        return min(int(env), files)
+    if size < PARALLEL_BYTES or files < 2 or "ray" in sys.modules:  # Ray's threads make fork() unsafe
         return 0
-    else:  # the replay keeps one core busy: workers pay off only with cores to spare (measured)
-        n = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)) - 1
-    n = min(n, files)
-    return n if n >= 2 or (env.isdigit() and n == 1) else 0
+    # the replay keeps one core busy: the others decode and check
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores - 1, files)
 
 
 def reduce_file(path: Path, index: int) -> Iterator[bytes]:

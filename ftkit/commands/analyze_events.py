@@ -25,6 +25,10 @@ split any way (one merged file as a log shipper or `cat` makes it, several files
 they are sorted back into one stream per process, with the same verdict as the per-process
 files. Prints a run summary, the rules with checked / finding counts, the findings (most
 severe first), a recovery table per injected fault and a verdict.
+
+Per-process files of 16 MiB or more are decoded and checked by worker processes, one per
+core but the one that replays them; set FTKIT_ANALYZE_WORKERS=N to choose (0: one process,
+e.g. on a machine whose cores other jobs hold). The result is the same either way.
 """
 
 

@@ -89,7 +89,9 @@ def test_worker_count_follows_the_input_size_the_cores_and_the_environment(monke
     assert default_workers(40, PARALLEL_BYTES) == 7  # one core for the replay
     assert default_workers(3, PARALLEL_BYTES) == 3
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert default_workers(40, PARALLEL_BYTES) == 0  # two cores: one worker does not pay
+    assert default_workers(40, PARALLEL_BYTES) == 1  # two cores: one decodes, one replays
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert default_workers(40, PARALLEL_BYTES) == 0  # one core: nothing to run beside the replay
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     assert default_workers(40, PARALLEL_BYTES - 1) == 0  # small: one process
     assert default_workers(1, PARALLEL_BYTES * 4) == 0  # one file: nothing to share
