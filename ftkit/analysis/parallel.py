@@ -56,6 +56,7 @@ __all__ = ["HOT_TYPES", "PARALLEL_BYTES", "ParallelStream", "default_workers"]
 
 OUTCOME, FINGERPRINT, WITNESS = range(3)
 HOT_TYPES = ("step_outcome", "state_fingerprint", "witness_counts")  # index = the record's code
+HOT_CODES = {t: i for i, t in enumerate(HOT_TYPES)}
 CHUNK_BYTES = 64 << 10  # of the file per chunk
 CHUNK_ITEMS = 1024
 PARALLEL_BYTES = 16 << 20  # inputs smaller than this are read in one process (forking costs more)
@@ -93,20 +94,23 @@ def reduce_file(path: Path, index: int) -> Iterator[bytes]:
     src: Any = None
     run: Any = None
     seq_next, last_time = 0, float("-inf")
-    hot = {t: i for i, t in enumerate(HOT_TYPES)}
+    plan = {t: (check, HOT_CODES.get(t)) for t, check in CHECKS.items()}  # one lookup per line
     for heap_time, _, ev, line in stream.file_events(0):
-        t = ev.get("type")
-        record = None
-        if type(t) is str and t in CHECKS and CHECKS[t](ev):
+        item: Any = ev
+        try:
+            check, code = plan[ev.get("type")]
+        except (KeyError, TypeError):  # no type, an unknown one, or not a string: the replay reports it
+            check = None
+        if check is not None and check(ev):
             if src is None:  # the stream's first valid line: its source and run (the replay checks them)
                 src, run = ev["source"], ev["run"]
                 seq_next, last_time = ev["seq"] + 1, ev["time"]
             elif ev["source"] == src:  # else the replay finds the stream is not one source's
-                code, seq, time = hot.get(t), ev["seq"], ev["time"]
+                seq, time = ev["seq"], ev["time"]
                 if code is not None and seq == seq_next and time >= last_time - 1.0 and ev["run"] == run:
-                    record = _record(code, ev, line)
+                    item = _record(code, ev, line, time, seq)
                 seq_next, last_time = seq + 1, time
-        out.append((heap_time, index, ev if record is None else record, line))
+        out.append((heap_time, index, item, line))
         if len(out) >= CHUNK_ITEMS or counts[1] - sent_bytes >= CHUNK_BYTES:
             yield marshal.dumps((counts[0] - sent_lines, counts[1] - sent_bytes, out, issues))
             sent_lines, sent_bytes, out, issues = counts[0], counts[1], [], []
@@ -114,15 +118,17 @@ def reduce_file(path: Path, index: int) -> Iterator[bytes]:
         yield marshal.dumps((counts[0] - sent_lines, counts[1] - sent_bytes, out, issues))
 
 
-def _record(code: int, ev: dict[str, Any], line: int) -> tuple[Any, ...] | None:
-    """The compact record of a checked hot line (None: send it whole)."""
-    head = (code, ev["time"], line, ev["seq"], ev["rollout"], ev["step"], ev["attempt"], ev["cell"])
-    rank = (ev.get("rank"), "rank" in ev)
+def _record(code: int, ev: dict[str, Any], line: int, time: Any, seq: int) -> tuple[Any, ...]:
+    """The compact record of a checked hot line (layout: the module docstring)."""
+    rank, has_rank = (ev["rank"], True) if "rank" in ev else (None, False)
     if code == OUTCOME:
-        return (*head, *rank, ev["outcome"], ev["epoch"])
+        return (code, time, line, seq, ev["rollout"], ev["step"], ev["attempt"], ev["cell"], rank, has_rank,
+                ev["outcome"], ev["epoch"])  # fmt: skip
     if code == WITNESS:
-        return (*head, *rank, ev["ids"], ev["counts"])
-    return (*head, *rank, ev["total"], orjson.dumps([ev["params"], ev["optimizer"]]))
+        return (code, time, line, seq, ev["rollout"], ev["step"], ev["attempt"], ev["cell"], rank, has_rank,
+                ev["ids"], ev["counts"])  # fmt: skip
+    return (code, time, line, seq, ev["rollout"], ev["step"], ev["attempt"], ev["cell"], rank, has_rank,
+            ev["total"], orjson.dumps([ev["params"], ev["optimizer"]]))  # fmt: skip
 
 
 def _serve(files: dict[int, Path], requests: Connection, replies: Connection) -> None:
