@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftkit.analysis.parallel import ParallelStream, WorkerLost, default_workers
+from ftkit.analysis.demux_worker import DemuxWorkerStream
+from ftkit.analysis.parallel import ParallelStream, WorkerLost, default_workers, demux_workers
 from ftkit.analysis.profile import uncovered
 from ftkit.analysis.registry import select_rules
 from ftkit.analysis.replay import NotPerProcess, Replay
@@ -78,13 +79,18 @@ def analyze_paths(
             continue
         finally:
             stream.close()
-    replay = Replay(rule_classes)
-    stream = DemuxStream(files, replay.issue, spill_bytes, progress=progress)
-    try:
-        _replay(replay, stream, per_process=False, progress=progress)
-    finally:
-        stream.close()
-    return _result(replay, stream, len(files), stream.mode)
+    workers = demux_workers(sum(size_of(p) for p in files if p is not STDIN))
+    while True:
+        replay = Replay(rule_classes)
+        demux = DemuxWorkerStream if workers and replay.takes_compact else DemuxStream
+        stream = demux(files, replay.issue, spill_bytes, progress=progress)
+        try:
+            _replay(replay, stream, per_process=False, progress=progress)
+            return _result(replay, stream, len(files), stream.mode)
+        except WorkerLost:
+            workers = 0  # a lost worker: read it all again in one process
+        finally:
+            stream.close()
 
 
 def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progress | None) -> None:

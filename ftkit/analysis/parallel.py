@@ -52,11 +52,22 @@ import orjson
 from ftkit.events.reader import EventStream, IssueCallback
 from ftkit.events.validate import CHECKS
 
-__all__ = ["HOT_TYPES", "PARALLEL_BYTES", "ParallelStream", "default_workers"]
+__all__ = [
+    "HOT_TYPES",
+    "PARALLEL_BYTES",
+    "Chunks",
+    "Envelope",
+    "ParallelStream",
+    "default_workers",
+    "demux_workers",
+    "unpack",
+    "widen",
+]
 
 OUTCOME, FINGERPRINT, WITNESS = range(3)
 HOT_TYPES = ("step_outcome", "state_fingerprint", "witness_counts")  # index = the record's code
 HOT_CODES = {t: i for i, t in enumerate(HOT_TYPES)}
+PLAN = {t: (check, HOT_CODES.get(t)) for t, check in CHECKS.items()}  # a line's check and record code
 CHUNK_BYTES = 64 << 10  # of the file per chunk
 CHUNK_ITEMS = 1024
 PARALLEL_BYTES = 16 << 20  # inputs smaller than this are read in one process (forking costs more)
@@ -64,58 +75,70 @@ _PIPE_BYTES = 1 << 20  # a worker works ahead this far per pipe (Linux F_SETPIPE
 _F_SETPIPE_SZ = 1031
 
 
-def default_workers(files: int, size: int) -> int:
-    """Worker processes for ``files`` files of ``size`` bytes: ``FTKIT_ANALYZE_WORKERS`` when set
-    (``0``: none), else 0 below ``PARALLEL_BYTES``, for a single file, or in a process that
-    imported Ray (``ftkit train`` analysing its own log: forking a process with Ray's threads could
-    deadlock), and one per core but the replay's otherwise (so one on two cores, none on one); at
-    most one per file. Measured on an idle two-core machine, one worker takes a third off the wall
-    time; on cores other jobs hold, its extra CPU can cost more than it saves
+def _budget(size: int) -> int:
+    """Workers the machine and the input allow (``FTKIT_ANALYZE_WORKERS`` when set, ``0``: none):
+    0 below ``PARALLEL_BYTES`` or in a process that imported Ray (``ftkit train`` analysing its own
+    log: forking a process with Ray's threads could deadlock), else one per core but the replay's
+    (so one on two cores, none on one). Measured on an idle two-core machine, one worker takes a
+    third off the wall time; on cores other jobs hold, its extra CPU can cost more than it saves
     (docs/analyze-events.md, "Worker processes")."""
     env = os.environ.get("FTKIT_ANALYZE_WORKERS", "").strip()
     if env.isdigit():
-        return min(int(env), files)
-    if size < PARALLEL_BYTES or files < 2 or "ray" in sys.modules:  # Ray's threads make fork() unsafe
+        return int(env)
+    if size < PARALLEL_BYTES or "ray" in sys.modules:  # Ray's threads make fork() unsafe
         return 0
     # the replay keeps one core busy: the others decode and check
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(cores - 1, files)
+    return cores - 1
 
 
-def reduce_file(path: Path, index: int) -> Iterator[bytes]:
-    """The chunks of file ``index``, in file order: ``marshal`` blobs of ``(lines, bytes, items,
-    issues)``, ``items`` the file's heap items ``(time, index, event or record, line)``, ``issues``
-    ``(position, file, line, kind, message)``: reported before ``items[position]``."""
-    out: list[tuple[Any, ...]] = []
-    issues: list[tuple[Any, ...]] = []
-    stream = EventStream([path], lambda *issue: issues.append((len(out), *issue)))
-    counts = stream.counts
-    sent_lines = sent_bytes = 0
-    src: Any = None
-    run: Any = None
-    seq_next, last_time = 0, float("-inf")
-    plan = {t: (check, HOT_CODES.get(t)) for t, check in CHECKS.items()}  # one lookup per line
-    for heap_time, _, ev, line in stream.file_events(0):
-        item: Any = ev
+def default_workers(files: int, size: int) -> int:
+    """Worker processes for ``files`` per-process files of ``size`` bytes: the budget (``_budget``),
+    at most one per file, none for a single file unless ``FTKIT_ANALYZE_WORKERS`` is set."""
+    n = min(_budget(size), files)
+    return n if files >= 2 or os.environ.get("FTKIT_ANALYZE_WORKERS", "").strip().isdigit() else 0
+
+
+def demux_workers(size: int) -> int:
+    """Worker processes for the sequential pass of a merged input of ``size`` bytes (0 or 1: one
+    stream of lines to decode; ``ftkit.analysis.demux_worker``)."""
+    return min(_budget(size), 1)
+
+
+class Envelope:
+    """A worker's view of one stream's envelope: what ``reduce`` sends for each decoded line of it.
+
+    A hot line that passes its check and continues the stream's usual envelope (the source and run
+    of the stream's first valid line, ``seq`` one more than the previous valid line's, time not
+    going back) becomes its compact record; any other line is sent as its decoded event, for the
+    replay to check and report as it always does."""
+
+    __slots__ = ("src", "run", "seq_next", "last_time")
+
+    def __init__(self) -> None:
+        self.src: Any = None
+        self.run: Any = None
+        self.seq_next = 0
+        self.last_time = float("-inf")
+
+    def reduce(self, ev: dict[str, Any], line: int) -> Any:
+        """The compact record of ``ev`` (read at ``line``), or ``ev`` itself."""
         try:
-            check, code = plan[ev.get("type")]
+            check, code = PLAN[ev.get("type")]
         except (KeyError, TypeError):  # no type, an unknown one, or not a string: the replay reports it
-            check = None
-        if check is not None and check(ev):
-            if src is None:  # the stream's first valid line: its source and run (the replay checks them)
-                src, run = ev["source"], ev["run"]
-                seq_next, last_time = ev["seq"] + 1, ev["time"]
-            elif ev["source"] == src:  # else the replay finds the stream is not one source's
-                seq, time = ev["seq"], ev["time"]
-                if code is not None and seq == seq_next and time >= last_time - 1.0 and ev["run"] == run:
-                    item = _record(code, ev, line, time, seq)
-                seq_next, last_time = seq + 1, time
-        out.append((heap_time, index, item, line))
-        if len(out) >= CHUNK_ITEMS or counts[1] - sent_bytes >= CHUNK_BYTES:
-            yield marshal.dumps((counts[0] - sent_lines, counts[1] - sent_bytes, out, issues))
-            sent_lines, sent_bytes, out, issues = counts[0], counts[1], [], []
-    if out or issues or counts[0] != sent_lines or counts[1] != sent_bytes:
-        yield marshal.dumps((counts[0] - sent_lines, counts[1] - sent_bytes, out, issues))
+            return ev
+        if not check(ev):
+            return ev
+        if self.src is None:  # the stream's first valid line: its source and run (the replay checks them)
+            self.src, self.run = ev["source"], ev["run"]
+            self.seq_next, self.last_time = ev["seq"] + 1, ev["time"]
+            return ev
+        if ev["source"] != self.src:  # the replay finds the stream is not one source's
+            return ev
+        seq, time = ev["seq"], ev["time"]
+        usual = seq == self.seq_next and time >= self.last_time - 1.0 and ev["run"] == self.run
+        self.seq_next, self.last_time = seq + 1, time
+        return _record(code, ev, line, time, seq) if usual and code is not None else ev
 
 
 def _record(code: int, ev: dict[str, Any], line: int, time: Any, seq: int) -> tuple[Any, ...]:
@@ -129,6 +152,71 @@ def _record(code: int, ev: dict[str, Any], line: int, time: Any, seq: int) -> tu
                 ev["ids"], ev["counts"])  # fmt: skip
     return (code, time, line, seq, ev["rollout"], ev["step"], ev["attempt"], ev["cell"], rank, has_rank,
             ev["total"], orjson.dumps([ev["params"], ev["optimizer"]]))  # fmt: skip
+
+
+class Chunks:
+    """A worker's outgoing items cut into ``marshal`` blobs of ``(lines, bytes, items, issues)``:
+    ``lines`` / ``bytes`` what the reader read since the previous blob, ``issues`` ``(position,
+    file, line, kind, message)``, each reported before ``items[position]`` (``unpack``)."""
+
+    def __init__(self) -> None:
+        self.out: list[tuple[Any, ...]] = []
+        self.issues: list[tuple[Any, ...]] = []
+        self.counts = [0, 0]  # the reader's (set to its list)
+        self.sent = (0, 0)
+
+    def issue(self, *issue: Any) -> None:
+        """The reader's ``on_issue``: reported at this point of the items."""
+        self.issues.append((len(self.out), *issue))
+
+    def ready(self) -> bool:
+        """Whether a blob's worth is waiting (``CHUNK_ITEMS`` items or ``CHUNK_BYTES`` read)."""
+        return len(self.out) >= CHUNK_ITEMS or self.counts[1] - self.sent[1] >= CHUNK_BYTES
+
+    def left(self) -> bool:
+        """Whether anything was not sent yet (items, issues, or lines read since)."""
+        return bool(self.out or self.issues) or (self.counts[0], self.counts[1]) != self.sent
+
+    def take(self) -> bytes:
+        """The blob of what is waiting; empties it."""
+        (lines, nbytes), sent = self.counts, self.sent
+        blob = marshal.dumps((lines - sent[0], nbytes - sent[1], self.out, self.issues))
+        self.sent, self.out, self.issues = (lines, nbytes), [], []
+        return blob
+
+
+def widen(conn: Connection) -> None:
+    """Let a worker work ``_PIPE_BYTES`` ahead on the pipe ``conn`` writes to (Linux; a hint)."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(conn.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+
+
+def unpack(blob: bytes, counts: list[int], on_issue: IssueCallback) -> Iterator[Any]:
+    """The items of one ``Chunks`` blob, its issues reported in place and its counts added."""
+    lines, nbytes, items, issues = marshal.loads(blob)
+    counts[0] += lines
+    counts[1] += nbytes
+    done = 0
+    for position, *issue in issues:
+        yield from items[done:position]
+        done = position
+        on_issue(*issue)
+    yield from items[done:]
+
+
+def reduce_file(path: Path, index: int) -> Iterator[bytes]:
+    """The ``Chunks`` blobs of file ``index``, in file order, ``items`` the file's heap items
+    ``(time, index, event or record, line)``."""
+    chunks, envelope = Chunks(), Envelope()
+    stream = EventStream([path], chunks.issue)
+    chunks.counts = stream.counts
+    reduce = envelope.reduce
+    for heap_time, _, ev, line in stream.file_events(0):
+        chunks.out.append((heap_time, index, reduce(ev, line), line))
+        if chunks.ready():
+            yield chunks.take()
+    if chunks.left():
+        yield chunks.take()
 
 
 def _serve(files: dict[int, Path], requests: Connection, replies: Connection) -> None:
@@ -177,8 +265,7 @@ class ParallelStream(EventStream):
         for w in range(workers):
             req_r, req_w = ctx.Pipe(duplex=False)
             rep_r, rep_w = ctx.Pipe(duplex=False)
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(rep_w.fileno(), _F_SETPIPE_SZ, _PIPE_BYTES)
+            widen(rep_w)
             proc = ctx.Process(target=_serve, args=(mine[w], req_r, rep_w), daemon=True)
             proc.start()
             req_r.close()
@@ -208,18 +295,7 @@ class ParallelStream(EventStream):
         self._ask(index)
         while blob := self._chunk(index):
             self._ask(index)  # the next chunk is read while this one is replayed
-            lines, nbytes, items, issues = marshal.loads(blob)
-            counts[0] += lines
-            counts[1] += nbytes
-            if not issues:
-                yield from items
-                continue
-            done = 0
-            for position, *issue in issues:
-                yield from items[done:position]
-                done = position
-                on_issue(*issue)
-            yield from items[done:]
+            yield from unpack(blob, counts, on_issue)
 
     def close(self) -> None:
         """Stop the workers (also when the replay stopped early)."""
