@@ -1,19 +1,23 @@
-"""A merged input's sequential pass in a worker process: ``DemuxWorkerStream``.
+"""A merged input's second pass in a worker process: ``DemuxWorkerStream``.
 
-``DemuxStream`` reads a merged or re-ordered log in two ways (``ftkit.events.demux``). When the
-keys-only first pass finds the lines already in merged order (the **sequential** way: what
-``write_merged_log`` and a time-ordered log shipper produce), the second pass decodes every line
-in file order and hands it on in place. ``DemuxWorkerStream`` runs that pass -- reading,
-decoding, the structural check and each source's envelope -- in one forked worker process, which
-sends each hot line as its compact record and every other line as its decoded event, exactly as
-the per-process workers do (``ftkit.analysis.parallel``: ``Envelope``, ``Chunks``); the replay
-stays in the analysing process. The items, their order and the issues reported (at the same
-points) are those of ``DemuxStream``, so the analysis is the same byte for byte.
+``DemuxStream`` reads a merged or re-ordered log in two ways (``ftkit.events.demux``), both after a
+first pass in the analysing process: the keys-only scan, and for the sorted way the partition of
+the lines into sorted runs. Its second pass then yields every line as its decoded event, in
+merged order: in place (the **sequential** way: the input was already in merged order, as
+``write_merged_log`` and a time-ordered log shipper produce it) or merged from the sorted runs
+(the **sorted** way: any other order, standard input). ``DemuxWorkerStream`` runs that second
+pass -- reading, decoding, for the sorted way the merge of the runs and the duplicate checks,
+then the structural check and each source's envelope -- in one forked worker process (which
+sees the first pass's state, the sorted runs included, as it was at the fork). It sends each hot
+line as its compact record and every other line as its decoded event, exactly as the per-process
+workers do (``ftkit.analysis.parallel``: ``Envelope``, ``Chunks``); the replay stays in the
+analysing process. The items, their order and the issues reported (at the same points) are those
+of ``DemuxStream``, so the analysis is the same byte for byte.
 
-The **sorted** way (lines out of order, standard input) is not handed to a worker: its partition
-and its merge of the sorted runs stay in one process. A worker that ends without finishing raises
-``WorkerLost`` (``analyze_paths`` then reads the input again in one process). Memory: the pipe
-(about 1 MiB ahead) and one chunk in the analysing process, besides ``DemuxStream``'s own.
+A worker that ends without finishing raises ``WorkerLost`` (``analyze_paths`` then reads the input
+again in one process). Memory: the pipe (about 1 MiB ahead) and one chunk in the analysing
+process, besides ``DemuxStream``'s own (the forked worker shares the sorted runs' pages until
+either side writes them).
 """
 
 from __future__ import annotations
@@ -37,9 +41,7 @@ class DemuxWorkerStream(DemuxStream):
     _conn: Connection | None = None
 
     def events(self) -> Iterator[tuple[Any, int, int]]:
-        """``DemuxStream.events``: the sequential way's items as the worker sent them."""
-        if self.mode != "sequential":
-            return super().events()
+        """``DemuxStream.events``, as the worker sent them."""
         return self._from_worker()
 
     def _from_worker(self) -> Iterator[tuple[Any, int, int]]:
@@ -50,7 +52,10 @@ class DemuxWorkerStream(DemuxStream):
         self._proc.start()
         send.close()
         self._conn = recv
-        counts, on_issue = self.counts, self.on_issue
+        # what the second pass read: lines and bytes the sequential way (the run's stats), the bytes
+        # handed on from the sorted runs the sorted way (progress only: the partition counted the lines)
+        sequential = self._sorter is None
+        counts, on_issue = self.counts if sequential else [0, self._replayed], self.on_issue
         while True:
             try:
                 blob = recv.recv_bytes()
@@ -61,6 +66,8 @@ class DemuxWorkerStream(DemuxStream):
             if not blob:
                 return
             yield from unpack(blob, counts, on_issue)
+            if not sequential:
+                self._replayed = counts[1]
 
     def close(self) -> None:
         """Stop the worker (also when the replay stopped early), then ``DemuxStream.close``."""
@@ -77,15 +84,18 @@ class DemuxWorkerStream(DemuxStream):
 
 
 def _serve(stream: DemuxWorkerStream, conn: Connection) -> None:
-    """The worker: ``DemuxStream``'s sequential pass, reduced and sent chunk by chunk, then ``b""``."""
+    """The worker: ``DemuxStream``'s second pass, reduced and sent chunk by chunk, then ``b""``."""
     chunks = Chunks()
     stream.on_issue = chunks.issue
-    chunks.counts = stream.counts
+    sequential = stream._sorter is None
+    chunks.counts = progress = stream.counts if sequential else [0, stream._replayed]
     envelopes = [Envelope() for _ in stream.names]
     out = chunks.out
     try:
-        for ev, si, loc in DemuxStream._sequential(stream):
+        for ev, si, loc in DemuxStream.events(stream):
             out.append((ev, si, loc) if ev is None else (envelopes[si].reduce(ev, loc), si, loc))
+            if not sequential:
+                progress[1] = stream._replayed
             if chunks.ready():
                 conn.send_bytes(chunks.take())
                 out = chunks.out

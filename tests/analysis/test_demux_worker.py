@@ -1,7 +1,7 @@
 """A merged log's sequential pass on a worker process (``ftkit.analysis.demux_worker``) gives the
 same analysis, byte for byte, as one process: on every injected violation, on damage (malformed,
 truncated, forged lines, a seq gap, a contradicted fingerprint total), when the worker is killed,
-and when the input is not in merged order (the sorted way, which stays in one process)."""
+and when the input is not in merged order (the sorted way, duplicates and conflicting copies too)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from ftkit.events.merge import write_merged_log
 from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
 
 
-def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> tuple[str, str]:
+def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, spill: int = 64 << 20) -> tuple[str, str]:
     """The analysis as JSON, and how the input was read."""
     monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", str(workers))
-    r = analyze_paths([path])
+    r = analyze_paths([path], spill_bytes=spill)
     out = json.dumps(
         {
             "findings": [f.model_dump(mode="json") for f in r.findings],
@@ -47,14 +47,14 @@ def _merged(tmp_path: Path, spec: SyntheticSpec) -> Path:
     return merged
 
 
-def _same(path: Path, monkeypatch: pytest.MonkeyPatch, read_as: str = "sequential") -> str:
-    serial, how = _analysis(path, monkeypatch, 0)
+def _same(path: Path, monkeypatch: pytest.MonkeyPatch, read_as: str = "sequential", spill: int = 64 << 20) -> str:
+    serial, how = _analysis(path, monkeypatch, 0, spill)
     assert how == read_as
     started = []
     from_worker = demux_worker.DemuxWorkerStream._from_worker
     monkeypatch.setattr(demux_worker.DemuxWorkerStream, "_from_worker", lambda s: started.append(1) or from_worker(s))
-    assert _analysis(path, monkeypatch, 1) == (serial, how)
-    assert started == ([1] if read_as == "sequential" else [])  # the sequential way ran on the worker
+    assert _analysis(path, monkeypatch, 1, spill) == (serial, how)
+    assert started == [1]  # the second pass ran on the worker
     return serial
 
 
@@ -86,14 +86,18 @@ def test_damage_in_a_merged_log_is_reported_the_same(tmp_path: Path, monkeypatch
         assert text in out
 
 
-def test_a_shuffled_log_stays_in_one_process_with_the_same_result(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_shuffled_log_gives_the_same_analysis_on_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     merged = _merged(tmp_path, SyntheticSpec(cells=2, tp=1, pp=2, rollouts=2, tensors=4, faults=1))
     lines = merged.read_bytes().splitlines(keepends=True)
+    twice = lines[10]
+    conflicting = json.loads(lines[20])
+    conflicting["time"] += 0.5  # the same source and seq, another line
+    lines += [twice, json.dumps(conflicting).encode() + b"\n"]
     random.Random(0).shuffle(lines)
     merged.write_bytes(b"".join(lines))
-    _same(merged, monkeypatch, read_as="sorted")
+    for spill in (64 << 20, 16 << 10):  # the runs in memory, then on disk
+        out = _same(merged, monkeypatch, read_as="sorted", spill=spill)
+        assert "delivered twice" in out and "is also a different line" in out
 
 
 def test_a_worker_killed_mid_analysis_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
