@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from ftkit.analysis.parallel import Chunks, Envelope, WorkerLost, unpack, widen
+from ftkit.analysis.parallel import Chunks, Envelope, WorkerLost, as_worker, unpack, widen
 from ftkit.events.demux import DemuxStream
 
 __all__ = ["DemuxWorkerStream"]
@@ -85,6 +85,7 @@ class DemuxWorkerStream(DemuxStream):
 
 def _serve(stream: DemuxWorkerStream, conn: Connection) -> None:
     """The worker: ``DemuxStream``'s second pass, reduced and sent chunk by chunk, then ``b""``."""
+    as_worker()
     chunks = Chunks()
     stream.on_issue = chunks.issue
     sequential = stream._sorter is None

@@ -41,6 +41,7 @@ import fcntl
 import marshal
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
@@ -58,6 +59,7 @@ __all__ = [
     "Chunks",
     "Envelope",
     "ParallelStream",
+    "as_worker",
     "default_workers",
     "demux_workers",
     "unpack",
@@ -185,6 +187,13 @@ class Chunks:
         return blob
 
 
+def as_worker() -> None:
+    """Set up a forked worker: Ctrl-C (SIGINT to the terminal's process group) is the analysing
+    process's to handle -- it stops reading, and the worker ends on the closed pipe -- so the
+    worker ignores it instead of dying with a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def widen(conn: Connection) -> None:
     """Let a worker work ``_PIPE_BYTES`` ahead on the pipe ``conn`` writes to (Linux; a hint)."""
     with contextlib.suppress(OSError):
@@ -221,6 +230,7 @@ def reduce_file(path: Path, index: int) -> Iterator[bytes]:
 
 def _serve(files: dict[int, Path], requests: Connection, replies: Connection) -> None:
     """A worker: answer each requested file index with that file's next chunk (empty: its end)."""
+    as_worker()
     gens = {i: reduce_file(p, i) for i, p in files.items()}
     while True:
         try:

@@ -139,3 +139,22 @@ def test_the_worker_is_chosen_by_size_and_cores(monkeypatch: pytest.MonkeyPatch)
     assert demux_workers(PARALLEL_BYTES) == 0
     monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", "4")
     assert demux_workers(10) == 1  # one stream of lines: one worker at most
+
+
+def test_ctrl_c_is_left_to_the_analysing_process(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """SIGINT reaches every process of the terminal's group: the worker ignores it (the analysing
+    process stops reading and the worker ends on the closed pipe) instead of dying with a traceback."""
+    from ftkit.analysis.demux_worker import DemuxWorkerStream
+
+    merged = _merged(tmp_path, SyntheticSpec(cells=2, tp=2, pp=1, rollouts=30, tensors=100, faults=0))  # ~9 MB
+    stream = DemuxWorkerStream([merged], lambda *issue: None)
+    try:
+        items = stream.events()
+        next(items)
+        assert stream._proc is not None and stream._proc.is_alive()  # blocked on the full pipe
+        os.kill(stream._proc.pid, signal.SIGINT)
+        n = 1 + sum(1 for _ in items)  # WorkerLost if the worker died of it
+    finally:
+        stream.close()
+    assert n > 1_000
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
