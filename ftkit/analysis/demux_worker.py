@@ -28,7 +28,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from ftkit.analysis.parallel import Chunks, Envelope, WorkerLost, as_worker, unpack, widen
+from ftkit.analysis.parallel import Chunks, Envelope, WorkerLost, as_worker, start, unpack, widen
 from ftkit.events.demux import DemuxStream
 
 __all__ = ["DemuxWorkerStream"]
@@ -48,10 +48,15 @@ class DemuxWorkerStream(DemuxStream):
         ctx = multiprocessing.get_context("fork")
         recv, send = ctx.Pipe(duplex=False)
         widen(send)
-        self._proc = ctx.Process(target=_serve, args=(self, send), daemon=True)
-        self._proc.start()
-        send.close()
         self._conn = recv
+        self._proc = ctx.Process(target=_serve, args=(self, send), daemon=True)
+        try:
+            start(self._proc)
+        except WorkerLost:
+            self._proc = None
+            raise
+        finally:
+            send.close()
         # what the second pass read: lines and bytes the sequential way (the run's stats), the bytes
         # handed on from the sorted runs the sorted way (progress only: the partition counted the lines)
         sequential = self._sorter is None

@@ -69,7 +69,10 @@ def analyze_paths(
     for n in dict.fromkeys([workers, 0]) if STDIN not in files else []:  # a lost worker: again in one process
         replay = Replay(rule_classes)
         n = n if replay.takes_compact else 0
-        stream: Stream = ParallelStream(files, replay.issue, n) if n else EventStream(files, replay.issue)
+        try:
+            stream: Stream = ParallelStream(files, replay.issue, n) if n else EventStream(files, replay.issue)
+        except WorkerLost:  # the system refused a process
+            continue
         try:
             _replay(replay, stream, per_process=True, progress=progress)
             return _result(replay, stream, len(files), "per-process")

@@ -45,6 +45,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ __all__ = [
     "Envelope",
     "ParallelStream",
     "as_worker",
+    "start",
     "default_workers",
     "demux_workers",
     "unpack",
@@ -194,6 +196,15 @@ def as_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def start(proc: BaseProcess) -> None:
+    """Start a worker; ``WorkerLost`` when the system refuses a process (fork's ``EAGAIN``,
+    ``ENOMEM``): the analysis then runs in one process."""
+    try:
+        proc.start()
+    except OSError as exc:
+        raise WorkerLost(f"no analysis worker could be started: {exc}") from None
+
+
 def widen(conn: Connection) -> None:
     """Let a worker work ``_PIPE_BYTES`` ahead on the pipe ``conn`` writes to (Linux; a hint)."""
     with contextlib.suppress(OSError):
@@ -271,19 +282,24 @@ class ParallelStream(EventStream):
             self.owner[i] = w
         self.requests: list[Connection] = []
         self.replies: list[Connection] = []
-        self.procs = []
+        self.procs: list[BaseProcess] = []
+        self.ready: dict[int, bytes] = {}
         for w in range(workers):
             req_r, req_w = ctx.Pipe(duplex=False)
             rep_r, rep_w = ctx.Pipe(duplex=False)
             widen(rep_w)
             proc = ctx.Process(target=_serve, args=(mine[w], req_r, rep_w), daemon=True)
-            proc.start()
-            req_r.close()
-            rep_w.close()
             self.requests.append(req_w)
             self.replies.append(rep_r)
+            try:
+                start(proc)
+            except WorkerLost:
+                self.close()  # the workers already started
+                raise
+            finally:
+                req_r.close()
+                rep_w.close()
             self.procs.append(proc)
-        self.ready: dict[int, bytes] = {}
 
     def _ask(self, i: int) -> None:
         self.requests[self.owner[i]].send_bytes(i.to_bytes(4, "little"))

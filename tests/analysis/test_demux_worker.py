@@ -158,3 +158,19 @@ def test_ctrl_c_is_left_to_the_analysing_process(tmp_path: Path, capfd: pytest.C
         stream.close()
     assert n > 1_000
     assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
+def test_no_process_to_start_is_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system refuses a process (fork's EAGAIN under a process limit): the analysis runs in one
+    process with the same result, for per-process files and for a merged input."""
+    import errno
+    from multiprocessing.process import BaseProcess
+
+    merged = _merged(tmp_path, SyntheticSpec(cells=3, tp=1, pp=2, rollouts=3, tensors=6, faults=1))
+    expected = [_analysis(path, monkeypatch, 0) for path in (tmp_path / "events", merged)]
+
+    def refused(self: BaseProcess) -> None:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(BaseProcess, "start", refused)
+    assert [_analysis(path, monkeypatch, 2) for path in (tmp_path / "events", merged)] == expected
