@@ -35,7 +35,7 @@ __all__ = ["DemuxWorkerStream"]
 
 
 class DemuxWorkerStream(DemuxStream):
-    """``DemuxStream`` whose sequential pass runs in a worker process (see the module)."""
+    """``DemuxStream`` whose second pass runs in a worker process (see the module)."""
 
     _proc: BaseProcess | None = None
     _conn: Connection | None = None
@@ -60,7 +60,7 @@ class DemuxWorkerStream(DemuxStream):
         # what the second pass read: lines and bytes the sequential way (the run's stats), the bytes
         # handed on from the sorted runs the sorted way (progress only: the partition counted the lines)
         sequential = self._sorter is None
-        counts, on_issue = self.counts if sequential else [0, self._replayed], self.on_issue
+        counts, on_issue = self.counts if sequential else [0, 0], self.on_issue
         while True:
             try:
                 blob = recv.recv_bytes()
@@ -94,7 +94,7 @@ def _serve(stream: DemuxWorkerStream, conn: Connection) -> None:
     chunks = Chunks()
     stream.on_issue = chunks.issue
     sequential = stream._sorter is None
-    chunks.counts = progress = stream.counts if sequential else [0, stream._replayed]
+    chunks.counts = progress = stream.counts if sequential else [0, 0]
     envelopes = [Envelope() for _ in stream.names]
     out = chunks.out
     try:
