@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from exact_json import exact_json
 
 from ftkit.analysis import demux_worker
 from ftkit.analysis.engine import analyze_paths
@@ -25,17 +26,7 @@ def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, spill: 
     """The analysis as JSON, and how the input was read."""
     monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", str(workers))
     r = analyze_paths([path], spill_bytes=spill)
-    out = json.dumps(
-        {
-            "findings": [f.model_dump(mode="json") for f in r.findings],
-            "rules": [s.model_dump(mode="json") for s in r.rules],
-            "stats": r.stats,
-            "recovery": r.recovery,
-            "notes": r.notes,
-        },
-        sort_keys=True,
-        default=str,
-    )
+    out = exact_json(r)
     assert not multiprocessing.active_children()  # the worker was stopped
     return out, r.stats["read_as"]
 

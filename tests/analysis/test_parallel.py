@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from exact_json import exact_json
 
 from ftkit.analysis.engine import analyze_paths
 from ftkit.analysis.parallel import PARALLEL_BYTES, default_workers
@@ -21,17 +22,7 @@ from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
 def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> str:
     monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", str(workers))
     r = analyze_paths([path])
-    return json.dumps(
-        {
-            "findings": [f.model_dump(mode="json") for f in r.findings],
-            "rules": [s.model_dump(mode="json") for s in r.rules],
-            "stats": r.stats,
-            "recovery": r.recovery,
-            "notes": r.notes,
-        },
-        sort_keys=True,
-        default=str,
-    )
+    return exact_json(r)
 
 
 def _same(path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
