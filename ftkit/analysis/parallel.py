@@ -29,6 +29,10 @@ The replay's results are therefore the same, byte for byte, as reading the files
 (``bench/analyze_equivalence.py``). Memory: at most two chunks per file in flight (one being
 replayed, one requested), plus each worker's one read block per open file.
 
+The pieces any worker is made of -- ``Envelope`` (one stream's envelope and its compact records),
+``Chunks`` / ``unpack`` (the blobs and the issues in place), ``as_worker``, ``start``, ``widen`` --
+are shared with the merged input's worker (``ftkit.analysis.demux_worker``).
+
 Compact record layout (``C_*`` indices): ``(code, time, line, seq, rollout, step, attempt, cell,
 rank, has_rank, ...)`` then, by code: ``OUTCOME``: ``outcome, epoch``; ``FINGERPRINT``: ``total``
 (as logged), ``orjson`` bytes of ``[params, optimizer]``; ``WITNESS``: ``ids, counts``.
@@ -104,7 +108,7 @@ def default_workers(files: int, size: int) -> int:
 
 
 def demux_workers(size: int) -> int:
-    """Worker processes for the sequential pass of a merged input of ``size`` bytes (0 or 1: one
+    """Worker processes for the second pass of a merged input of ``size`` bytes (0 or 1: one
     stream of lines to decode; ``ftkit.analysis.demux_worker``)."""
     return min(_budget(size), 1)
 
