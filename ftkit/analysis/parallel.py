@@ -306,7 +306,10 @@ class ParallelStream(EventStream):
             self.procs.append(proc)
 
     def _ask(self, i: int) -> None:
-        self.requests[self.owner[i]].send_bytes(i.to_bytes(4, "little"))
+        try:
+            self.requests[self.owner[i]].send_bytes(i.to_bytes(4, "little"))
+        except OSError as exc:  # the worker is gone (EPIPE): not this process's stdout breaking
+            raise WorkerLost(f"the analysis worker of file {i} ended: {exc or type(exc).__name__}") from None
 
     def _chunk(self, i: int) -> bytes:
         """File ``i``'s requested chunk (replies for other files of its worker are kept)."""

@@ -115,3 +115,25 @@ def test_a_worker_killed_mid_analysis_changes_nothing(tmp_path: Path, monkeypatc
     monkeypatch.setattr(parallel, "_serve", dies_first)
     assert _analysis(tmp_path / "events", monkeypatch, 2) == serial
     assert not multiprocessing.active_children()
+
+
+def test_a_request_to_a_dead_worker_is_a_lost_worker(tmp_path: Path) -> None:
+    """A worker SIGKILLed from outside between two requests: the next request meets a closed pipe
+    (EPIPE), which is ``WorkerLost`` (the analysis starts again in one process), not a broken
+    stdout of this process (which the CLI would take for ``| head`` going away)."""
+    import signal
+
+    from ftkit.analysis.parallel import ParallelStream, WorkerLost
+
+    generate(tmp_path, SyntheticSpec(cells=2, tp=1, pp=1, rollouts=2, tensors=4, faults=0))
+    files = sorted((tmp_path / "events").glob("*.jsonl"))
+    stream = ParallelStream(files, lambda *issue: None, 1)
+    try:
+        proc = stream.procs[0]
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        with pytest.raises(WorkerLost):
+            next(stream.file_events(0))
+    finally:
+        stream.close()
