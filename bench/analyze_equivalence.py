@@ -25,7 +25,8 @@ from pathlib import Path
 
 
 def make(root: Path, fuzz: int, seed: int) -> None:
-    from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
+    from ftkit.testing.synthetic import generate
+    from ftkit.testing.synthetic_spec import VIOLATIONS, SyntheticSpec
 
     cases: list[list[str]] = []
     specs = [("clean", SyntheticSpec(cells=3, tp=2, pp=2, rollouts=4, tensors=20, faults=2))]

@@ -56,7 +56,8 @@ from pathlib import Path
 import orjson
 
 from ftkit.events.merge import write_merged_log
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import independent_events  # noqa: E402 - the bench's own generator, next to this file

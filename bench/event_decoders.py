@@ -28,7 +28,8 @@ from typing import Any
 
 from ftkit.events.schema import Event
 from ftkit.events.validate import CHECKS
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 
 def _lines(events: int, tensors: int) -> list[bytes]:

@@ -4,7 +4,7 @@ For one Hugging Face model (default: SmolLM2-135M-Instruct from the ``llm-smollm
 converted once by ``ftkit.model.gguf_cache``), both implementations are built in this one
 process, float32, with the same weights:
 
-- ``megatron``: ftkit's megatron-core ``GPTModel`` of the directory (``ftkit.model.gpt.build_hf``,
+- ``megatron``: ftkit's megatron-core ``GPTModel`` of the directory (``ftkit.model.gpt.build_gpt``,
   the model ``ftkit train --model`` trains; world of one, CPU core attention), its loss the
   per-token cross entropy megatron computes from ``labels``;
 - ``transformers``: ``AutoModelForCausalLM.from_pretrained`` of the same directory (its default
@@ -44,11 +44,12 @@ def megatron_step(model_dir: Path, tokens: Any, lr: float) -> Callable[[], float
     """One training step of ftkit's megatron-core model of ``model_dir`` on ``tokens``."""
     import torch
 
-    from ftkit.model.gpt import build_hf, init_local_parallel
+    from ftkit.model.gpt import build_gpt, init_local_parallel
+    from ftkit.model.spec import resolve_model
     from ftkit.train.rank.loss import targets
 
     init_local_parallel("cpu")
-    model = build_hf(str(model_dir), "cpu")
+    model = build_gpt(resolve_model(str(model_dir)), 0, "cpu")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, foreach=False)
     pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)

@@ -61,9 +61,13 @@ CHILD = """
 import json, sys
 from ftkit.train.config import TrainConfig
 from ftkit.train.control.driver import run_training
+try:
+    from ftkit.train.plan.run_plan import build_plan
+except ImportError:  # an older checkout: run_training takes the config itself
+    build_plan = lambda cfg: cfg
 values = {k: v for k, v in json.loads(sys.argv[1]).items() if k in TrainConfig.model_fields}
 steps = []
-run_training(TrainConfig(**values),
+run_training(build_plan(TrainConfig(**values)),
              on_step=lambda r: steps.append([r.rollout, r.step, r.seconds, getattr(r, "committed", True)]))
 print("RESULT " + json.dumps(steps))
 """

@@ -114,15 +114,16 @@ def replica(index: int, log_path: Path, lighthouse: str, base: dict[str, Any], t
 
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
     from ftkit.model.presets import get_preset
+    from ftkit.tasks.addition import PROMPT_LEN
     from ftkit.train.config import TrainConfig
     from ftkit.train.config.run import leaves
-    from ftkit.train.rl.task import PROMPT_LEN
+    from ftkit.train.plan.run_plan import build_plan
 
     cfg = TrainConfig(**{k: v for k, v in base.items() if k in leaves()})
     configure_determinism(cfg.compute.threads_per_rank)
     init_local_parallel("cpu")
     torch.manual_seed(cfg.rng.seed)
-    model = build_gpt(cfg.gpt_spec(), "cpu")
+    model = build_gpt(build_plan(cfg).model, cfg.rng.seed, "cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
     params = [p for p in model.parameters() if p.requires_grad]
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 (open until the process is killed)

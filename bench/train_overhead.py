@@ -60,6 +60,7 @@ def cell_rate(base: dict, out: Path, bookkeeping: bool) -> float:
     """Steps/s of one ``run_training`` (steps after the first rollout)."""
     from ftkit.train.config import TrainConfig
     from ftkit.train.control.driver import run_training
+    from ftkit.train.plan.run_plan import build_plan
 
     cfg = TrainConfig(
         **base,
@@ -70,7 +71,7 @@ def cell_rate(base: dict, out: Path, bookkeeping: bool) -> float:
         dump_rollouts="none",
     )
     seconds: list[float] = []
-    run_training(cfg, on_step=lambda r: seconds.append(r.seconds) if r.rollout > 0 else None)
+    run_training(build_plan(cfg), on_step=lambda r: seconds.append(r.seconds) if r.rollout > 0 else None)
     return len(seconds) / sum(seconds)
 
 
@@ -80,13 +81,14 @@ def plain_rate(base: dict, run_dir: Path) -> float:
 
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.loss import pg_loss, step_tokens, targets
     from ftkit.train.rl import rollouts
 
     cfg = TrainConfig(**base)
     configure_determinism(cfg.compute.threads_per_rank)
     init_local_parallel("cpu")
-    model = build_gpt(cfg.gpt_spec(), "cpu")
+    model = build_gpt(build_plan(cfg).model, cfg.rng.seed, "cpu")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
     n = cfg.batch.step_samples
     seconds = []

@@ -125,11 +125,12 @@ def megatron_tokens_per_s(model: Path, ids: list[int], prompts: int, tokens: int
     """The megatron engine of ``ftkit train`` (``InferenceEngine``) on the same model and shape."""
     import torch
 
-    from ftkit.model.gpt import GPTSpec, build_gpt, configure_determinism, init_local_parallel
+    from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+    from ftkit.model.spec import resolve_model
 
     configure_determinism(2)
     init_local_parallel("cpu")
-    gpt = build_gpt(GPTSpec(str(model), 0, hf_dir=str(model)), "cpu").eval()
+    gpt = build_gpt(resolve_model(str(model)), 0, "cpu").eval()
     p = len(ids)
     seq = torch.tensor([ids + [0] * tokens] * 16, dtype=torch.int64)
     positions = torch.arange(p + tokens).unsqueeze(0).expand(16, -1)

@@ -15,7 +15,7 @@ _ftkit() {
     cmd=""
     for ((i=1; i<COMP_CWORD; i++)); do case "${COMP_WORDS[i]}" in -*) ;; *) cmd="${COMP_WORDS[i]}"; break;; esac; done
     case "$cmd" in
-        "") COMPREPLY=( $(compgen -W "train dump compare-dumps analyze-events analyze verify-checkpoint check-model export --version --debug" -- "$cur") ); return;;
+        "") COMPREPLY=( $(compgen -W "train dump compare-dumps compare-runs analyze-events analyze verify-checkpoint check-model export --version --debug" -- "$cur") ); return;;
         train)
             case "$prev" in
                 --engine) COMPREPLY=( $(compgen -W "megatron vllm" -- "$cur") ); return;;
@@ -28,10 +28,10 @@ _ftkit() {
                 --best-metric) COMPREPLY=( $(compgen -W "reward eval_reward" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
-                --out|-o|--config|--resume|--merged-log|--junit-xml) _ftkit_files "$cur"; return;;
+                --out|-o|--config|--resume|--merged-log|--expect-equal|--junit-xml) _ftkit_files "$cur"; return;;
                 --cells|--tp|--pp|--engines|--engine-tp|--logprob-tolerance|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--clip-low|--clip-high|--kl-coef|--micro-shards|--seed|--reward|--prompts|--input-key|--label-key|--max-prompt-len|--max-response-len|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --engine --engine-tp --logprob-tolerance --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --prompts --input-key --label-key --max-prompt-len --max-response-len --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --engine --engine-tp --logprob-tolerance --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --prompts --input-key --label-key --max-prompt-len --max-response-len --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --expect-equal --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;
@@ -47,6 +47,13 @@ _ftkit() {
                 --rtol|--atol|--top) COMPREPLY=(); return;;
             esac
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--exact --rtol --atol --rules --top --html --follow-symlinks --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
+        compare-runs)
+            case "$prev" in
+                --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
+                --junit-xml|--html) _ftkit_files "$cur"; return;;
+                --rtol|--atol|--ignore-metric) COMPREPLY=(); return;;
+            esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rtol --atol --ignore-metric --require-same-length --format -f --junit-xml --html --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         analyze-events)
             case "$prev" in
                 --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;

@@ -17,7 +17,9 @@ step is what a guard asks for: without ftkit, a NaN gradient would silently reac
 The ``--plant-*`` flags plant one fault for ftkit to find (tests/examples use them): a rank's
 weights perturbed once (FT101), a sample dropped (FT103) or trained twice (FT104), a NaN gradient
 (the guard refuses the checkpoint of that interval); ``--plant-stall`` makes rank 1 of the job's
-first attempt wait after a step, to be killed from outside (the elastic restart test).
+first attempt wait after a step, to be killed from outside (the elastic restart test);
+``--plant-ulp`` moves one weight by one ulp on every rank (a run that ``ftkit compare-runs``
+finds diverging from the clean one at that step).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def main() -> None:
     p.add_argument("--plant-drop", type=int, metavar="ID", help="never train sample ID")
     p.add_argument("--plant-duplicate", type=int, metavar="ID", help="train sample ID twice in its step")
     p.add_argument("--plant-nan", type=int, metavar="STEP", help="a NaN gradient in STEP's first attempt")
+    p.add_argument("--plant-ulp", type=int, metavar="STEP", help="every rank moves one weight by 1 ulp after STEP")
     p.add_argument("--plant-stall", type=int, metavar="STEP", help="rank 1 waits after STEP (first attempt only)")
     args = p.parse_args()
 
@@ -89,6 +92,10 @@ def main() -> None:
             if args.plant_divergence == step and rank == 1:
                 with torch.no_grad():
                     next(model.parameters()).add_(1e-3)
+            if args.plant_ulp == step:  # on every rank: replicas stay identical, the run's numerics change
+                with torch.no_grad():
+                    w = next(model.parameters())
+                    w[0, 0] = torch.nextafter(w[0, 0], torch.tensor(float("inf")))
             mean = loss.detach().clone()
             dist.all_reduce(mean)
             evidence = {"model": model, "optimizer": opt, "samples": ids, "rollout": epoch}  # ftkit

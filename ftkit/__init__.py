@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ftkit.version import __version__
+
 __all__ = ["EvidenceProfile", "EvidenceRun", "WitnessTable", "__version__", "fingerprint_state"]
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -150,6 +150,14 @@ def verdict(findings: Iterable[Finding], fail_on: FailOn) -> str:
     return "fail" if any(fail_on.fails(f.severity) for f in findings) else "pass"
 
 
+def shown_verdict(findings: Iterable[Finding], fail_on: FailOn) -> str:
+    """The verdict a report shows: ``"fail"`` if any finding is an error or at or above
+    ``fail_on``. ``--fail-on`` sets the exit code (``verdict``), never what the report says: a
+    log with error findings read with ``--fail-on never`` exits 0 and still says FAIL."""
+    items = list(findings)
+    return "fail" if verdict(items, fail_on) == "fail" or verdict(items, FailOn.error) == "fail" else "pass"
+
+
 @dataclass(frozen=True)
 class RuleTable:
     """A command's finding codes: ``code -> (rule name, severity, what makes it fail)``."""

@@ -206,7 +206,7 @@ def render_cli_md() -> str:
 
 OUTPUT_CONTRACT = """## Output of the reporting commands
 
-`analyze-events`, `compare-dumps` and `train` report through one output path
+`analyze-events`, `compare-dumps`, `compare-runs` and `train` report through one output path
 (`ftkit.report.emit`); `--format` chooses what stdout carries:
 
 - `human` (default): Rich tables. When stdout is not a terminal nothing is hard-wrapped (a
@@ -225,8 +225,8 @@ OUTPUT_CONTRACT = """## Output of the reporting commands
   fails, `::notice` when it passes). With `$GITHUB_STEP_SUMMARY` set, a Markdown summary is
   appended to it; every table cell is escaped (`|`, line breaks, HTML, Markdown links).
 
-`--junit-xml PATH` (and `--html FILE` of compare-dumps) also write a report file; the path's
-directory must exist and be writable, which is checked while the command line is parsed
+`--junit-xml PATH` (and `--html FILE` of analyze-events, compare-dumps and compare-runs) also
+write a report file; the path's directory must exist and be writable, which is checked while the command line is parsed
 (exit 2 before any work). The JUnit XML is well-formed for any input (characters XML cannot
 hold become visible escapes) and valid for Ant/Jenkins- and Surefire-style readers: every
 test case has a `time`, holds at most one `<failure>` (several findings of one case are one
@@ -303,6 +303,10 @@ forensics that end `train`) treat missing evidence as a finding, never as a pass
   invalid (values are typed strictly and must be finite; the field is named). The check
   happens before any work where it can (`--junit-xml`/`--html` directories, `train --out`,
   `--config`), and nothing is written or deleted.
+- **`compare-runs`: exit 2 for a damaged log.** A comparison of two runs reads each log with
+  the integrity rules of `analyze-events` (FT111, FT112, FT106); an error of theirs (a cut log,
+  a `seq` gap, a stream without `log_closed`, a forged line) makes that input unusable, said in
+  one line: a damaged log is never compared as if whole (docs/compare-runs.md).
 - **Never another outcome**: no input makes a command exit 3, die on a signal or hang; exit 3
   is reserved for bugs in ftkit. The test suite checks this with randomised, seeded inputs
   (mutated event logs and safetensors files and trees, each run under a timeout).
@@ -320,7 +324,7 @@ def artefacts() -> dict[Path, str]:
         Path("completions/ftkit.fish"): render_fish(*collected),
     }
     if importlib.util.find_spec("ftkit.events.schema") is not None:
-        from ftkit.events.schema import schema_markdown
+        from ftkit.events.schema_doc import schema_markdown
 
         files[Path("docs/event-schema.md")] = schema_markdown()
     return files

@@ -6,9 +6,14 @@ raises ``EventSchemaError`` at the ``emit`` call for an unknown type, a wrong fi
 wrong field type, so a broken call site fails a fast test instead of a slow one. Set at import,
 before any writer or Ray instance exists; a test that needs the production behaviour (never
 raise) removes it with ``monkeypatch.delenv``.
+
+``real_train_run`` (``tests/tamper_run.py``): one small real run per session, for the suites
+that copy and tamper with a real run; registered here so it is made once, not once per module.
 """
 
 import os
+
+from tamper_run import real_train_run  # noqa: F401  (a session fixture, registered once)
 
 os.environ["FTKIT_STRICT_EVENTS"] = "1"
 

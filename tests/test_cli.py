@@ -83,13 +83,14 @@ def test_command_names_map_to_the_modules_that_register_them():
 def test_a_forensic_command_imports_only_its_own_command_module(tmp_path):
     """Start-up (issue 10): ``compare-dumps`` does not import train's module (nor its config)."""
     header = b'{"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
-    (tmp_path / "a.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
+    for name in ("a", "b"):  # two files: compare-dumps refuses one file twice
+        (tmp_path / f"{name}.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(8))
     code = (
         "import sys\nfrom ftkit.cli import main\n"
-        "code = main(['--debug', 'compare-dumps', sys.argv[1], sys.argv[1]])\n"
+        "code = main(['--debug', 'compare-dumps', sys.argv[1], sys.argv[2]])\n"
         "print(code, sorted(m for m in sys.modules if m.startswith(('ftkit.commands.', 'ftkit.train', 'torch'))))"
     )
-    argv = [sys.executable, "-c", code, str(tmp_path / "a.safetensors")]
+    argv = [sys.executable, "-c", code, str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     last = out.stdout.splitlines()[-1]  # after the command's own report
     assert last == "0 ['ftkit.commands.compare_dumps', 'ftkit.commands.help_style', 'ftkit.commands.options']"

@@ -96,7 +96,8 @@ def test_report_path_checked_for_analyze_events(tmp_path: Path) -> None:
 
 
 def _progress_cases(tmp: Path) -> list[tuple[str, list[str]]]:
-    from ftkit.testing.synthetic import SyntheticSpec, generate
+    from ftkit.testing.synthetic import generate
+    from ftkit.testing.synthetic_spec import SyntheticSpec
 
     generate(tmp / "run", SyntheticSpec(cells=2, engines=1, rollouts=1, steps_per_rollout=2, samples_per_rollout=8))
     return [

@@ -59,9 +59,9 @@ def test_a_second_train_of_the_run_is_exit_2_naming_the_owner(
 ) -> None:
     """Before Ray starts or a file is touched: ``train --resume`` and ``train --overwrite`` of a
     run directory another process trains."""
+    from ftkit.tasks.addition import AdditionTask
     from ftkit.train.config import TrainConfig
     from ftkit.train.control.rundir import write_run_json
-    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()

@@ -66,10 +66,28 @@ class EventHandlers(Watermark):
             self.report("FT111", "run_started logged twice", Severity.warning, where=self.where(fi, line))
 
     def _evidence_profile(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        if self.profile is None and not self.steps_closed:
-            self.profile = ev
-        else:  # the first one before any step counts: a later one could only promise less
-            self.report("FT111", "evidence_profile logged twice or after steps", where=self.where(fi, line))
+        """The producer's promises, taken once, from the producer that wrote the run: the line
+        right after ``run_started`` in the same driver log, agreeing with the run directory's
+        ``run.json`` when the log lies in one. Anything else is a forged or damaged line (FT111),
+        ignored: the log is then held to everything, as ``ftkit train``'s."""
+        where = self.where(fi, line)
+        if self.profile is not None or self.steps_closed:  # a later one could only promise less
+            self.report("FT111", "evidence_profile logged twice or after steps", where=where)
+            return
+        started = self.run_started
+        if started is None or ev["source"] != started["source"] or ev["seq"] != started["seq"] + 1:
+            self.report(
+                "FT111",
+                "evidence_profile is not the line right after run_started in the driver's log: a producer "
+                "logs its promises there, once; ignored (the log is held to every kind at every step)",
+                where=where,
+            )
+            return
+        problem = _recorded_profile_problem(ev, where[0])
+        if problem is not None:
+            self.report("FT111", f"{problem}; ignored (the log is held to every kind at every step)", where=where)
+            return
+        self.profile = ev
 
     def _run_finished(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.run_finished = (ev, self.where(fi, line))
@@ -77,9 +95,20 @@ class EventHandlers(Watermark):
             self.recovery.run_completed()
 
     def _placement(self, ev: dict[str, Any], fi: int, line: int) -> None:
-        index = ev["cell"] if ev["role"] == "trainer" else ev["engine"]
-        if type(index) is int:
-            self.placement[(ev["role"], index, ev.get("rank") or 0)] = ev
+        """Where an actor ran; a trainer's line without its ``cell`` (or an engine's without its
+        ``engine``) says nothing of whom it places: a damaged line (FT111), not a crash."""
+        role = ev.get("role")
+        key = "cell" if role == "trainer" else "engine"
+        index, rank = ev.get(key), ev.get("rank") or 0
+        if type(index) is not int or type(rank) is not int:
+            self.report(
+                "FT111",
+                f"placement of a{'n' if key == 'engine' else ''} {role} without an integer {key!r}"
+                f"{'' if type(rank) is int else ' or rank'}: a damaged line",
+                where=self.where(fi, line),
+            )
+            return
+        self.placement[(str(role), index, rank)] = ev
 
     def _engine_failed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.closure.engine_failed(ev["engine"], ev["time"])
@@ -298,3 +327,35 @@ class EventHandlers(Watermark):
 
     def _checkpoint_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.recovery.checkpoint_closed(ev["time"], "rejected" if ev["type"] == "checkpoint_rejected" else "published")
+
+
+def _recorded_profile_problem(ev: dict[str, Any], log: str) -> str | None:
+    """How an ``evidence_profile`` contradicts the ``run.json`` of the run directory its log lies in
+    (``RUN/events/``): a run written by ``ftkit train`` (no ``producer``) promises everything and
+    logs no profile; one written by the evidence API records its producer and profile there.
+    None when they agree or there is no readable ``run.json`` to hold it to."""
+    import json
+    from pathlib import Path
+
+    from ftkit.tensors.untrusted import NotRegular, read_regular
+
+    events = Path(log).parent
+    if events.name != "events":
+        return None
+    try:
+        record = json.loads(read_regular(events.parent / "run.json"))
+    except (OSError, NotRegular, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("schema") != "ftkit.run/1":
+        return None
+    if "producer" not in record:
+        return (
+            f"evidence_profile of {ev['producer']!r} in a run that run.json says ftkit train wrote "
+            "(it promises everything)"
+        )
+    if record.get("producer") != ev["producer"] or record.get("evidence_profile") != ev["kinds"]:
+        return (
+            f"evidence_profile ({ev['producer']}: {ev['kinds']}) is not the one run.json records "
+            f"({record.get('producer')}: {record.get('evidence_profile')})"
+        )
+    return None

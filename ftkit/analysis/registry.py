@@ -87,9 +87,16 @@ def all_rules() -> dict[str, type[Rule]]:
     return dict(sorted(RULES.items()))
 
 
+#: The rules that check the log itself (lines lost, cut, forged or malformed: FT111; evidence
+#: owed and missing: FT112; commits that contradict each other: FT106). Whatever else a rule
+#: selection asks for, these run: a rule that reads a damaged log proves nothing.
+INTEGRITY = ("FT106", "FT111", "FT112")
+
+
 def select_rules(select: list[str] | None = None, skip: list[str] | None = None) -> list[type[Rule]]:
-    """The rules to run: ``select`` (default all) minus ``skip``; unknown codes, and a selection
-    that leaves no rule (nothing would be checked: never a pass), are a UsageError."""
+    """The rules to run: ``select`` (default all) minus ``skip``, plus the ``INTEGRITY`` rules
+    always. Unknown codes, skipping an integrity rule, and a selection that leaves no rule of its
+    own (nothing asked for would be checked: never a pass) are a UsageError."""
     rules = all_rules()
     wanted = [c.strip().upper() for c in (select or [])]
     skipped = [c.strip().upper() for c in (skip or [])]
@@ -97,10 +104,16 @@ def select_rules(select: list[str] | None = None, skip: list[str] | None = None)
     if unknown:
         raise UsageError(f"unknown rule code(s): {', '.join(unknown)}", f"known rules: {', '.join(rules)}")
     codes = wanted or list(rules)
-    chosen = [rules[c] for c in sorted(set(codes)) if c not in skipped]
+    chosen = {c for c in codes if c not in skipped}
     if not chosen:
         raise UsageError(
             "the rule selection leaves no rule to run (every selected rule is skipped)",
             "drop a --skip-rule, or --rule a code that is not skipped",
         )
-    return chosen
+    integrity = sorted(set(skipped) & set(INTEGRITY))
+    if integrity:
+        raise UsageError(
+            f"{', '.join(integrity)} check(s) the log's integrity and always run(s); it cannot be skipped",
+            f"drop --skip-rule {integrity[0]}: the other rules' verdicts rest on an intact log",
+        )
+    return [rules[c] for c in sorted(chosen | set(INTEGRITY))]

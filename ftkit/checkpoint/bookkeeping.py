@@ -12,6 +12,7 @@ from typing import Any
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.journal import read_journal, read_latest
 from ftkit.checkpoint.layout import DELETING, RETENTION, parse_step
+from ftkit.checkpoint.logview import LogView, check_entries, check_published, read_log, recomputed_total
 from ftkit.checkpoint.results import CheckpointResult
 from ftkit.checkpoint.retention import Record, RetentionPolicy, records_from_json, select
 from ftkit.errors import InputError
@@ -30,9 +31,12 @@ def events_dir(path: Path, kind: str) -> Path:
     return log
 
 
-def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Collector, dropped: Sequence[str]) -> None:
+def check_bookkeeping(
+    root: Path, results: Sequence[CheckpointResult], col: Collector, dropped: Sequence[str]
+) -> tuple[list[Record] | None, RetentionPolicy | None]:
     """Leftovers (FT217), the journal (FT213), retention records (FT211), latest (FT212), and the
-    ``dropped`` directories whose deletion failed (FT216; not verified as checkpoints)."""
+    ``dropped`` directories whose deletion failed (FT216; not verified as checkpoints). Returns
+    ``retention.json``'s records and policy (None when absent or unreadable)."""
     for name in dropped:
         col.add("FT216", f"{name}: dropped by retention but its deletion failed (journal)", checkpoint=name)
     for p in sorted(root.iterdir()):
@@ -52,7 +56,7 @@ def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Coll
             f"journal.json is pending: the transaction publishing {doc.get('publish')} was not rolled forward",
             file=str(root / "journal.json"),
         )
-    records = _check_records(root, results, col)
+    records, policy = _check_records(root, results, col)
     col.check("FT212")
     newest = max(records, key=lambda r: r.step).name if records else None
     if doc is not None and doc["state"] == "done" and doc["latest"] != newest:
@@ -66,14 +70,17 @@ def check_bookkeeping(root: Path, results: Sequence[CheckpointResult], col: Coll
         target = read_latest(root)
     except ValueError as exc:
         col.add("FT212", f"{exc}", file=str(root / "latest"))
-        return
+        return (records if policy is not None else None), policy
     if target != newest:
         col.add(
             "FT212", f"latest -> {target}, but the newest recorded checkpoint is {newest}", file=str(root / "latest")
         )
+    return (records if policy is not None else None), policy
 
 
-def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collector) -> list[Record]:
+def _check_records(
+    root: Path, results: Sequence[CheckpointResult], col: Collector
+) -> tuple[list[Record], RetentionPolicy | None]:
     col.check("FT211", max(1, len(results)))
     path = root / RETENTION
     where = {"file": str(path)}
@@ -81,14 +88,14 @@ def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collect
     if not os.path.lexists(path):
         if results:
             col.add("FT211", f"{RETENTION} is missing but {len(results)} checkpoint(s) exist", **where)
-        return records
+        return records, None
     try:
         doc: Any = load_json(read_regular(path))
         records, latest = records_from_json(doc)
         policy = RetentionPolicy(**doc["policy"])
     except (ValueError, KeyError, TypeError) as exc:
         col.add("FT211", f"{RETENTION} is malformed: {exc}", **where)
-        return []
+        return [], None
     by_name = {r.name: r for r in results}
     recorded = {r.name for r in records}
     links = {p.name for p in root.iterdir() if p.is_symlink() and parse_step(p.name) is not None}
@@ -114,7 +121,7 @@ def _check_records(root: Path, results: Sequence[CheckpointResult], col: Collect
         col.add("FT211", f"{RETENTION} does not follow its policy {policy.to_json()} (roles {roles})", **where)
     if latest != want.latest:
         col.add("FT211", f"{RETENTION} names {latest} latest, the newest record is {want.latest}", **where)
-    return records
+    return records, policy
 
 
 def _same(a: float | None, b: float | None) -> bool:
@@ -123,42 +130,21 @@ def _same(a: float | None, b: float | None) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
-def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector) -> None:
-    """FT214 against committed ``state_fingerprint`` events and against the ``manifest_sha256``
-    of the latest ``checkpoint_published`` of each checkpoint, FT215 against non-finite evidence.
+def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector, view: LogView | None = None) -> None:
+    """FT214 against committed ``state_fingerprint`` events (each line's total recomputed from
+    its per-tensor entries; for a TP=1/PP=1 checkpoint the entries compared with the manifest's)
+    and against the latest ``checkpoint_published`` of each checkpoint (a checkpoint the log never
+    published is not trusted; ``ftkit.checkpoint.logview``), FT215 against non-finite evidence.
 
     In a resumed run (``run_resumed``), the evidence an earlier session logged for a step that
     a later session trained again (a step after the later session's checkpoint) is superseded:
     only the latest session's is checked (it may be of another layout, with other rank totals).
     """
-    from ftkit.events.reader import iter_events
-
-    seen: list[tuple[str, int, float, Any]] = []  # (kind, step, time, evidence)
-    published: dict[str, Any] = {}  # checkpoint name -> manifest_sha256 of its latest publication
-    resumed: list[tuple[float, int]] = []  # (time, checkpoint_step) of each later session
-    for ev in iter_events([log]):
-        t, step, when = ev.get("type"), ev.get("step"), ev.get("time")
-        if t == "run_resumed" and isinstance(ev.get("checkpoint_step"), int) and isinstance(when, (int, float)):
-            resumed.append((float(when), ev["checkpoint_step"]))
-        if not isinstance(step, int):
-            continue
-        if t == "checkpoint_published" and isinstance(ev.get("path"), str):
-            published[Path(ev["path"]).name] = ev.get("manifest_sha256")
-        when = float(when) if isinstance(when, (int, float)) else math.inf
-        if t == "state_fingerprint":
-            rank = ev.get("rank") if ev.get("rank") is not None else (ev.get("source") or {}).get("rank")
-            seen.append(("fp", step, when, (ev.get("cell"), rank, ev.get("total"))))
-        elif t == "grad_nonfinite":
-            where = f"grad_nonfinite on cell {ev.get('cell')} rank {ev.get('rank')} ({ev.get('where')})"
-            seen.append(("bad", step, when, where))
-        elif t == "metric":
-            for name, v in (ev.get("values") or {}).items():
-                if isinstance(v, float) and not math.isfinite(v):
-                    seen.append(("bad", step, when, f"metric {name}={v}"))
-    fps: dict[int, list[tuple[Any, Any, Any]]] = {}
+    view = view if view is not None else read_log(log)
+    fps: dict[int, list[tuple[Any, Any, Any, Any, Any]]] = {}
     bad: dict[int, str] = {}
-    for kind, step, when, evidence in seen:
-        if any(when < at and ckpt < step for at, ckpt in resumed):
+    for kind, step, when, evidence in view.seen:
+        if any(when < at and ckpt < step for at, ckpt in view.resumed):
             continue  # trained again by a later session
         if kind == "fp":
             fps.setdefault(step, []).append(evidence)
@@ -169,20 +155,22 @@ def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector)
         if man is None:
             continue
         col.check("FT214")
-        if r.name in published and published[r.name] != r.manifest_sha256:
-            col.add(
-                "FT214",
-                f"{r.name}: the log's checkpoint_published says MANIFEST.json has sha256 "
-                f"{str(published[r.name])[:16]}..., the manifest on disk has {str(r.manifest_sha256)[:16]}...",
-                checkpoint=r.name,
-                step=man.step,
-            )
+        check_published(view, r, col)
         compared = 0
-        for cell, rank, total in fps.get(man.step, []):
+        for cell, rank, total, params, optimizer in fps.get(man.step, []):
             want = man.rank_totals.get(str(rank)) if man.rank_totals else (man.state_fingerprint if rank == 0 else None)
             if want is None and not man.rank_totals:
                 continue
             compared += 1
+            parts = recomputed_total(params, optimizer)
+            if parts is not None and parts != total:
+                col.add(
+                    "FT214",
+                    f"{r.name}: cell {cell} rank {rank}'s state_fingerprint at step {man.step} has total "
+                    f"{str(total)[:12]}, but its own per-tensor entries give {parts[:12]}: a damaged or forged line",
+                    checkpoint=r.name,
+                    step=man.step,
+                )
             if total != want:
                 col.add(
                     "FT214",
@@ -191,11 +179,12 @@ def check_events(log: Path, results: Sequence[CheckpointResult], col: Collector)
                     checkpoint=r.name,
                     step=man.step,
                 )
+            check_entries(r, cell, rank, params, optimizer, col)
         if not compared:
             col.add("FT214", f"{r.name}: the event log holds no committed state_fingerprint for step {man.step}",
                     checkpoint=r.name, step=man.step)  # fmt: skip
         elif len(man.rank_totals) > 1:  # a cell of several ranks: every rank's total must be in the log
-            logged = {str(rank) for _, rank, _ in fps.get(man.step, [])}
+            logged = {str(rank) for _, rank, *_ in fps.get(man.step, [])}
             for rank in sorted(set(man.rank_totals) - logged):
                 col.add("FT214", f"{r.name}: the event log holds no state_fingerprint of rank {rank} for step "
                         f"{man.step}", checkpoint=r.name, step=man.step)  # fmt: skip

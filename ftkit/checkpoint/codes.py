@@ -41,20 +41,23 @@ CODES: dict[str, tuple[str, Severity, str]] = {
         "retention-disagrees",
         E,
         "retention.json is missing, not a regular file or malformed, lists a checkpoint that is absent or differs, "
-        "misses a published one, or does not follow its own policy",
+        "misses a published one, or does not follow its own policy; with the event log: its records are not what "
+        "the last publication kept, or its policy is not the run's; or a run's checkpoints/ is a symlink",
     ),
     "FT212": ("latest-disagrees", E, "`latest` is missing, not a symlink, or not the newest recorded checkpoint"),
     "FT213": (
         "journal-mid-transition",
         E,
-        "journal.json is pending (a transaction not rolled forward), not a regular file or malformed",
+        "journal.json is pending (a transaction not rolled forward), not a regular file or malformed; with the "
+        "event log: missing though the log published checkpoints, or its last transaction older than the log's",
     ),
     "FT214": (
         "fingerprint-vs-events",
         E,
         "the checkpoint's state fingerprint differs from the committed state_fingerprint the event log "
-        "holds for its step, or the log holds none, or the log's checkpoint_published.manifest_sha256 is not "
-        "the sha256 of its MANIFEST.json (--events)",
+        "holds for its step, or the log holds none, or a logged total is not its own per-tensor entries', or "
+        "those entries are not the manifest's (TP=1/PP=1), or the log never published the checkpoint, or its "
+        "checkpoint_published manifest_sha256 / bytes are not the manifest's (--events)",
     ),
     "FT215": (
         "tainted-interval",
@@ -69,7 +72,8 @@ CODES: dict[str, tuple[str, Severity, str]] = {
         E,
         "the files of a payload group are not one plain file or the complete shard set 1..n of one n "
         "(a shard missing, extra or duplicated, a plain file next to shards), a tensor is in two files "
-        "of a group, or a group's files disagree on their fingerprint prefix",
+        "of a group, or a group's files disagree on their fingerprint prefix, or a training state checkpoint "
+        "lacks one of its groups (model, optimizer, extra)",
     ),
 }
 

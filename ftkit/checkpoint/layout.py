@@ -26,6 +26,10 @@ RETENTION = "retention.json"
 JOURNAL = "journal.json"
 LATEST = "latest"
 DELETING = ".deleting-"
+#: The payload groups of a training state checkpoint (``ftkit train``'s; ``restore.state_payload``)
+#: and the state fingerprint's prefix of each tensor group.
+MODEL, OPTIMIZER, EXTRA = "model.safetensors", "optimizer.safetensors", "extra.safetensors"
+STATE_PREFIXES = {MODEL: "param/", OPTIMIZER: "optimizer/"}
 FAULT_POINTS = (
     "publish_preflight",
     "publish_write",

@@ -28,12 +28,10 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from ftkit.checkpoint.layout import EXTRA, MODEL, OPTIMIZER, STATE_PREFIXES
 from ftkit.checkpoint.publish import Payload
 from ftkit.errors import InputError
 from ftkit.tensors.untrusted import load_json
-
-MODEL, OPTIMIZER, EXTRA = "model.safetensors", "optimizer.safetensors", "extra.safetensors"
-PREFIXES = {MODEL: "param/", OPTIMIZER: "optimizer/"}
 
 
 def state_payload(
@@ -47,7 +45,7 @@ def state_payload(
     return Payload(
         files={MODEL: dict(params), OPTIMIZER: dict(optimizer), EXTRA: dict(extra)},
         meta=dict(meta),
-        fingerprint_prefixes=PREFIXES,
+        fingerprint_prefixes=STATE_PREFIXES,
         rank_totals=dict(rank_totals or {}),
     )
 

@@ -27,6 +27,7 @@ from ftkit.checkpoint import manifest as mf
 from ftkit.checkpoint.bookkeeping import check_bookkeeping, check_events, events_dir
 from ftkit.checkpoint.codes import Collector
 from ftkit.checkpoint.layout import MANIFEST, META, RETENTION, checkpoint_dirs, parse_step
+from ftkit.checkpoint.logview import check_log_bookkeeping, read_log
 from ftkit.checkpoint.results import CheckpointResult, FileRow, VerifyResult
 from ftkit.checkpoint.stfile import FileRecord
 from ftkit.errors import InputError
@@ -82,10 +83,22 @@ def verify_path(
         rows += mine
         if r.manifest is not None and r.shards_ok and all(row.status == "ok" for row in mine):
             check_rank_totals(r.name, r.path, r.manifest, col)  # per-rank shards of the stored state
+    records, policy = None, None
     if root is not None:
-        check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
+        records, policy = check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
     if log is not None:
-        check_events(log, results, col)
+        view = read_log(log)
+        check_events(log, results, col, view)
+        if root is not None:
+            check_log_bookkeeping(root, view, records, policy, col)
+    if kind == "run":
+        col.check("FT211")
+        if (Path(path) / "checkpoints").is_symlink():
+            col.add(
+                "FT211",
+                f"{Path(path) / 'checkpoints'} is a symbolic link, not the run's own checkpoints directory",
+                file=str(Path(path) / "checkpoints"),
+            )
     return VerifyResult(
         findings=col.sorted(),
         rules=col.summaries(),
@@ -272,6 +285,39 @@ def _check_meta(r: CheckpointResult, p: Path, col: Collector) -> None:
         return
     if r.manifest is not None and (not isinstance(meta, dict) or meta.get("step") != r.manifest.step):
         col.add("FT202", f"{r.name}/{META}: step does not match the manifest's", checkpoint=r.name, file=str(p))
+        return
+    if r.manifest is not None and isinstance(meta, dict) and "ranks" in meta:
+        _check_state_groups(r, col)
+
+
+def _check_state_groups(r: CheckpointResult, col: Collector) -> None:
+    """FT218 unless a training state checkpoint (its ``meta.json`` holds the ranks' shard specs,
+    as ``ftkit train`` writes it) lists every payload group a resume restores, with the state
+    fingerprint's prefixes: a group dropped together with its manifest entry is missing state."""
+    from ftkit.checkpoint.layout import EXTRA, MODEL, OPTIMIZER, STATE_PREFIXES
+    from ftkit.checkpoint.shards import group_of, groups
+
+    man = r.manifest
+    assert man is not None
+    present = groups(f for f, e in man.files.items() if e.tensors is not None)
+    col.check("FT218")
+    for group in (MODEL, OPTIMIZER, EXTRA):
+        if group not in present:
+            col.add(
+                "FT218",
+                f"{r.name}: payload group {group} is not in the manifest (a training state checkpoint holds "
+                f"{MODEL}, {OPTIMIZER} and {EXTRA})",
+                checkpoint=r.name,
+                file=str(r.path / group),
+            )
+    prefixes = {group_of(f): p for f, p in man.fingerprint_prefixes.items()}
+    if prefixes != STATE_PREFIXES:
+        col.add(
+            "FT202",
+            f"{r.name}: fingerprint prefixes {prefixes} are not a training state's {STATE_PREFIXES}",
+            checkpoint=r.name,
+            file=str(r.path / MANIFEST),
+        )
 
 
 def _is_pickle(p: Path) -> bool:

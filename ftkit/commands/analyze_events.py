@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
-from ftkit.findings import FailOn
+from ftkit.findings import FailOn, shown_verdict
 from ftkit.report.sink import Format, Output
 
 HELP = """Replay a run's event log and apply the forensic rules (FT101-FT115).
@@ -41,10 +41,19 @@ def register(app: typer.Typer) -> None:
             ),
         ],
         rule: Annotated[
-            list[str] | None, typer.Option("--rule", metavar="CODE", help="Run only this rule (repeatable).")
+            list[str] | None,
+            typer.Option(
+                "--rule",
+                metavar="CODE",
+                help="Run only this rule (repeatable); the log-integrity rules FT106, FT111 and FT112 always run. "
+                "Rules that all check nothing in the log: exit 2.",
+            ),
         ] = None,
         skip_rule: Annotated[
-            list[str] | None, typer.Option("--skip-rule", metavar="CODE", help="Do not run this rule (repeatable).")
+            list[str] | None,
+            typer.Option(
+                "--skip-rule", metavar="CODE", help="Do not run this rule (repeatable; not FT106, FT111, FT112)."
+            ),
         ] = None,
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
@@ -79,16 +88,40 @@ def register(app: typer.Typer) -> None:
         for note in result.notes:
             out.warn(note)
         from ftkit.report.analysis_formats import report
-        from ftkit.report.emit import emit
+        from ftkit.report.emit import emit, with_fail_on
 
-        outcome = result.verdict(fail_on)
+        _check_selection(result, rule, skip_rule)
+        outcome = shown_verdict(result.findings, fail_on)  # --fail-on sets the exit code, not the verdict
         if html is not None:
             from ftkit.report.timeline_html import write_report
 
             write_report(html, paths, result, outcome)
             out.info(f"HTML report: {html}")
-        raise typer.Exit(emit(out, report(result, outcome), junit_xml=junit_xml))
+        shown = with_fail_on(report(result, outcome), result.findings, fail_on)
+        raise typer.Exit(emit(out, shown, junit_xml=junit_xml))
 
     analyze_events.__doc__ = HELP
     app.command("analyze-events")(analyze_events)
     app.command("analyze", help="Alias of analyze-events.", hidden=False)(analyze_events)
+
+
+def _check_selection(result: object, rule: list[str] | None, skip_rule: list[str] | None) -> None:
+    """Exit 2 when ``--rule`` asked for rules that all checked nothing in this log (a selection
+    that checks nothing is never a pass), unless the integrity rules that always run found the
+    log damaged (then those findings are the answer)."""
+    from ftkit.analysis.engine import AnalysisResult
+    from ftkit.analysis.registry import INTEGRITY
+    from ftkit.errors import UsageError
+
+    assert isinstance(result, AnalysisResult)
+    if not rule:
+        return
+    asked = {c.strip().upper() for c in rule} - {c.strip().upper() for c in skip_rule or []}
+    if any(r.checked for r in result.rules if r.code in asked):
+        return
+    if any(f.code in INTEGRITY and f.severity.value == "error" for f in result.findings):
+        return
+    raise UsageError(
+        f"the selected rule(s) {', '.join(sorted(asked))} checked nothing in this log",
+        "select rules whose evidence the log holds (see the rule table of a full run), or run them all",
+    )

@@ -15,7 +15,7 @@ import typer
 
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt, report_path
 from ftkit.errors import UsageError
-from ftkit.findings import FailOn, verdict
+from ftkit.findings import FailOn, shown_verdict
 from ftkit.report.sink import Format, Output
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -125,11 +125,10 @@ def register(app: typer.Typer) -> None:
         for path in result.skipped:
             out.warn(f"{path} is not a regular file (FIFO, socket or device); skipped")
         from ftkit.report.compare_formats import report
-        from ftkit.report.emit import emit
+        from ftkit.report.emit import emit, with_fail_on
 
-        raise typer.Exit(
-            emit(out, report(result, verdict(result.findings, fail_on), top), junit_xml=junit_xml, html=html)
-        )
+        shown = report(result, shown_verdict(result.findings, fail_on), top)
+        raise typer.Exit(emit(out, with_fail_on(shown, result.findings, fail_on), junit_xml=junit_xml, html=html))
 
 
 def _options(exact: bool, rtol: float | None, atol: float | None, rules: Path | None) -> CompareOptions:

@@ -326,6 +326,17 @@ def register(app: typer.Typer) -> None:
                 rich_help_panel="Output",
             ),
         ] = None,
+        expect_equal: Annotated[
+            Path | None,
+            typer.Option(
+                "--expect-equal",
+                metavar="RUN_DIR",
+                help="At the end, compare this run with the reference run RUN_DIR step by step "
+                "(`ftkit compare-runs`): exit 1 on a divergence -- the CI check that a change does not "
+                "change the numerics.",
+                rich_help_panel="Output",
+            ),
+        ] = None,
         junit_xml: JunitOpt = None,
         fail_on: FailOnOpt = FailOn.error,
     ) -> None:
@@ -359,15 +370,23 @@ def register(app: typer.Typer) -> None:
             from ftkit.errors import UsageError
 
             raise UsageError("--allow-layout-change goes with --resume", hint="drop it, or add --resume RUN_DIR")
+        from ftkit.train.plan.run_plan import build_plan
+
         cfg = _resume_config(resume, values, allow_layout_change) if resume is not None else load_config(values)
+        plan = build_plan(cfg)  # the model resolved and digested once, for the whole run
+        cfg = plan.config
         output = Output(fmt)
         if print_config:
             output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
+        if expect_equal is not None:
+            from ftkit.events.reader import discover
+
+            discover([expect_equal])  # no log there: exit 2 before training
         from ftkit.train.rl.rewards import check_reward
 
         # The task (a prompt file read and checked whole) and a bad plug-in: exit 2 before Ray.
-        check_reward(cfg.task.reward, cfg.rl_task(), cfg.rng.seed)
+        check_reward(cfg.task.reward, plan.task.build(), cfg.rng.seed)
         if cfg.generation.kind == "vllm":
             from ftkit.engines.vllm import require_vllm
 
@@ -387,7 +406,7 @@ def register(app: typer.Typer) -> None:
 
         with live_view(output, cfg.total_steps, cfg.cluster.cells, Path(cfg.output.out) / "events") as view:
             result = run_training(
-                cfg, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
+                plan, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
             )
         if merged_log is not None:
             from ftkit.events.merge import write_merged_log
@@ -398,4 +417,10 @@ def register(app: typer.Typer) -> None:
             output.warn(note)
         from ftkit.report.emit import emit
 
-        raise typer.Exit(emit(output, report(result, result.analysis.verdict(fail_on)), junit_xml=junit_xml))
+        shown = report(result, result.analysis.verdict(fail_on))
+        if expect_equal is not None:
+            from ftkit.commands.train_report import with_expect_equal
+            from ftkit.runs.compare import compare_runs
+
+            shown = with_expect_equal(shown, compare_runs([expect_equal], [result.run_dir]))
+        raise typer.Exit(emit(output, shown, junit_xml=junit_xml))

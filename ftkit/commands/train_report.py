@@ -3,7 +3,8 @@
 ``report`` is the command's ``Report``
 for ``ftkit.report.emit``: the run summary (steps, rewards, final state, engine
 fingerprints), then the forensics, i.e. the analyzer's result over the run's own event log,
-rendered exactly as ``ftkit analyze-events`` renders it.
+rendered exactly as ``ftkit analyze-events`` renders it; with ``--expect-equal`` the
+comparison with the reference run (``with_expect_equal``) follows.
 """
 
 from __future__ import annotations
@@ -81,4 +82,33 @@ def _summary_text(result: Any) -> str:
         f"{result.run_dir}: {result.steps_committed}/{result.steps_total} steps committed in "
         f"{result.seconds:.1f}s; reward per rollout {rewards}; final state in "
         f"{', '.join(result.final_files) or '-'}; {engines}{checkpoints}"
+    )
+
+
+def with_expect_equal(shown: Report, compared: Any) -> Report:
+    """``shown`` with the comparison against the reference run (``ftkit.runs.compare.RunsResult``)
+    added: its findings and a line in every format; a divergence fails the run (exit 1)."""
+    from dataclasses import replace
+
+    from ftkit.report.escaping import literal, md_text
+    from ftkit.report.runs_formats import document, summary_line
+
+    line = f"expect-equal {' '.join(compared.a)}: {summary_line(compared, compared.verdict)}"
+    base_human, base_doc, base_md = shown.human, shown.document, shown.step_summary
+    failed = compared.verdict == "fail"
+
+    def human(console: Console) -> None:
+        base_human(console)
+        colour = "red" if failed else "green"
+        console.print(f"[bold {colour}]{literal(line)}[/bold {colour}]")
+
+    return replace(
+        shown,
+        verdict="fail" if failed else shown.verdict,
+        findings=[*shown.findings, *compared.findings],
+        summary=f"{shown.summary}; {line}",
+        document=lambda: {**base_doc(), "expect_equal": {"verdict": compared.verdict, **document(compared)}},
+        human=human,
+        step_summary=lambda: f"{base_md()}\n\n{md_text(line)}",
+        exit_fail=failed or (shown.exit_fail if shown.exit_fail is not None else shown.verdict == "fail"),
     )

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
-from ftkit.findings import FailOn, verdict
+from ftkit.findings import FailOn, shown_verdict
 from ftkit.report.sink import Format, Output
 
 HELP = """Verify checkpoints, failing closed (rules FT201-FT218, docs/checkpoints.md).
@@ -54,10 +54,11 @@ def register(app: typer.Typer) -> None:
             result = verify_path(
                 path, events=events, progress=task.advance, on_start=lambda total: task.update(total=total)
             )
-        from ftkit.report.emit import emit
+        from ftkit.report.emit import emit, with_fail_on
         from ftkit.report.verify_report import report
 
-        raise typer.Exit(emit(out, report(result, verdict(result.findings, fail_on)), junit_xml=junit_xml))
+        shown = report(result, shown_verdict(result.findings, fail_on))
+        raise typer.Exit(emit(out, with_fail_on(shown, result.findings, fail_on), junit_xml=junit_xml))
 
     verify_checkpoint.__doc__ = HELP
     app.command("verify-checkpoint")(verify_checkpoint)

@@ -47,6 +47,11 @@ CODES: dict[str, tuple[str, Severity, str]] = {
         W,
         "a rollout dumped on one side only that neither run's final config dumps (a run extended by --resume)",
     ),
+    "CD014": (
+        "config-unchecked",
+        E,
+        "a run directory has no run.json (or one without a config): the CD012 check could not be made",
+    ),
 }
 
 

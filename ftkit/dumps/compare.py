@@ -35,6 +35,7 @@ from ftkit.dumps.rollout_set import dumps_rollout
 from ftkit.dumps.rules import RuleSet
 from ftkit.dumps.sides import SideValue, load_pieces, resolve_side
 from ftkit.dumps.sources import check_compatible, config_diff, open_source, require_exists
+from ftkit.errors import UsageError
 from ftkit.findings import Finding, RuleSummary
 from ftkit.tensors.fingerprint import fingerprint_hasher
 
@@ -132,6 +133,11 @@ def compare_paths(
     differ in a field that shapes the data get a CD012 finding first.
     """
     require_exists(a), require_exists(b)  # both before either is scanned (a scan can be long)
+    if Path(a).resolve() == Path(b).resolve():
+        raise UsageError(
+            f"A and B are the same tree ({Path(a).resolve()}): comparing it with itself proves nothing",
+            "pass two different runs, dump directories or files",
+        )
     sa, sb = open_source(a, follow_symlinks), open_source(b, follow_symlinks)
     check_compatible(sa, sb)
     pairing = pair(sa, sb)
@@ -148,6 +154,17 @@ def compare_paths(
                 fields={k: {"a": va, "b": vb} for k, va, vb in _diff_rows(result.config_diff)},
             )
         )
+    for side, src in (("A", sa), ("B", sb)):
+        if src.config_missing:
+            result.findings.append(
+                finding(
+                    "CD014",
+                    f"{side} ({src.root}) {src.config_missing}: whether the two runs shape their data alike "
+                    "(the CD012 check) could not be made",
+                    side=side,
+                    path=str(src.root / "run.json"),
+                )
+            )
     missing = 0
     for key, lacking in pairing.missing_rollouts:
         label = rollout_label(*key)
@@ -206,6 +223,7 @@ def compare_paths(
             "CD010": compared,
             "CD011": len(sa.orphans) + len(sb.orphans),
             "CD012": int(sa.config is not None and sb.config is not None),
+            "CD014": int(sa.kind == "run") * 2,
         },
         result.findings,
     )
@@ -250,7 +268,7 @@ def _compare_item(item: Item, opt: CompareOptions, loader: TensorLoader) -> tupl
                 tensor=item.id,
                 dtype_a=va.dtype,
                 dtype_b=vb.dtype,
-                **_brief(pr.metrics),
+                **pr.metrics.brief(),
             )
         ]
     found += _decide(pr, opt)
@@ -330,42 +348,8 @@ def _decide(pr: PairResult, opt: CompareOptions) -> list[Finding]:
         pr.status = "equal" if m.bitwise_equal else "close"
         return []
     pr.status = "differ"
-    pr.message = f"{why}; {_summary(m)}"
-    return [finding("CD001", f"{pr.id}: {pr.message}", tensor=pr.id, rule=pr.rule, **_brief(m))]
-
-
-def _summary(m: Metrics) -> str:
-    parts = [f"max_abs={m.max_abs:.3g}", f"max_rel={m.max_rel:.3g}", f"dissimilarity={m.dissimilarity:.3g}"]
-    if m.argmax is not None:
-        parts.append(f"at {m.argmax} (A={m.a_at!r}, B={m.b_at!r})")
-    if m.nan_a or m.nan_b:
-        parts.append(f"NaN A={m.nan_a} B={m.nan_b}")
-    if m.inf_a or m.inf_b:
-        parts.append(f"Inf A={m.inf_a} B={m.inf_b}")
-    return ", ".join(parts)
-
-
-def _brief(m: Metrics) -> dict[str, Any]:
-    return {
-        k: v
-        for k, v in m.to_dict().items()
-        if k
-        in (
-            "max_abs",
-            "max_rel",
-            "mean_abs",
-            "dissimilarity",
-            "bits_differ",
-            "tol_fail",
-            "argmax",
-            "a_at",
-            "b_at",
-            "nan_a",
-            "nan_b",
-            "inf_a",
-            "inf_b",
-        )
-    }
+    pr.message = f"{why}; {m.summary()}"
+    return [finding("CD001", f"{pr.id}: {pr.message}", tensor=pr.id, rule=pr.rule, **m.brief())]
 
 
 def _missing_findings(pairs: list[PairResult]) -> list[Finding]:

@@ -52,6 +52,13 @@ _STRIPES = 8  # a mid-sized tensor is cut into this many stripes (fixed: not the
 _INF = math.inf
 
 
+#: The metrics a finding's evidence carries (``Metrics.brief``).
+BRIEF = (
+    "max_abs", "max_rel", "mean_abs", "dissimilarity", "bits_differ", "tol_fail",
+    "argmax", "a_at", "b_at", "nan_a", "nan_b", "inf_a", "inf_b",
+)  # fmt: skip
+
+
 @dataclass
 class Metrics:
     numel: int
@@ -73,6 +80,22 @@ class Metrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def summary(self) -> str:
+        """One line of the worst differences (a finding's message)."""
+        parts = [f"max_abs={self.max_abs:.3g}", f"max_rel={self.max_rel:.3g}"]
+        parts.append(f"dissimilarity={self.dissimilarity:.3g}")
+        if self.argmax is not None:
+            parts.append(f"at {self.argmax} (A={self.a_at!r}, B={self.b_at!r})")
+        if self.nan_a or self.nan_b:
+            parts.append(f"NaN A={self.nan_a} B={self.nan_b}")
+        if self.inf_a or self.inf_b:
+            parts.append(f"Inf A={self.inf_a} B={self.inf_b}")
+        return ", ".join(parts)
+
+    def brief(self) -> dict[str, Any]:
+        """The metrics a finding's evidence carries."""
+        return {k: v for k, v in self.to_dict().items() if k in BRIEF}
 
     @property
     def nonfinite(self) -> bool:

@@ -18,7 +18,8 @@
 - ``file``: a single ``.safetensors`` file.
 
 Hidden names (temp files of interrupted writes) are ignored; symlinked directories are not
-followed. A malformed index, a header that lies, or an index that disagrees with its data
+followed, and one that leaves the tree (at any level: a run's ``dumps/`` linked to another
+run's) is an ``InputError``. A malformed index, a header that lies, or an index that disagrees with its data
 file raises ``InputError`` (exit 2).
 """
 
@@ -83,6 +84,7 @@ class Source:
     orphans: list[str] = field(default_factory=list)  # data files in a dump tree without an index
     skipped: list[str] = field(default_factory=list)  # special files (FIFOs, sockets, devices) not read
     config: dict[str, Any] | None = None  # run.json's "config" (run directories)
+    config_missing: str | None = None  # why a run directory's config is unknown ("no run.json", ...)
     shardings: dict[str, dict[str, Sharding]] = field(default_factory=dict)  # final/ file -> split tensors
 
     @property
@@ -121,8 +123,12 @@ def open_source(path: str | os.PathLike[str], follow_symlinks: bool = False) -> 
     walker = TreeWalker(p, follow_symlinks)
     if any(os.path.lexists(p / m) for m in RUN_MARKERS):
         src = Source(p, "run", config=_run_config(p / "run.json", walker))
+        if src.config is None:
+            src.config_missing = (
+                "records no config in its run.json" if os.path.lexists(p / "run.json") else "has no run.json"
+            )
         dumps = p / "dumps"
-        if dumps.is_dir():
+        if walker.subdir(dumps):
             _read_dump_tree(dumps, src, walker)
         for rel in walker.files(p, DATA_SUFFIX, skip=(dumps, p / "checkpoints")):
             src.files[rel] = read_header(p / rel)

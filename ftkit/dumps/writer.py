@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftkit import __version__
 from ftkit.dumps.layout import (
     DATA_SUFFIX,
     INDEX_SCHEMA,
@@ -45,6 +44,7 @@ from ftkit.dumps.layout import (
     storage_key,
 )
 from ftkit.tensors.sharding import Sharding
+from ftkit.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

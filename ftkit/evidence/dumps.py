@@ -16,7 +16,10 @@ cut their batches alike. Parameters and gradients are replicated after the all-r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 class StepDump:
@@ -24,9 +27,9 @@ class StepDump:
 
     def __init__(
         self,
-        run: Any,
+        run: Any,  # the EvidenceRun (not imported: it imports this module)
         step: int,
-        module: Any,
+        module: torch.nn.Module,
         *,
         rollout: int = 0,
         prefix: str = "train",
@@ -62,8 +65,10 @@ class StepDump:
         )
         self.capture.write_to(writer, step=self.step, micro_shard=self.run.rank)
         info = writer.write()
-        self.run.log.emit(
-            "dump_written",
+        import ftkit.evidence.emit as emit
+
+        emit.dump_written(
+            self.run.log,
             rollout=self.rollout,
             step=self.step,
             phase=self.phase,

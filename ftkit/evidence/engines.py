@@ -12,10 +12,19 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Union
+
+import ftkit.evidence.emit as emit
+from ftkit.evidence.record import recorded_name
+
+if TYPE_CHECKING:
+    import torch
+
+#: What a weight sync carries: a module (its parameters) or ``{name: tensor}`` under the trainer's names.
+Weights = Union["torch.nn.Module", Mapping[str, "torch.Tensor"]]
 
 
-def weights_fingerprint(weights: Any) -> tuple[str, dict[str, str]]:
+def weights_fingerprint(weights: Weights) -> tuple[str, dict[str, str]]:
     """``(total, {name: fingerprint})`` of a module's parameters (wrappers removed) or of a
     ``{name: tensor}`` mapping (an engine's weights under the trainer's names)."""
     from ftkit.evidence.fingerprint import unwrap
@@ -33,28 +42,16 @@ class EngineLog:
         from ftkit.events.writer import EventWriter
 
         self.engine = engine
-        name = run or _recorded_name(Path(run_dir))
+        name = run or recorded_name(run_dir) or Path(run_dir).resolve().name
         self.log = EventWriter(Path(run_dir) / "events", name, "engine", rank=engine)
 
-    def loaded(self, rollout: int, version: int, weights: Any) -> str:
+    def loaded(self, rollout: int, version: int, weights: Weights) -> str:
         """Log ``engine_weights`` for the ``version`` this engine now holds; returns its total."""
         total, params = weights_fingerprint(weights)
-        self.log.emit(
-            "engine_weights", rollout=rollout, version=version, engine=self.engine, total=total, params=params
-        )
+        emit.engine_weights(self.log, rollout=rollout, version=version, engine=self.engine, total=total, params=params)
         self.log.sync()
         return total
 
     def close(self) -> None:
         """Close the log (``log_closed``)."""
         self.log.close()
-
-
-def _recorded_name(run_dir: Path) -> str:
-    import json
-
-    try:
-        name = json.loads((run_dir / "run.json").read_bytes()).get("run")
-    except (OSError, ValueError, AttributeError):
-        name = None
-    return name if isinstance(name, str) and name else run_dir.resolve().name

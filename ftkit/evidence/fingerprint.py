@@ -11,10 +11,14 @@ of ``DistributedDataParallel`` and ``torch.compile`` so every rank names its ten
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
-def unwrap(model: Any) -> Any:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside ``DistributedDataParallel`` / ``torch.compile`` wrappers (else ``model``)."""
     while True:
         inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
@@ -23,7 +27,11 @@ def unwrap(model: Any) -> Any:
         model = inner
 
 
-def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[str, dict[str, str], dict[str, str]]:
+def fingerprint_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    named: Iterable[tuple[str, torch.Tensor]] | None = None,
+) -> tuple[str, dict[str, str], dict[str, str]]:
     """``(total, params, optimizer)``: per-tensor fingerprints and one state fingerprint.
 
     ``total`` combines both maps with ``param/`` and ``optimizer/`` name prefixes, so a
@@ -46,13 +54,15 @@ def fingerprint_state(model: Any, optimizer: Any, named: Any = None) -> tuple[st
     return state_total(params, optim), params, optim
 
 
-def named_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def named_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``({param name: tensor}, {"<param name>.<key>": tensor})``: the tensors ``fingerprint_state``
     fingerprints, under the same names (what a checkpoint of the state stores)."""
     import torch
 
-    params: dict[str, Any] = {}
-    optim: dict[str, Any] = {}
+    params: dict[str, torch.Tensor] = {}
+    optim: dict[str, torch.Tensor] = {}
     state = optimizer.state if optimizer is not None else {}
     for name, p in model.named_parameters():
         params[name] = p.detach()

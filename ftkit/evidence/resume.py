@@ -39,9 +39,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftkit.evidence.profile import EvidenceProfile
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -59,15 +62,6 @@ class ResumePoint:
     skipped: tuple[str, ...] = field(default_factory=tuple)
     resumed: bool = False
 
-    def fields(self) -> dict[str, Any]:
-        """``run_resumed``'s fields beyond ``run_started``'s."""
-        return {
-            "checkpoint": self.checkpoint,
-            "checkpoint_step": self.checkpoint_step,
-            "checkpoint_rollout": self.checkpoint_rollout,
-            "skipped": list(self.skipped),
-        }
-
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "skipped": list(self.skipped)}
 
@@ -83,20 +77,14 @@ def earlier_session(run_dir: Path) -> bool:
     return next(driver_events(run_dir / "events", "run_started"), None) is not None
 
 
-def last_epoch(run_dir: Path) -> int:
-    """The highest membership epoch of the drivers' ``reconfigure`` events (-1: none)."""
-    from ftkit.events.driver_log import driver_events
-
-    epochs = [ev["epoch"] for ev in driver_events(run_dir / "events", "reconfigure") if type(ev.get("epoch")) is int]
-    return max(epochs, default=-1)
-
-
 def check_profile(run_dir: Path, profile: EvidenceProfile) -> None:
     """``ValueError`` unless ``profile`` promises what ``run_dir/run.json`` records: a resumed
     session keeps the run's profile (the analyzer reads only the first one)."""
+    from ftkit.evidence.record import RunRecord
+
     try:
-        recorded = json.loads((run_dir / "run.json").read_bytes()).get("evidence_profile")
-    except (OSError, ValueError, AttributeError):
+        recorded = RunRecord.read(run_dir).evidence_profile
+    except (OSError, ValueError, RecursionError):
         recorded = None
     if recorded is not None and recorded != profile.kinds():
         raise ValueError(
@@ -132,14 +120,15 @@ def plan(run_dir: Path, profile: EvidenceProfile) -> ResumePoint:
     return ResumePoint(step + 1, ended + 1, newest.name, step, ended, tuple(skipped), True)
 
 
-def load_state(checkpoint: Path, model: Any, optimizer: Any = None) -> None:
+def load_state(checkpoint: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
     """Load ``checkpoint``'s parameters into ``model`` (wrappers removed) and its optimizer
     tensors into ``optimizer`` (``load_state_dict``, so they take each parameter's device and
     dtype). Every parameter must be in the checkpoint (``ValueError`` else); an optimizer state
     key holds no ``.``. The checkpoint was verified by rank 0 (``plan``): only read here."""
     import torch
 
-    from ftkit.checkpoint.restore import MODEL, OPTIMIZER, read_groups
+    from ftkit.checkpoint.layout import MODEL, OPTIMIZER
+    from ftkit.checkpoint.restore import read_groups
     from ftkit.evidence.fingerprint import unwrap
 
     groups = read_groups(checkpoint)
@@ -159,10 +148,10 @@ def load_state(checkpoint: Path, model: Any, optimizer: Any = None) -> None:
     state: dict[int, dict[str, Any]] = {}
     for group in optimizer.param_groups:
         for p in group["params"]:
-            name = names.get(id(p))
-            if name is not None:
-                n = len(name) + 1
-                entries = {k[n:]: v for k, v in optim.items() if k.startswith(f"{name}.") and "." not in k[n:]}
+            owner = names.get(id(p))
+            if owner is not None:
+                n = len(owner) + 1
+                entries = {k[n:]: v for k, v in optim.items() if k.startswith(f"{owner}.") and "." not in k[n:]}
                 if entries:
                     state[index] = entries
             index += 1

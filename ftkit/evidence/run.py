@@ -40,16 +40,24 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ftkit import __version__
+import ftkit.evidence.emit as emit
 from ftkit.checkpoint.guard import NonFiniteGuard
 from ftkit.events.writer import EventWriter
 from ftkit.evidence.collectives import IdGather, barrier, broadcast_json, gather_json, rank_and_world, release
 from ftkit.evidence.profile import EvidenceProfile
+from ftkit.evidence.record import RunRecord, recorded_name
 from ftkit.evidence.resume import ResumePoint
-from ftkit.evidence.rundir import scalar, write_run_json
 from ftkit.evidence.tally import RolloutTally
+from ftkit.version import __version__
+
+if TYPE_CHECKING:
+    import torch
+
+    from ftkit.evidence.dumps import StepDump
+    from ftkit.evidence.emit import Outcome, RunStatus
+    from ftkit.evidence.engines import Weights
 
 
 class EvidenceRun:
@@ -79,6 +87,8 @@ class EvidenceRun:
         self._ids = IdGather()
         self._pending: tuple[Any, dict[str, int]] | None = None  # a deferred witness gather
         self._tally: dict[int, RolloutTally] = {}  # rank 0: rollout -> its allocated samples' counts
+        self._committed: dict[int, int] = {}  # the last committed step -> its attempt
+        self._fingerprinted: tuple[int, str] | None = None  # (step, total) of the last fingerprint logged
         (self.dir / "events").mkdir(parents=True, exist_ok=True)
         opened: dict[str, Any] = {"run": run or self.dir.resolve().name, "start": ResumePoint().to_json(), "epoch": 0}
         if self.rank == 0:
@@ -102,35 +112,46 @@ class EvidenceRun:
     ) -> dict[str, Any]:
         """Rank 0: ``run.json``, the driver log and its opening lines (a new run, or a resumed
         one: ``ftkit.evidence.resume``); returns what every rank needs of it."""
-        from ftkit.evidence import resume as resuming
+        from ftkit.evidence.record import last_epoch
+        from ftkit.evidence.resume import check_profile, earlier_session, plan
 
         start, epoch = ResumePoint(), 0
-        if resuming.earlier_session(self.dir):
+        if earlier_session(self.dir):
             if not resume:
                 raise ValueError(
                     f"{self.dir} holds the log of an earlier session: pass resume=True to go on with "
                     "that run, or use another run directory"
                 )
-            resuming.check_profile(self.dir, self.profile)
-            start, epoch = resuming.plan(self.dir, self.profile), resuming.last_epoch(self.dir) + 1
-        layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
-        name = write_run_json(self.dir, name, config, layout, self.profile, producer)
+            check_profile(self.dir, self.profile)
+            start, epoch = plan(self.dir, self.profile), last_epoch(self.dir / "events") + 1
+        recorded = recorded_name(self.dir)
+        if recorded is None:  # a new run directory (a resumed session keeps the record)
+            layout = {"cells": self.world_size, "tp": 1, "pp": 1, "engines": engines}
+            kinds = self.profile.kinds()
+            RunRecord(name, config, layout, producer=producer, evidence_profile=kinds).write(self.dir)
+        name = recorded or name
         driver = self.driver = EventWriter(self.dir / "events", name, "driver")
-        head = {"config": config, "num_cells": self.world_size, "tp": 1, "pp": 1, "num_engines": engines}
+        n = self.world_size
         if start.resumed:
-            driver.emit("run_resumed", **head, ftkit_version=__version__, **start.fields())
+            emit.run_resumed(
+                driver, config=config, num_cells=n, tp=1, pp=1, num_engines=engines, ftkit_version=__version__,
+                checkpoint=start.checkpoint, checkpoint_step=start.checkpoint_step,
+                checkpoint_rollout=start.checkpoint_rollout, skipped=start.skipped,
+            )  # fmt: skip
         else:
-            driver.emit("run_started", **head, ftkit_version=__version__)
-            driver.emit("evidence_profile", producer=producer, kinds=self.profile.kinds())
+            emit.run_started(
+                driver, config=config, num_cells=n, tp=1, pp=1, num_engines=engines, ftkit_version=__version__
+            )
+            emit.evidence_profile(driver, producer=producer, kinds=self.profile.kinds())
         why = "resumed" if start.resumed else "started"
         for cell in range(self.world_size):
-            driver.emit("cell_state", cell=cell, old="pending", new="alive", reason=why)
+            emit.cell_state(driver, cell=cell, old="pending", new="alive", reason=why)
         everyone = list(range(self.world_size))
-        driver.emit("reconfigure", epoch=epoch, alive_before=[], alive_after=everyone, reason=why)
+        emit.reconfigure(driver, epoch=epoch, alive_before=[], alive_after=everyone, reason=why)
         driver.sync()
         return {"run": name, "start": start.to_json(), "epoch": epoch}
 
-    def restore(self, model: Any, optimizer: Any = None) -> ResumePoint:
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> ResumePoint:
         """Load the state of the checkpoint this session resumes from into ``model`` (wrappers
         removed) and ``optimizer`` (every rank; no-op without one) and return where to train on
         from (``ResumePoint``: ``step``, ``rollout``; ``0, 0`` for a new run). Call after building
@@ -151,15 +172,15 @@ class EvidenceRun:
             for old in [r for r in self._tally if r < rollout - 1]:  # a resume needs the newest only
                 del self._tally[old]
             self._tally[rollout] = RolloutTally(listed, expected)
-            self.driver.emit("witness_allocated", rollout=rollout, attempt=0, ids=listed, expected=expected)
+            emit.witness_allocated(self.driver, rollout=rollout, attempt=0, ids=listed, expected=expected)
 
     # ------------------------------------------------------------------ per step
     def step(
         self,
         step: int,
         *,
-        model: Any = None,
-        optimizer: Any = None,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
         samples: Iterable[int] | None = None,
         metrics: Mapping[str, float] | None = None,
         rollout: int = 0,
@@ -184,12 +205,14 @@ class EvidenceRun:
             self.metric(step, rollout=rollout, **metrics)
         self.log.sync(wait=False)
 
-    def step_outcome(self, step: int, outcome: str = "committed", *, rollout: int = 0, attempt: int = 0) -> None:
+    def step_outcome(self, step: int, outcome: Outcome = "committed", *, rollout: int = 0, attempt: int = 0) -> None:
         """This rank's ``step_outcome``: ``committed``, or ``discarded`` / ``failed`` for an attempt
         that made no optimizer step (a retry keeps ``step`` and raises ``attempt``)."""
         self.flush()
-        self.log.emit(
-            "step_outcome",
+        if outcome == "committed":
+            self._committed = {step: attempt}
+        emit.step_outcome(
+            self.log,
             rollout=rollout,
             step=step,
             attempt=attempt,
@@ -200,14 +223,22 @@ class EvidenceRun:
             micro_shards=[self.rank],
         )
 
-    def fingerprint(self, step: int, model: Any, optimizer: Any = None, *, rollout: int = 0, attempt: int = 0) -> str:
+    def fingerprint(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        rollout: int = 0,
+        attempt: int = 0,
+    ) -> str:
         """Log the ``state_fingerprint`` of ``model`` (wrappers removed) and ``optimizer``'s state
         after a committed step; returns the total (the analyzer compares it across ranks, FT101)."""
         from ftkit.evidence.fingerprint import fingerprint_state, unwrap
 
         total, params, optim = fingerprint_state(unwrap(model), optimizer)
-        self.log.emit(
-            "state_fingerprint",
+        emit.state_fingerprint(
+            self.log,
             rollout=rollout,
             step=step,
             attempt=attempt,
@@ -217,7 +248,19 @@ class EvidenceRun:
             params=params,
             optimizer=optim,
         )
+        self._fingerprinted = (step, total)
         return total
+
+    def fingerprint_at(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *, rollout: int = 0
+    ) -> str:
+        """The state fingerprint this rank logged for committed step ``step``, or, when it logged
+        none (a cadence that skips the step), ``fingerprint`` now (logged with the step's attempt):
+        what ``publish_checkpoint`` compares across ranks and ``verify-checkpoint`` finds in the log."""
+        if self._fingerprinted is not None and self._fingerprinted[0] == step:
+            return self._fingerprinted[1]
+        attempt = self._committed.get(step, 0)
+        return self.fingerprint(step, model, optimizer, rollout=rollout, attempt=attempt)
 
     def witness_counts(
         self,
@@ -256,23 +299,29 @@ class EvidenceRun:
         ids, counts = torch.unique(torch.cat(self._ids.wait(handle)), return_counts=True)  # sorted
         self._emit_counts(where, ids, counts, counts.double())
 
-    def _emit_counts(self, where: dict[str, int], ids: Any, counts: Any, contributions: Any) -> None:
+    def _emit_counts(
+        self,
+        where: dict[str, int],
+        ids: torch.Tensor | list[int],
+        counts: torch.Tensor | list[int],
+        contributions: torch.Tensor | list[float],
+    ) -> None:
         """Tally (rank 0) and log one step's counts: three aligned 1-d tensors or sequences."""
         tally = self._tally.get(where["rollout"])
         if tally is not None:
             tally.add(ids, counts)
-        listed = [x.tolist() if hasattr(x, "tolist") else list(x) for x in (ids, counts, contributions)]
-        self.log.emit(
-            "witness_counts", **where, cell=self.rank, rank=0, ids=listed[0], counts=listed[1], contributions=listed[2]
-        )
+        emit.witness_counts(
+            self.log, **where, cell=self.rank, rank=0,
+            ids=_listed(ids), counts=_listed(counts), contributions=_listed(contributions),
+        )  # fmt: skip
 
     def metric(self, step: int | None, *, rollout: int = 0, **values: float | None) -> None:
         """The run's scalar metrics of ``step`` (``None``: per rollout); rank 0 logs them (pass
         values already averaged over ranks), the others ignore the call."""
         if self.driver is not None:
-            self.driver.emit("metric", rollout=rollout, step=step, values={k: scalar(v) for k, v in values.items()})
+            emit.metric(self.driver, rollout=rollout, step=step, values={k: _scalar(v) for k, v in values.items()})
 
-    def weights_sent(self, rollout: int, version: int, weights: Any) -> str | None:
+    def weights_sent(self, rollout: int, version: int, weights: Weights) -> str | None:
         """Log ``weights_sent`` for weights ``version`` pushed to the engines (rank 0 logs it; the
         others ignore the call and get None): a module or ``{name: tensor}``
         (``ftkit.evidence.engines``). Every engine of ``engines=`` must then report it (FT102)."""
@@ -281,11 +330,11 @@ class EvidenceRun:
         from ftkit.evidence.engines import weights_fingerprint
 
         total, params = weights_fingerprint(weights)
-        self.driver.emit("weights_sent", rollout=rollout, version=version, total=total, params=params)
+        emit.weights_sent(self.driver, rollout=rollout, version=version, total=total, params=params)
         self.driver.sync()
         return total
 
-    def observe_grads(self, step: int, model: Any, *, rollout: int = 0) -> bool:
+    def observe_grads(self, step: int, model: torch.nn.Module, *, rollout: int = 0) -> bool:
         """Check every gradient of ``model`` for NaN / Inf (after ``backward``, before
         ``optimizer.step``): each non-finite one is logged (``grad_nonfinite``) and recorded in this
         rank's non-finite guard, which ``publish_checkpoint`` consumes (a gradient whose finite
@@ -306,7 +355,7 @@ class EvidenceRun:
         for (name, _), ok in zip(named, finite.tolist()):
             if not ok:
                 self.guard.observe(step, f"gradient {name}", False)
-                self.log.emit("grad_nonfinite", rollout=rollout, step=step, cell=self.rank, rank=0, where=name)
+                emit.grad_nonfinite(self.log, rollout=rollout, step=step, cell=self.rank, rank=0, where=name)
         return False
 
     def rollout_complete(self, rollout: int) -> bool | None:
@@ -317,14 +366,16 @@ class EvidenceRun:
         return None if tally is None else tally.complete()
 
     # ------------------------------------------------------------------ dumps and checkpoints
-    def dump(self, step: int, module: Any, **options: Any) -> Any:
+    def dump(self, step: int, module: torch.nn.Module, **options: Any) -> StepDump:
         """A context manager capturing ``module``'s tensors during one forward and backward, written
         on exit as a per-step dump in ftkit's layout (``ftkit.evidence.dumps.StepDump``)."""
         from ftkit.evidence.dumps import StepDump
 
         return StepDump(self, step, module, **options)
 
-    def publish_checkpoint(self, step: int, model: Any, optimizer: Any = None, **options: Any) -> bool:
+    def publish_checkpoint(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any
+    ) -> bool:
         """Guarded publication of ``model`` + ``optimizer`` at ``step`` (a collective):
         ``ftkit.evidence.checkpoints.publish``. Returns whether it was published (on every rank)."""
         from ftkit.evidence.checkpoints import publish
@@ -333,7 +384,7 @@ class EvidenceRun:
         return publish(self, step, model, optimizer, **options)
 
     # ------------------------------------------------------------------ end
-    def close(self, status: str = "completed", reason: str | None = None) -> None:
+    def close(self, status: RunStatus = "completed", reason: str | None = None) -> None:
         """Close this rank's log; rank 0 then logs ``run_finished`` (``completed``, ``failed`` or
         ``interrupted``) and closes the driver log. A collective when a process group is up (call it
         on every rank, before ``destroy_process_group``): it returns, on every rank, once
@@ -346,8 +397,8 @@ class EvidenceRun:
         gather_json(self.rank)  # every rank's log is closed before the run is declared finished
         if self.driver is not None:
             for cell in range(self.world_size):
-                self.driver.emit("cell_state", cell=cell, old="alive", new="stopped", reason="run end")
-            self.driver.emit("run_finished", status=status, reason=reason)
+                emit.cell_state(self.driver, cell=cell, old="alive", new="stopped", reason="run end")
+            emit.run_finished(self.driver, status=status, reason=reason)
             self.driver.close()
         barrier()  # after every earlier work: gloo's workers have let go of all of them
         release()
@@ -357,3 +408,13 @@ class EvidenceRun:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self.close("completed" if exc_type is None else "failed", None if exc_type is None else exc_type.__name__)
+
+
+def _scalar(value: Any) -> float | None:
+    """A metric value as a float (tensors and numpy scalars too); ``None`` stays ``None``."""
+    return None if value is None else float(value.item() if hasattr(value, "item") else value)
+
+
+def _listed(values: torch.Tensor | list[Any]) -> list[Any]:
+    """A 1-d tensor or a sequence as a list of Python numbers."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)

@@ -32,7 +32,10 @@ a fresh zeroed row with the model's gradients before every micro-shard.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _witness_fn() -> Any:
@@ -72,7 +75,7 @@ class WitnessTable:
         self.param = torch.nn.Parameter(torch.zeros(capacity, 2, dtype=torch.float32, device=device))
         self._fn = _witness_fn()
 
-    def rows(self, ids: Any) -> Any:
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Table rows of ``ids`` (``id % capacity``); raises if two distinct ids collide."""
         import torch
 
@@ -86,14 +89,15 @@ class WitnessTable:
             )
         return rows.to(self.param.device)
 
-    def apply(self, x: Any, rows: Any) -> Any:
+    def apply(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``x`` (``[s, b, h]``) unchanged; its backward counts the ``b`` samples at table
         ``rows`` (from ``rows(ids)``, checked once per step rather than per micro-shard)."""
         if x.shape[1] != rows.shape[0]:
             raise ValueError(f"{rows.shape[0]} witness rows for a micro-batch of {x.shape[1]} samples")
-        return self._fn.apply(x, self.param, rows)
+        out: torch.Tensor = self._fn.apply(x, self.param, rows)
+        return out
 
-    def read(self, grad: Any, ids: Sequence[int]) -> tuple[list[int], list[int], list[float]]:
+    def read(self, grad: torch.Tensor, ids: Sequence[int]) -> tuple[list[int], list[int], list[float]]:
         """``(ids, counts, contributions)`` from a reduced ``[capacity, 2]`` gradient for the
         distinct ``ids`` (sorted) whose count is non-zero. A count is an integer by
         construction; a non-integer value raises (it would mean a corrupted reduction)."""

@@ -12,9 +12,13 @@ What it logs (``ftkit.evidence.EvidenceRun``, one cell per data-parallel process
   the ``state_fingerprint`` of the model and the optimizer's state (every ``fingerprint_every``
   steps), which the analyzer compares across the DDP replicas (FT101);
 - the gradients before every optimizer step (``on_pre_optimizer_step``) through the non-finite
-  guard (``grad_nonfinite``); the ``Trainer`` still steps (it cannot discard a step), but the guard
-  refuses the checkpoint of that interval;
-- the loss the ``Trainer`` logs (``on_log``, every ``logging_steps``: the promised metric cadence);
+  guard (``grad_nonfinite``); the ``Trainer`` still steps (it cannot discard a step), so
+  ``analyze-events`` reports each such committed step (FT106: the optimizer stepped on NaN / Inf)
+  and the guard refuses the checkpoint of that interval;
+- the loss the ``Trainer`` logs (``on_log``, every ``logging_steps``: the promised metric cadence),
+  except after a non-finite gradient: the ``Trainer``'s default ``logging_nan_inf_filter`` logs a
+  NaN / Inf loss as the mean of the earlier ones, so when the guard saw a non-finite gradient at
+  any step since the last log, the callback logs the guard's verdict, ``loss = nan`` (FT109);
 - at every ``Trainer`` save (``on_save``, every ``save_steps``) a guarded ftkit checkpoint of the
   model and optimizer state in ``<run>/checkpoints/`` (``EvidenceRun.publish_checkpoint``), which
   ``verify-checkpoint`` checks against the logged fingerprints;
@@ -57,7 +61,7 @@ class FtkitCallback(TrainerCallback):
         self._queue: deque[list[int]] = deque()  # sample ids per collated batch, in order
         self._step_ids: list[int] = []  # ids of the training forwards of the open step
         self._hook: Any = None
-        self._loss: float | None = None
+        self._nonfinite_since_log = False  # the guard saw a non-finite gradient since the last on_log
 
     # ------------------------------------------------------------------ witnesses
     def collator(self, base: Callable[[list[dict[str, Any]]], Any] | None = None) -> Callable[..., Any]:
@@ -105,8 +109,10 @@ class FtkitCallback(TrainerCallback):
                 self.run.allocate(math.floor(state.epoch or 0), [int(ex[SAMPLE_ID]) for ex in loader.dataset])
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
-        if self.run is not None and model is not None:
-            self.run.observe_grads(state.global_step, model, rollout=self._rollout(state))
+        if self.run is None or model is None:
+            return
+        if not self.run.observe_grads(state.global_step, model, rollout=self._rollout(state)):
+            self._nonfinite_since_log = True
 
     def on_step_end(
         self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kw: Any
@@ -124,7 +130,11 @@ class FtkitCallback(TrainerCallback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if self.run is not None and logs and "loss" in logs:
-            self.run.metric(state.global_step - 1, rollout=self._rollout(state), loss=float(logs["loss"]))
+            # HF's logging_nan_inf_filter logs a NaN loss as the mean of the earlier ones: the
+            # guard's verdict stands instead, never the filtered value.
+            loss = math.nan if self._nonfinite_since_log else float(logs["loss"])
+            self._nonfinite_since_log = False
+            self.run.metric(state.global_step - 1, rollout=self._rollout(state), loss=loss)
 
     def on_save(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kw: Any) -> None:
         if self.run is not None:

@@ -14,13 +14,18 @@ Contract:
   with ``pre_process`` / ``post_process``, the vocabulary padded to ``arch.padded_vocab``,
   RoPE with ``rope_theta`` (and Llama-3 scaling), tied embeddings when the config ties them.
   On CPU the rotary embedding is ``ftkit.model.rope``'s (megatron's moves itself to CUDA).
-  ``uses_te(device)`` says whether the TE names apply (``hf_layout.entries(te=...)``).
+  ``uses_te(device)`` says whether the TE names apply (``hf_layout.entries(te=...)``); the
+  preset build (``ftkit.model.gpt``) asks it too.
+* ``build_loaded(arch, model_dir, device)``: ``build_hf_gpt`` in float32, its weights loaded
+  (``ftkit.model.hf_import.load_into``) and its padded vocabulary masked in the loss
+  (``mask_padded_vocab``): what a run trains and its engines sample from.
 
 Heavy imports (torch, megatron) stay inside the functions.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ftkit.model.hf_config import HFArch
@@ -33,10 +38,16 @@ def torch_dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def _te_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 def uses_te(device: str) -> bool:
     """Whether ``layer_spec`` picks Transformer Engine on ``device``."""
-    from ftkit.model.gpt import _te_available
-
     return device == "cuda" and _te_available()
 
 
@@ -123,6 +134,45 @@ def build_hf_gpt(arch: HFArch, device: str, dtype: str = "float32", parallel_out
 
         cpu_rotary(model)
     return model.to(device)
+
+
+def build_loaded(arch: HFArch, model_dir: Path, device: str) -> Any:
+    """This rank's float32 ``GPTModel`` of the Hugging Face model in ``model_dir`` (of
+    architecture ``arch``), its weights loaded and its padded vocabulary masked (module
+    contract), for megatron's already initialised parallel state."""
+    from ftkit.model.hf_import import load_into
+
+    model = build_hf_gpt(arch, device, "float32")
+    load_into(model, Path(model_dir), arch, te=uses_te(device))
+    mask_padded_vocab(model, arch.vocab_size)
+    return model
+
+
+def mask_padded_vocab(model: Any, vocab_size: int) -> None:
+    """Make the loss of ``model`` (megatron's vocab-parallel cross entropy, ``GPTModel(...,
+    labels=...)``) see the logits of the padded vocabulary rows (``>= vocab_size``) of this TP
+    shard as ``-inf``, so it is the loss over the model's own vocabulary and the padded rows get
+    no gradient (they stay as loaded). The output layer's output itself (what a dump captures,
+    what ``labels=None`` returns) is left finite: a caller without labels reads only real token
+    ids (the engines sample the task's tokens). Nothing on a stage without an output layer or a
+    shard without padding."""
+    import torch
+    from megatron.core import parallel_state as ps
+
+    layer = getattr(model, "output_layer", None)
+    if layer is None or not getattr(model, "post_process", False):
+        return
+    width = layer.output_size_per_partition
+    start = ps.get_tensor_model_parallel_rank() * width
+    padded = torch.arange(start, start + width) >= vocab_size
+    if not bool(padded.any()):
+        return
+    loss = model.compute_language_model_loss
+
+    def masked_loss(labels: Any, logits: Any) -> Any:
+        return loss(labels, logits.masked_fill(padded.to(logits.device), float("-inf")))
+
+    model.compute_language_model_loss = masked_loss
 
 
 def mark_tp_shards(model: Any) -> None:

@@ -250,7 +250,7 @@ def load_into(model: Any, model_dir: Path, arch: HFArch, te: bool = False) -> No
     """Fill ``model``'s parameters with this rank's share of ``model_dir``'s weights (module contract)."""
     from megatron.core import parallel_state as ps
 
-    from ftkit.model.gpt import global_param_name, stage_position
+    from ftkit.model.stages import global_param_name, stage_position
 
     offset, _ = stage_position(model)
     dests = {global_param_name(n, offset): p for n, p in model.named_parameters()}

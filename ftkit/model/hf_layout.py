@@ -1,7 +1,7 @@
 """Hugging Face names and layouts <-> megatron-core's, per tensor-parallel rank.
 
 ``entries(arch, te=False)`` lists one ``Entry`` per megatron parameter of the whole model (layer
-numbering model-wide, as ``ftkit.model.gpt.global_param_name`` gives it) with the Hugging Face
+numbering model-wide, as ``ftkit.model.stages.global_param_name`` gives it) with the Hugging Face
 tensor(s) it is made of and its ``kind``:
 
 ==========  ==========================================================================

@@ -1,9 +1,8 @@
-"""Which model a run trains: a preset name or a Hugging Face model (directory or ``.gguf``).
+"""Where a Hugging Face model lies, and what it holds (``ftkit.model.spec.resolve_model`` uses
+both once per run).
 
 Contract:
 
-* ``is_preset(name)``: whether ``name`` is a preset of ``ftkit.model.presets`` (anything else
-  is a path).
 * ``model_dir(path)``: the Hugging Face directory of ``path`` (a directory, or a ``.gguf`` file
   converted once into the cache, ``ftkit.model.gguf_cache.hf_dir_for``); ``InputError`` (exit 2)
   when it is neither.
@@ -21,11 +20,6 @@ from pathlib import Path
 
 from ftkit.errors import InputError
 from ftkit.model.presets import PRESETS
-
-
-def is_preset(name: str) -> bool:
-    """Whether ``name`` names a model preset (``tiny``, ``small``) rather than a path."""
-    return name in PRESETS
 
 
 def model_dir(path: str | Path) -> Path:

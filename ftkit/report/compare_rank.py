@@ -8,7 +8,7 @@ from ftkit.dumps.compare import CompareResult, PairResult
 from ftkit.dumps.metrics import Metrics
 from ftkit.findings import Finding, sort_findings
 
-CAUSES = frozenset({"CD012"})  # the runs' configs differ: the tensor findings follow from it
+CAUSES = frozenset({"CD012", "CD014"})  # the configs differ / could not be compared: listed first
 
 
 def worst(result: CompareResult, n: int) -> list[PairResult]:

@@ -18,7 +18,9 @@ are its own) and calls ``emit`` once::
 
 then the JUnit XML (``report.junit_cases()``, default one case per rule) and the HTML report
 (``report.html()``, commands that have one) when their paths are given, and returns the exit
-code: 1 when ``verdict == "fail"``, else 0.
+code: 1 when ``exit_fail`` (the findings under ``--fail-on``; ``verdict == "fail"`` when not
+set), else 0. The verdict shown (``ftkit.findings.shown_verdict``) stays FAIL for error findings
+whatever ``--fail-on`` says: it sets the exit code only.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class Report:
     step_summary: Callable[[], str]
     junit_cases: Callable[[], list[Case]] | None = None
     html: Callable[[Path | None], str] | None = None  # the page, its links relative to the directory given
+    exit_fail: bool | None = None  # the exit code's verdict under --fail-on (None: ``verdict``)
 
     @property
     def suite(self) -> str:
@@ -70,7 +73,9 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
     if out.format is Format.json:
         out.json({"verdict": report.verdict, **report.document()})
     elif out.format is Format.github:
-        out.data(workflow_commands(report.findings, f"ftkit {report.command}", report.summary, _failed(report)))
+        out.data(
+            workflow_commands(report.findings, f"ftkit {report.command}", report.summary, report.verdict == "fail")
+        )
         append_step_summary(report.step_summary)
     else:
         report.human(out.out)
@@ -89,8 +94,17 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
     return EXIT_FAIL if _failed(report) else EXIT_PASS
 
 
+def with_fail_on(report: Report, findings: Sequence[Finding], fail_on: Any) -> Report:
+    """``report`` with its exit code set by ``fail_on`` (its shown verdict unchanged)."""
+    from dataclasses import replace
+
+    from ftkit.findings import verdict
+
+    return replace(report, exit_fail=verdict(findings, fail_on) == "fail")
+
+
 def _failed(report: Report) -> bool:
-    return report.verdict == "fail"
+    return report.exit_fail if report.exit_fail is not None else report.verdict == "fail"
 
 
 def check_report_paths(*paths: Path | None) -> None:

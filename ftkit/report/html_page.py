@@ -168,6 +168,15 @@ def write_page(path: Path, html: str) -> None:
     write_report_file(path, html.encode("utf-8"))
 
 
+def fmt_s(t: float) -> str:
+    """A duration for an axis or a caption: seconds, minutes past two, hours past one."""
+    if t >= 3600:
+        return f"{t / 3600:.2f}h"
+    if t >= 120:
+        return f"{t / 60:.1f}m"
+    return f"{t:.3g}s"
+
+
 def nice_ticks(span: float, n: int) -> list[float]:
     """About ``n`` round tick positions in [0, span]."""
     if span <= 0:

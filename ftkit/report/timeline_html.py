@@ -31,6 +31,7 @@ from ftkit.report.html_page import (
     MAX_ROWS,
     check_target,
     finding_list,
+    fmt_s,
     kv,
     legend,
     nice_ticks,
@@ -208,12 +209,12 @@ def _timeline(tl: Timeline) -> str:
         linear, _ = time_axis(tl, compress=False)
         track = (
             "<label><input type='checkbox' id='startup-scale'> start-up to scale "
-            f"({_fmt_s(offset)}, {offset / span:.0%} of the run)</label>"
+            f"({fmt_s(offset)}, {offset / span:.0%} of the run)</label>"
             f"<div id='tl-compressed'>{track}</div><div id='tl-linear' hidden>"
             f"{_track(tl, lanes, linear, tl.start)}</div>"
         )
         startup_note = (
-            f" The start-up ({_fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
+            f" The start-up ({fmt_s(offset)} before the first step, {offset / span:.0%} of the run) is drawn "
             f"compressed in the shaded first {STARTUP_SHARE:.0%} of the width, so the training span fills the rest; "
             "'start-up to scale' shows it linearly."
         )
@@ -224,7 +225,7 @@ def _timeline(tl: Timeline) -> str:
         + legend([(s, c) for s, c in STATE_COLORS.items()])
         + legend(list(dict.fromkeys((text, c) for c, _, _, text in MARK_STYLE.values())))
         + "<label>zoom <input id='zoom' type='range' min='0' max='8' step='1' value='0'> <span id='zoom-out'>1x</span>"
-        "</label> " + track + f"<p class='muted'>x: seconds since the first event ({_fmt_s(span)} in all). Steps lane: "
+        "</label> " + track + f"<p class='muted'>x: seconds since the first event ({fmt_s(span)} in all). Steps lane: "
         f"{tl.width} step(s) per block; orange blocks hold attempts that did not commit; dark red marks are "
         f"the analyzer's findings at their step.{startup_note} Hover for details.</p>"
     )
@@ -276,7 +277,7 @@ def _track(tl: Timeline, lanes: list[str], x: Any, t_train: float) -> str:
     offset, trained = t_train - tl.start, tl.end - t_train
     seconds = [0.0] + [offset + t for t in nice_ticks(trained, 10)] if offset else nice_ticks(span, 10)
     ticks = "".join(
-        f"<span style='left:{x(tl.start + t) / _W * 100:.2f}%{';transform:none' if not t else ''}'>{_fmt_s(t)}</span>"
+        f"<span style='left:{x(tl.start + t) / _W * 100:.2f}%{';transform:none' if not t else ''}'>{fmt_s(t)}</span>"
         for t in seconds
         if x(tl.start + t) < _W * 0.97 and (not t or x(tl.start + t) > _W * STARTUP_SHARE + 30)
     )
@@ -284,7 +285,7 @@ def _track(tl: Timeline, lanes: list[str], x: Any, t_train: float) -> str:
         out.insert(
             1 + len(lanes),
             f"<rect class='startup' x='0' y='0' width='{_W * STARTUP_SHARE:.0f}' height='{h}' fill='#8c959f' "
-            f"fill-opacity='0.18'><title>start-up: {_fmt_s(offset)} before the first step, drawn compressed"
+            f"fill-opacity='0.18'><title>start-up: {fmt_s(offset)} before the first step, drawn compressed"
             "</title></rect>",
         )
     return (
@@ -351,14 +352,6 @@ def _step_rect(b: StepBin, tl: Timeline, x: Any, y: int) -> str:
         f"fill='{colour}' fill-opacity='0.75'><title>{steps}: {b.attempts} attempt(s), {b.committed} committed, "
         f"{b.not_committed} not committed</title></rect>"
     )
-
-
-def _fmt_s(t: float) -> str:
-    if t >= 3600:
-        return f"{t / 3600:.2f}h"
-    if t >= 120:
-        return f"{t / 60:.1f}m"
-    return f"{t:.3g}s"
 
 
 # ---------------------------------------------------------------------------- tables

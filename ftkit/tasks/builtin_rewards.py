@@ -1,4 +1,5 @@
-"""The built-in rewards, each with the keyword contract of ``protocols.RewardFn``.
+"""The built-in rewards, in one registry (``BUILTINS``): each has the keyword contract of
+``protocols.RewardFn`` (what ``rewards.load_reward`` returns for its name).
 
 * ``exact_match``: 1.0 when the response's answer equals the label as a number, else 0.0. The
   answer is the content of the last ``\\boxed{...}`` where the response has one, else the last
@@ -9,19 +10,36 @@
 * ``format``: 1.0 when the response states a final answer in a recognised form: a non-empty
   ``\\boxed{...}``, or a last non-empty line ``Answer: ...`` / ``Final answer: ...`` /
   ``#### ...``; else 0.0. It checks the form only, never correctness.
-* ``task`` and ``deterministic_random``: the rewards of the embedded addition task
-  (``ftkit.train.rl.rewards``), per sample on the token ids (``task`` needs the addition task's
-  vocabulary; ``deterministic_random`` hashes the ids of any vocabulary).
+* ``task`` and ``deterministic_random``: token-level rewards. Per sample they score the token
+  ids (``task``: the addition task's partial credit over its synthetic vocabulary;
+  ``deterministic_random``: ``random_bit``, a stable hash of the ids of any vocabulary). Each
+  also has a *token form* (``Builtin.tokens``, a ``BatchReward``): the same reward over a
+  rollout's token tensors, which the trainer uses. ``task``'s is the run's task's own reward
+  (``AdditionTask.reward``, in whatever vocabulary the task has); ``deterministic_random``'s
+  hashes each prompt row and response as the rollout holds them.
 
 All are pure functions of their arguments (deterministic by construction).
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from ftkit.tasks.addition import AdditionTask
+    from ftkit.tasks.protocols import RlTask
+
+#: A reward over a rollout's token tensors: ``fn(task, prompts [n, P], responses [n, R]) -> float32 [n]``.
+BatchReward = Callable[[Any, Any, Any], Any]
+
+_PERSON = b"ftkit-reward"
 
 _NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:/\d+)?")
 _NUMBER_IN_TEXT = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-+]?\.\d+")
@@ -95,7 +113,7 @@ def addition_task(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_
     """The addition task's reward (``AdditionTask.reward``) of one sample's token ids."""
     import torch
 
-    from ftkit.train.rl.task import ANSWER_LEN, AdditionTask  # the embedded task lives with the train core
+    from ftkit.tasks.addition import ANSWER_LEN, AdditionTask
 
     if len(response_ids) < ANSWER_LEN:
         raise ValueError(f"the addition task scores {ANSWER_LEN} response tokens, got {len(response_ids)}")
@@ -105,19 +123,47 @@ def addition_task(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_
     return float(task.reward(p, r)[0])
 
 
+def random_bit(prompt: Any, response: Any) -> int:
+    """0 or 1: the low bit of blake2b(int64-le(prompt) || int64-le(response)) (sequences or arrays of ints)."""
+    import numpy as np
+
+    h = hashlib.blake2b(digest_size=8, person=_PERSON)
+    for part in (prompt, response):
+        h.update(np.ascontiguousarray(np.asarray(part), dtype="<i8").tobytes())
+    return h.digest()[0] & 1
+
+
 def deterministic_random(*, prompt_ids: Sequence[int], response_ids: Sequence[int], **_: Any) -> float:
-    """0.0 or 1.0 from a stable hash of the ids (``ftkit.train.rl.rewards.random_bit``)."""
+    """0.0 or 1.0: ``random_bit`` of the ids."""
+    return float(random_bit(list(prompt_ids), list(response_ids)))
+
+
+def task_tokens(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
+    """float32 ``[n]``: the task's own reward (the token form of ``task``)."""
+    return task.reward(prompts, responses)
+
+
+def deterministic_random_tokens(task: RlTask, prompts: Tensor, responses: Tensor) -> Any:
+    """float32 ``[n]`` of 0/1: ``random_bit`` of each sample's prompt row and response (the token
+    form of ``deterministic_random``)."""
     import torch
 
-    from ftkit.train.rl.rewards import random_bit
-
-    ids = torch.tensor(list(prompt_ids), dtype=torch.int64), torch.tensor(list(response_ids), dtype=torch.int64)
-    return float(random_bit(*ids))
+    p, r = prompts.cpu().numpy(), responses.cpu().numpy()
+    return torch.tensor([random_bit(p[i], r[i]) for i in range(len(p))], dtype=torch.float32)
 
 
-BUILTINS: dict[str, Callable[..., float]] = {
-    "exact_match": exact_match,
-    "format": format_reward,
-    "task": addition_task,
-    "deterministic_random": deterministic_random,
+@dataclass(frozen=True)
+class Builtin:
+    """A built-in reward: ``fn`` with the keyword contract, and for a token-level reward its
+    token form ``tokens`` (``None`` for a text reward, which the trainer scores per sample)."""
+
+    fn: Callable[..., float]
+    tokens: BatchReward | None = None
+
+
+BUILTINS: dict[str, Builtin] = {
+    "exact_match": Builtin(exact_match),
+    "format": Builtin(format_reward),
+    "task": Builtin(addition_task, task_tokens),
+    "deterministic_random": Builtin(deterministic_random, deterministic_random_tokens),
 }

@@ -2,14 +2,18 @@
 
 Everything here is structural (``typing.Protocol``): a Hugging Face tokenizer is a
 ``Tokenizer`` without ftkit importing ``transformers``; any callable with the keyword contract
-below is a ``RewardFn``.
+below is a ``RewardFn``; the training side asks of a task only what ``RlTask`` says (the
+built-in ``addition.AdditionTask`` and the dataset-backed ``prompt_task.PromptTask`` implement it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -92,12 +96,49 @@ class RewardSample:
         }
 
 
-class Task(Protocol):
-    """A verifiable task: its prompts and the reward (a ``load_reward`` spec) that scores them."""
+class RlTask(Protocol):
+    """The task contract: what training asks of a task. Shapes are fixed per run: every prompt
+    row has ``prompt_len`` tokens and every response ``response_len``, so a sequence is always
+    ``seq_len = prompt_len + response_len`` tokens whatever the data.
+
+    * ``name``, ``vocab_size``, ``prompt_len``, ``response_len``, ``seq_len``;
+    * ``response_tokens``: the token ids an engine may sample (its policy's support);
+    * ``stop_token``: ``None`` (every response is ``response_len`` sampled tokens) or the id
+      after which an engine stops: the rest of the response is ``pad_token`` and unlearned;
+    * ``prompts(seed, rollout, count)``: int64 ``[count, prompt_len]``, a function of
+      ``(seed, rollout)`` only; ``heldout_prompts(seed, count)``: the run's fixed evaluation and
+      canary set;
+    * ``correct_responses(prompts)``: int64 ``[n, response_len]``, a right answer per prompt;
+    * ``response_mask(responses)``: float32 ``[n, response_len]``, 1 on the response tokens
+      that are learned;
+    * ``reward_sample(prompt, response)``: one sample as a reward plug-in sees it;
+    * ``decode(tokens)``: readable text;
+    * ``prompt_pads(prompts)``: int64 ``[n]``, the left padding of each prompt row (tokens the
+      model must not attend to: ``ftkit.train.rl.masks``), or ``None`` for a task whose prompts
+      are never padded.
+    """
+
+    name: str
+    vocab_size: int
+    prompt_len: int
+    response_len: int
+    response_tokens: tuple[int, ...]
+    stop_token: int | None
+    pad_token: int
 
     @property
-    def name(self) -> str: ...
+    def seq_len(self) -> int: ...
 
-    def prompts(self) -> PromptDataset: ...
+    def prompts(self, seed: int, rollout: int, count: int) -> Any: ...
 
-    def reward_spec(self) -> str: ...
+    def heldout_prompts(self, seed: int, count: int = ...) -> Any: ...
+
+    def correct_responses(self, prompts: Tensor) -> Any: ...
+
+    def response_mask(self, responses: Tensor) -> Any: ...
+
+    def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample: ...
+
+    def decode(self, tokens: Tensor) -> str: ...
+
+    def prompt_pads(self, prompts: Tensor) -> Any: ...

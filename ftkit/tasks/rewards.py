@@ -33,6 +33,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ftkit.errors import ConfigError, FtkitError
+from ftkit.tasks.builtin_rewards import BUILTINS
 from ftkit.tasks.protocols import RewardSample
 
 ENTRY_POINT_GROUP = "ftkit.rewards"
@@ -72,10 +73,8 @@ class RewardMismatch:
 
 def load_reward(spec: str) -> LoadedReward:
     """The reward ``spec`` names, signature-checked (``ConfigError`` with the reason otherwise)."""
-    from ftkit.tasks.builtin_rewards import BUILTINS
-
     if spec in BUILTINS:
-        fn: Any = BUILTINS[spec]
+        fn: Any = BUILTINS[spec].fn
     elif ":" in spec:
         fn = _from_module(spec)
     else:

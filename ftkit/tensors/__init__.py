@@ -1,2 +1,2 @@
-"""Tensor fingerprints, safetensors helpers (atomic writes, validated headers) and TP sharding
-metadata. See docs/fingerprints.md."""
+"""Tensor fingerprints, safetensors helpers (atomic writes, validated headers), TP sharding
+metadata and the stable seeds of a run's random streams (``seeds``). See docs/fingerprints.md."""

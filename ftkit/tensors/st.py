@@ -24,7 +24,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from ftkit.errors import InputError
 from ftkit.fsutil import TMP_MARK, fsync_dir, pid_alive, temp_path
@@ -141,8 +141,47 @@ def save_safetensors(
         host[name] = t.detach().to("cpu").contiguous()
     save_file(host, str(path), metadata=dict(metadata) if metadata else None)
     with open(path, "rb+") as fh:
+        if metadata:
+            _sort_metadata(fh)
         os.fsync(fh.fileno())
     return Path(path).stat().st_size
+
+
+def _sort_metadata(fh: BinaryIO) -> None:
+    """Rewrite the header of the safetensors file open in ``fh`` in place with its
+    ``__metadata__`` keys sorted, so files that hold the same state are the same bytes (the Rust
+    writer keeps metadata in a HashMap: its order changes from process to process). Only when
+    re-serialising the parsed header gives back its exact bytes (then the sorted one has the same
+    length and nothing else moves); otherwise the file is left as written."""
+    import json
+
+    fh.seek(0)
+    head = fh.read(8)
+    if len(head) != 8:
+        return
+    (n,) = struct.unpack("<Q", head)
+    raw = fh.read(n)
+    if len(raw) != n:
+        return
+    text = raw.rstrip(b" ")
+    try:
+        header = json.loads(text)
+    except ValueError:
+        return
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        return
+
+    def dump(obj: object) -> bytes:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+    if dump(header) != text:
+        return
+    ordered = {k: (dict(sorted(v.items())) if k == "__metadata__" else v) for k, v in header.items()}
+    new = dump(ordered)
+    if len(new) == len(text) and new != text:
+        fh.seek(8)
+        fh.write(new)
+        fh.flush()
 
 
 def write_safetensors_atomic(

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from ftkit.analysis.engine import analyze_paths
 from ftkit.analysis.registry import all_rules
 from ftkit.findings import FailOn
-from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import VIOLATIONS, SyntheticSpec
 
 NEEDS = {"FT101": {"cells": 2}, "FT106": {"cells": 2}, "FT107": {"cells": 2}, "FT102": {"engines": 1}}
 

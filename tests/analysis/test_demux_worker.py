@@ -19,7 +19,8 @@ from ftkit.analysis import demux_worker
 from ftkit.analysis.engine import analyze_paths
 from ftkit.analysis.parallel import PARALLEL_BYTES, demux_workers
 from ftkit.events.merge import write_merged_log
-from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import VIOLATIONS, SyntheticSpec
 
 
 def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, spill: int = 64 << 20) -> tuple[str, str]:

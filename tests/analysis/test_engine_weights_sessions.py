@@ -52,7 +52,7 @@ def _session(events: Path, incarnation: int, ending: str | None, loads: int, loa
 
 
 def _ft102(events: Path) -> list[str]:
-    return [f.message for f in analyze_paths([events], select=["FT102"]).findings]
+    return [f.message for f in analyze_paths([events], select=["FT102"]).findings if f.code == "FT102"]
 
 
 @pytest.mark.parametrize("ending", [None, "interrupted", "failed"])

@@ -17,7 +17,8 @@ import pytest
 
 from ftkit import cli
 from ftkit.analysis.engine import analyze_paths
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
 

@@ -30,7 +30,8 @@ import pytest
 from suite import FULL
 
 from ftkit import cli
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
 

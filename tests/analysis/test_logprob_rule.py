@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.analysis.engine import analyze_paths
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 Edit = Callable[[dict[str, Any]], None]
 

@@ -16,7 +16,8 @@ from exact_json import exact_json
 
 from ftkit.analysis.engine import analyze_paths
 from ftkit.analysis.parallel import PARALLEL_BYTES, default_workers
-from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import VIOLATIONS, SyntheticSpec
 
 
 def _analysis(path: Path, monkeypatch: pytest.MonkeyPatch, workers: int) -> str:

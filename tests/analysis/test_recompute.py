@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from ftkit.analysis.engine import analyze_paths
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 SPEC = SyntheticSpec(
     cells=3, tp=1, engines=1, rollouts=2, steps_per_rollout=2, samples_per_rollout=8, tensors=3, faults=0

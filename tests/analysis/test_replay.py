@@ -12,7 +12,8 @@ from ftkit.analysis import replay as replay_mod
 from ftkit.analysis.engine import analyze_paths
 from ftkit.analysis.registry import all_rules
 from ftkit.errors import InputError, UsageError
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 
 def _events(path: Path) -> list[dict]:
@@ -119,9 +120,11 @@ def test_several_runs_in_one_log(run, tmp_path):
 
 def test_rule_selection(run):
     r = analyze_paths([run], select=["ft103", "FT101"])
-    assert [x.code for x in r.rules] == ["FT101", "FT103"]
-    r = analyze_paths([run], skip=["FT111"])
-    assert "FT111" not in {x.code for x in r.rules} and len(r.rules) == len(all_rules()) - 1
+    assert [x.code for x in r.rules] == ["FT101", "FT103", "FT106", "FT111", "FT112"]  # integrity always runs
+    r = analyze_paths([run], skip=["FT104"])
+    assert "FT104" not in {x.code for x in r.rules} and len(r.rules) == len(all_rules()) - 1
+    with pytest.raises(UsageError, match="always run"):
+        analyze_paths([run], skip=["FT111"])
     with pytest.raises(UsageError, match="FT999"):
         analyze_paths([run], select=["FT999"])
     with pytest.raises(InputError):

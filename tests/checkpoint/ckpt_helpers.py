@@ -54,18 +54,42 @@ def payload(step: int, scale: int = 1, nonfinite: str | None = None, torch_tenso
 
 
 def log_fingerprints(run: Path) -> None:
-    """Log, as a trainer of ``run`` would have, the committed ``state_fingerprint`` of each
-    checkpoint's step (cell 0 rank 0, the manifest's total), so ``verify-checkpoint RUN`` (and
-    ``--resume``) can cross-check the checkpoints with the event log."""
+    """Log, as the driver and a trainer of ``run`` would have, the ``checkpoint_published`` of each
+    checkpoint (the last one keeping what retention.json records) and the committed
+    ``state_fingerprint`` of its step (cell 0 rank 0, the manifest's total and entries), so
+    ``verify-checkpoint RUN`` (and ``--resume``) can cross-check the checkpoints with the event log."""
+    import hashlib
     import json
 
     from ftkit.events.writer import EventWriter
 
+    ckpts = sorted(d for d in (run / "checkpoints").glob("step_*") if (d / "MANIFEST.json").is_file())
+    recorded = json.loads((run / "checkpoints" / "retention.json").read_text())["records"]
+    with EventWriter(run / "events", run=run.name, role="driver") as driver:  # and each publication
+        for d in ckpts:
+            raw = (d / "MANIFEST.json").read_bytes()
+            man = json.loads(raw)
+            driver.emit("checkpoint_published", step=man["step"], path=str(d), kind="latest",
+                        metric=man["metric"]["value"], manifest_sha256=hashlib.sha256(raw).hexdigest(),
+                        guard_from_step=man["guard"]["from_step"], guard_to_step=man["guard"]["to_step"],
+                        bytes=sum(f["size"] for f in man["files"].values()),
+                        kept=[r["name"] for r in recorded], dropped=[])  # fmt: skip
     with EventWriter(run / "events", run=run.name, role="trainer", cell=0, rank=0) as w:
         for d in sorted((run / "checkpoints").glob("step_*")):
             man = json.loads((d / "MANIFEST.json").read_text())
+            params, optimizer = logged_entries(man)
             w.emit("state_fingerprint", rollout=man["rollout"] or 0, step=man["step"], attempt=0, cell=0, rank=0,
-                   total=man["state_fingerprint"], params={}, optimizer={})  # fmt: skip
+                   total=man["state_fingerprint"], params=params, optimizer=optimizer)  # fmt: skip
+
+
+def logged_entries(man: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """The per-tensor ``params`` / ``optimizer`` entries a TP=1/PP=1 rank logs in the
+    ``state_fingerprint`` of a checkpoint's step: the manifest's (parsed) tensor fingerprints of
+    its ``param/`` and ``optimizer/`` groups, so the line's total is the manifest's."""
+    out: dict[str, dict[str, str]] = {"param/": {}, "optimizer/": {}}
+    for fname, prefix in man["fingerprint_prefixes"].items():
+        out[prefix].update({n: t["fingerprint"] for n, t in man["files"][fname]["tensors"].items()})
+    return out["param/"], out["optimizer/"]
 
 
 def publish(publisher, step: int, metric: float | None = 0.5, at=None, guard=None, **kw):  # noqa: ANN001, ANN201

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import torch
 
+from ftkit.tasks.addition import EOS, AdditionTask
 from ftkit.train.config import TrainConfig
-from ftkit.train.rl.task import EOS, AdditionTask
 
 
 class _Engines:
@@ -40,7 +40,7 @@ def _checkpoints(tmp_path, engines: _Engines, events: _Events):  # noqa: ANN202
     from ftkit.train.control.checkpoints import RunCheckpoints
 
     cfg = TrainConfig(seed=5, response_len=4, best_metric="eval_reward", reward="task")
-    return RunCheckpoints(cfg, tmp_path / "run", None, events, engines, engines.task)
+    return RunCheckpoints(cfg, tmp_path / "run", None, events, engines, engines.task, ())
 
 
 def test_eval_reward_is_the_greedy_mean_task_reward_of_the_heldout_set(tmp_path) -> None:

@@ -107,20 +107,31 @@ def run(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def publish_run(tmp_path: Path, shard_bytes: int | None = None) -> tuple[Path, dict[str, str]]:
     """The ``run`` fixture's directory; ``shard_bytes``: the publisher's shard size."""
     params, optim = canonical()
-    totals, specs = {}, {}
+    totals, specs, entries = {}, {}, {}
     for rank, (tp_rank, pp_rank) in RANKS.items():
         named = rank_params(tp_rank, pp_rank)
-        totals[str(rank)] = rank_total(*local_state(params, optim, named, tp_rank, TP, pp_rank))
+        mine, mine_optim = local_state(params, optim, named, tp_rank, TP, pp_rank)
+        totals[str(rank)] = rank_total(mine, mine_optim)
+        entries[str(rank)] = (
+            {n: fingerprint(t) for n, t in mine.items()},
+            {n: fingerprint(t) for n, t in mine_optim.items()},
+        )
         specs[str(rank)] = rank_spec(named, tp_rank, pp_rank, TP, pp_rank)
     meta = {"layout": {"tp": TP, "pp": PP}, "ranks": specs}
     p = state_payload(params, optim, {"counters": torch.tensor([STEP, 1])}, meta, totals)
     run = tmp_path / "run"
-    pub = Publisher(run / "checkpoints", RetentionPolicy(1, 1), **({"shard_bytes": shard_bytes} if shard_bytes else {}))
-    publish(pub, STEP, payload=p, guard=GuardVerdict(0, STEP, False))
+    with EventWriter(run / "events", run="run", role="driver") as driver:
+        pub = Publisher(
+            run / "checkpoints",
+            RetentionPolicy(1, 1),
+            on_event=lambda t, fields: driver.emit(t, **fields),
+            **({"shard_bytes": shard_bytes} if shard_bytes else {}),
+        )
+        publish(pub, STEP, payload=p, guard=GuardVerdict(0, STEP, False))
     with EventWriter(run / "events", run="run", role="trainer", cell=0, rank=0) as w:
         for rank, total in totals.items():
             w.emit("state_fingerprint", rollout=1, step=STEP, attempt=0, cell=0, rank=int(rank), total=total,
-                   params={}, optimizer={})  # fmt: skip
+                   params=entries[rank][0], optimizer=entries[rank][1])  # fmt: skip
     return run, totals
 
 

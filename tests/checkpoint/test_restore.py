@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from ftkit.checkpoint.guard import GuardVerdict
+from ftkit.checkpoint.layout import EXTRA, MODEL, OPTIMIZER
 from ftkit.checkpoint.preflight import agree, preflight
 from ftkit.checkpoint.publish import Publisher
-from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, load, state_payload
+from ftkit.checkpoint.restore import load, state_payload
 from ftkit.checkpoint.retention import RetentionPolicy
 from ftkit.checkpoint.selection import newest_trusted
 from ftkit.errors import InputError

@@ -11,13 +11,14 @@ import pytest
 from ftkit.cli import main
 from ftkit.errors import ConfigError, UsageError
 from ftkit.events.writer import EventWriter
+from ftkit.evidence.record import last_epoch
 from ftkit.train.config import TrainConfig
-from ftkit.train.recovery.resume_plan import last_epoch, next_incarnation, plan_resume, resume_config
+from ftkit.train.recovery.resume_plan import next_incarnation, plan_resume, resume_config
 
 
 def _run_dir(tmp_path: Path, **kw: object) -> Path:
+    from ftkit.tasks.addition import AdditionTask
     from ftkit.train.control.rundir import write_run_json
-    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from ftkit.checkpoint import manifest as mf
 from ftkit.checkpoint.guard import GuardVerdict
+from ftkit.checkpoint.layout import EXTRA, MODEL, OPTIMIZER
 from ftkit.checkpoint.preflight import agree, preflight
 from ftkit.checkpoint.publish import Publisher
-from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, load, read_groups, state_payload
+from ftkit.checkpoint.restore import load, read_groups, state_payload
 from ftkit.checkpoint.retention import RetentionPolicy
 from ftkit.checkpoint.shards import group_of, group_problems, groups, merge, parse, shard_name, split
 from ftkit.checkpoint.stfile import FileRecord, digest_st, write_st

@@ -15,7 +15,8 @@ import pytest
 
 from ftkit import cli
 from ftkit.analysis.registry import all_rules
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,7 @@ def test_rule_and_skip_rule(capsys, bad_dir):
     code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--skip-rule", "FT104", "-f", "json")
     assert code == 0 and "FT104" not in {r["code"] for r in json.loads(out)["rules"]}
     code, out, _ = _run(capsys, "analyze-events", str(bad_dir), "--rule", "FT101", "--rule", "FT104", "-f", "json")
-    assert code == 1 and [r["code"] for r in json.loads(out)["rules"]] == ["FT101", "FT104"]
+    assert code == 1 and [r["code"] for r in json.loads(out)["rules"]] == ["FT101", "FT104", "FT106", "FT111", "FT112"]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ import torch
 from ftkit import cli
 from ftkit.dumps.writer import DumpWriter
 from ftkit.tensors.sharding import Sharding
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 NAME = "evil\n::error file=a.py,line=1::forged\r\n::warning::two [bold]b[/bold] :warning: \x1b[31mred\t."
 SHOWN = "evil\\n::error file=a.py,line=1::forged\\x0d\\n::warning::two [bold]b[/bold] :warning: \\x1b[31mred\\t."

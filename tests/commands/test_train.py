@@ -228,7 +228,8 @@ def test_a_real_run_reports_progress_and_verdict(tmp_path):
 def _result(tmp_path, violation=None):
     """A ``RunResult`` around a synthetic run's analysis (the report renders any analysis)."""
     from ftkit.analysis.engine import analyze_paths
-    from ftkit.testing.synthetic import SyntheticSpec, generate
+    from ftkit.testing.synthetic import generate
+    from ftkit.testing.synthetic_spec import SyntheticSpec
     from ftkit.train.control.driver import RunResult
 
     generate(

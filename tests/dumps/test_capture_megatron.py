@@ -30,11 +30,12 @@ def _rank(rank: int, world: int, port: int, out: str, labels: bool = False) -> N
     from ftkit.dumps.writer import DumpWriter
     from ftkit.model.gpt import build_gpt, configure_determinism
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
 
     configure_determinism(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     ps.initialize_model_parallel(world, 1, create_gloo_process_groups=False)
-    model = build_gpt(TrainConfig(seed=7).gpt_spec(), "cpu")
+    model = build_gpt(build_plan(TrainConfig(seed=7)).model, 7, "cpu")
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 15, (2, 6), generator=g)
     pos = torch.arange(6).unsqueeze(0).expand(2, -1)

@@ -216,9 +216,12 @@ def test_shape_and_dtype_mismatch(tmp_path, dump):
     assert r.pairs[1].metrics.max_abs == 0  # values still measured across dtypes
 
 
+RUN_JSON = json.dumps({"schema": "ftkit.run/1", "config": {"seed": 0}})  # a config: CD014 otherwise
+
+
 def _run_dir(root, dump, tokens, final=True):
     (root / "events").mkdir(parents=True)
-    (root / "run.json").write_text("{}")
+    (root / "run.json").write_text(RUN_JSON)
     (root / "rollouts").mkdir()
     write_safetensors_atomic(root / "rollouts" / "rollout_000000.safetensors", {"tokens": tokens})
     if final:
@@ -251,7 +254,7 @@ def test_run_directories_compare_dumps_and_every_other_safetensors_file(tmp_path
 def _final_run(root, files):
     """A run directory holding only ``final/<file>`` = (tensors, {tensor: Sharding})."""
     (root / "final").mkdir(parents=True)
-    (root / "run.json").write_text("{}")
+    (root / "run.json").write_text(RUN_JSON)
     for name, (tensors, split) in files.items():
         meta = {"sharding": json.dumps({k: sh.to_dict() for k, sh in split.items()})} if split else None
         write_safetensors_atomic(root / "final" / name, tensors, metadata=meta)

@@ -23,7 +23,8 @@ from logsplit import log_lines, signature, write_arrangement
 from ftkit.analysis.engine import analyze_paths
 from ftkit.events.demux import DemuxStream
 from ftkit.events.merge import write_merged_log
-from ftkit.testing.synthetic import VIOLATIONS, SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import VIOLATIONS, SyntheticSpec
 
 REPO = Path(__file__).resolve().parents[2]  # the tree under test, for subprocesses
 

@@ -7,9 +7,11 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from ftkit.events.schema import EVENT_TYPES, parse_event, schema_markdown
+from ftkit.events.schema import EVENT_TYPES, parse_event
+from ftkit.events.schema_doc import schema_markdown
 from ftkit.events.validate import explain, is_valid
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 # The table of issue 2: these names are a public contract and must never change.
 CONTRACT = {

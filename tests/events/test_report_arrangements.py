@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from logsplit import log_lines, write_arrangement
 
 from ftkit import cli
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 _PATH = re.compile(r"(?:/[^\s'\"<>]*/)?[\w.-]+\.jsonl(?:\.gz)?(?::\d+)?")
 _LINE = re.compile(r"\bline: \d+")  # JUnit's evidence lines

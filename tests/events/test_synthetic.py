@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from ftkit.testing.synthetic import SyntheticSpec, generate, main, tensor_names
+from ftkit.testing.synthetic import generate, main
+from ftkit.testing.synthetic_spec import SyntheticSpec, tensor_names
 
 
 def _contents(d):

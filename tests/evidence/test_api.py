@@ -131,3 +131,42 @@ def test_a_promised_dump_that_is_missing_fails(tmp_path, capsys):
     assert cli.main(["analyze-events", str(tmp_path / "events"), "--format", "json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert [f["code"] for f in doc["findings"]] == ["FT112"] and "dump_written" in doc["findings"][0]["message"]
+
+
+def test_a_nan_update_committed_through_the_api_fails_whatever_is_promised(tmp_path, capsys):
+    """Issue 38 item 1: a loop that ignores ``observe_grads`` and steps anyway, metrics not
+    promised: ``grad_nonfinite`` on committed steps and rejected checkpoints were a PASS."""
+    torch.manual_seed(0)
+    run = EvidenceRun(tmp_path, EvidenceProfile(metric_every=None, checkpoint_every=2))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.allocate(0, range(6))
+    for step in range(6):
+        opt.zero_grad()
+        model(torch.full((1, 4), float(step))).pow(2).sum().backward()
+        if step == 2:
+            next(model.parameters()).grad[0, 0] = float("nan")
+        run.observe_grads(step, model)  # ignored: the optimizer steps anyway
+        opt.step()
+        run.step(step, model=model, optimizer=opt, samples=[step])
+        if run.profile.due("checkpoint", step):
+            run.publish_checkpoint(step, model, opt)
+    run.close()
+    assert cli.main(["analyze-events", str(tmp_path / "events"), "--format", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == "fail" and "FT109" in doc["stats"]["not_covered"]
+    ft106 = [f for f in doc["findings"] if f["code"] == "FT106"]
+    assert [f["evidence"]["step"] for f in ft106] == [2, 3, 4, 5]  # the NaN is in the weights from step 2 on
+    assert "non-finite gradients" in ft106[0]["message"] and ft106[0]["evidence"]["tensors"] == ["0.weight"]
+
+
+def test_a_checkpoint_between_two_fingerprints_verifies(tmp_path, capsys):
+    """Issue 38 item 16: fingerprints every 3 steps, checkpoints every 4: the checkpoint of step 3
+    had no logged fingerprint and ``verify-checkpoint`` failed a healthy run (FT214);
+    ``publish_checkpoint`` logs the fingerprint it publishes."""
+    _train(EvidenceRun(tmp_path, EvidenceProfile(fingerprint_every=3, checkpoint_every=4)), 8)
+    events = _events(tmp_path)
+    assert sorted({e["step"] for e in events if e["type"] == "state_fingerprint"}) == [2, 3, 5, 7]
+    assert cli.main(["verify-checkpoint", str(tmp_path)]) == 0
+    assert cli.main(["analyze-events", str(tmp_path / "events")]) == 0
+    capsys.readouterr()

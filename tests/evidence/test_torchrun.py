@@ -65,11 +65,17 @@ def test_clean_run_analyzes_clean_and_its_checkpoints_verify(tmp_path, capsys):
 
 
 def test_one_ranks_weights_perturbed_once_is_ft101_at_that_step(tmp_path, capsys):
-    doc = analyze(torchrun(tmp_path / "div", "--plant-divergence", "2"), capsys)
+    run = torchrun(tmp_path / "div", "--plant-divergence", "2")
+    doc = analyze(run, capsys)
     found = errors(doc)
     assert set(found) == {"FT101"}
     first = found["FT101"][0]
     assert first["evidence"]["step"] == 2 and first["evidence"]["cells"] == [1]
+    # Issue 38 item 2: the checkpoint after the divergence is refused, not rank 0's state published.
+    driver = [json.loads(x) for x in (run / "events" / "driver-i0.jsonl").read_text().splitlines()]
+    rejected = [e for e in driver if e["type"] == "checkpoint_rejected"]
+    assert [e["step"] for e in rejected] == [3] and "replicas diverged at step 3" in rejected[0]["reason"]
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000001"]
 
 
 def test_a_dropped_and_a_duplicated_sample_are_ft103_and_ft104(tmp_path, capsys):

@@ -63,6 +63,26 @@ def test_a_nan_gradient_at_a_save_makes_the_guard_refuse_the_publication(tmp_pat
     assert {e["step"] for e in trainer if e["type"] == "grad_nonfinite"} == {3}
     assert cli.main(["verify-checkpoint", str(tmp_path)]) == 0  # the one published before the NaN
     capsys.readouterr()
+    doc = analyze(tmp_path, capsys)  # the Trainer stepped on the NaN: never a pass
+    assert doc["verdict"] == "fail"
+    assert [(f["code"], f["evidence"]["step"]) for f in doc["findings"]] == [("FT106", 3), ("FT109", 3)]
+
+
+def test_a_nan_update_the_trainer_commits_fails_though_hf_logs_the_loss_as_finite(tmp_path, capsys):
+    """Issue 38 item 1: from step 1 on the model is all-NaN, HF's ``logging_nan_inf_filter`` logs a
+    finite loss, and the verdict was PASS."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--plant-nan", "1"],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = analyze(tmp_path, capsys)
+    assert doc["verdict"] == "fail"
+    found = sorted((f["code"], f["evidence"]["step"]) for f in doc["findings"])
+    assert found == [("FT106", 1), ("FT106", 2), ("FT106", 3), ("FT109", 1), ("FT109", 2), ("FT109", 3)], found
 
 
 def test_a_planted_divergence_under_two_process_ddp_is_ft101_at_that_step(tmp_path, capsys):

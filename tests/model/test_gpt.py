@@ -6,6 +6,7 @@ import torch
 from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel, layer_spec
 from ftkit.model.presets import PRESETS, VOCAB_SIZE, get_preset
 from ftkit.train.config import TrainConfig
+from ftkit.train.plan.run_plan import build_plan
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,15 +20,15 @@ def _params(model):
 
 
 def test_build_is_a_function_of_the_seed():
-    a = _params(build_gpt(TrainConfig(seed=3).gpt_spec(), "cpu"))
-    b = _params(build_gpt(TrainConfig(seed=3).gpt_spec(), "cpu"))
-    c = _params(build_gpt(TrainConfig(seed=4).gpt_spec(), "cpu"))
+    a = _params(build_gpt(build_plan(TrainConfig(seed=3)).model, 3, "cpu"))
+    b = _params(build_gpt(build_plan(TrainConfig(seed=3)).model, 3, "cpu"))
+    c = _params(build_gpt(build_plan(TrainConfig(seed=4)).model, 4, "cpu"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(a["decoder.layers.0.mlp.linear_fc1.weight"], c["decoder.layers.0.mlp.linear_fc1.weight"])
 
 
 def test_tiny_model_runs_forward_and_backward_on_cpu():
-    model = build_gpt(TrainConfig().gpt_spec(), "cpu").to("cpu")
+    model = build_gpt(build_plan(TrainConfig()).model, 0, "cpu").to("cpu")
     tokens = torch.randint(0, VOCAB_SIZE, (3, 13))
     pos = torch.arange(13).unsqueeze(0).expand(3, -1)
     logits = model(tokens, pos, None)
@@ -38,7 +39,7 @@ def test_tiny_model_runs_forward_and_backward_on_cpu():
 
 
 def test_the_model_is_causal():
-    model = build_gpt(TrainConfig().gpt_spec(), "cpu")
+    model = build_gpt(build_plan(TrainConfig()).model, 0, "cpu")
     tokens = torch.randint(0, VOCAB_SIZE, (2, 10))
     pos = torch.arange(10).unsqueeze(0).expand(2, -1)
     changed = tokens.clone()
@@ -84,7 +85,7 @@ def test_cpu_layer_spec_uses_sdp_attention():
 
 
 def test_small_preset_has_20_to_50_million_parameters():
-    model = build_gpt(TrainConfig(model="small", samples_per_rollout=32).gpt_spec(), "cpu")
+    model = build_gpt(build_plan(TrainConfig(model="small", samples_per_rollout=32)).model, 0, "cpu")
     count = sum(p.numel() for p in model.parameters())
     assert 20e6 <= count <= 50e6
     assert count == PRESETS["small"].approx_params

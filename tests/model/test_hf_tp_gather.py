@@ -34,11 +34,12 @@ dist.init_process_group("gloo")
 from megatron.core import parallel_state as ps
 
 ps.initialize_model_parallel(2, 1, create_gloo_process_groups=False)
-from ftkit.model.gpt import GPTSpec, build_gpt
+from ftkit.model.gpt import build_gpt
+from ftkit.model.spec import resolve_model
 from ftkit.train.rank.pipeline import export_cell
 
 model_dir = sys.argv[1]
-model = build_gpt(GPTSpec(model_dir, 0, hf_dir=model_dir), "cpu")
+model = build_gpt(resolve_model(model_dir), 0, "cpu")
 state = export_cell(model)
 if dist.get_rank() == 0:
     from ftkit.model.families import load_arch

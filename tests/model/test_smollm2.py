@@ -52,7 +52,8 @@ def test_smollm2_trains_one_rollout_and_exports_its_checkpoint(tmp_path: Path) -
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ftkit.checkpoint.restore import MODEL, read_groups
+    from ftkit.checkpoint.layout import MODEL
+    from ftkit.checkpoint.restore import read_groups
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.setdefault("FTKIT_CACHE", str(tmp_path / "cache"))

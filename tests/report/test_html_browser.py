@@ -23,7 +23,8 @@ import pytest
 from test_compare_html import write_run
 
 from ftkit import cli
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 HARNESS = """<script>
 window.__errors=[];

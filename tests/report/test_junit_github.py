@@ -106,7 +106,8 @@ def test_junit_of_a_damaged_log_through_the_cli(tmp_path: Path) -> None:
     from junit_schemas import check_junit
 
     from ftkit import cli
-    from ftkit.testing.synthetic import SyntheticSpec, generate
+    from ftkit.testing.synthetic import generate
+    from ftkit.testing.synthetic_spec import SyntheticSpec
 
     events = generate(tmp_path, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2)).events_dir
     log = sorted(events.glob("trainer-*.jsonl"))[0]

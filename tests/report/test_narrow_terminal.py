@@ -12,7 +12,8 @@ from rich.console import Console
 from ftkit.analysis.engine import AnalysisResult, analyze_paths
 from ftkit.report.analysis_human import render_human
 from ftkit.report.analysis_text import RECOVERY_COLUMNS
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 
 @pytest.fixture(scope="module")

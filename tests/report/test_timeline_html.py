@@ -15,7 +15,8 @@ import pytest
 from ftkit import cli
 from ftkit.analysis import timeline as tlmod
 from ftkit.analysis.timeline import build_timeline
-from ftkit.testing.synthetic import SyntheticSpec, generate
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
 
 SPEC = SyntheticSpec(
     cells=3, engines=2, rollouts=3, steps_per_rollout=4, samples_per_rollout=8, faults=2, tensors=6, seed=3

@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 from ftkit.tasks.builtin_rewards import exact_match
-from ftkit.tasks.datasets import arithmetic_path, shipped_task
+from ftkit.tasks.datasets import arithmetic_path
+from ftkit.tasks.jsonl import JsonlPrompts
 from ftkit.tasks.rewards import load_reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,9 +27,8 @@ def test_another_seed_gives_other_problems(tmp_path):
 
 
 def test_the_shipped_task_reads_every_line_and_its_answers_score_one():
-    task = shipped_task("arithmetic")
-    assert load_reward(task.reward_spec()).name == "exact_match"
-    records = list(task.prompts())
+    assert load_reward("exact_match").name == "exact_match"
+    records = list(JsonlPrompts(arithmetic_path(), "prompt", "answer"))
     assert len(records) == 4000 and len({r.text for r in records}) > 3900
     for r in records:
         assert r.text.endswith("Put the final answer in \\boxed{}.")
@@ -42,7 +42,7 @@ def test_the_answers_are_the_arithmetic_of_the_prompt():
     import re
 
     checked = 0
-    for r in shipped_task("arithmetic").prompts():
+    for r in JsonlPrompts(arithmetic_path(), "prompt", "answer"):
         nums = [int(n) for n in re.findall(r"\d+", r.text)]
         if " finds " in r.text:
             assert int(r.label) == nums[0] + nums[1]

@@ -95,10 +95,11 @@ def test_pad_id_must_come_from_somewhere():
 def test_the_shipped_dataset_through_a_real_tokenizer_has_the_configured_shape_or_a_named_error():
     from itertools import islice
 
-    from ftkit.tasks.datasets import shipped_task
+    from ftkit.tasks.datasets import arithmetic_path
+    from ftkit.tasks.jsonl import JsonlPrompts
 
     tok, _ = _hf_tokenizer()
-    records = list(islice(shipped_task("arithmetic").prompts(), 32))
+    records = list(islice(JsonlPrompts(arithmetic_path(), "prompt", "answer"), 32))
     encoded = encode_prompts(tok, records, max_prompt_len=64)
     padded = pad_prompts([e.ids for e in encoded], 64, pad_id_of(tok))
     assert padded.ids.shape == (32, 64) and len(set(padded.lengths.tolist())) > 1  # variable lengths, one shape

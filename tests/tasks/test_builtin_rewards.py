@@ -5,6 +5,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from ftkit.tasks.addition import AdditionTask
 from ftkit.tasks.builtin_rewards import (
     addition_task,
     deterministic_random,
@@ -13,9 +14,8 @@ from ftkit.tasks.builtin_rewards import (
     format_reward,
     last_boxed,
     parse_number,
+    random_bit,
 )
-from ftkit.train.rl.rewards import random_bit
-from ftkit.train.rl.task import AdditionTask
 
 
 @pytest.mark.parametrize(

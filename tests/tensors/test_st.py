@@ -158,3 +158,39 @@ def test_valid_dtypes_ftkit_does_not_read_are_not_called_corrupt(tmp_path, code)
         read_header(p)
     assert f"dtype {code}, which ftkit does not read" in err.value.message
     assert "malformed" not in err.value.message and "BF16" in err.value.hint
+
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_two_saves_in_two_processes_are_the_same_bytes(tmp_path):
+    """Issue 38 item 15: the ``final/*.safetensors`` of two bitwise-equal runs differed in bytes:
+    the Rust writer's metadata order changes from process to process; ftkit sorts it."""
+    code = (
+        "import sys, torch; from ftkit.tensors.st import save_safetensors; "
+        "meta = {f'key{i}': str(i) for i in range(40)}; "
+        "save_safetensors(sys.argv[1], {'w': torch.arange(6.0), 'b': torch.ones(2, dtype=torch.bfloat16)}, meta)"
+    )
+    files = [tmp_path / f"{i}.safetensors" for i in range(2)]
+    for f in files:
+        subprocess.run(
+            [sys.executable, "-c", code, str(f)],
+            check=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        )
+    a, b = (f.read_bytes() for f in files)
+    assert a == b
+    (n,) = struct.unpack("<Q", a[:8])
+    meta = json.loads(a[8 : 8 + n])["__metadata__"]
+    assert list(meta) == sorted(meta) and len(meta) == 40
+    from safetensors import safe_open
+
+    with safe_open(str(files[0]), "pt") as fh:
+        assert fh.metadata() == {f"key{i}": str(i) for i in range(40)} and fh.get_tensor("w").tolist() == [
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]

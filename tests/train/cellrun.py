@@ -45,6 +45,7 @@ def synthetic_batch(cfg) -> dict:
 def _proc(index: int, jobs: list) -> None:
     from ftkit.tensors.st import write_safetensors_atomic
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.step_types import StepTask
     from ftkit.train.rank.worker import RankWorker
     from ftkit.train.rl.microshards import assign
@@ -52,7 +53,7 @@ def _proc(index: int, jobs: list) -> None:
     run_dir, cfg_dict, alive, steps, nan_step, cell, rank, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg, run_dir, cell, rank, 0)
+    w = RankWorker(build_plan(cfg), run_dir, cell, rank, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, alive)
     results = []
@@ -84,7 +85,7 @@ def _proc(index: int, jobs: list) -> None:
 def _roundtrip(w, out: Path) -> None:
     from safetensors.torch import load_file
 
-    from ftkit.model.gpt import stage_position
+    from ftkit.model.stages import stage_position
     from ftkit.tensors.st import write_safetensors_atomic
     from ftkit.train.rank.canonical_state import local_state
     from ftkit.train.rank.state_codec import capture

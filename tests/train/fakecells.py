@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from ftkit.train.control.cell_state import CellBook, CellState
@@ -125,7 +126,9 @@ class FakeRun:
     refs: FakeRefs = field(default_factory=FakeRefs)
 
     def __post_init__(self) -> None:
-        self.book = CellBook(self.cells, lambda type_, **f: self.events.append((type_, f)) or True)
+        self.book = CellBook(
+            self.cells, SimpleNamespace(emit=lambda type_, **f: self.events.append((type_, f)) or True)
+        )
         for c in range(self.cells):
             self.book.transition(c, CellState.starting, "run start")
             self.book.transition(c, CellState.alive, "started")

@@ -1,5 +1,7 @@
 """The driver's cell state machine: legal transitions are events, illegal ones are refused."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from ftkit.events.schema import parse_event
@@ -8,7 +10,7 @@ from ftkit.train.control.cell_state import LEGAL, CellBook, CellState
 
 def book(cells=2):
     emitted = []
-    return CellBook(cells, lambda type_, **fields: emitted.append((type_, fields))), emitted
+    return CellBook(cells, SimpleNamespace(emit=lambda type_, **fields: emitted.append((type_, fields)))), emitted
 
 
 def test_a_failed_cell_is_restarted_healed_and_alive_again_every_step_an_event():

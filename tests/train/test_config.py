@@ -4,6 +4,7 @@ import pytest
 
 from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.config import TrainConfig, load_config
+from ftkit.train.plan.run_plan import build_plan
 
 
 def test_defaults_are_the_documented_ones():
@@ -44,7 +45,7 @@ def test_defaults_are_the_documented_ones():
 )
 def test_bad_values_are_one_line_config_errors(values, message):
     with pytest.raises(ConfigError) as err:
-        load_config(values)
+        build_plan(load_config(values))
     assert message in err.value.message and "\n" not in err.value.message
     assert err.value.hint
 
@@ -107,8 +108,8 @@ def test_lr_zero_is_allowed_and_negative_is_not():
 
 
 def test_model_names_a_preset_or_an_existing_path(tmp_path):
-    assert load_config({"model": "small"}).model.digest == ""
+    assert build_plan(load_config({"model": "small"})).config.model.digest == ""
     with pytest.raises(ConfigError, match="model_digest"):
-        load_config({"model": "tiny", "model_digest": "abc"})
+        build_plan(load_config({"model": "tiny", "model_digest": "abc"}))
     with pytest.raises(FtkitError, match="neither a preset"):
-        load_config({"model": str(tmp_path / "absent")})
+        build_plan(load_config({"model": str(tmp_path / "absent")}))

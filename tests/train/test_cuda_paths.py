@@ -35,6 +35,7 @@ def _proc(index: int, jobs: list[Any]) -> None:
 
     import ftkit.train.rank.crosscell as cc
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.state_codec import decode, encode
     from ftkit.train.rank.step_types import StepTask
     from ftkit.train.rank.worker import RankWorker
@@ -57,7 +58,7 @@ def _proc(index: int, jobs: list[Any]) -> None:
         cc.CrossCellLink.__init__, cc.CrossCellLink.allreduce = gloo_init, host_allreduce
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg, run_dir, cell, 0, 0)
+    w = RankWorker(build_plan(cfg), run_dir, cell, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, alive)
     shards = tuple(assign(cfg.batch.micro_shards, alive)[cell])
@@ -111,12 +112,13 @@ def test_a_cuda_rank_is_deterministic_and_membership_invariant(tmp_path: Path) -
 
 
 def test_engine_generation_does_not_depend_on_the_split(tmp_path: Path) -> None:
+    from ftkit.tasks.addition import AdditionTask
     from ftkit.train.config import TrainConfig
-    from ftkit.train.rl.engines import InferenceEngine
-    from ftkit.train.rl.task import AdditionTask
+    from ftkit.train.plan.run_plan import build_plan
+    from ftkit.train.rl.engines import EngineActor
 
     (tmp_path / "events").mkdir()
-    engine = InferenceEngine(TrainConfig(device="cuda"), str(tmp_path), 0)
+    engine = EngineActor(build_plan(TrainConfig(device="cuda")), str(tmp_path), 0)
     prompts = AdditionTask(8).prompts(0, 0, 8).repeat_interleave(4, dim=0)
     (whole, whole_lp), (part, part_lp) = engine.generate(prompts, 0, 0), engine.generate(prompts[16:], 0, 16)
     assert torch.equal(whole[16:], part) and torch.equal(whole_lp[16:], part_lp)

@@ -13,6 +13,7 @@ from suite import FULL
 from ftkit.cli import main
 from ftkit.train.config import TrainConfig
 from ftkit.train.control.driver import run_training
+from ftkit.train.plan.run_plan import build_plan
 
 BASE = dict(rollouts=2, steps_per_rollout=2, samples_per_rollout=16, micro_shards=4, group_size=4, seed=11)
 RUNS = {
@@ -27,7 +28,7 @@ RUNS = {
 @pytest.fixture(scope="module")
 def runs(ray_session, tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {name: run_training(TrainConfig(**BASE, **kw, out=root / name)) for name, kw in RUNS.items()}
+    return {name: run_training(build_plan(TrainConfig(**BASE, **kw, out=root / name))) for name, kw in RUNS.items()}
 
 
 def tensors_of(run_dir):

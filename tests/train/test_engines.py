@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from ftkit.train.rl.engines import GEN_CHUNK, InferenceEngine, split
-from ftkit.train.rl.task import EOS, RESPONSE_TOKENS, AdditionTask
+from ftkit.tasks.addition import EOS, RESPONSE_TOKENS, AdditionTask
+from ftkit.train.rl.engines import GEN_CHUNK, EngineActor, split
 
 
 def test_split_gives_contiguous_chunk_aligned_ranges():
@@ -24,8 +24,9 @@ def test_split_gives_contiguous_chunk_aligned_ranges():
 
 def _cfg(seed=0, **kw):
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
 
-    return TrainConfig(seed=seed, response_len=6, **kw)  # actors take the validated object
+    return build_plan(TrainConfig(seed=seed, response_len=6, **kw))  # actors take the run plan
 
 
 _SAVE_MODEL = """
@@ -33,10 +34,11 @@ import sys
 from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
 from ftkit.tensors.st import write_safetensors_atomic
 from ftkit.train.config import TrainConfig
+from ftkit.train.plan.run_plan import build_plan
 configure_determinism(1)
 init_local_parallel("cpu")
 for seed in (0, 5):
-    model = build_gpt(TrainConfig(seed=seed, response_len=6).gpt_spec(), "cpu")
+    model = build_gpt(build_plan(TrainConfig(seed=seed, response_len=6)).model, seed, "cpu")
     write_safetensors_atomic(f"{sys.argv[1]}/seed{seed}.safetensors",
                              {n: p.detach() for n, p in model.named_parameters()})
 """
@@ -57,7 +59,7 @@ def _states(tmp_path):
 def engines(ray_session, tmp_path_factory):
     ray = ray_session
     run_dir = tmp_path_factory.mktemp("engines") / "run"
-    cls = ray.remote(num_cpus=0.5)(InferenceEngine)
+    cls = ray.remote(num_cpus=0.5)(EngineActor)
     actors = {"a": cls.remote(_cfg(0), str(run_dir), 0), "b": cls.remote(_cfg(0), str(run_dir), 1)}
     yield ray, actors, _states(run_dir.parent), run_dir
     for a in actors.values():

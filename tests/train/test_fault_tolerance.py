@@ -25,6 +25,7 @@ from faultkit import Trigger, all_events
 from ftkit.cli import main
 from ftkit.train.config import TrainConfig
 from ftkit.train.control.driver import run_training
+from ftkit.train.plan.run_plan import build_plan
 
 BASE = dict(
     rollouts=4,
@@ -42,7 +43,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def baseline(ray_session, tmp_path_factory):
-    return run_training(TrainConfig(**BASE, out=tmp_path_factory.mktemp("ft") / "base"))
+    return run_training(build_plan(TrainConfig(**BASE, out=tmp_path_factory.mktemp("ft") / "base")))
 
 
 def weights_sent(run_dir: Path) -> dict[int, str]:
@@ -65,7 +66,7 @@ def test_sigkill_of_a_rank_is_survived_healed_and_bitwise_equal(baseline, tmp_pa
     out = tmp_path / "kill"
     trigger = Trigger(out, cell=1, step=0, action=lambda pid: os.kill(pid, signal.SIGKILL))
     trigger.start()
-    result = run_training(TrainConfig(**BASE, out=out))
+    result = run_training(build_plan(TrainConfig(**BASE, out=out)))
     assert trigger.fired is not None
     check_equal_to_baseline(result, baseline)
     (fail,) = failures(out)
@@ -89,7 +90,7 @@ def test_sigstopped_rank_is_detected_by_deadline_killed_and_replaced(baseline, t
     out = tmp_path / "stop"
     trigger = Trigger(out, cell=1, step=1, action=lambda pid: os.kill(pid, signal.SIGSTOP))
     trigger.start()
-    result = run_training(TrainConfig(**BASE, out=out))
+    result = run_training(build_plan(TrainConfig(**BASE, out=out)))
     assert trigger.fired is not None
     check_equal_to_baseline(result, baseline)
     (fail,) = failures(out)

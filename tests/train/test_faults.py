@@ -26,6 +26,7 @@ from ftkit.train.faults.chaos import FATAL, expand_chaos, parse_chaos
 from ftkit.train.faults.injector import FaultInjector, InjectedFault, flip_bit
 from ftkit.train.faults.schedule import parse_specs
 from ftkit.train.faults.spec import KIND_POINTS, POINTS, WRITER_POINTS, FaultSpec, parse_spec
+from ftkit.train.plan.run_plan import build_plan, fault_bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,8 +112,8 @@ def test_bad_specs_are_one_line_errors_naming_the_key(spec, message):
 )
 def test_specs_are_bounded_by_the_config(spec, message):
     with pytest.raises(ValueError, match=message):
-        parse_spec(spec, TrainConfig().fault_bounds())  # 2 cells x 1 rank, 1 engine, 8 rollouts x 2 steps
-    final_sync = parse_spec("kind=sigkill,point=during_weight_sync,engine=0,step=16", TrainConfig().fault_bounds())
+        parse_spec(spec, fault_bounds(TrainConfig()))  # 2 cells x 1 rank, 1 engine, 8 rollouts x 2 steps
+    final_sync = parse_spec("kind=sigkill,point=during_weight_sync,engine=0,step=16", fault_bounds(TrainConfig()))
     assert final_sync.step == 16  # the final weights (version 8)
 
 
@@ -144,7 +145,7 @@ def test_specs_travel_in_the_config_file(capsys, tmp_path):
     code = cli.main(["train", "--config", str(tmp_path / "faults.toml"), "--print-config"])
     cfg = TrainConfig.model_validate(json.loads(capsys.readouterr().out))
     assert code == 0 and cfg.faults.inject == ("kind=exit,point=after_reduce,cell=1,step=2",)
-    specs = cfg.fault_specs()
+    specs = build_plan(cfg).faults
     assert specs[0] == FaultSpec("exit", "after_reduce", cell=1, rank=0, step=2) and len(specs) == 3
 
 
@@ -165,7 +166,7 @@ class Log:
 
 def _injector(specs, role="trainer", **who):
     log = Log()
-    return FaultInjector([parse_spec(s) for s in specs], log.emit, log.sync, role, **who), log
+    return FaultInjector([parse_spec(s) for s in specs], log, role, **who), log
 
 
 def test_a_spec_strikes_only_its_process_point_step_and_attempt():
@@ -221,7 +222,7 @@ def test_slow_sleeps_its_seconds_and_returns_none(monkeypatch):
 
 
 def test_parse_specs_puts_chaos_after_the_explicit_specs():
-    cfg = TrainConfig(rollouts=20).fault_bounds()
+    cfg = fault_bounds(TrainConfig(rollouts=20))
     specs = parse_specs(["kind=exit,point=after_reduce,cell=1,step=2"], "mtbf=4,seed=1,max=5", cfg)
     assert specs[0].kind == "exit" and len(specs) == 6
     assert parse_specs([], "mtbf=4", None) == []  # grammar only without a config
@@ -229,7 +230,7 @@ def test_parse_specs_puts_chaos_after_the_explicit_specs():
 
 # ----------------------------------------------------------------------------- chaos
 def test_chaos_is_deterministic_and_bounded():
-    cfg = TrainConfig(cells=3, micro_shards=8, rollouts=40, engines=2).fault_bounds()
+    cfg = fault_bounds(TrainConfig(cells=3, micro_shards=8, rollouts=40, engines=2))
     a = expand_chaos("mtbf=3,seed=7,max=12", cfg)
     assert a == expand_chaos("mtbf=3,seed=7,max=12", cfg)
     assert a != expand_chaos("mtbf=3,seed=8,max=12", cfg)
@@ -246,12 +247,12 @@ def test_chaos_is_deterministic_and_bounded():
 
 
 def test_chaos_on_one_cell_draws_no_fatal_trainer_fault():
-    specs = expand_chaos("mtbf=2,seed=0,max=50", TrainConfig(cells=1, rollouts=30).fault_bounds())
+    specs = expand_chaos("mtbf=2,seed=0,max=50", fault_bounds(TrainConfig(cells=1, rollouts=30)))
     assert specs and all(s.kind in ("nan-grad", "slow") for s in specs if s.role == "trainer")
 
 
 def test_chaos_mean_gap_follows_mtbf_over_step_s():
-    cfg = TrainConfig(rollouts=2000).fault_bounds()
+    cfg = fault_bounds(TrainConfig(rollouts=2000))
     specs = expand_chaos("mtbf=10,step_s=1,seed=1,max=400", cfg)
     gaps = [b.step - a.step for a, b in zip(specs, specs[1:])]
     assert 8 < sum(gaps) / len(gaps) < 12
@@ -287,7 +288,7 @@ from ftkit.events.writer import EventWriter
 from ftkit.train.faults.injector import FaultInjector
 from ftkit.train.faults.spec import parse_spec
 w = EventWriter(sys.argv[1], run="t", role="trainer", cell=1, rank=0)
-inj = FaultInjector([parse_spec(sys.argv[2])], w.emit, w.sync, "trainer", cell=1, rank=0)
+inj = FaultInjector([parse_spec(sys.argv[2])], w, "trainer", cell=1, rank=0)
 inj.at("before_forward", step=0)
 print("survived", flush=True)
 inj.at("during_reduce", step=3, rollout=1)

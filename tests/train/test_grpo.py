@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from ftkit.engines.policy import next_token_logprobs, token_logprobs
 from ftkit.errors import ConfigError
 from ftkit.train.rank.loss import pg_loss
 from ftkit.train.rl import rollouts
@@ -17,9 +18,7 @@ from ftkit.train.rl.grpo import (
     grpo_loss,
     k3,
     loss_norm,
-    next_token_logprobs,
     sum_losses,
-    token_logprobs,
     token_loss,
 )
 

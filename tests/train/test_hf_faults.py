@@ -40,6 +40,7 @@ from test_pipeline import checkpoint_files, step_metrics
 from ftkit.cli import main
 from ftkit.train.config import TrainConfig
 from ftkit.train.control.driver import run_training
+from ftkit.train.plan.run_plan import build_plan
 from tests.model.hf_models import make_model
 
 pytestmark = pytest.mark.slow
@@ -73,7 +74,9 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(ray_session, model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("hf-runs")
-    return {n: run_training(TrainConfig(**BASE, **kw, model=str(model), out=root / n)) for n, kw in RUNS.items()}
+    return {
+        n: run_training(build_plan(TrainConfig(**BASE, **kw, model=str(model), out=root / n))) for n, kw in RUNS.items()
+    }
 
 
 def rules(result) -> dict[str, tuple[int, str]]:
@@ -143,7 +146,7 @@ def test_sigkill_of_a_rank_is_healed_and_bitwise_the_fault_free_run(runs, model,
     out = tmp_path / "kill"
     trigger = Trigger(out, cell=1, step=0, action=lambda pid: os.kill(pid, signal.SIGKILL))
     trigger.start()
-    result = run_training(TrainConfig(**BASE, cells=2, model=str(model), out=out))
+    result = run_training(build_plan(TrainConfig(**BASE, cells=2, model=str(model), out=out)))
     trigger.join(timeout=5)
     assert trigger.fired is not None
     assert_analyzed_clean(result, cells=2)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ftkit.errors import ConfigError
-from ftkit.train.rl.task import TaskVocab, task_for
+from ftkit.tasks.addition import TaskVocab, task_for
 from tests.model.hf_models import make_model
 
 
@@ -43,10 +43,11 @@ def test_the_loss_ignores_the_padded_vocabulary(llama):
     import torch
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    from ftkit.model.gpt import GPTSpec, build_gpt, init_local_parallel
+    from ftkit.model.gpt import build_gpt, init_local_parallel
+    from ftkit.model.spec import resolve_model
 
     init_local_parallel("cpu")
-    model = build_gpt(GPTSpec(str(llama), 0, hf_dir=str(llama)), "cpu").eval()
+    model = build_gpt(resolve_model(str(llama)), 0, "cpu").eval()
     tokens, pos = torch.tensor([[0, 20, 266, 221, 24, 283]]), torch.arange(6)[None]
     labels = torch.roll(tokens, -1, dims=1)
     with torch.no_grad():
@@ -64,26 +65,29 @@ def test_every_power_of_two_tp_holds_the_same_padded_vocabulary(llama):
     """300 tokens are 1024 rows at TP 1 and 2 alike (the engines' TP=1 rows are the cells'), and a
     TP the padded rows do not split over is exit 2 naming the vocabulary."""
     from ftkit.train.config import load_config
+    from ftkit.train.plan.run_plan import build_plan
 
     for tp in (1, 2):
-        assert load_config({"model": str(llama), "tp": tp}).hf_arch().padded_vocab == 1024
+        assert build_plan(load_config({"model": str(llama), "tp": tp})).model.hf.padded_vocab == 1024
     with pytest.raises(ConfigError, match="does not split over TP=3"):
-        load_config({"model": str(llama), "tp": 3})
+        build_plan(load_config({"model": str(llama), "tp": 3}))
 
 
 def test_pipeline_stages_with_tied_embeddings_are_a_config_error(llama):
     from ftkit.train.config import load_config
+    from ftkit.train.plan.run_plan import build_plan
 
     with pytest.raises(ConfigError, match="tied embeddings"):
-        load_config({"model": str(llama), "pp": 2})
+        build_plan(load_config({"model": str(llama), "pp": 2}))
 
 
 def test_a_model_changed_since_the_run_is_a_config_error(llama):
     from ftkit.model.source import content_digest
     from ftkit.train.config import load_config
+    from ftkit.train.plan.run_plan import build_plan
 
-    cfg = load_config({"model": str(llama)})
+    cfg = build_plan(load_config({"model": str(llama)})).config
     assert cfg.model.digest == content_digest(llama)
-    assert load_config(cfg.model_dump()).model == cfg.model  # a run.json record validates again
+    assert build_plan(load_config(cfg.model_dump())).config.model == cfg.model  # a run.json record plans again
     with pytest.raises(ConfigError, match="has changed"):
-        load_config({**cfg.model_dump(), "model_digest": "0" * 16})
+        build_plan(load_config({**cfg.model_dump(), "model_digest": "0" * 16}))

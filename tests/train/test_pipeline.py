@@ -10,9 +10,10 @@ from safetensors.torch import load_file
 from test_driver import BASE, events_of, fingerprints, tensors_of
 
 from ftkit.cli import main
-from ftkit.model.gpt import global_param_name, local_param_name
+from ftkit.model.stages import global_param_name, local_param_name
 from ftkit.train.config import TrainConfig
 from ftkit.train.control.driver import run_training
+from ftkit.train.plan.run_plan import build_plan
 from ftkit.train.rank.dumps import capture_name
 
 RUNS = {
@@ -27,7 +28,7 @@ RUNS = {
 @pytest.fixture(scope="module")
 def runs(ray_session, tmp_path_factory):
     root = tmp_path_factory.mktemp("pp")
-    return {name: run_training(TrainConfig(**BASE, **kw, out=root / name)) for name, kw in RUNS.items()}
+    return {name: run_training(build_plan(TrainConfig(**BASE, **kw, out=root / name))) for name, kw in RUNS.items()}
 
 
 def step_metrics(run_dir, key):

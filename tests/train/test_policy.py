@@ -1,10 +1,10 @@
-"""The policy's log-probs (``ftkit.train.rl.policy``): one formulation for engine and trainer."""
+"""The policy's log-probs (``ftkit.engines.policy``): one formulation for engine and trainer."""
 
 from __future__ import annotations
 
 import torch
 
-from ftkit.train.rl.policy import allowed_index, policy_logprobs, sampled_logprobs
+from ftkit.engines.policy import allowed_index, policy_logprobs, sampled_logprobs
 
 
 def test_log_probs_are_over_the_allowed_tokens_only() -> None:

@@ -38,17 +38,18 @@ def llama(tmp_path_factory):
 
 def config(llama: Path, prompts: Path, **kw):
     from ftkit.train.config import load_config
+    from ftkit.train.plan.run_plan import build_plan
 
     values = dict(model=str(llama), prompts=str(prompts), reward="exact_match", max_prompt_len=12, response_len=6)
     values.update(samples_per_rollout=8, micro_shards=2, group_size=4, **kw)
-    return load_config(values)
+    return build_plan(load_config(values))
 
 
 def test_prompts_are_left_padded_to_the_configured_width_and_responses_stop_at_eos(llama, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(llama))
-    task = config(llama, write_prompts(tmp_path / "p.jsonl")).rl_task()
+    task = config(llama, write_prompts(tmp_path / "p.jsonl")).task.build()
     assert (task.prompt_len, task.response_len, task.seq_len) == (12, 6, 18)
     prompts = task.prompts(seed=1, rollout=0, count=5)
     assert prompts.shape == (5, 12)  # the width of the config, not of the longest prompt
@@ -78,15 +79,16 @@ def test_a_chat_template_is_applied_where_the_tokenizer_has_one(llama, tmp_path)
     tok_cfg = json.loads(cfg_path.read_text())
     tok_cfg["chat_template"] = "{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:"
     cfg_path.write_text(json.dumps(tok_cfg))
-    task = config(model, write_prompts(tmp_path / "p.jsonl"), max_prompt_len=24).rl_task()
+    task = config(model, write_prompts(tmp_path / "p.jsonl"), max_prompt_len=24).task.build()
     texts = {task.reward_sample(p, task.correct_responses(p[None])[0]).prompt for p in task.heldout_prompts(0, 5)}
     assert texts == {f"Q: {a} + {b} =\nA:" for a, b in PROBLEMS}
 
 
 def test_an_engine_stops_a_response_at_eos_and_pads_the_rest(llama, tmp_path):
-    from ftkit.train.rl.engines import GEN_CHUNK, InferenceEngine
+    from ftkit.engines.megatron import MegatronEngine
+    from ftkit.train.rl.engines import GEN_CHUNK, EngineActor
 
-    task = config(llama, write_prompts(tmp_path / "p.jsonl")).rl_task()
+    task = config(llama, write_prompts(tmp_path / "p.jsonl")).task.build()
     eos, seven = task.stop_token, 7
 
     class Model:  # eos is the only likely token after the second response position
@@ -96,8 +98,12 @@ def test_an_engine_stops_a_response_at_eos_and_pads_the_rest(llama, tmp_path):
             logits[:, task.prompt_len + 1 :, eos] = 100.0
             return logits
 
-    engine = InferenceEngine.__new__(InferenceEngine)  # the generation loop only: no model, no events
-    engine.cfg, engine.task, engine.model, engine.device = config(llama, tmp_path / "p.jsonl"), task, Model(), "cpu"
+        def parameters(self):
+            return iter([torch.zeros(1)])
+
+    engine = EngineActor.__new__(EngineActor)  # the generation loop only: no model build, no events
+    engine.cfg, engine.task, engine.allowed = config(llama, tmp_path / "p.jsonl").config, task, None
+    engine.llm = MegatronEngine(Model(), "cpu", pad_token=task.pad_token, chunk=GEN_CHUNK, vocab_size=task.vocab_size)
     responses, logprobs = engine.generate(task.prompts(0, 0, GEN_CHUNK + 2), rollout=0, first_index=0)
     pad = task.pad_token
     assert responses.tolist() == [[seven, seven, eos, pad, pad, pad]] * (GEN_CHUNK + 2)
@@ -150,16 +156,16 @@ def test_the_prompt_file_is_recorded_by_path_and_digest_and_must_not_change(llam
     from ftkit.errors import ConfigError
 
     prompts = write_prompts(tmp_path / "p.jsonl")
-    recorded = config(llama, prompts).model_dump(mode="json")  # the flat record of run.json
+    recorded = config(llama, prompts).config.model_dump(mode="json")  # the flat record of run.json
     assert recorded["prompts"] == str(prompts.absolute()) and len(recorded["prompts_digest"]) == 16
-    assert config(llama, prompts, prompts_digest=recorded["prompts_digest"]).task.prompts_digest
+    assert config(llama, prompts, prompts_digest=recorded["prompts_digest"]).config.task.prompts_digest
     write_prompts(prompts, [json.dumps({"prompt": "1 + 1 =", "answer": 2})])
     with pytest.raises(ConfigError, match="the prompt file .* has changed"):  # exit 2
         config(llama, prompts, prompts_digest=recorded["prompts_digest"])
 
 
 def test_the_mask_hides_each_rows_left_padding_and_the_future():
-    from ftkit.train.rl.masks import padding_mask
+    from ftkit.engines.policy import padding_mask
 
     m = padding_mask(torch.tensor([0, 2]), 4)
     assert m.shape == (2, 1, 4, 4) and m.dtype == torch.bool
@@ -181,11 +187,11 @@ def test_a_prompts_output_does_not_depend_on_its_padding(llama, tmp_path):
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
     from ftkit.train.rl.masks import sequence_mask
 
-    cfg = config(llama, write_prompts(tmp_path / "p.jsonl"))
-    task = cfg.rl_task()
+    plan = config(llama, write_prompts(tmp_path / "p.jsonl"))
+    task = plan.task.build()
     configure_determinism(1)
     init_local_parallel("cpu")
-    model = build_gpt(cfg.gpt_spec(), "cpu").eval()
+    model = build_gpt(plan.model, 0, "cpu").eval()
     prompts = task.heldout_prompts(0, len(PROBLEMS))
     pads = task.prompt_pads(prompts)
     assert int(pads.min()) > 0  # every prompt here is shorter than max_prompt_len

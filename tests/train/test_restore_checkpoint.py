@@ -28,13 +28,14 @@ def _proc(index: int, run_dir: str, port: int) -> None:
     from ftkit.checkpoint.restore import state_payload
     from ftkit.checkpoint.retention import RetentionPolicy
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.step_types import StepTask
     from ftkit.train.rank.worker import RankWorker
     from ftkit.train.recovery.resume import read_checkpoint
 
     cfg = TrainConfig(cells=1, samples_per_rollout=36, steps_per_rollout=3, micro_shards=6, group_size=4, seed=7)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg, run_dir, 0, 0, 0)
+    w = RankWorker(build_plan(cfg), run_dir, 0, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, [0])
     shards = tuple(range(cfg.batch.micro_shards))

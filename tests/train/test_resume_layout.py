@@ -15,8 +15,8 @@ from ftkit.train.recovery.resume_plan import plan_resume, resume_config
 
 
 def _run_dir(tmp_path: Path) -> Path:
+    from ftkit.tasks.addition import AdditionTask
     from ftkit.train.control.rundir import write_run_json
-    from ftkit.train.rl.task import AdditionTask
 
     run = tmp_path / "run"
     run.mkdir()

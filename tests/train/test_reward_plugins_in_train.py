@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ftkit.errors import FtkitError
+from ftkit.tasks.addition import DIGIT0, EOS, PROMPT_LEN, AdditionTask
 from ftkit.train.rl.rewards import check_reward, get_reward
-from ftkit.train.rl.task import DIGIT0, EOS, PROMPT_LEN, AdditionTask
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = """
@@ -100,8 +100,8 @@ def test_the_cli_refuses_a_non_deterministic_plug_in_with_one_line_before_ray(pl
 
 @pytest.mark.slow
 def test_a_run_records_the_plug_in_s_scores_of_its_own_tokens(plugin_dir: Path) -> None:
+    from ftkit.tasks.addition import PROMPT_LEN as P
     from ftkit.train.rl.rollouts import load, rollout_path
-    from ftkit.train.rl.task import PROMPT_LEN as P
 
     run = plugin_dir / "run"
     res = _ftkit(plugin_dir, "train", "--out", str(run), "--rollouts", "1", "--reward", "rw_plugin:echo_len")

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from ftkit.errors import ConfigError
-from ftkit.train.rl.rewards import REWARDS, deterministic_random, get_reward, random_bit
-from ftkit.train.rl.task import AdditionTask
+from ftkit.tasks.addition import AdditionTask
+from ftkit.tasks.builtin_rewards import BUILTINS, random_bit
+from ftkit.tasks.builtin_rewards import deterministic_random_tokens as deterministic_random
+from ftkit.train.rl.rewards import get_reward
 
 
 def _batch(n=256, seed=0):
@@ -34,7 +36,7 @@ def test_deterministic_random_is_a_balanced_stable_hash():
 
 def test_random_bit_matches_a_fresh_interpreter():
     code = (
-        "from ftkit.train.rl.rewards import random_bit; "
+        "from ftkit.tasks.builtin_rewards import random_bit; "
         "print(''.join(str(random_bit([1, 5, 3, i % 10, 4], [i, 2, 7])) for i in range(64)))"
     )
     out = subprocess.run(
@@ -47,6 +49,6 @@ def test_get_reward_by_name():
     task, prompts, responses = _batch(8)
     assert torch.equal(get_reward("task")(task, prompts, responses), task.reward(prompts, responses))
     assert get_reward("deterministic_random") is deterministic_random
-    assert set(REWARDS) == {"task", "deterministic_random"}
+    assert {name for name, b in BUILTINS.items() if b.tokens is not None} == {"task", "deterministic_random"}
     with pytest.raises(ConfigError, match="unknown reward 'nope'; built-ins: deterministic_random, exact_match"):
-        get_reward("nope")  # not one of REWARDS: a plug-in name, which resolves to nothing
+        get_reward("nope")  # no built-in: a plug-in name, which resolves to nothing

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
+from ftkit.tasks.addition import PROMPT_LEN, AdditionTask
 from ftkit.train.rl import rollouts
-from ftkit.train.rl.task import PROMPT_LEN, AdditionTask
 
 
 def test_group_advantages_normalise_each_group():

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from ftkit.errors import UsageError
+from ftkit.evidence.record import RUN_SCHEMA
+from ftkit.tasks.addition import AdditionTask
 from ftkit.train.config import TrainConfig
-from ftkit.train.control.rundir import RUN_SCHEMA, check_run_dir, make_run_dir, write_run_json
-from ftkit.train.rl.task import AdditionTask
+from ftkit.train.control.rundir import check_run_dir, make_run_dir, write_run_json
 
 
 def test_fresh_and_empty_directories_are_used(tmp_path):

@@ -5,12 +5,12 @@ import sys
 
 import pytest
 
-from ftkit.train.rl.seeds import derive_seed, torch_generator
+from ftkit.tensors.seeds import derive_seed, torch_generator
 
 
 def test_seed_is_stable_across_processes():
     here = derive_seed("sample", 7, 3, 12)
-    code = "from ftkit.train.rl.seeds import derive_seed; print(derive_seed('sample', 7, 3, 12))"
+    code = "from ftkit.tensors.seeds import derive_seed; print(derive_seed('sample', 7, 3, 12))"
     other = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PYTHONHASHSEED": "123"}
     )

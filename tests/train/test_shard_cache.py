@@ -43,13 +43,14 @@ def _retry_proc(index: int, jobs: list) -> None:
     from cellrun import synthetic_batch
 
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.step_types import StepTask
     from ftkit.train.rank.worker import RankWorker
 
     name, run_dir, cfg_dict, port = jobs[index]
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(cfg, run_dir, 0, 0, 0)
+    w = RankWorker(build_plan(cfg), run_dir, 0, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, [0])
     forwards = [0]

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from suite import FULL
@@ -56,7 +57,7 @@ def test_a_swallowed_signal_is_still_pending_and_is_the_cause_of_any_later_excep
 
 def test_no_cell_is_failed_once_a_signal_arrived():
     events: list[tuple[str, dict]] = []
-    book = CellBook(2, lambda t, **f: events.append((t, f)) or True)
+    book = CellBook(2, SimpleNamespace(emit=lambda t, **f: events.append((t, f)) or True))
     for c in (0, 1):
         book.transition(c, CellState.starting, "run start")
         book.transition(c, CellState.alive, "joined")

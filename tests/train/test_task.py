@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ftkit.model.presets import PRESETS
-from ftkit.train.rl.task import (
+from ftkit.tasks.addition import (
     ANSWER_LEN,
     BOS,
     DIGIT0,

@@ -5,6 +5,7 @@ import torch
 
 from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
 from ftkit.train.config import TrainConfig
+from ftkit.train.plan.run_plan import build_plan
 from ftkit.train.rank.loss import pg_loss, targets
 from ftkit.train.rank.witness import WitnessTable
 
@@ -13,7 +14,7 @@ from ftkit.train.rank.witness import WitnessTable
 def model():
     configure_determinism(1)
     init_local_parallel("cpu")
-    return build_gpt(TrainConfig(seed=5).gpt_spec(), "cpu")
+    return build_gpt(build_plan(TrainConfig(seed=5)).model, 5, "cpu")
 
 
 def _run(model, tokens, mask, adv, witness=None, ids=None):

@@ -102,8 +102,10 @@ class EngineWeights(Rule):
     name = "engine-weights"
     description = (
         "an engine loaded weights other than those sent for that version, engines disagree, "
-        "or an engine did not report a version that was sent (except the version in flight when "
-        "a session that was later resumed stopped)"
+        "an engine did not report a version that was sent (except the version in flight when "
+        "a session that was later resumed stopped), or the weights sent for rollout r are not the "
+        "trainers' committed state after the last step of the rollouts before r (the tensors whose "
+        "names both fingerprint, one rank per cell)"
     )
     fix = "check the weight transfer to the engines (dtype casts, TP gather order, a stale version)"
     events = ("weights_sent", "engine_weights", "run_finished", "run_resumed")
@@ -113,6 +115,10 @@ class EngineWeights(Rule):
         self.sent: OrderedDict[int, tuple[str, dict[str, str], tuple[str, int]]] = OrderedDict()
         self.loaded: OrderedDict[int, dict[int, str]] = OrderedDict()
         self.completed = False  # the current session logged run_finished "completed"
+        # rollout -> (its last committed step, that step's parameter entries or None: not fingerprinted)
+        self.state: OrderedDict[int, tuple[int, dict[str, str] | None]] = OrderedDict()
+        # syncs waiting for the state they must be: (rollout, version, params, where)
+        self.syncs: list[tuple[int, int, dict[str, str], tuple[str, int]]] = []
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["type"] == "run_finished":
@@ -130,6 +136,8 @@ class EngineWeights(Rule):
                     self.sent.pop(old)
                     self.loaded.pop(old, None)
             self.completed = False
+            for r in [r for r in self.state if r > ev["checkpoint_rollout"]]:  # superseded: trained again
+                del self.state[r]
             return
         where = self.replay.where(fi, line)
         version = ev["version"]
@@ -138,6 +146,7 @@ class EngineWeights(Rule):
                 self._close(old)
             self.sent[version] = (ev["total"], ev["params"], where)
             self.loaded.setdefault(version, {})
+            self.syncs.append((ev["rollout"], version, ev["params"], where))
             return
         self.check()
         engines = self.loaded.setdefault(version, {})
@@ -188,9 +197,67 @@ class EngineWeights(Rule):
         while len(self.loaded) > KEEP_VERSIONS:
             self.loaded.popitem(last=False)
 
+    def on_step(self, rec: StepRecord) -> None:
+        """A committed step: the syncs for later rollouts can now be held against the state of the
+        rollouts before them; then this step is the newest state of its rollout."""
+        if not rec.committed:
+            return
+        self._syncs_before(rec.rollout)
+        last = self.state.get(rec.rollout)
+        if last is None or rec.step >= last[0]:
+            self.state[rec.rollout] = (rec.step, self._params(rec))
+            self.state.move_to_end(rec.rollout)
+        while len(self.state) > KEEP_VERSIONS:
+            self.state.popitem(last=False)
+
+    def _params(self, rec: StepRecord) -> dict[str, str] | None:
+        """The parameter entries of the step's committed state (the majority of the cells), when
+        a cell has one rank (the engines get full tensors) and the step was fingerprinted."""
+        if self.replay.ranks_per_cell != 1 or len(rec.fingerprints) != 1:
+            return None
+        rank, by_cell = next(iter(rec.fingerprints.items()))
+        top = majority(by_cell) or by_cell[min(by_cell)]
+        detail = rec.fp_detail.get((rank, top))
+        return None if detail is None or detail[0] is None else dict(detail[0])
+
+    def _syncs_before(self, rollout: int | None) -> None:
+        """Check the syncs for rollouts up to ``rollout`` (None: all, at the end of the log)."""
+        keep = []
+        for sync in self.syncs:
+            if rollout is None or sync[0] <= rollout:
+                self._against_state(*sync)
+            else:
+                keep.append(sync)
+        self.syncs = keep
+
+    def _against_state(self, rollout: int, version: int, params: dict[str, str], where: tuple[str, int]) -> None:
+        earlier = [r for r in self.state if r < rollout]
+        if not earlier:
+            return  # the initial weights (no committed step before): nothing logged to hold them to
+        step, state = self.state[max(earlier)]
+        if state is None:
+            return  # that step was not fingerprinted (a cadence), or the layout shards the tensors
+        common = [n for n in params if n in state]
+        if not common:
+            return  # the engines' own names (vLLM: Hugging Face names, its dtype): not comparable
+        self.check()
+        differ = [n for n in common if params[n] != state[n]]
+        if differ:
+            self.report(
+                f"weights version {version} sent for rollout {rollout} are not the trainers' committed state "
+                f"after step {step}: {len(differ)} of {len(common)} tensors differ "
+                f"({', '.join(differ[:MAX_NAMES])})",
+                version=version,
+                rollout=rollout,
+                step=step,
+                tensors=differ[:MAX_NAMES],
+                where=where,
+            )
+
     def finish(self) -> None:
         for version in list(self.sent):
             self._close(version)
+        self._syncs_before(None)
 
 
 @register

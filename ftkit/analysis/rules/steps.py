@@ -15,25 +15,45 @@ class CommitInconsistent(Rule):
     name = "commit-inconsistent"
     description = (
         "a step committed by some live cells and discarded, failed or missing on others "
-        "(or on some ranks of a cell), or a step committed twice"
+        "(or on some ranks of a cell), a step committed twice, or a step attempt committed although "
+        "a rank found a non-finite gradient in it (grad_nonfinite), whatever the evidence profile"
     )
-    fix = "the commit protocol broke: every live cell must commit an attempt, or none may"
-    events = ("step_outcome", "run_resumed")
+    fix = (
+        "the commit protocol broke: every live cell must commit an attempt, or none may; an attempt "
+        "with a non-finite gradient must be discarded (no optimizer step) and retried"
+    )
+    events = ("step_outcome", "run_resumed", "grad_nonfinite")
 
     def __init__(self, replay: Any) -> None:
         super().__init__(replay)
         self.last: dict[tuple[int, int | None], tuple[int, int]] = {}
+        # A grad_nonfinite belongs to the next step_outcome of its step in the same log (the guard
+        # runs before the optimizer step): log -> step -> (tensor names, where of the first).
+        self.nonfinite: dict[int, dict[int, tuple[list[str], tuple[str, int]]]] = {}
+        # (step, attempt) -> cell -> (tensor names, where): committed although non-finite
+        self.committed_nonfinite: dict[tuple[int, int], dict[int, tuple[list[str], tuple[str, int]]]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["type"] == "run_resumed":  # commits after the checkpoint are superseded: trained again
             ckpt = ev["checkpoint_step"]
             self.last = {k: (min(step, ckpt), attempt) for k, (step, attempt) in self.last.items()}
             return
+        if ev["type"] == "grad_nonfinite":
+            names, _ = self.nonfinite.setdefault(fi, {}).setdefault(ev["step"], ([], self.replay.where(fi, line)))
+            names.append(str(ev["where"]))
+            return
         rank = ev["rank"] if "rank" in ev else ev["source"].get("rank")
         self.outcome(ev["cell"], rank, ev["step"], ev["attempt"], ev["outcome"], fi, line)
 
     def outcome(self, cell: int, rank: int | None, step: int, attempt: int, outcome: str, fi: int, line: int) -> None:
         """A ``step_outcome`` by its fields (also what the replay calls for a compact record)."""
+        pending = self.nonfinite.get(fi)
+        if pending:
+            bad = pending.pop(step, None)
+            for old in [s for s in pending if s < step]:  # logged after its step's outcome: not this rule's
+                del pending[old]
+            if bad is not None and outcome == "committed":
+                self.committed_nonfinite.setdefault((step, attempt), {}).setdefault(cell, bad)
         if outcome != "committed":
             return
         key = (cell, rank)
@@ -52,10 +72,13 @@ class CommitInconsistent(Rule):
         self.last[key] = (step, attempt)  # the highest step committed so far
 
     def on_step(self, rec: StepRecord) -> None:
+        nonfinite = self.committed_nonfinite.pop((rec.step, rec.attempt), None)
         if not rec.committed:
             self._uncommitted(rec)
             return
         self.check()
+        if nonfinite:
+            self._committed_nonfinite(rec, nonfinite)
         n_ranks = self.replay.ranks_per_cell
         problems = []
         for cell in sorted(rec.live | rec.committed_cells):
@@ -78,6 +101,21 @@ class CommitInconsistent(Rule):
                 problems=problems,
                 **rec.evidence(),
             )
+
+    def _committed_nonfinite(self, rec: StepRecord, by_cell: dict[int, tuple[list[str], tuple[str, int]]]) -> None:
+        """Committed although ranks logged ``grad_nonfinite`` for the attempt: the optimizer stepped
+        on NaN / Inf gradients, so the state is no longer trustworthy (whatever metrics say)."""
+        cells = sorted(by_cell)
+        names = sorted({n for ns, _ in by_cell.values() for n in ns})
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        self.report(
+            f"step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) was committed although "
+            f"cell(s) {cells} found non-finite gradients in it ({shown}): the optimizer stepped on NaN / Inf",
+            cells=cells,
+            tensors=names[:20],
+            where=by_cell[cells[0]][1],
+            **rec.evidence(),
+        )
 
     def _uncommitted(self, rec: StepRecord) -> None:
         """An attempt no cell committed still needs an outcome from every live rank that did not die

@@ -1,9 +1,11 @@
 """The typed configuration of ``ftkit train`` (``TrainConfig``): one frozen pydantic model
 of sections (``ftkit.train.config.sections``), ``extra="forbid"``.
 
-It is built once, by the command (options, ``--config FILE``, ``--print-config``) or a
-resumed run's ``run.json``, validated there, and handed as the object itself to the driver
-and every actor (validation does not run again on the way). Input comes in either form:
+It is data: built by the command (options, ``--config FILE``, ``--print-config``) or from a
+resumed run's ``run.json`` and validated there, without reading anything beyond its values.
+What a run derives from it (the model, the task, the faults, the device) and the checks that
+need the model's shapes are ``ftkit.train.plan.run_plan.build_plan``'s, once per run; the plan carries
+the config to the driver and every actor (validation does not run again on the way). Input comes in either form:
 nested (``{"layout": {"tp": 2}}``) or flat by the fields' flat names (``{"tp": 2}``, what the
 command line, older ``run.json`` files and older config files give); the record form
 (``model_dump``: ``run.json``, the ``run_started`` event, checkpoints, ``--print-config``) is
@@ -14,7 +16,8 @@ into ``ftkit.errors.ConfigError`` (exit 2).
 The batch geometry is fixed here: a rollout of ``samples_per_rollout`` samples is trained in
 ``steps_per_rollout`` optimizer steps of ``step_samples`` samples, each cut into
 ``micro_shards`` micro-shards of ``shard_samples`` samples. A micro-shard is the unit of work a
-cell computes, so there must be at least as many micro-shards as cells.
+cell computes, so there must be at least as many micro-shards as cells (``check_geometry``;
+what the model's shapes allow is checked with the model, ``ftkit.train.plan.run_plan.check_model_fit``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
@@ -34,15 +36,13 @@ from ftkit.train.config.strict import type_problem
 if TYPE_CHECKING:
     from pydantic.fields import FieldInfo
 
-    from ftkit.model.gpt import GPTSpec
-    from ftkit.model.hf_config import HFArch
-    from ftkit.train.faults.spec import FaultBounds, FaultSpec
-    from ftkit.train.rl.task import RlTask
 
 #: Seconds a starting actor may take to join its cell's world (imports on a loaded machine
 #: are slow); the driver's TCPStore and the cells' worlds use it. Not a failure detector:
 #: faults are detected by ``collective_timeout`` and ``step_timeout``.
 STARTUP_TIMEOUT_S = 300.0
+#: The hint of every config error (``load_config``, ``ftkit.train.plan.run_plan.build_plan``).
+CONFIG_HINT = "Fix the option or the --config file; --print-config shows the values in use."
 
 
 class TrainConfig(BaseModel):
@@ -86,36 +86,15 @@ class TrainConfig(BaseModel):
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         check_geometry(self)
-        from ftkit.train.faults.schedule import parse_specs
-
-        parse_specs(self.faults.inject, self.faults.chaos, self.fault_bounds())  # a bad spec: one-line ValueError
         if not self.reduction.bookkeeping and self.reduction.reduce == "exact":
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
         self._check_objective()
-        if self.generation.kind == "vllm" and self.model.is_preset:
-            raise ValueError(
-                "engine_kind='vllm' needs a Hugging Face model (--model PATH): vLLM cannot load "
-                f"the {self.model.preset!r} preset"
-            )
-        self._check_engine_tp()
-        return self
-
-    def _check_engine_tp(self) -> None:
-        """``engine_tp`` > 1 only for vLLM engines, and only where vLLM can split the model:
-        query heads and the MLP divide by it, key/value heads divide it or are divided by it."""
         etp = self.generation.tp
-        if etp == 1:
-            return
-        if self.generation.kind != "vllm":
+        if etp != 1 and self.generation.kind != "vllm":
+            # what vLLM can split is checked with the model (ftkit.train.plan.run_plan.check_engine_tp)
             raise ValueError(f"engine_tp ({etp}) needs engine_kind='vllm' (ftkit's megatron engines run at TP=1)")
-        arch = self.hf_arch()
-        kv = arch.num_kv_heads
-        for what, n in (("num_attention_heads", arch.num_heads), ("intermediate_size", arch.ffn_hidden_size)):
-            if n % etp:
-                raise ValueError(f"engine_tp ({etp}) must divide the model's {what} ({n})")
-        if kv % etp and etp % kv:
-            raise ValueError(f"engine_tp ({etp}) and the model's num_key_value_heads ({kv}) must divide one another")
+        return self
 
     def _check_objective(self) -> None:
         """GRPO settings only with ``loss='grpo'``; GRPO computes its log-probs from the
@@ -135,77 +114,6 @@ class TrainConfig(BaseModel):
         """Optimizer steps of the whole run (rollouts x steps per rollout)."""
         return self.schedule.rollouts * self.batch.steps_per_rollout
 
-    def gpt_spec(self) -> GPTSpec:
-        """What ``ftkit.model.gpt.build_gpt`` builds for this run: the preset and init seed, or
-        the Hugging Face directory whose weights it loads."""
-        from ftkit.model.gpt import GPTSpec
-
-        if self.model.is_preset:
-            return GPTSpec(self.model.preset, self.rng.seed)
-        return GPTSpec(self.model.preset, self.rng.seed, hf_dir=str(self.model_dir()))
-
-    def model_dir(self) -> Path:
-        """The Hugging Face directory of a model path (``ftkit.model.source.model_dir``)."""
-        from ftkit.model.source import model_dir
-
-        return model_dir(self.model.preset)
-
-    def hf_arch(self) -> HFArch:
-        """The ``HFArch`` of a model path (exit 2 on a config ftkit cannot represent)."""
-        from ftkit.model.families import load_arch
-
-        return load_arch(self.model_dir())
-
-    def rl_task(self) -> RlTask:
-        """The run's task (``ftkit.train.rl.task.RlTask``): the prompt dataset of ``prompts``
-        through the model's tokenizer (``ftkit.train.rl.prompt_task``), else the built-in
-        addition task, over the synthetic vocabulary for a preset, over the model's tokenizer
-        for a model path (``ftkit.train.rl.task.task_for``); ``ConfigError`` (exit 2) for a
-        ``response_len`` the addition task refuses, an unusable tokenizer or prompt file."""
-        from ftkit.errors import ConfigError
-        from ftkit.train.rl.task import task_for
-
-        if self.task.prompts is not None:  # a model path (check_geometry)
-            from ftkit.train.rl.prompt_task import prompt_task
-
-            return prompt_task(
-                Path(self.task.prompts),
-                self.model_dir(),
-                self.hf_arch().vocab_size,
-                input_key=self.task.input_key,
-                label_key=self.task.label_key or None,
-                max_prompt_len=self.task.max_prompt_len,
-                response_len=self.task.response_len,
-            )
-        try:
-            if self.model.is_preset:
-                return task_for(self.task.response_len)
-            return task_for(self.task.response_len, self.model_dir(), self.hf_arch().vocab_size)
-        except ValueError as exc:
-            raise ConfigError(str(exc), hint="raise --max-response-len (config: response_len)") from None
-
-    def fault_bounds(self) -> FaultBounds:
-        """What a fault spec may name in this run (cells, ranks, engines, steps)."""
-        from ftkit.train.faults.spec import FaultBounds
-
-        return FaultBounds(
-            self.cluster.cells, self.layout.ranks, self.engine.count, self.total_steps, self.batch.steps_per_rollout
-        )
-
-    def fault_specs(self) -> list[FaultSpec]:
-        """The faults to inject: ``inject`` then the ``chaos`` expansion (ftkit.train.faults.spec)."""
-        from ftkit.train.faults.schedule import parse_specs
-
-        return parse_specs(self.faults.inject, self.faults.chaos, self.fault_bounds())
-
-    def resolved_device(self) -> str:
-        """``cpu`` or ``cuda``; ``auto`` picks cuda when torch sees a GPU (imports torch)."""
-        if self.compute.device != "auto":
-            return self.compute.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
     def dumps_rollout(self, rollout: int) -> bool:
         """Whether rollout ``rollout`` (0-based) is dumped according to ``dump_rollouts``."""
         from ftkit.dumps.rollout_set import dumps_rollout
@@ -214,8 +122,8 @@ class TrainConfig(BaseModel):
 
 
 def check_geometry(cfg: TrainConfig) -> None:
-    """The batch geometry, the cell count and the layout must fit together and fit the model
-    (a ``ValueError`` naming the flat fields)."""
+    """The batch geometry and the cell count must fit together (a ``ValueError`` naming the
+    flat fields)."""
     b, cells = cfg.batch, cfg.cluster.cells
     K, M, B = b.steps_per_rollout, b.micro_shards, b.samples_per_rollout
     if B % (K * M):
@@ -228,45 +136,6 @@ def check_geometry(cfg: TrainConfig) -> None:
         raise ValueError(f"micro_shards ({M}) must be at least cells ({cells})")
     if B % cfg.task.group_size:
         raise ValueError(f"samples_per_rollout ({B}) must be divisible by group_size ({cfg.task.group_size})")
-    name, tp, pp = cfg.model.preset, cfg.layout.tp, cfg.layout.pp
-    if cfg.task.prompts is not None and cfg.model.is_preset:
-        raise ValueError(
-            f"prompts need a model with a tokenizer; the preset {name!r} has none "
-            "(give --model PATH, a Hugging Face model directory, or drop --prompts for the addition task)"
-        )
-    if cfg.model.is_preset:
-        from ftkit.model.presets import get_preset
-
-        preset = get_preset(name)
-        if preset.num_heads % tp:
-            raise ValueError(f"tp ({tp}) must divide the {name} model's heads ({preset.num_heads})")
-        if preset.vocab_size % tp:
-            raise ValueError(f"tp ({tp}) must divide the vocabulary ({preset.vocab_size})")
-        if preset.num_layers % pp:
-            raise ValueError(
-                f"pp ({pp}) must divide the {name} model's {preset.num_layers} layers "
-                "(each pipeline stage holds the same number)"
-            )
-        max_seq_len = preset.max_seq_len
-    else:
-        arch = cfg.hf_arch()
-        arch.check_layout(tp, pp)  # a ModelConfigError (exit 2) naming the config field
-        if arch.tied and pp > 1:
-            # megatron-core syncs a tied embedding over its pipeline stages' embedding group
-            # (CUDA only), and the cells' exact reduction does not hold that copy in step.
-            raise ValueError(f"pp ({pp}) with the model's tied embeddings is not supported yet (use pp 1)")
-        max_seq_len = arch.max_seq_len
-    if cfg.task.prompts is not None:
-        if cfg.task.max_prompt_len + cfg.task.response_len > max_seq_len:
-            raise ValueError(
-                f"max_prompt_len + response_len ({cfg.task.max_prompt_len} + {cfg.task.response_len}) must be at "
-                f"most the {name} model's sequence length ({max_seq_len})"
-            )
-    elif cfg.task.response_len >= max_seq_len // 2:
-        raise ValueError(
-            f"response_len ({cfg.task.response_len}) must be below half the {name} model's "
-            f"sequence length ({max_seq_len})"
-        )
 
 
 @dataclass(frozen=True)
@@ -350,7 +219,4 @@ def load_config(values: dict[str, Any]) -> TrainConfig:
         loc = _flat_loc(tuple(err.get("loc", ())))
         msg = str(err.get("msg", "invalid value"))
         msg = msg.removeprefix("Value error, ")
-        raise ConfigError(
-            f"{loc}: {msg}" if loc else msg,
-            hint="Fix the option or the --config file; --print-config shows the values in use.",
-        ) from None
+        raise ConfigError(f"{loc}: {msg}" if loc else msg, hint=CONFIG_HINT) from None

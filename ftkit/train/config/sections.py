@@ -53,10 +53,11 @@ class Section(BaseModel):
 
 # --- what determines the result -------------------------------------------------------------
 class ModelSection(Section):
-    """The model trained: a preset, or a Hugging Face causal-LM directory or ``.gguf`` file
-    (``ftkit.model.source``). A path is recorded absolute, with ``model_digest``, the digest
-    of the model directory's content: computed when not given; when given (a resumed run's
-    ``run.json``) the model must still have it, else the run would train another model."""
+    """The model trained: a preset, or a Hugging Face causal-LM directory or ``.gguf`` file.
+    Plain data: ``ftkit.train.plan.run_plan.build_plan`` resolves it (``ftkit.model.spec.resolve_model``)
+    and records a path absolute, with ``model_digest``, the digest of the model directory's
+    content: computed when not given; when given (a resumed run's ``run.json``) the model must
+    still have it, else the run would train another model."""
 
     PLACE = Place("fixed", pairs_dumps=True)
     preset: str = Field(
@@ -71,31 +72,6 @@ class ModelSection(Section):
         description="Content digest of the model at a path (recorded by ftkit; empty for a preset).",
         json_schema_extra=FILE_ONLY,
     )
-
-    @model_validator(mode="after")
-    def _source(self) -> ModelSection:
-        from ftkit.model.source import content_digest, is_preset, model_dir
-
-        if is_preset(self.preset):
-            if self.digest:
-                raise ValueError(f"model_digest is for a model path, not the preset {self.preset!r}")
-            return self
-        path = str(Path(self.preset).absolute())
-        digest = content_digest(model_dir(path))
-        if self.digest and self.digest != digest:
-            raise ValueError(
-                f"the model at {path} has changed: its content digest is {digest}, the run recorded {self.digest}"
-            )
-        object.__setattr__(self, "preset", path)  # frozen: the normalised values, set once here
-        object.__setattr__(self, "digest", digest)
-        return self
-
-    @property
-    def is_preset(self) -> bool:
-        """Whether the model is a preset (else a Hugging Face model at the path ``preset``)."""
-        from ftkit.model.source import is_preset
-
-        return is_preset(self.preset)
 
 
 class BatchSection(Section):
@@ -164,17 +140,8 @@ class TaskSection(Section):
 
     @model_validator(mode="after")
     def _prompt_options(self) -> TaskSection:
-        if self.prompts is not None:
-            from ftkit.tasks.jsonl import JsonlPrompts
-
-            digest = JsonlPrompts(self.prompts).digest()  # InputError (exit 2) for a missing file
-            if self.prompts_digest and self.prompts_digest != digest:
-                raise ValueError(
-                    f"the prompt file {self.prompts} has changed: its content digest is {digest}, "
-                    f"the run recorded {self.prompts_digest}"
-                )
-            object.__setattr__(self, "prompts_digest", digest)  # frozen: set once here
-        elif self.prompts_digest:
+        # the file's digest is recorded (and a recorded one checked) by ftkit.train.plan.run_plan.build_plan
+        if self.prompts is None and self.prompts_digest:
             raise ValueError("prompts_digest is for a prompt file (prompts is not set)")
         if self.prompts is None:
             fields = type(self).model_fields

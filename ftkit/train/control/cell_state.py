@@ -25,8 +25,9 @@ of an epoch live under their own store prefix, so a member of an old epoch canno
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import Enum
+
+from ftkit.evidence import emit
 
 
 class CellState(str, Enum):
@@ -51,16 +52,15 @@ LEGAL: dict[CellState, frozenset[CellState]] = {
     CellState.stopped: frozenset(),
 }
 
-Emit = Callable[..., object]  # EventWriter.emit
-
 
 class CellBook:
-    """The states of all cells and the current epoch; every transition is emitted."""
+    """The states of all cells and the current epoch; every transition is emitted to ``log``
+    (the driver's: its event log, teed to the live view, ``ftkit.evidence.emit.Tee``)."""
 
-    def __init__(self, cells: int, emit: Emit) -> None:
+    def __init__(self, cells: int, log: emit.EventSink) -> None:
         self.state = {c: CellState.pending for c in range(cells)}
         self.epoch = -1  # no membership yet; the first reconfigure makes epoch 0
-        self.emit = emit
+        self.log = log
 
     def transition(self, cell: int, new: CellState, reason: str) -> None:
         """Move ``cell`` to ``new`` (emits ``cell_state``); an illegal move raises ``RuntimeError``.
@@ -75,7 +75,7 @@ class CellBook:
         if new not in LEGAL[old]:
             raise RuntimeError(f"cell {cell}: illegal transition {old.value} -> {new.value} ({reason})")
         self.state[cell] = new
-        self.emit("cell_state", cell=cell, old=old.value, new=new.value, reason=reason)
+        emit.cell_state(self.log, cell=cell, old=old.value, new=new.value, reason=reason)
 
     def in_state(self, *states: CellState) -> list[int]:
         """The cells in any of ``states``, sorted."""
@@ -88,5 +88,5 @@ class CellBook:
     def next_epoch(self, reason: str, before: list[int]) -> int:
         """Count the epoch up and emit ``reconfigure`` (``before`` -> the alive cells now)."""
         self.epoch += 1
-        self.emit("reconfigure", epoch=self.epoch, alive_before=before, alive_after=self.alive(), reason=reason)
+        emit.reconfigure(self.log, epoch=self.epoch, alive_before=before, alive_after=self.alive(), reason=reason)
         return self.epoch

@@ -26,7 +26,7 @@ from ftkit.errors import ConfigError
 from ftkit.train.rank.step_types import StepTask
 
 if TYPE_CHECKING:
-    from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import RunPlan
 
 #: Logical Ray CPUs per rank actor and per engine actor.
 CPU_PER_ACTOR = 0.5
@@ -141,7 +141,7 @@ class Cell:
 
 
 def spawn_cell(
-    cfg: TrainConfig,
+    plan: RunPlan,
     run_dir: str,
     index: int,
     ranks_per_cell: int,
@@ -173,14 +173,14 @@ def spawn_cell(
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=cell.placement_group, placement_group_bundle_index=rank
             ),
-        ).remote(cfg, run_dir, index, rank, incarnation)
+        ).remote(plan, run_dir, index, rank, incarnation)
         for rank in range(ranks_per_cell)
     ]
     return cell
 
 
 def start_cells(
-    cfg: TrainConfig,
+    plan: RunPlan,
     run_dir: str,
     indices: list[int],
     ranks_per_cell: int,
@@ -199,7 +199,7 @@ def start_cells(
     cells: list[Cell] = []
     try:
         for c in indices:
-            cells.append(spawn_cell(cfg, run_dir, c, ranks_per_cell, device, incarnation, (targets or {}).get(c)))
+            cells.append(spawn_cell(plan, run_dir, c, ranks_per_cell, device, incarnation, (targets or {}).get(c)))
         try:
             ray.get([cell.placement_group.ready() for cell in cells], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:

@@ -28,18 +28,21 @@ the checkpoint holds the TP=1/PP=1 state, its manifest ``rank_totals`` every ran
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ftkit.evidence.emit as emit
 from ftkit.checkpoint.publish import Outcome
 from ftkit.train.control.rundir import run_name
 
 if TYPE_CHECKING:
     from ftkit.events.writer import EventWriter
+    from ftkit.tasks.protocols import RlTask
     from ftkit.train.config import TrainConfig
     from ftkit.train.control.engine_pool import EnginePool
     from ftkit.train.control.roster import CellRoster
-    from ftkit.train.rl.task import RlTask
+    from ftkit.train.faults.spec import FaultSpec
 
 
 class RunCheckpoints:
@@ -53,6 +56,7 @@ class RunCheckpoints:
         events: EventWriter,
         engines: EnginePool,
         task: RlTask,
+        faults: Sequence[FaultSpec],
     ) -> None:
         from ftkit.checkpoint.publish import Publisher
         from ftkit.checkpoint.retention import RetentionPolicy
@@ -64,7 +68,7 @@ class RunCheckpoints:
         self.run = run_name(run_dir)  # the name the run's log carries (a moved run keeps it)
         self.step = -1
         self.summary: list[dict[str, Any]] = []  # per boundary: step, published, path, reason
-        injector = injector_for(cfg, events, "driver")
+        injector = injector_for(faults, events, "driver")
 
         def log(type_: str, fields: dict[str, Any]) -> None:
             events.emit(type_, **fields)
@@ -109,7 +113,7 @@ class RunCheckpoints:
         value = float(get_reward(self.cfg.task.reward)(self.task, prompts, responses).double().mean())
         if bool((responses < 0).any()):
             value = math.nan
-        self.events.emit("metric", rollout=rollout, step=None, values={"eval_reward": value})
+        emit.metric(self.events, rollout=rollout, step=None, values={"eval_reward": value})
         return value
 
     def publish(self, rollout: int, reward: float) -> Outcome:

@@ -1,11 +1,10 @@
 """The driver of ``ftkit train``: the run directory, Ray, the cells, the engines and the loop.
 
-(About 440 lines, past the ~400 guide: the rollout loop, the end-of-run bookkeeping and the
-weight pushes read as one sequence of the run; the parts with state of their own already live
-in ``session``, ``coordinator``, ``healing``, ``checkpoints`` and ``engine_pool``.)
+The parts with state of their own live in ``session``, ``coordinator``, ``healing``,
+``checkpoints`` and ``engine_pool``; this module is the sequence of the run.
 
-``run_training(cfg, on_step)`` runs one training run to the end and returns a ``RunResult``
-(with the analyzer's verdict over the run's own event log). In order:
+``run_training(plan, on_step)`` runs the run of a ``RunPlan`` (``ftkit.train.plan.run_plan``) to the end
+and returns a ``RunResult`` (with the analyzer's verdict over the run's own event log). In order:
 
 1. checks that fail fast, before anything is written: the device, the run directory
    (``cfg.output.out``; an existing one only with ``overwrite``, and only if it is an ftkit run
@@ -60,15 +59,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ftkit import __version__
+import ftkit.evidence.emit as emit
 from ftkit.errors import ConfigError, FtkitError
-from ftkit.train.config import TrainConfig
 from ftkit.train.control.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
 from ftkit.train.control.results import RunResult, StepReport, analyze
+from ftkit.version import __version__
 
 if TYPE_CHECKING:
     from ftkit.train.control.coordinator import StepOutcome
     from ftkit.train.control.session import CellSession
+    from ftkit.train.plan.run_plan import RunPlan
 
 
 class Driver:
@@ -76,17 +76,17 @@ class Driver:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        plan: RunPlan,
         on_step: Callable[[StepReport], None] | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         resume: bool = False,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
-        self.cfg, self.resume = cfg, resume
+        self.run_plan, self.cfg, self.resume = plan, plan.config, resume
         self.on_warning = on_warning or (lambda message: print(f"Warning: {message}", file=sys.stderr))
         self.on_step = on_step or (lambda report: None)
         self.on_event = on_event or (lambda type_, fields: None)
-        self.task = cfg.rl_task()
+        self.task = plan.task.build()
         self.cells: CellSession | None = None  # the cells, their roster, coordinator and healer
         self.engines: Any = None
         self.checkpoints: Any = None
@@ -122,7 +122,7 @@ class Driver:
         # cell at its start that the run retries until no cell is left (exit 1).
         from ftkit.tensors import kernels  # noqa: F401
 
-        self.device = cfg.resolved_device()
+        self.device = self.run_plan.device
         if self.device == "cuda" and not cuda_available():
             raise ConfigError(
                 "--device cuda, but torch sees no CUDA device here",
@@ -179,7 +179,7 @@ class Driver:
         cfg, started = self.cfg, time.perf_counter()
         own_ray = self._open_run(arm_signals)
         # From here on the run exists: whatever happens, its log says how it ended.
-        self.head = head = {
+        head: dict[str, Any] = {
             "config": cfg.model_dump(mode="json"),
             "num_cells": cfg.cluster.cells,
             "tp": cfg.layout.tp,
@@ -187,10 +187,12 @@ class Driver:
             "num_engines": cfg.engine.count,
             "ftkit_version": __version__,
         }
+        self.head = head
         if self.plan is None:
-            self.events.emit("run_started", **head)
+            emit.run_started(self.events, **head)
         else:
-            self.events.emit("run_resumed", **head, **self.plan.fields())
+            emit.run_resumed(self.events, **head, **self.plan.fields())
+        status: emit.RunStatus
         status, reason, code = "failed", None, None
         try:
             self.store = host_store()
@@ -217,7 +219,7 @@ class Driver:
         finally:
             gcs_lost = self.gcs is not None and self.gcs.lost() is not None
             self._shutdown(interrupted=status == "interrupted", release=not gcs_lost)
-            self.events.emit("run_finished", status=status, reason=reason)
+            emit.run_finished(self.events, status=status, reason=reason)
             self.events.close()
             total = cfg.total_steps
             write_status(self.run_dir, status, reason, code, self.steps_committed, total)
@@ -238,12 +240,6 @@ class Driver:
             self.start_rollout,
         )
 
-    def _emit_cell_event(self, type_: str, **fields: object) -> bool:
-        """Log a cell-state or reconfigure event, then tell ``on_event`` (the live view)."""
-        written = bool(self.events.emit(type_, **fields))
-        self.on_event(type_, fields)
-        return written
-
     def _start(self) -> None:
         from ftkit.train.control.checkpoints import RunCheckpoints
         from ftkit.train.control.engine_pool import EnginePool
@@ -254,18 +250,20 @@ class Driver:
         placer = Placer(self.device, cfg.layout.ranks, self.events)
         spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
         session = self.cells = CellSession(
-            cfg, str(self.run_dir), self.device, (self.store.host, self.store.port), placer, self.events,
-            self._emit_cell_event, self.store.set,
+            self.run_plan, str(self.run_dir), self.device, (self.store.host, self.store.port), placer, self.events,
+            emit.Tee(self.events, self.on_event), self.store.set,
         )  # fmt: skip
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
         cells = session.spawn(spread.cells, epoch, incarnation)
-        self.engines = EnginePool(cfg, str(self.run_dir), self.device, placer, spread.engines, self.events)
+        self.engines = EnginePool(self.run_plan, str(self.run_dir), self.device, placer, spread.engines, self.events)
         session.join(cells)
         self.engines.ready()
         self._restore()
         self.start_rollout = self.first_rollout
         self._push_weights(version=self.first_rollout)
-        self.checkpoints = RunCheckpoints(cfg, self.run_dir, session.roster, self.events, self.engines, self.task)
+        self.checkpoints = RunCheckpoints(
+            cfg, self.run_dir, session.roster, self.events, self.engines, self.task, self.run_plan.faults
+        )
 
     def _session(self) -> CellSession:
         assert self.cells is not None, "no cells started yet"
@@ -298,7 +296,7 @@ class Driver:
         self.on_warning(
             f"every live cell was lost; restarting the cells from {self.plan.fields()['checkpoint'] or 'the seed'}"
         )
-        self.events.emit("run_resumed", **self.head, **self.plan.fields())
+        emit.run_resumed(self.events, **self.head, **self.plan.fields())
         spread = session.placer.plan_cells(self.cfg.cluster.cells)
         session.join(session.spawn(spread, self.plan.last_epoch, self.plan.incarnation))
         self._restore()
@@ -325,10 +323,10 @@ class Driver:
             rollout,
             self.task.response_mask(batch["responses"]),
         )
-        self._check_rescored(rollout, tensors)
+        rollouts.check_rerecorded(self.run_dir, cfg.task.reward, rollout, tensors)
         if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
-            self.events.emit(
-                "witness_allocated", rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
+            emit.witness_allocated(
+                self.events, rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
             )
         rollouts.record(
             self.run_dir,
@@ -338,7 +336,7 @@ class Driver:
         )
         reward = float(rewards.double().mean())
         self.rewards.append(reward)
-        self.events.emit("metric", rollout=rollout, step=None, values={"reward": reward})
+        emit.metric(self.events, rollout=rollout, step=None, values={"reward": reward})
         batch_ref = ray.put(tensors)
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dumps.what)
         for k in range(cfg.batch.steps_per_rollout):
@@ -348,25 +346,6 @@ class Driver:
         self._push_weights(version=rollout + 1)
         if self.checkpoints.due(rollout):
             self.checkpoints.publish(rollout, reward)
-
-    def _check_rescored(self, rollout: int, tensors: dict[str, Any]) -> None:
-        """A rollout generated again (resumed, recovered) whose record is still there: its
-        rewards must not move (``rewards.check_rescored``). A record that cannot be read is
-        about to be replaced by this one and proves nothing either way."""
-        from ftkit.train.rl import rollouts
-        from ftkit.train.rl.rewards import check_rescored
-
-        path = rollouts.rollout_path(self.run_dir, rollout)
-        if not path.is_file():
-            return
-        from safetensors import SafetensorError
-
-        try:
-            recorded = rollouts.load(path, keys=("tokens", "rewards"))
-        except (OSError, ValueError, SafetensorError):
-            return
-        if all(recorded[k].shape == tensors[k].shape for k in ("tokens", "rewards")):
-            check_rescored(self.cfg.task.reward, rollout, recorded, tensors)
 
     def _generate(self, rollout: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -380,8 +359,8 @@ class Driver:
         cfg = self.cfg
         self.steps_committed += 1
         tps = out.tokens / out.seconds if out.seconds > 0 else 0.0
-        self.events.emit(
-            "metric",
+        emit.metric(
+            self.events,
             rollout=out.rollout,
             step=out.step,
             values={
@@ -393,39 +372,20 @@ class Driver:
             },
         )
         self.events.sync()
-        self.on_step(
-            StepReport(
-                out.rollout,
-                cfg.schedule.rollouts,
-                out.step,
-                cfg.total_steps,
-                out.attempts,
-                out.loss,
-                out.grad_norm,
-                reward,
-                tps,
-                out.seconds,
-                out.cells_alive,
-                cfg.cluster.cells,
-            )
-        )
+        self.on_step(StepReport.of(out, cfg, reward, tps))
 
     def _push_weights(self, version: int) -> None:
-        """Export the first live cell's weights, fingerprint them, load them on every engine.
-        vLLM engines get them under Hugging Face names, fingerprinted as such an engine must
-        hold them (``ftkit.engines.protocol.expected_weights``: float32, signed zeros folded)."""
-        from ftkit.tensors.fingerprint import fingerprint_tensors
+        """Export the first live cell's weights in the names the engines take, fingerprint them
+        as the engines must hold them (``ftkit.engines.protocol.expected_weights`` of the
+        engines' ``weights_format``), load them on every engine."""
+        from ftkit.engines.protocol import expected_weights
+        from ftkit.train.rl.engines import engine_tensors
 
         state = self._session().roster.on_first_cell("the weights export", lambda cell: cell.export_weights(version))[0]
-        if self.cfg.generation.kind == "vllm":
-            from ftkit.engines.protocol import expected_weights
-            from ftkit.model.hf_export import hf_tensors
-
-            state = hf_tensors([state], self.cfg.hf_arch())
-            total, params = expected_weights(state, "float32", signed_zeros=False)
-        else:
-            total, params = fingerprint_tensors(state)
-        self.events.emit("weights_sent", rollout=version, version=version, total=total, params=params)
+        fmt = self.engines.weights_format
+        state = engine_tensors(state, fmt, self.run_plan.model)
+        total, params = expected_weights(state, fmt.dtype, fmt.signed_zeros)
+        emit.weights_sent(self.events, rollout=version, version=version, total=total, params=params)
         self.engine_totals.append(self.engines.load(state, version))
 
     def _save_final(self) -> list[str]:
@@ -463,13 +423,13 @@ class Driver:
 
 
 def run_training(
-    cfg: TrainConfig,
+    plan: RunPlan,
     on_step: Callable[[StepReport], None] | None = None,
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     resume: bool = False,
     on_warning: Callable[[str], None] | None = None,
 ) -> RunResult:
-    """Run ``cfg`` to the end (see the module docstring); raises ``ConfigError`` /
+    """Run ``plan`` to the end (see the module docstring); raises ``ConfigError`` /
     ``UsageError`` for a bad run directory, Ray address or layout. ``on_step`` hears every
     step, ``on_event(type, fields)`` every cell-state change and reconfiguration the driver logs
     (for a live view). ``resume``: continue the run in ``cfg.output.out`` from its newest checkpoint
@@ -478,5 +438,5 @@ def run_training(
     (``ftkit.run_lock.hold_run_dir``: ``UsageError`` naming the owner)."""
     from ftkit.run_lock import hold_run_dir
 
-    with hold_run_dir(cfg.output.out):
-        return Driver(cfg, on_step, on_event, resume, on_warning).run()
+    with hold_run_dir(plan.config.output.out):
+        return Driver(plan, on_step, on_event, resume, on_warning).run()

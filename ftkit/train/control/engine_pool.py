@@ -1,9 +1,12 @@
 """The inference engines of a run, restarted when they die.
 
-``EnginePool(cfg, run_dir, device)`` starts ``cfg.engine.count`` ``InferenceEngine``
-actors. ``load(state, version)`` puts the weights in Ray's object store once and has every
-engine load them (each emits ``engine_weights``); ``generate(prompts, rollout)`` gives each
-engine its contiguous range of whole chunks (``engines.split``) and concatenates the answers.
+``EnginePool(plan, run_dir, device)`` starts ``plan.config.engine.count`` engine actors
+(``ftkit.train.rl.engines.EngineActor``, whatever the engine kind). ``ready()`` waits for them
+and learns what they take (``weights_format``: the names, dtype and signed zeros the driver
+sends and fingerprints the weights in). ``load(state, version)`` puts the weights in Ray's
+object store once and has every engine load them (each emits ``engine_weights``);
+``generate(prompts, rollout)`` gives each engine its contiguous range of whole chunks
+(``engines.split``) and concatenates the answers.
 
 An engine that dies (or errs) in either call is replaced: a new actor (its event file is the
 next incarnation of ``engine-r<e>``, whose first event is ``engine_restart`` with the cause
@@ -30,29 +33,19 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+import ftkit.evidence.emit as emit
 from ftkit.train.control.run_end import RunFailed
 
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from ftkit.engines.protocol import WeightsFormat
     from ftkit.events.writer import EventWriter
-    from ftkit.train.config import TrainConfig
     from ftkit.train.control.placement import Placer
+    from ftkit.train.plan.run_plan import RunPlan
 
 #: Restarts of one engine within one load / generate before the run gives up.
 MAX_RESTARTS = 3
-
-
-def engine_class(cfg: TrainConfig) -> type:
-    """The engine actor class of ``cfg.generation.kind``: ``InferenceEngine`` (megatron) or
-    ``VllmInferenceEngine`` (vllm)."""
-    if cfg.generation.kind == "vllm":
-        from ftkit.train.rl.vllm_actor import VllmInferenceEngine
-
-        return VllmInferenceEngine
-    from ftkit.train.rl.engines import InferenceEngine
-
-    return InferenceEngine
 
 
 class EnginePool:
@@ -60,7 +53,7 @@ class EnginePool:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        plan: RunPlan,
         run_dir: str,
         device: str,
         placer: Placer | None = None,
@@ -70,12 +63,15 @@ class EnginePool:
         import ray
 
         from ftkit.train.control.cells import actor_resources
+        from ftkit.train.rl.engines import EngineActor
 
-        self.cfg, self.run_dir, self.placer, self.events = cfg, run_dir, placer, events
+        cfg = plan.config
+        self.plan, self.cfg, self.run_dir, self.placer, self.events = plan, cfg, run_dir, placer, events
         res = actor_resources(device)
-        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(engine_class(cfg))
+        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(EngineActor)
         self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engine.count)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
+        self.weights_format: WeightsFormat | None = None  # what the engines take (``ready``)
         self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
         self.restarts = 0
         self.engine_restarts: dict[int, int] = {}  # engine -> its restarts (placement incarnation)
@@ -86,17 +82,19 @@ class EnginePool:
         """A new actor for engine ``e``, asking for node ``target`` (soft) when given;
         ``restarted``: ``(cause, during)`` when it replaces a failed one (``engine_restart``)."""
         if target is None:
-            return self.cls.remote(self.cfg, self.run_dir, e, restarted)
+            return self.cls.remote(self.plan, self.run_dir, e, restarted)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         strategy = NodeAffinitySchedulingStrategy(node_id=target, soft=True)
-        return self.cls.options(scheduling_strategy=strategy).remote(self.cfg, self.run_dir, e, restarted)
+        return self.cls.options(scheduling_strategy=strategy).remote(self.plan, self.run_dir, e, restarted)
 
     def ready(self) -> None:
-        """Wait until every engine is constructed (and log where they run)."""
+        """Wait until every engine is constructed (and log where they run); learn what they
+        take (``weights_format``)."""
         import ray
 
         ray.get([a.ready.remote() for a in self.actors])
+        self.weights_format = ray.get(self.actors[0].weights_format.remote())
         for e in range(len(self.actors)):
             self._placed(e)
 
@@ -140,7 +138,7 @@ class EnginePool:
     def generate(self, prompts: Tensor, rollout: int, greedy: bool = False) -> tuple[Any, Any]:
         """``(responses, logprobs)`` for ``prompts``: int64 and float32 ``[n, response_len]``
         (see the module docstring); ``greedy``: the engines' greedy decoding
-        (``InferenceEngine.generate``)."""
+        (``EngineActor.generate``)."""
         import ray
         import torch
 
@@ -199,7 +197,7 @@ class EnginePool:
         sys.stderr.write(f"engine {e} failed ({type(cause).__name__}: {first[:200]}); restarting it\n")
         if self.events is not None:
             reason = f"{type(cause).__name__}: {first[:300]}"
-            self.events.emit("engine_failed", engine=e, incarnation=self.engine_restarts.get(e, 0), reason=reason)
+            emit.engine_failed(self.events, engine=e, incarnation=self.engine_restarts.get(e, 0), reason=reason)
         with contextlib.suppress(Exception):  # already gone is fine
             ray.kill(self.actors[e], no_restart=True)
         self.restarts += 1
@@ -226,7 +224,7 @@ class EnginePool:
             sys.stderr.write(f"engine {e} failed after its last use ({cause})\n")
             if self.events is not None:
                 incarnation = self.engine_restarts.get(e, 0)
-                self.events.emit("engine_failed", engine=e, incarnation=incarnation, reason=f"at shutdown: {cause}")
+                emit.engine_failed(self.events, engine=e, incarnation=incarnation, reason=f"at shutdown: {cause}")
         for a in self.actors:
             with contextlib.suppress(Exception):  # already gone is fine
                 ray.kill(a, no_restart=True)

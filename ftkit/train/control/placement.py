@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
+
+import ftkit.evidence.emit as emit
 
 if TYPE_CHECKING:
     from ray.util.placement_group import PlacementGroup
@@ -199,10 +201,10 @@ class Placer:
         self.engine_nodes[engine] = node
         self._emit("engine", node, restarts, engine=engine)
 
-    def _emit(self, role: str, node: str, incarnation: int, **where: int) -> None:
+    def _emit(self, role: Literal["trainer", "engine"], node: str, incarnation: int, **where: int) -> None:
         index = where.get("cell", where.get("engine", 0))
-        self.events.emit(
-            "placement",
+        emit.placement(
+            self.events,
             role=role,
             incarnation=incarnation,
             node_id=node,

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.control.coordinator import StepOutcome
 
 
 @dataclass
@@ -24,6 +28,24 @@ class StepReport:
     seconds: float
     cells_alive: int
     cells: int
+
+    @classmethod
+    def of(cls, out: StepOutcome, cfg: TrainConfig, reward: float, tokens_per_s: float) -> StepReport:
+        """The report of the committed step ``out`` of a run of ``cfg`` (``reward``: its rollout's mean)."""
+        return cls(
+            out.rollout,
+            cfg.schedule.rollouts,
+            out.step,
+            cfg.total_steps,
+            out.attempts,
+            out.loss,
+            out.grad_norm,
+            reward,
+            tokens_per_s,
+            out.seconds,
+            out.cells_alive,
+            cfg.cluster.cells,
+        )
 
     @property
     def committed(self) -> bool:

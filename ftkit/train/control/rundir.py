@@ -24,23 +24,19 @@ see docs/train.md.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ftkit import __version__
 from ftkit.errors import UsageError
+from ftkit.evidence.record import RUN_JSON, NotARunRecord, RunRecord, recorded_name
 
 if TYPE_CHECKING:
+    from ftkit.tasks.protocols import RlTask
     from ftkit.train.config import TrainConfig
-    from ftkit.train.rl.task import RlTask
 
-RUN_SCHEMA = "ftkit.run/1"
-RUN_JSON = "run.json"
 STATUS_JSON = "status.json"  # ftkit.train.control.run_end.STATUS_FILE (written at the end of every run)
 # What ftkit writes below a run directory: area -> file name endings found there.
 RUN_AREAS: dict[str, tuple[str, ...]] = {
@@ -83,18 +79,13 @@ def check_run_dir(out: Path, overwrite: bool) -> None:
 def not_a_run(path: Path) -> str | None:
     """Why ``path`` is not recognisably a run directory written by ftkit, or None if it is."""
     try:
-        doc = json.loads((path / RUN_JSON).read_bytes())
+        RunRecord.read(path)
     except FileNotFoundError:
         return f"no {RUN_JSON}"
+    except NotARunRecord as exc:
+        return str(exc)
     except (OSError, ValueError, RecursionError) as exc:
         return f"{RUN_JSON} is unreadable: {type(exc).__name__}"
-    if not (
-        isinstance(doc, dict)
-        and str(doc.get("schema", "")).startswith("ftkit.run/")
-        and isinstance(doc.get("ftkit_version"), str)
-        and isinstance(doc.get("config"), dict)
-    ):
-        return f"{RUN_JSON} was not written by ftkit"
     for entry in path.iterdir():
         if entry.name in (RUN_JSON, STATUS_JSON) or _is_temp(entry.name):
             continue
@@ -188,26 +179,17 @@ def run_name(run_dir: Path | str) -> str:
     """The name a run's events and checkpoints carry: the one its ``run.json`` records, else the
     directory's own name (a new run). A run directory that was copied or renamed keeps its name
     across ``--resume``, so its old and new events stay one run's log."""
-    try:
-        name = json.loads((Path(run_dir) / RUN_JSON).read_text()).get("run")
-    except (OSError, ValueError, AttributeError):
-        name = None
-    return name if isinstance(name, str) and name else Path(run_dir).resolve().name
+    return recorded_name(run_dir) or Path(run_dir).resolve().name
 
 
 def write_run_json(run_dir: Path, cfg: TrainConfig, device: str, task: RlTask) -> None:
     """``run.json``: what reproduces the run (config, version, layout, seed). A resumed run
     keeps the name its ``run.json`` already records (``run_name``)."""
-    from ftkit.tensors.st import write_bytes_atomic
-
-    doc = {
-        "schema": RUN_SCHEMA,
-        "run": run_name(run_dir),
-        "ftkit_version": __version__,
-        "created": time.time(),
-        "seed": cfg.rng.seed,
-        "config": cfg.model_dump(mode="json"),
-        "layout": {
+    RunRecord(
+        run=run_name(run_dir),
+        seed=cfg.rng.seed,
+        config=cfg.model_dump(mode="json"),
+        layout={
             "cells": cfg.cluster.cells,
             "tp": cfg.layout.tp,
             "pp": cfg.layout.pp,
@@ -217,12 +199,11 @@ def write_run_json(run_dir: Path, cfg: TrainConfig, device: str, task: RlTask) -
             "samples_per_step": cfg.batch.step_samples,
             "samples_per_micro_shard": cfg.batch.shard_samples,
         },
-        "task": {
+        task={
             "name": task.name,
             "vocab_size": task.vocab_size,
             "prompt_len": task.prompt_len,
             "response_len": task.response_len,
             "reward": cfg.task.reward,
         },
-    }
-    write_bytes_atomic(run_dir / "run.json", (json.dumps(doc, indent=2) + "\n").encode())
+    ).write(run_dir)

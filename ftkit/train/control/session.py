@@ -22,12 +22,13 @@ from ftkit.train.config import STARTUP_TIMEOUT_S
 
 if TYPE_CHECKING:
     from ftkit.events.writer import EventWriter
-    from ftkit.train.config import TrainConfig
+    from ftkit.evidence.emit import EventSink
     from ftkit.train.control.cells import Cell
     from ftkit.train.control.coordinator import StepCoordinator
     from ftkit.train.control.healing import Healer
     from ftkit.train.control.placement import Placer
     from ftkit.train.control.roster import CellRoster
+    from ftkit.train.plan.run_plan import RunPlan
 
 
 class CellSession:
@@ -35,18 +36,19 @@ class CellSession:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        plan: RunPlan,
         run_dir: str,
         device: str,
         store: tuple[str, int],
         placer: Placer,
         events: EventWriter,
-        emit_cell_event: Callable[..., bool],
+        cell_log: EventSink,
         store_set: Callable[[str, str], None] = lambda key, value: None,
     ) -> None:
-        self.cfg, self.run_dir, self.device, self.store, self.placer = cfg, run_dir, device, store, placer
+        self.plan, self.cfg = plan, plan.config
+        self.run_dir, self.device, self.store, self.placer = run_dir, device, store, placer
         self.store_set = store_set  # sets a key in the driver's TCPStore (a heal called off)
-        self.events, self.emit_cell_event = events, emit_cell_event
+        self.events, self.cell_log = events, cell_log  # cell_log: the cell books' (events, teed to the live view)
         self._roster: CellRoster | None = None
         self._coord: StepCoordinator | None = None
         self.healer: Healer | None = None
@@ -73,11 +75,11 @@ class CellSession:
 
         cfg, r = self.cfg, self.cfg.recovery
         indices = list(range(cfg.cluster.cells))
-        book = CellBook(cfg.cluster.cells, self.emit_cell_event)
+        book = CellBook(cfg.cluster.cells, self.cell_log)
         book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
         for c in indices:
             book.transition(c, CellState.starting, "run start")
-        cells = start_cells(cfg, self.run_dir, indices, cfg.layout.ranks, self.device, incarnation, targets)
+        cells = start_cells(self.plan, self.run_dir, indices, cfg.layout.ranks, self.device, incarnation, targets)
         for cell in cells:
             self.placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         by_index = {cell.index: cell for cell in cells}
@@ -95,7 +97,7 @@ class CellSession:
             )
         else:
             self._roster.reset(book, by_index)
-        spawn = partial(_spawn, cfg, self.run_dir, self.device)
+        spawn = partial(_spawn, self.plan, self.run_dir, self.device)
 
         def cancel(key: str) -> None:
             self.store_set(key, "1")
@@ -147,8 +149,8 @@ class CellSession:
             roster.book.transition(c, CellState.stopped, reason)
 
 
-def _spawn(cfg: TrainConfig, run_dir: str, device: str, cell: int, incarnation: int, target: str | None) -> Cell:
+def _spawn(plan: RunPlan, run_dir: str, device: str, cell: int, incarnation: int, target: str | None) -> Cell:
     """A restarted cell's new incarnation (``Healer``'s ``spawn``: ``ftkit.train.control.cells.spawn_cell``)."""
     from ftkit.train.control.cells import spawn_cell
 
-    return spawn_cell(cfg, run_dir, cell, cfg.layout.ranks, device, incarnation, target)
+    return spawn_cell(plan, run_dir, cell, plan.config.layout.ranks, device, incarnation, target)

@@ -1,6 +1,6 @@
 """The fault injector the fault points call (``FaultInjector``), and what a fault does.
 
-``FaultInjector`` lives in one process (a rank or an engine): its ``at(point, ...)``
+``FaultInjector`` lives in one process (a rank, an engine or the driver): its ``at(point, ...)``
 is called at every named fault point; when a spec matches it logs ``fault_injected``, fsyncs
 the log, and only then fires. Each spec fires at most once per process incarnation, and only
 on the attempt it names, so a retried step (``attempt + 1``) runs without the injection.
@@ -21,9 +21,10 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from ftkit.evidence import emit
 from ftkit.train.faults.spec import FaultSpec, Role
 
 if TYPE_CHECKING:
@@ -34,24 +35,29 @@ class InjectedFault(RuntimeError):
     """Raised by ``FaultInjector.at`` for ``kind=exception``."""
 
 
+class FaultLog(emit.EventSink, Protocol):
+    """The process's event log (an ``EventWriter``): ``emit`` an event, ``sync`` it to disk."""
+
+    def sync(self) -> None: ...
+
+
 class FaultInjector:
     """The specs that strike this process (``role``, ``cell``/``rank`` or ``engine``), armed.
 
-    ``emit`` is ``EventWriter.emit`` (``emit("fault_injected", **fields)``) and ``sync`` its
-    ``sync``: the event is on disk before the fault fires. ``at`` costs a dict lookup at a
-    point that no spec names."""
+    ``log`` is the process's ``EventWriter``: ``fault_injected`` goes there
+    (``ftkit.evidence.emit``) and is synced, so it is on disk before the fault fires. ``at``
+    costs a dict lookup at a point that no spec names."""
 
     def __init__(
         self,
         specs: Sequence[FaultSpec],
-        emit: Callable[..., object],
-        sync: Callable[[], object],
+        log: FaultLog,
         role: Role,
         cell: int | None = None,
         rank: int | None = None,
         engine: int | None = None,
     ) -> None:
-        self._emit, self._sync, self._cell, self._rank, self._engine = emit, sync, cell, rank, engine
+        self._log, self._cell, self._rank, self._engine = log, cell, rank, engine
         self._armed: dict[str, list[FaultSpec]] = {}
         for s in specs:
             target = s.engine == engine if s.role == "engine" else (s.cell, s.rank) == (cell, rank)
@@ -75,8 +81,8 @@ class FaultInjector:
         return None
 
     def _fire(self, s: FaultSpec, step: int | None, attempt: int, rollout: int | None) -> str | None:
-        self._emit(
-            "fault_injected",
+        emit.fault_injected(
+            self._log,
             kind=s.kind,
             point=s.point,
             cell=self._cell,
@@ -86,7 +92,7 @@ class FaultInjector:
             attempt=attempt,
             engine=self._engine,
         )
-        self._sync()
+        self._log.sync()
         if s.kind == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
             _hang()  # SIGKILL is delivered before this runs

@@ -1,6 +1,6 @@
 """The named fault points of a step, and the injector each actor consults at them.
 
-Every actor (rank, engine) builds one injector from its config with ``injector_for`` and
+Every actor (rank, engine) builds one injector from its run plan's faults with ``injector_for`` and
 calls ``injector.at(point, step=..., attempt=..., rollout=...)`` at each point of
 ``ftkit.train.faults.spec.POINTS`` it passes. Without ``--inject`` / ``--chaos`` that is ``NoFaults`` (a call that
 returns ``None``: no import, no cost); with them it is ``ftkit.train.faults.injector.FaultInjector``
@@ -13,7 +13,7 @@ Where each point is (docs/faults.md has the recovery of each):
 * ``before_forward``, ``mid_backward`` (a gradient hook inside the first micro-shard's
   backward pass), ``before_reduce``, ``during_reduce`` (between the reduction's two
   collectives), ``after_reduce``: ``RankWorker.compute_reduce``;
-* ``during_weight_sync``: ``RankWorker.export_weights`` and ``InferenceEngine.load_weights``;
+* ``during_weight_sync``: ``RankWorker.export_weights`` and ``EngineActor.load_weights`` (``ftkit.train.rl.engines``);
 * ``during_dump_write``: a rank writing a dump;
 * ``during_heal``: a restarted rank loading its donor's state (``RankWorker.load_state``).
 """
@@ -23,8 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ftkit.events.writer import EventWriter
-    from ftkit.train.config import TrainConfig
+    from ftkit.train.faults.spec import FaultSpec
 
 
 class Injector(Protocol):
@@ -43,22 +45,22 @@ class NoFaults:
 
 
 def injector_for(
-    cfg: TrainConfig,
+    faults: Sequence[FaultSpec],
     events: EventWriter,
     role: Literal["trainer", "engine", "driver"],
     cell: int | None = None,
     rank: int | None = None,
     engine: int | None = None,
 ) -> Injector:
-    """The injector of one actor: ``NoFaults`` unless ``cfg`` asks for injections."""
-    if not cfg.faults.inject and not cfg.faults.chaos:
+    """The injector of one actor: ``NoFaults`` unless the run injects ``faults``
+    (``ftkit.train.plan.run_plan.RunPlan.faults``)."""
+    if not faults:
         return NoFaults()
     from ftkit.train.faults.injector import FaultInjector
 
     injector: Injector = FaultInjector(
-        cfg.fault_specs(),
-        emit=events.emit,
-        sync=events.sync,
+        faults,
+        events,
         role=role,
         cell=cell,
         rank=rank,

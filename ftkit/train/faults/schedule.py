@@ -1,7 +1,7 @@
 """The faults of a run: its ``--inject`` specs, then the ``--chaos`` expansion.
 
-``parse_specs(inject, chaos, bounds)`` is what ``TrainConfig`` validates and
-``TrainConfig.fault_specs()`` returns; deterministic in the chaos seed.
+``parse_specs(inject, chaos, bounds)`` is what ``ftkit.train.plan.run_plan.build_plan`` parses and
+``ftkit.train.plan.run_plan.RunPlan.faults`` holds; deterministic in the chaos seed.
 """
 
 from __future__ import annotations

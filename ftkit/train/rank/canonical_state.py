@@ -5,7 +5,7 @@ Checkpoints hold the canonical state whatever the layout of the run that wrote t
 section 2), so a run with other ``--cells``, ``--tp`` or ``--pp`` can load them.
 
 Names: canonical tensors are named as the PP=1 model names them (``decoder.layers.<i>``
-counted model-wide: ``ftkit.model.gpt.global_param_name`` with the stage's layer offset);
+counted model-wide: ``ftkit.model.stages.global_param_name`` with the stage's layer offset);
 optimizer entries are ``<param name>.<key>`` (``exp_avg``, ``exp_avg_sq``, ``step``).
 
 Shardings: a rank's parameter relates to the canonical tensor as megatron's attributes say
@@ -49,7 +49,7 @@ Named = list[tuple[str, Any]]
 
 def rank_shardings(named: Named, tp_rank: int, tp_size: int, offset: int) -> dict[str, Sharding]:
     """``{canonical parameter name: Sharding}`` of this rank's ``(local name, parameter)`` pairs."""
-    from ftkit.model.gpt import global_param_name
+    from ftkit.model.stages import global_param_name
     from ftkit.tensors.sharding import param_sharding
 
     return {global_param_name(n, offset): param_sharding(p, tp_rank, tp_size) for n, p in named}
@@ -57,7 +57,7 @@ def rank_shardings(named: Named, tp_rank: int, tp_size: int, offset: int) -> dic
 
 def canonical_names(state: Any, offset: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(params, optimizer)`` of the ``RankState`` ``state`` under model-wide names."""
-    from ftkit.model.gpt import global_param_name
+    from ftkit.model.stages import global_param_name
 
     params = {global_param_name(n, offset): t for n, t in state.params.items()}
     optimizer = {global_param_name(n, offset): t for n, t in state.optimizer.items()}
@@ -80,7 +80,7 @@ def gather(named: Named, optimizer: dict[str, Any], offset: int) -> tuple[dict[s
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
-    from ftkit.model.gpt import global_param_name
+    from ftkit.model.stages import global_param_name
     from ftkit.tensors.sharding import entry_sharding, param_sharding
 
     tp_rank = ps.get_tensor_model_parallel_rank()
@@ -139,7 +139,7 @@ def local_state(
     from ``params`` or its shard does not have the rank's shape. Optimizer entries are those
     of the rank's parameters (``<canonical param>.<key>``, keys without dots); the slices are
     contiguous copies."""
-    from ftkit.model.gpt import global_param_name
+    from ftkit.model.stages import global_param_name
     from ftkit.tensors.sharding import entry_sharding, param_sharding, shard_of
 
     local_params: dict[str, Any] = {}
@@ -166,7 +166,7 @@ def local_state(
 def rank_spec(named: Named, tp_rank: int, pp_rank: int, tp_size: int, offset: int) -> dict[str, Any]:
     """JSON-able ``{"tp_rank", "pp_rank", "params": {local name: [canonical name, sharding]}}``
     of this rank (``ftkit.checkpoint.rank_totals`` reads it)."""
-    from ftkit.model.gpt import global_param_name
+    from ftkit.model.stages import global_param_name
     from ftkit.tensors.sharding import param_sharding
 
     return {

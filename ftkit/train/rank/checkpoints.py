@@ -73,7 +73,7 @@ class RankCheckpoints:
         import torch
         import torch.distributed as dist
 
-        from ftkit.model.gpt import stage_position
+        from ftkit.model.stages import stage_position
         from ftkit.train.rank.canonical_state import gather, rank_spec
         from ftkit.train.rank.state import fingerprint_state
         from ftkit.train.rank.state_codec import capture
@@ -115,8 +115,8 @@ class RankCheckpoints:
         import torch
 
         from ftkit.checkpoint.guard import NonFiniteGuard
-        from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER
-        from ftkit.model.gpt import stage_position
+        from ftkit.checkpoint.layout import EXTRA, MODEL, OPTIMIZER
+        from ftkit.model.stages import stage_position
         from ftkit.train.rank.canonical_state import local_state
         from ftkit.train.rank.state import fingerprint_state
         from ftkit.train.rank.state_codec import RankState, restore
@@ -171,7 +171,7 @@ class RankCheckpoints:
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank,
         named model-wide, its TP shards marked in the metadata: ``rank_state.save_final``)."""
-        from ftkit.model.gpt import stage_position
+        from ftkit.model.stages import stage_position
         from ftkit.train.rank.canonical_state import rank_shardings
         from ftkit.train.rank.state import save_final
         from ftkit.train.rank.state_codec import capture

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import ftkit.evidence.emit as emit
 from ftkit.train.rank.shard_cache import ShardCache
 from ftkit.train.rank.step_types import Reduced, StepTask
 
@@ -153,8 +154,8 @@ class StepCompute:
         guard.observe(task.step, "reduced gradient", reduced is not None)
         guard.observe_value(task.step, "loss", float(losses.sum()))
         if reduced is None:
-            self.ctx.events.emit(
-                "grad_nonfinite",
+            emit.grad_nonfinite(
+                self.ctx.events,
                 rollout=task.rollout,
                 step=task.step,
                 cell=ctx.cell,
@@ -218,8 +219,8 @@ class StepCompute:
         log-probs; at a rollout's first step its log-probs are kept for the check."""
         import torch
 
+        from ftkit.engines.policy import policy_logprobs
         from ftkit.train.rl.grpo import grpo_loss
-        from ftkit.train.rl.policy import policy_logprobs
 
         allowed, index = self._policy()
         logp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, mask, emb), tokens, allowed, index)
@@ -246,11 +247,11 @@ class StepCompute:
         return logits
 
     def _policy(self) -> tuple[Any, Any]:
-        """The task's response tokens and their index (``ftkit.train.rl.policy``), built once."""
+        """The task's response tokens and their index (``ftkit.engines.policy``), built once."""
         if self._policy_tokens is None:
             import torch
 
-            from ftkit.train.rl.policy import allowed_index
+            from ftkit.engines.policy import allowed_index
 
             allowed = self._task().response_tokens
             vocab = self.ctx.model.vocab_size
@@ -260,7 +261,7 @@ class StepCompute:
     def _task(self) -> Any:
         """The run's task (through the model's tokenizer for a model path), built once."""
         if self._task_obj is None:
-            self._task_obj = self.cfg.rl_task()
+            self._task_obj = self.ctx.plan.task.build()
         return self._task_obj
 
     def _score_canaries(self, task: StepTask) -> None:
@@ -269,10 +270,10 @@ class StepCompute:
         Collective over the TP group (the logits are gathered), so every TP rank calls it."""
         import torch
 
+        from ftkit.engines.policy import policy_logprobs
         from ftkit.train.rl.canary import canary_fields, canary_tokens
         from ftkit.train.rl.engines import GEN_CHUNK
         from ftkit.train.rl.masks import sequence_mask
-        from ftkit.train.rl.policy import policy_logprobs
 
         allowed, index = self._policy()
         tokens, mask = canary_tokens(self._task(), self.cfg.rng.seed, GEN_CHUNK)
@@ -282,8 +283,8 @@ class StepCompute:
         with torch.no_grad():
             lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, attention, None), tokens, allowed, index)
         if self.ctx.tp_rank == 0:
-            self.ctx.events.emit(
-                "canary_logprobs",
+            emit.canary_logprobs(
+                self.ctx.events,
                 rollout=task.rollout,
                 version=task.rollout,
                 cell=self.ctx.cell,
@@ -298,8 +299,8 @@ class StepCompute:
         are put together. Skipped when the batch holds one step only."""
         import torch
 
+        from ftkit.engines.policy import policy_logprobs
         from ftkit.train.rl.masks import sequence_mask
-        from ftkit.train.rl.policy import policy_logprobs
 
         cfg, checks = self.cfg, self._checks
         if checks is None or batch["tokens"].shape[0] != cfg.batch.samples_per_rollout:
@@ -330,8 +331,8 @@ class StepCompute:
             return
         trainer, engine, mask, ids = (torch.cat([c[i] for c in checks]) for i in range(4))
         result = compare_logprobs(engine, trainer, mask)
-        self.ctx.events.emit(
-            "logprob_check",
+        emit.logprob_check(
+            self.ctx.events,
             rollout=task.rollout,
             step=task.step,
             attempt=task.attempt,

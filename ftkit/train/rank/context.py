@@ -1,6 +1,6 @@
 """``RankContext``: what one rank's collaborators share, built once when the rank joins its cell.
 
-``open_context(cfg, run_dir, cell, rank, incarnation, store_host, store_port)`` joins the
+``open_context(plan, run_dir, cell, rank, incarnation, store_host, store_port)`` (a ``RunPlan``) joins the
 cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the driver's TCPStore),
 initialises megatron's parallel state and builds the model, the optimizer, the witness, the
 event writer, the fault injector, the cross-cell link and (GRPO with a KL term) the frozen
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from ftkit.events.writer import EventWriter
     from ftkit.train.config import TrainConfig
     from ftkit.train.faults.points import Injector
+    from ftkit.train.plan.run_plan import RunPlan
     from ftkit.train.rank.crosscell import CrossCellLink
     from ftkit.train.rank.witness import WitnessTable
 
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 class RankContext:
     """One rank of one cell, set up (see the module docstring)."""
 
-    cfg: TrainConfig
+    plan: RunPlan
     run_dir: str
     cell: int
     rank: int  # in the cell's world of tp * pp
@@ -51,12 +52,17 @@ class RankContext:
     reference: Any = None  # GRPO with kl_coef > 0: the frozen initial model (same layout), else None
 
     @property
+    def cfg(self) -> TrainConfig:
+        """The run's config (``plan.config``)."""
+        return self.plan.config
+
+    @property
     def witness_param(self) -> Tensor | None:
         return None if self.witness is None else self.witness.param
 
 
 def open_context(
-    cfg: TrainConfig, run_dir: str, cell: int, rank: int, incarnation: int, store_host: str, store_port: int
+    plan: RunPlan, run_dir: str, cell: int, rank: int, incarnation: int, store_host: str, store_port: int
 ) -> RankContext:
     """Join the cell's world and build what the rank computes with (see the module docstring)."""
     import torch
@@ -71,7 +77,7 @@ def open_context(
     from ftkit.train.rank.crosscell import CrossCellLink
     from ftkit.train.rank.witness import WitnessTable
 
-    device = cfg.resolved_device()
+    cfg, device = plan.config, plan.device
     configure_determinism(cfg.compute.threads_per_rank)
     if device == "cuda":
         torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
@@ -85,7 +91,7 @@ def open_context(
         timeout=startup,
     )
     ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
-    model = build_gpt(cfg.gpt_spec(), device)
+    model = build_gpt(plan.model, cfg.rng.seed, device)
     params = list(model.named_parameters())
     optimizer = torch.optim.AdamW([p for _, p in params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
     has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
@@ -93,7 +99,7 @@ def open_context(
     events = EventWriter(
         Path(run_dir) / "events", run=run_name(run_dir), role="trainer", cell=cell, rank=rank, incarnation=incarnation
     )
-    faults = injector_for(cfg, events, "trainer", cell=cell, rank=rank)
+    faults = injector_for(plan.faults, events, "trainer", cell=cell, rank=rank)
     collective = datetime.timedelta(seconds=cfg.recovery.collective_timeout)
     link_store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=collective)
     link = CrossCellLink(link_store, rank, cell, device, cfg.recovery.collective_timeout)
@@ -101,9 +107,9 @@ def open_context(
     if cfg.objective.loss == "grpo" and cfg.objective.kl_coef > 0:
         # KL to the initial model: built from the spec again (the same bits as ``model`` at
         # step 0 on every rank, a healed or resumed one too), never trained
-        reference = build_gpt(cfg.gpt_spec(), device).eval().requires_grad_(False)
+        reference = build_gpt(plan.model, cfg.rng.seed, device).eval().requires_grad_(False)
     return RankContext(
-        cfg,
+        plan,
         run_dir,
         cell,
         rank,

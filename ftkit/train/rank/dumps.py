@@ -14,7 +14,7 @@ Everything goes under ``dumps/actor/fwd_bwd/rollout_XXXXXX/`` (prefix ``actor``,
 
 Each written file is announced with a ``dump_written`` event. The witness is never dumped.
 
-Pipeline stages (``pp > 1``) dump under model-wide names (``ftkit.model.gpt.global_param_name``
+Pipeline stages (``pp > 1``) dump under model-wide names (``ftkit.model.stages.global_param_name``
 with the stage's layer offset: stage 1 of a 4-layer model writes ``decoder.layers.2...``, never
 its local ``decoder.layers.0``), so a PP run pairs tensor for tensor with a PP=1 run and the
 stages never collide. A non-last stage's top-level captures (``output``, ``decoder.output``
@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import ftkit.evidence.emit as emit
+
 if TYPE_CHECKING:
     from ftkit.train.rank.context import RankContext
 
@@ -43,7 +45,7 @@ class RankDumps:
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
         self.what = set(ctx.cfg.dumps.what)
-        from ftkit.model.gpt import stage_position
+        from ftkit.model.stages import stage_position
 
         self.root = Path(ctx.run_dir) / "dumps"
         self._replicated: dict[int, Any] = {}  # rollout -> open DumpWriter
@@ -56,8 +58,8 @@ class RankDumps:
         return {"cell": self.ctx.cell, "rank": self.ctx.rank, "tp": self.ctx.tp_rank, "pp": self.ctx.pp_rank}
 
     def _announce(self, rollout: int, info: Any) -> None:
-        self.ctx.events.emit(
-            "dump_written",
+        emit.dump_written(
+            self.ctx.events,
             rollout=rollout,
             phase="fwd_bwd",
             path=str(info.path),
@@ -102,7 +104,7 @@ class RankDumps:
         record: every live cell records, the driver picks one that saw the whole rollout)."""
         if not enabled:
             return
-        from ftkit.model.gpt import global_param_name
+        from ftkit.model.stages import global_param_name
         from ftkit.tensors.sharding import param_sharding
 
         cfg = self.ctx.cfg
@@ -143,7 +145,7 @@ class RankDumps:
 def capture_name(name: str, offset: int, last_stage: bool) -> str | None:
     """The dump name of a stage's capture ``name`` (model-wide layer numbers), or None when a
     non-last stage must not dump it (its top-level ``output`` / ``decoder.output`` captures)."""
-    from ftkit.model.gpt import global_param_name
+    from ftkit.model.stages import global_param_name
 
     if not last_stage and _TOP_LEVEL.match(name):
         return None

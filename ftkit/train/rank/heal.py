@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+import ftkit.evidence.emit as emit
 from ftkit.train.rank.step_types import HealReport
 
 if TYPE_CHECKING:
@@ -108,8 +109,8 @@ def receive(
     size = state_bytes(tensors)
     accepted = total == donor_total
     if accepted:
-        ctx.events.emit(
-            "heal",
+        emit.heal(
+            ctx.events,
             cell=ctx.cell,
             donor=donor,
             epoch=epoch,

@@ -103,7 +103,7 @@ class StagePipeline:
 
 def export_cell(model: Any) -> dict[str, Any]:
     """The cell's weights in the TP=1/PP=1 layout (see the module doc); rank 0 gets them."""
-    from ftkit.model.gpt import stage_position
+    from ftkit.model.stages import stage_position
     from ftkit.train.rank.canonical_state import gather
 
     params, _ = gather(list(model.named_parameters()), {}, stage_position(model)[0])

@@ -3,7 +3,7 @@
 Lifecycle (docs/architecture.md, "Training"; the exactness design is docs/training.md, the
 fault handling docs/faults.md)::
 
-    w = RankWorker(cfg, run_dir, cell, rank, incarnation)    # cheap, no side effects
+    w = RankWorker(plan, run_dir, cell, rank, incarnation)   # cheap, no side effects
     w.init_cell(host, port) -> pid   # the cell's world, megatron state, model, optimizer, witness, events
     w.configure(epoch, alive)        # the rank position's cross-cell group over the alive cells
     w.compute_reduce(StepTask, batch) -> Reduced     # phase 1: compute + cross-cell reduction
@@ -33,13 +33,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+import ftkit.evidence.emit as emit
 from ftkit.train.rank.checkpoints import RankCheckpoints
 from ftkit.train.rank.step_types import Committed, HealReport, Reduced, StepTask
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import RunPlan
     from ftkit.train.rank.compute import Pending
 
 
@@ -48,8 +49,8 @@ class RankWorker(RankCheckpoints):
     the actor's remote face over its ``RankContext`` (``self.ctx``, from ``init_cell``) and
     the collaborators built on it (reducer, dumps, pipeline, guard)."""
 
-    def __init__(self, cfg: TrainConfig, run_dir: str, cell: int, rank: int, incarnation: int) -> None:
-        self.cfg = cfg  # validated once, by the driver
+    def __init__(self, plan: RunPlan, run_dir: str, cell: int, rank: int, incarnation: int) -> None:
+        self.plan, self.cfg = plan, plan.config  # planned once, by the command
         self.run_dir = str(run_dir)
         self.cell, self.rank, self.incarnation = int(cell), int(rank), int(incarnation)
         self._open = False  # init_cell built self.ctx, shutdown has not closed it yet
@@ -69,7 +70,9 @@ class RankWorker(RankCheckpoints):
         from ftkit.train.rank.reducer import ExactReducer, GradLayout
 
         cfg = self.cfg
-        ctx = self.ctx = open_context(cfg, self.run_dir, self.cell, self.rank, self.incarnation, store_host, store_port)
+        ctx = self.ctx = open_context(
+            self.plan, self.run_dir, self.cell, self.rank, self.incarnation, store_host, store_port
+        )
         self._open = True
         shapes = [(n, tuple(p.shape)) for n, p in self.ctx.params]
         if self.ctx.witness is not None:
@@ -151,8 +154,8 @@ class RankWorker(RankCheckpoints):
             p.grad = grads[name]
         if self.ctx.witness is not None:
             ids, counts, contribs = self.ctx.witness.read(grads["witness"], pend.witness_ids)
-            ev.emit(
-                "witness_counts",
+            emit.witness_counts(
+                ev,
                 rollout=task.rollout,
                 step=step,
                 attempt=attempt,
@@ -176,10 +179,10 @@ class RankWorker(RankCheckpoints):
         ev.sync(wait=False)  # the next emit waits for this fsync
         return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
 
-    def _outcome(self, task: StepTask, outcome: str) -> None:
+    def _outcome(self, task: StepTask, outcome: emit.Outcome) -> None:
         """Log this rank's ``step_outcome`` for ``task`` (a ``StepTask``)."""
-        self.ctx.events.emit(
-            "step_outcome",
+        emit.step_outcome(
+            self.ctx.events,
             rollout=task.rollout,
             step=task.step,
             attempt=task.attempt,
@@ -211,8 +214,8 @@ class RankWorker(RankCheckpoints):
         from ftkit.train.rank.state import fingerprint_state
 
         total, pfp, ofp = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
-        self.ctx.events.emit(
-            "state_fingerprint",
+        emit.state_fingerprint(
+            self.ctx.events,
             rollout=rollout,
             step=step,
             attempt=attempt,

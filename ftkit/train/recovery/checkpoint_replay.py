@@ -56,6 +56,7 @@ def plan_replay(checkpoint: Path, rollout: int, out: Path, tp: int | None = None
     from ftkit.checkpoint.layout import MANIFEST, META
     from ftkit.checkpoint.verify import verify_path
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
 
     ckpt = Path(checkpoint)
     if not (ckpt / MANIFEST).is_file():
@@ -109,7 +110,7 @@ def plan_replay(checkpoint: Path, rollout: int, out: Path, tp: int | None = None
         "chaos": None,
     }
     replay_cfg = TrainConfig.model_validate({**cfg.model_dump(mode="json"), **overrides, "checkpoint_every": 0})
-    device = replay_cfg.resolved_device()
+    device = build_plan(replay_cfg).device  # the recorded model must still be the run's (exit 2)
     if device == "cuda":
         import torch
 
@@ -166,15 +167,17 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from ftkit.checkpoint.restore import EXTRA, MODEL, OPTIMIZER, read_groups
-    from ftkit.model.gpt import stage_position
+    from ftkit.checkpoint.layout import EXTRA, MODEL, OPTIMIZER
+    from ftkit.checkpoint.restore import read_groups
+    from ftkit.model.stages import stage_position
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.canonical_state import local_state
     from ftkit.train.rank.state_codec import RankState, restore
     from ftkit.train.rank.step_types import StepTask
     from ftkit.train.rank.worker import RankWorker
 
-    w = RankWorker(TrainConfig.model_validate(plan.config), str(plan.out), 0, rank, 0)
+    w = RankWorker(build_plan(TrainConfig.model_validate(plan.config)), str(plan.out), 0, rank, 0)
     w.init_cell("127.0.0.1", port)
     try:
         w.configure(0, [0])

@@ -6,8 +6,9 @@ directory holding ``MANIFEST.json``) goes to ``export_checkpoint``, anything els
 ``export_run``. Both return the shard paths ``ftkit.model.hf_export.export_hf`` wrote, and both
 check ``out_dir`` (new or empty) before any work, so a refused input writes nothing there.
 
-``export_run(run_dir, out_dir)`` reads ``run.json``'s config (validated: the model at the
-recorded path must still have the recorded ``model_digest``, its config, tokenizer and
+``export_run(run_dir, out_dir)`` reads ``run.json``'s config (validated and planned,
+``ftkit.train.plan.run_plan.build_plan``: the model at the recorded path must still have the recorded
+``model_digest``, its config, tokenizer and
 ``config.json`` are what the export copies), gathers each TP rank's state from
 ``final/tp{t}-pp{p}.safetensors`` (the parameters, ``model.<name>``, named model-wide; the
 union of the rank's pipeline stages). Memory: the whole final model state plus one shard.
@@ -41,7 +42,7 @@ from ftkit.errors import InputError
 if TYPE_CHECKING:
     import torch
 
-    from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import RunPlan
 
 PREFIX = "model."
 
@@ -71,7 +72,8 @@ def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
             f"{run_dir} is not a run directory: cannot read run.json ({exc})",
             "give a run directory or a checkpoint directory (RUN/checkpoints/step_NNNNNN)",
         ) from None
-    cfg = _hf_config(values, run_dir)
+    plan = _hf_plan(values, run_dir)
+    cfg = plan.config
     check_out_dir(Path(out_dir))
     states: list[dict[str, torch.Tensor]] = []
     for t in range(cfg.layout.tp):
@@ -85,12 +87,13 @@ def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
                     if key.startswith(PREFIX):
                         state[key[len(PREFIX) :]] = f.get_tensor(key)
         states.append(state)
-    return export_hf(states, cfg.hf_arch(), Path(out_dir), cfg.model_dir())
+    return export_hf(states, plan.model.hf, Path(out_dir), plan.model.hf_dir)
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None) -> list[Path]:
     """Write the Hugging Face directory of the verified ``checkpoint`` to ``out_dir`` (module contract)."""
-    from ftkit.checkpoint.restore import MODEL, read_groups
+    from ftkit.checkpoint.layout import MODEL
+    from ftkit.checkpoint.restore import read_groups
     from ftkit.checkpoint.selection import error_findings
     from ftkit.checkpoint.verify import verify_path
     from ftkit.model.hf_export import check_out_dir, export_hf
@@ -116,7 +119,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str
             f"{checkpoint}: cannot read the config in meta.json ({exc})",
             f"run 'ftkit verify-checkpoint {run_dir}'",
         ) from None
-    cfg = _hf_config(values, checkpoint)
+    plan = _hf_plan(values, checkpoint)
     check_out_dir(Path(out_dir))
     result = verify_path(run_dir, events=True)
     untrusted, general = error_findings(result)
@@ -131,17 +134,18 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str
     for message in general:
         (on_warning or (lambda m: None))(f"verify-checkpoint finds in {run_dir}: {message}")
     params = read_groups(checkpoint, only={MODEL})[MODEL]
-    return export_hf([params], cfg.hf_arch(), Path(out_dir), cfg.model_dir())
+    return export_hf([params], plan.model.hf, Path(out_dir), plan.model.hf_dir)
 
 
-def _hf_config(values: dict[str, Any], where: Path) -> TrainConfig:
-    """The validated config of a ``--model PATH`` run (``InputError`` for a preset's)."""
+def _hf_plan(values: dict[str, Any], where: Path) -> RunPlan:
+    """The plan of a ``--model PATH`` run's recorded config (``InputError`` for a preset's)."""
     from ftkit.train.config import load_config
+    from ftkit.train.plan.run_plan import build_plan
 
-    cfg = load_config(values)
-    if cfg.model.is_preset:
+    plan = build_plan(load_config(values))
+    if plan.model.is_preset:
         raise InputError(
-            f"{where} trained the preset {cfg.model.preset!r}, not a Hugging Face model",
+            f"{where} trained the preset {plan.model.name!r}, not a Hugging Face model",
             "export --hf takes a run of ftkit train --model PATH",
         )
-    return cfg
+    return plan

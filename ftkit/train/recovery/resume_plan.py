@@ -1,7 +1,8 @@
 """A resumed session of ``ftkit train --resume RUN_DIR``: its config, and where it starts.
 
 ``resume_config(run_dir, given)`` is the config: ``run.json``'s, with the options given now
-on top; an option outside ``FREE_FIELDS`` that differs from the recorded value, or fewer
+on top (plain data: the command plans it once, ``ftkit.train.plan.run_plan.build_plan``, which checks
+the recorded model digest); an option outside ``FREE_FIELDS`` that differs from the recorded value, or fewer
 rollouts, is exit 2 (docs/checkpoints.md, "Resume"). ``plan_resume(run_dir, cfg, warn)`` runs
 before any cell starts: ``check_resume_dir``, ``reconcile`` and the
 newest checkpoint that ``verify-checkpoint RUN`` accepts and that was written with this run's
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import ConfigError
+from ftkit.evidence.record import last_epoch
 from ftkit.train.config.places import FREE_FIELDS, LAYOUT_FIELDS
 from ftkit.train.recovery.resume import CheckpointState, read_checkpoint
 
@@ -169,10 +171,13 @@ def resume_config(run_dir: Path, given: dict[str, Any], allow_layout_change: boo
     TP x PP layout (``LAYOUT_FIELDS``) changes bits too: it may differ only with
     ``allow_layout_change`` (``plan_resume`` then logs the change). Injections and chaos of
     the earlier session are not carried over."""
+    from ftkit.model.spec import is_preset
     from ftkit.train.config import load_config
 
     check_resume_dir(run_dir)
     recorded = recorded_config(run_dir)
+    if "model" in given and not is_preset(str(given["model"])):  # a path, recorded absolute
+        given = {**given, "model": str(Path(given["model"]).absolute())}
     base = load_config(recorded).model_dump(mode="json")
     asked = load_config({**recorded, **given}).model_dump(mode="json")
     changed = sorted(k for k in given if k not in FREE_FIELDS and asked[k] != base[k])
@@ -219,14 +224,6 @@ def _other_run(checkpoint: Path, cfg: TrainConfig, free: frozenset[str]) -> str 
         if recorded[key] is not None and recorded[key] != ours[key]:
             return f"written with {key} {recorded[key]!r}, this run has {ours[key]!r}"
     return None
-
-
-def last_epoch(events_dir: Path) -> int:
-    """The highest membership epoch the drivers' ``reconfigure`` events hold (-1: none)."""
-    from ftkit.events.driver_log import driver_events
-
-    epochs = [ev["epoch"] for ev in driver_events(events_dir, "reconfigure") if type(ev.get("epoch")) is int]
-    return max(epochs, default=-1)
 
 
 _TRAINER = re.compile(r"trainer-c\d+-r\d+-i(\d+)\.jsonl(\.gz)?$")

@@ -4,10 +4,10 @@ and by the trainer, so an engine that did not take an update is caught whatever 
 The canary set is the run's first ``GEN_CHUNK`` held-out prompts with their correct
 responses (``RlTask.heldout_prompts`` / ``correct_responses``): a function of the seed
 only, in the engines' generation shape (``GEN_CHUNK`` rows of the full sequence length). An
-engine scores it right after it loads a weights version (``InferenceEngine.load_weights``); each
+engine scores it right after it loads a weights version (``EngineActor.load_weights``); each
 cell's trainer rank 0 scores it at the first step of the rollout that version generated, when
 its weights are that version (``ftkit.train.rank.compute``). Both log ``canary_logprobs`` with
-the policy's float32 log-probs of the response tokens (``ftkit.train.rl.policy``), flattened
+the policy's float32 log-probs of the response tokens (``ftkit.engines.policy``), flattened
 row-major; rule FT114 compares them per version: bit for bit at TP=1, within its tolerance at
 TP > 1. A batch can be too small, or too uninformative, to show stale weights through the
 rollout's own log-probs; the canary set is the same every time.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ftkit.train.rl.task import RlTask
+    from ftkit.tasks.protocols import RlTask
 
 
 def canary_tokens(task: RlTask, seed: int, rows: int) -> tuple[Any, Any]:

@@ -1,14 +1,14 @@
 """The GRPO objective as pure torch functions (no model, no ftkit.train import).
 
 Layout (as the rollout batch of ``ftkit.train.rl.rollouts``): ``[n, s]`` tensors where position
-``t`` scores token ``t+1`` (``next_token_logprobs``), a float or bool ``mask`` that is 1 where a
+``t`` scores token ``t+1`` (``ftkit.engines.policy.next_token_logprobs``), a float or bool ``mask`` that is 1 where a
 response token is learned, ``advantages`` ``[n]`` per sample. Samples ``[g*G, (g+1)*G)`` are
 the ``G`` responses to prompt ``g``.
 
-* **Log-probs** (``token_logprobs``): ``log_softmax`` of the float32 logits over the vocabulary,
-  gathered at the target ids. One formulation, so the trainer and an engine that run it on the
-  same logits with the same shapes get the same bits (the trainer recomputes the behaviour
-  log-probs of the rollout's tokens; ``logprob_stats`` compares the two).
+* **Log-probs** (``ftkit.engines.policy.token_logprobs``): ``log_softmax`` of the float32
+  logits over the vocabulary, gathered at the target ids. One formulation, so the trainer and
+  an engine that run it on the same logits with the same shapes get the same bits (the trainer
+  recomputes the behaviour log-probs of the rollout's tokens; ``logprob_stats`` compares the two).
 * **Advantages** (``group_advantages``): ``(r - mean) / (std + 1e-6)`` per group (population
   std, float64, a group of equal rewards has zero advantages), or ``r - mean`` with
   ``scale=False`` (Dr. GRPO). Computed once from the whole rollout and recorded with it.
@@ -78,23 +78,6 @@ class GrpoConfig:
             raise ConfigError(f"kl_coef must be finite and >= 0, not {self.kl_coef}", hint="0 disables the KL term")
         if self.aggregation not in AGGREGATIONS:
             raise ConfigError(f"unknown aggregation {self.aggregation!r}", hint=f"one of: {', '.join(AGGREGATIONS)}")
-
-
-def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
-    """float32 ``[..., s]``: ``log_softmax(float32(logits))`` gathered at ``targets`` ``[..., s]``."""
-    logp = logits.float().log_softmax(dim=-1)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def next_token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """float32 ``[n, s]``: position ``t`` holds ``log p(tokens[t+1] | tokens[<=t])`` from
-    ``logits[:, t]``; the last position (no next token) is 0."""
-    import torch
-
-    targets = torch.zeros_like(tokens)
-    targets[:, :-1] = tokens[:, 1:]
-    out = token_logprobs(logits, targets)
-    return torch.cat([out[:, :-1], torch.zeros_like(out[:, -1:])], dim=1)
 
 
 def group_advantages(rewards: Tensor, group_size: int, scale: bool = True) -> Tensor:

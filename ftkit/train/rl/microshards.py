@@ -50,6 +50,6 @@ def shard_seed(seed: int, rollout: int, step: int, shard: int) -> int:
 
     It never involves the cell, so a micro-shard draws the same numbers wherever it runs.
     """
-    from ftkit.train.rl.seeds import derive_seed
+    from ftkit.tensors.seeds import derive_seed
 
     return derive_seed("microshard", seed, rollout, step, shard)

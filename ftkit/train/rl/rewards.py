@@ -1,19 +1,19 @@
-"""Reward functions: score each (prompt, response) pair of a rollout.
+"""Rewards in training: score each (prompt, response) pair of a rollout.
 
-Every reward function has the signature ``fn(task, prompts, responses) -> float32 [n]`` over
-int64 token tensors ``prompts [n, P]`` and ``responses [n, R]``, and depends on the tokens
-only (never on the process, the engine or the time), so a rollout's rewards are the same
-bits wherever they are computed.
+``get_reward(name)`` is the reward ``--reward`` names as a ``BatchReward``, ``fn(task, prompts,
+responses) -> float32 [n]`` over int64 token tensors ``prompts [n, P]`` and ``responses [n, R]``,
+depending on the tokens only (never on the process, the engine or the time), so a rollout's
+rewards are the same bits wherever they are computed.
 
-* ``task``: the addition task's own verifiable reward (``AdditionTask.reward``: partial credit
-  for correct answer digits), so learning is visible; a prompt dataset has none (the config
-  refuses ``task`` with ``prompts``).
-* ``deterministic_random``: 0 or 1 from a stable hash (blake2b over the little-endian int64
-  bytes of prompt then response), uncorrelated with correctness. Fault tests use it: every
-  sample's reward is fixed by its tokens alone.
-* anything else ``--reward`` names: a plug-in (``ftkit.tasks.rewards.load_reward``: the built-in
-  text rewards ``exact_match`` / ``format``, ``MODULE:FUNCTION``, or an installed
-  ``ftkit.rewards`` entry point), called once per sample with the keyword contract
+* a built-in with a token form (``ftkit.tasks.builtin_rewards``): ``task``, the addition task's
+  own verifiable reward (``AdditionTask.reward``: partial credit for correct answer digits), so
+  learning is visible (a prompt dataset has none: the config refuses ``task`` with
+  ``prompts``); ``deterministic_random``, 0 or 1 from a stable hash of the tokens,
+  uncorrelated with correctness (fault tests use it: every sample's reward is fixed by its
+  tokens alone).
+* anything else ``--reward`` names: a reward with the keyword contract
+  (``ftkit.tasks.rewards.load_reward``: the built-in text rewards ``exact_match`` / ``format``,
+  ``MODULE:FUNCTION``, or an installed ``ftkit.rewards`` entry point), called once per sample
   (``prompt``, ``response``, ``label``, ``prompt_ids``, ``response_ids``) on the task's text
   (``RlTask.reward_sample``: the addition task's or a prompt dataset's). A plug-in that raises
   or returns a non-finite value is a ``RewardError`` (exit 2) naming it and the sample;
@@ -24,52 +24,24 @@ bits wherever they are computed.
 from __future__ import annotations
 
 import functools
-import hashlib
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from ftkit.tasks.builtin_rewards import BUILTINS, BatchReward
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-    from ftkit.train.rl.task import AdditionTask, RlTask
-
-RewardFn = Callable[[Any, Any, Any], Any]
-
-_PERSON = b"ftkit-reward"
+    from ftkit.tasks.protocols import RlTask
 
 
-def random_bit(prompt: Tensor, response: Tensor) -> int:
-    """0 or 1: the low bit of blake2b(int64-le(prompt) || int64-le(response))."""
-    import numpy as np
-
-    h = hashlib.blake2b(digest_size=8, person=_PERSON)
-    for part in (prompt, response):
-        h.update(np.ascontiguousarray(np.asarray(part), dtype="<i8").tobytes())
-    return h.digest()[0] & 1
-
-
-def deterministic_random(task: RlTask, prompts: Tensor, responses: Tensor) -> Any:
-    """float32 ``[n]`` of 0/1: ``random_bit`` of each sample's prompt and response."""
-    import torch
-
-    p, r = prompts.cpu().numpy(), responses.cpu().numpy()
-    return torch.tensor([random_bit(p[i], r[i]) for i in range(len(p))], dtype=torch.float32)
-
-
-def task_reward(task: AdditionTask, prompts: Tensor, responses: Tensor) -> Any:
-    """float32 ``[n]``: the task's own reward."""
-    return task.reward(prompts, responses)
-
-
-REWARDS: dict[str, RewardFn] = {
-    "task": task_reward,
-    "deterministic_random": deterministic_random,
-}
+def _token_form(name: str) -> BatchReward | None:
+    """The token form of the built-in ``name``, or ``None`` (not a built-in, or a text one)."""
+    return BUILTINS[name].tokens if name in BUILTINS else None
 
 
 @functools.cache
-def _plugin(spec: str) -> RewardFn:
-    """The plug-in ``spec`` as a ``RewardFn`` over the task's token tensors."""
+def _plugin(spec: str) -> BatchReward:
+    """The keyword-contract reward ``spec`` as a ``BatchReward`` over the task's token tensors."""
     from ftkit.tasks.rewards import load_reward, score
 
     loaded = load_reward(spec)
@@ -88,7 +60,7 @@ def check_reward(spec: str, task: RlTask, seed: int) -> None:
     dataset's first ones) with their correct answers (its labels) twice: ``ConfigError``
     (exit 2) when it does not resolve, fails on them, or is not deterministic (a run's rewards
     must be the same bits wherever they are recomputed)."""
-    if spec in REWARDS:
+    if _token_form(spec) is not None:
         return
     from ftkit.errors import ConfigError
     from ftkit.tasks.rewards import check_determinism, load_reward
@@ -129,7 +101,8 @@ def check_rescored(spec: str, rollout: int, recorded: dict[str, Any], batch: dic
         )
 
 
-def get_reward(name: str) -> RewardFn:
-    """The reward ``--reward`` names: one of ``REWARDS``, else a plug-in (``ConfigError`` when
-    it does not resolve; ``check_reward`` reports that before a run starts)."""
-    return REWARDS[name] if name in REWARDS else _plugin(name)
+def get_reward(name: str) -> BatchReward:
+    """The reward ``--reward`` names: a built-in's token form where it has one, else the reward
+    ``load_reward`` resolves, scored per sample (``ConfigError`` when it does not resolve;
+    ``check_reward`` reports that before a run starts)."""
+    return _token_form(name) or _plugin(name)

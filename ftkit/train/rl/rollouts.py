@@ -128,3 +128,22 @@ def load(path: str | os.PathLike[str], keys: tuple[str, ...] = BATCH_KEYS) -> di
     if missing:
         raise ValueError(f"{path}: not a rollout record (missing {', '.join(missing)})")
     return tensors
+
+
+def check_rerecorded(run_dir: str | os.PathLike[str], reward: str, rollout: int, tensors: dict[str, Any]) -> None:
+    """A rollout generated again (resumed, recovered) whose record is still there: its rewards
+    must not move (``ftkit.train.rl.rewards.check_rescored``, ``reward`` the run's reward name).
+    A record that cannot be read is about to be replaced by this one and proves nothing either way."""
+    from safetensors import SafetensorError
+
+    from ftkit.train.rl.rewards import check_rescored
+
+    path = rollout_path(run_dir, rollout)
+    if not path.is_file():
+        return
+    try:
+        recorded = load(path, keys=("tokens", "rewards"))
+    except (OSError, ValueError, SafetensorError):
+        return
+    if all(recorded[k].shape == tensors[k].shape for k in ("tokens", "rewards")):
+        check_rescored(reward, rollout, recorded, tensors)

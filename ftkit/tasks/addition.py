@@ -16,11 +16,10 @@ number of tokens for every prompt by construction). Engines sample only from
 ``heldout_prompts`` is the fixed evaluation set of a run (``--best-metric eval_reward``). The
 task reward gives partial credit, the fraction of the three target positions (tens, units,
 ``<eos>``) that are right, so a user sees it climb as the policy learns;
-``ftkit.train.rl.rewards`` also offers a reward that ignores correctness.
+``builtin_rewards`` also offers a reward that ignores correctness.
 
-``RlTask`` is the seam the training side uses (driver, engines, ranks, canaries, rewards,
-checkpoints): ``AdditionTask`` and the dataset-backed ``ftkit.train.rl.prompt_task.PromptTask``
-both implement it.
+``AdditionTask`` is a ``protocols.RlTask``, the seam the training side uses (driver, engines,
+ranks, canaries, rewards, checkpoints), as is the dataset-backed ``prompt_task.PromptTask``.
 
 Heavy imports (torch, transformers) stay inside the functions.
 """
@@ -30,9 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ftkit.train.rl.seeds import torch_generator
+from ftkit.tasks.tokenizer import load_tokenizer
+from ftkit.tensors.seeds import torch_generator
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -51,69 +51,6 @@ ANSWER_LEN = 3
 HELDOUT_PROMPTS = 32
 
 _NAMES = {PAD: "<pad>", BOS: "<bos>", EOS: "<eos>", PLUS: "+", EQUALS: "="}
-
-
-class RlTask(Protocol):
-    """What training asks of a task. Shapes are fixed per run: every prompt row has
-    ``prompt_len`` tokens and every response ``response_len``, so a sequence is always
-    ``seq_len = prompt_len + response_len`` tokens whatever the data.
-
-    * ``name``, ``vocab_size``, ``prompt_len``, ``response_len``, ``seq_len``;
-    * ``response_tokens``: the token ids an engine may sample (its policy's support);
-    * ``stop_token``: ``None`` (every response is ``response_len`` sampled tokens) or the id
-      after which an engine stops: the rest of the response is ``pad_token`` and unlearned;
-    * ``prompts(seed, rollout, count)``: int64 ``[count, prompt_len]``, a function of
-      ``(seed, rollout)`` only; ``heldout_prompts(seed, count)``: the run's fixed evaluation and
-      canary set;
-    * ``correct_responses(prompts)``: int64 ``[n, response_len]``, a right answer per prompt;
-    * ``response_mask(responses)``: float32 ``[n, response_len]``, 1 on the response tokens
-      that are learned;
-    * ``reward_sample(prompt, response)``: one sample as a reward plug-in sees it;
-    * ``decode(tokens)``: readable text;
-    * ``prompt_pads(prompts)``: int64 ``[n]``, the left padding of each prompt row (tokens the
-      model must not attend to: ``ftkit.train.rl.masks``), or ``None`` for a task whose prompts
-      are never padded.
-    """
-
-    name: str
-    vocab_size: int
-    prompt_len: int
-    response_len: int
-    response_tokens: tuple[int, ...]
-    stop_token: int | None
-    pad_token: int
-
-    @property
-    def seq_len(self) -> int: ...
-
-    def prompts(self, seed: int, rollout: int, count: int) -> Any: ...
-
-    def heldout_prompts(self, seed: int, count: int = ...) -> Any: ...
-
-    def correct_responses(self, prompts: Tensor) -> Any: ...
-
-    def response_mask(self, responses: Tensor) -> Any: ...
-
-    def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample: ...
-
-    def decode(self, tokens: Tensor) -> str: ...
-
-    def prompt_pads(self, prompts: Tensor) -> Any: ...
-
-
-def load_tokenizer(model_dir: Path) -> Any:
-    """The Hugging Face tokenizer of ``model_dir``; ``ConfigError`` (exit 2) when it cannot be loaded."""
-    from transformers import AutoTokenizer
-
-    from ftkit.errors import ConfigError
-
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"cannot load the tokenizer of {model_dir}: {str(exc).splitlines()[0]}",
-            hint="the model directory needs tokenizer.json / tokenizer_config.json",
-        ) from None
 
 
 def _synthetic_text(tokens: Any) -> str:
@@ -283,7 +220,7 @@ class AdditionTask:
         return torch.ones(responses.shape, dtype=torch.float32)
 
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:
-        """One sample as a reward plug-in sees it (``ftkit.tasks.protocols.RewardSample``):
+        """One sample as a reward plug-in sees it (``protocols.RewardSample``):
         ``prompt`` ``"3 + 4 ="``, ``response`` the generated text up to ``eos`` (``vocab.text``:
         digits as digits, e.g. ``"07"``), ``label`` the sum (``"7"``), and the token ids of both."""
         from ftkit.tasks.protocols import RewardSample

@@ -1,16 +1,16 @@
-"""A task backed by a prompt dataset (``--prompts FILE``): the ``RlTask`` of a JSONL file read
-through a Hugging Face model's tokenizer.
+"""A task backed by a prompt dataset (``--prompts FILE``): the ``protocols.RlTask`` of a JSONL
+file read through a Hugging Face model's tokenizer.
 
 Built once per process from the config (``prompt_task``): the whole file is read and checked
-(``ftkit.tasks.jsonl.JsonlPrompts``: a malformed line is ``ConfigError`` naming ``file:line``),
+(``jsonl.JsonlPrompts``: a malformed line is ``ConfigError`` naming ``file:line``),
 every prompt rendered (the tokenizer's chat template where it has one) and encoded
-(``ftkit.tasks.batching.encode_prompts``: a prompt longer than ``max_prompt_len`` is an error
+(``batching.encode_prompts``: a prompt longer than ``max_prompt_len`` is an error
 naming its line; nothing is truncated), then left-padded to exactly ``max_prompt_len`` tokens.
 So every prompt row is ``[max_prompt_len]`` and every sequence ``[max_prompt_len +
 response_len]``: the shapes come from the config, never from the data of a batch, and the
 exactness of the cells (1 cell == 2 cells bitwise) holds as it does for the addition task.
 
-* ``prompts(seed, rollout, count)``: the records ``ftkit.tasks.sampling.rollout_indices``
+* ``prompts(seed, rollout, count)``: the records ``sampling.rollout_indices``
   draws (epochs of seeded permutations: every prompt once per epoch, the same on resume).
 * ``heldout_prompts(seed, count)``: the file's first ``count`` records (repeated in order
   when the file is shorter), the evaluation and canary set: held out as a sample, not as
@@ -65,7 +65,7 @@ def prompt_task(
     from ftkit.errors import ConfigError
     from ftkit.tasks.batching import encode_prompts
     from ftkit.tasks.jsonl import JsonlPrompts
-    from ftkit.train.rl.task import load_tokenizer
+    from ftkit.tasks.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir)
     if tok.eos_token_id is None:
@@ -86,7 +86,7 @@ def prompt_task(
 
 
 class PromptTask:
-    """The ``RlTask`` of encoded prompt records (see the module docstring)."""
+    """The ``protocols.RlTask`` of encoded prompt records (see the module docstring)."""
 
     name = "prompts"
 

@@ -1,0 +1,237 @@
+"""``MegatronEngine``: ftkit's own inference engine, a TP=1 megatron-core model behind the
+engine protocol (``ftkit.engines.protocol.Engine``).
+
+The engine is given a built model (``GPTModel`` in eval mode, in its own world of one: the
+caller builds it with ``build_gpt`` after ``init_local_parallel``) and what it needs of the
+run as plain values: the device, the pad token, the chunk size and the model's vocabulary
+size. It never imports ``ftkit.train``.
+
+Contract (what the protocol leaves to the engine):
+
+* ``names`` is ``"megatron"``: ``load_weights`` takes the TP=1 model's ``named_parameters``
+  names, exactly (a missing or extra name, another shape or dtype raises ``ValueError``);
+  ``dtype`` is the model's parameter dtype and ``signed_zeros`` True: what it holds is the
+  bits sent, so ``held`` fingerprints its parameters as they are (``source`` ``"kernel"``: the
+  kernels read them directly) and equals ``fingerprint_tensors`` of what was sent.
+* ``generate`` samples at temperature 1 (or greedily at 0) from the ``allowed`` tokens only
+  (the policy, ``ftkit.engines.policy``): inverse-CDF in float64 with one uniform per token
+  from a CPU ``torch.Generator`` seeded with the prompt's seed, so a response depends only on
+  (weights, prompt, seed): the model runs on fixed chunks of ``chunk`` sequences of fixed
+  length (short chunks padded with filler rows), never on how the prompts were batched. A
+  ``stop`` token ends a response (the rest of the row is padding for the model; a chunk whose
+  rows have all stopped runs no further forward pass). Greedy takes the most likely allowed
+  token (ties: the first); a position whose logits are not all finite gets the token ``-1``
+  and log-prob NaN. Prompts keep their left padding (``pads``): the model masks it out
+  (``policy.padding_mask``).
+* ``score_rows`` runs the rows in one forward pass (the canary's shape), with the same mask.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ftkit.engines.protocol import Generation, HeldWeights
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+
+class MegatronEngine:
+    """A TP=1 megatron-core model as an inference engine (see the module docstring)."""
+
+    names = "megatron"
+    signed_zeros = True
+
+    def __init__(
+        self, model: Any, device: str, *, pad_token: int, chunk: int, vocab_size: int, label: str = "engine"
+    ) -> None:
+        """``model``: the built model (eval mode, on ``device``); ``pad_token``: what fills a row
+        after its stop token; ``chunk``: the rows of every forward pass; ``vocab_size``: the
+        model's vocabulary (the policy's support when ``allowed`` is None); ``label``: how its
+        errors name it."""
+        dtypes = {p.dtype for p in model.parameters()}
+        if len(dtypes) != 1:
+            raise ValueError(f"{label}: the model's parameters mix dtypes {sorted(map(str, dtypes))}")
+        self.model, self.device, self.label = model, device, label
+        self.pad_token, self.chunk, self.vocab_size = pad_token, chunk, vocab_size
+        self.dtype: str = str(dtypes.pop()).removeprefix("torch.")
+        self.version = -1
+        self._skip = False
+
+    def skip_next_load(self) -> None:
+        """Arm the ``stale-weights`` fault: the next ``load_weights`` checks and loads nothing."""
+        self._skip = True
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> HeldWeights:
+        """Copy every parameter from ``tensors`` in place; the fingerprint of what is held after."""
+        import torch
+
+        t0 = time.perf_counter()
+        params = dict(self.model.named_parameters())
+        missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+        if missing or extra:
+            raise ValueError(
+                f"{self.label}: weights do not match the model (missing {missing[:3]}, unexpected {extra[:3]})"
+            )
+        for name, p in params.items():
+            src = tensors[name]
+            if src.shape != p.shape or src.dtype != p.dtype:
+                raise ValueError(
+                    f"{self.label}: {name} is {src.dtype}{tuple(src.shape)}, the model holds {p.dtype}{tuple(p.shape)}"
+                )
+        skip, self._skip = self._skip, False
+        if not skip:
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.copy_(tensors[name])
+        self.version = version
+        return self._held(time.perf_counter() - t0)
+
+    def held(self) -> HeldWeights:
+        """The fingerprint of the parameters the model computes with now."""
+        return self._held(0.0)
+
+    def _held(self, seconds: float) -> HeldWeights:
+        from ftkit.engines.protocol import fingerprint_held
+
+        params = {n: p.detach() for n, p in self.model.named_parameters()}
+        total, per_name = fingerprint_held(params, signed_zeros=True)
+        sources = dict.fromkeys(per_name, "kernel")
+        return HeldWeights(self.version, total, per_name, self.dtype, "kernel", seconds, sources)
+
+    def score(self, tokens: Sequence[int], allowed: Sequence[int] | None = None) -> np.ndarray:
+        """float32 ``[len(tokens) - 1]``: the log-prob of each token given the ones before."""
+        return self.score_rows([tokens], allowed)[0, :-1]
+
+    def score_rows(
+        self, rows: Sequence[Sequence[int]], allowed: Sequence[int] | None = None, pads: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """float32 ``[n, S]`` of rows of equal length ``S``: position ``t`` holds the log-prob of
+        ``rows[:, t+1]``, the last position 0 (a row's left padding, ``pads``, is masked out)."""
+        import torch
+
+        from ftkit.engines.policy import allowed_index, padding_mask, policy_logprobs
+
+        tokens = torch.tensor([list(r) for r in rows], dtype=torch.int64)
+        support = self._allowed(allowed)
+        positions = torch.arange(tokens.shape[1], dtype=torch.int64).unsqueeze(0).expand_as(tokens)
+        attention = None if pads is None else padding_mask(torch.tensor(list(pads)), tokens.shape[1]).to(self.device)
+        with torch.no_grad():
+            logits = self.model(tokens.to(self.device), positions.to(self.device), attention).to("cpu")
+        index = allowed_index(support.tolist(), logits.shape[-1])
+        return policy_logprobs(logits, tokens, support, index).numpy()
+
+    def _allowed(self, allowed: Sequence[int] | None) -> torch.Tensor:
+        import torch
+
+        support = range(self.vocab_size) if allowed is None else allowed
+        return torch.tensor(list(support), dtype=torch.int64)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_tokens: int,
+        seeds: Sequence[int],
+        temperature: float = 1.0,
+        allowed: Sequence[int] | None = None,
+        stop: Sequence[int] | None = None,
+        pads: Sequence[int] | None = None,
+    ) -> list[Generation]:
+        """One response of at most ``max_tokens`` tokens per prompt (the module docstring);
+        prompts are rows of equal length, ``temperature`` 1 (sampled) or 0 (greedy)."""
+        import torch
+
+        if temperature not in (0.0, 1.0):
+            raise ValueError(f"{self.label}: temperature {temperature} (ftkit's engine samples at 1, or 0: greedy)")
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        rows = torch.tensor([list(p) for p in prompts], dtype=torch.int64)
+        n = rows.shape[0]
+        pad_rows = None if pads is None else torch.tensor(list(pads), dtype=torch.int64)
+        stops = None if not stop else torch.tensor(list(stop), dtype=torch.int64)
+        out = torch.empty((n, max_tokens), dtype=torch.int64)
+        logprobs = torch.empty((n, max_tokens), dtype=torch.float32)
+        for a in range(0, n, self.chunk):
+            b = min(n, a + self.chunk)
+            chunk_pads = None if pad_rows is None else pad_rows[a:b]
+            greedy_seeds = None if temperature == 0.0 else seeds[a:b]
+            out[a:b], logprobs[a:b] = self._chunk(
+                rows[a:b], max_tokens, greedy_seeds, self._allowed(allowed), stops, chunk_pads
+            )
+        gens = []
+        for i in range(n):
+            m = max_tokens
+            if stops is not None:
+                hit = torch.isin(out[i], stops).nonzero()
+                m = int(hit[0]) + 1 if len(hit) else max_tokens
+            gens.append(Generation(tokens=out[i, :m].numpy(), logprobs=logprobs[i, :m].numpy()))
+        return gens
+
+    def _chunk(
+        self,
+        prompts: torch.Tensor,
+        r: int,
+        seeds: Sequence[int] | None,
+        allowed: torch.Tensor,
+        stops: torch.Tensor | None,
+        pads: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens, logprobs)`` ``[k, r]`` of one chunk of ``k <= chunk`` prompts; ``seeds``
+        None: greedy."""
+        import torch
+
+        from ftkit.engines.policy import padding_mask, sampled_logprobs
+
+        k, p = prompts.shape
+        s = p + r
+        tokens = torch.zeros((self.chunk, s), dtype=torch.int64)  # short chunks padded to `chunk` rows
+        tokens[:k, :p] = prompts
+        uniforms = None
+        if seeds is not None:
+            uniforms = torch.stack([torch.rand(r, generator=_generator(seed), dtype=torch.float64) for seed in seeds])
+        positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(self.chunk, s)
+        attention = None  # the prompts' left padding unseen; filler rows unpadded
+        if pads is not None:
+            attention = padding_mask(torch.cat([pads, pads.new_zeros(self.chunk - k)]), s).to(self.device)
+        logprobs = torch.zeros((k, r), dtype=torch.float32)
+        done = torch.zeros(k, dtype=torch.bool)
+        if stops is not None:  # positions after a row's stop token hold the pad token (log-prob 0)
+            tokens[:k, p:] = self.pad_token
+        with torch.no_grad():
+            for j in range(r):
+                if bool(done.all()):  # every row stopped: the rest of the chunk is padding
+                    break
+                logits = self.model(tokens.to(self.device), positions.to(self.device), attention)
+                at = logits[:k, p - 1 + j].to("cpu")
+                step = at.to(torch.float64)[:, allowed]
+                if uniforms is None:  # greedy; ties go to the first allowed token
+                    pick = step.argmax(dim=-1, keepdim=True)
+                    finite = step.isfinite().all(dim=-1)
+                    tokens[:k, p + j] = torch.where(finite, allowed[pick.squeeze(1)], -1)
+                else:
+                    cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
+                    pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
+                    tokens[:k, p + j] = allowed[pick.squeeze(1)]
+                logprobs[:, j] = sampled_logprobs(at, allowed, pick.squeeze(1))
+                if uniforms is None:
+                    logprobs[:, j] = torch.where(finite, logprobs[:, j], torch.nan)
+                if stops is not None:
+                    tokens[:k, p + j] = torch.where(done, self.pad_token, tokens[:k, p + j])
+                    logprobs[:, j] = torch.where(done, 0.0, logprobs[:, j])
+                    done |= torch.isin(tokens[:k, p + j], stops)
+        return tokens[:k, p:], logprobs
+
+    def close(self) -> None:
+        """Nothing to release: the model goes with the process."""
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed`` (a prompt's sampling stream)."""
+    import torch
+
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed)
+    return g
