@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
     Loss: TypeAlias = Enum
     Aggregation: TypeAlias = Enum
     EngineKind: TypeAlias = Enum
+    EnginePlacement: TypeAlias = Enum
 else:
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
@@ -62,6 +63,7 @@ else:
     Loss = _choices("Loss", "loss")
     Aggregation = _choices("Aggregation", "aggregation")
     EngineKind = _choices("EngineKind", "engine_kind")
+    EnginePlacement = _choices("EnginePlacement", "engine_placement")
 
 
 def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
@@ -187,6 +189,9 @@ def register(app: typer.Typer) -> None:
         ] = None,
         engines: Annotated[int | None, _opt("--engines", field="engines")] = None,
         engine_kind: Annotated[EngineKind | None, _opt("--engine", field="engine_kind")] = None,
+        engine_placement: Annotated[
+            EnginePlacement | None, _opt("--engine-placement", field="engine_placement")
+        ] = None,
         engine_tp: Annotated[int | None, _opt("--engine-tp", field="engine_tp", metavar="N", panel=PANEL_RL)] = None,
         logprob_tolerance: Annotated[
             float | None, _opt("--logprob-tolerance", field="logprob_tolerance", metavar="DELTA", panel=PANEL_RL)

@@ -23,7 +23,18 @@ Contract (what the protocol leaves to the engine):
   token (ties: the first); a position whose logits are not all finite gets the token ``-1``
   and log-prob NaN. Prompts keep their left padding (``pads``): the model masks it out
   (``policy.padding_mask``).
-* ``score_rows`` runs the rows in one forward pass (the canary's shape), with the same mask.
+* **Scored in the trainer's shapes.** The log-probs ``generate`` reports for sampled responses
+  are not the sampling pass's: once a call's responses are drawn, the ``[prompt | response]``
+  rows are scored again in forward passes of exactly ``score_chunk`` rows (the trainer's
+  micro-shard: short passes filled with filler rows), through ``policy.policy_logprobs`` on the
+  device, as the trainer scores a micro-shard. cuBLAS picks its kernels by shape, so only the
+  same shapes through the same kernels give the trainer's bits on CUDA (rule FT114 is bitwise at
+  TP=1); on CPU the two were already equal. Positions after a stop token stay 0. The cost is one
+  forward pass over the call's rows per ``max_tokens`` sampling passes (``bench/engine_rescore.py``).
+  Greedy responses (evaluation) keep the sampling pass's log-probs (NaN where a logit was not finite).
+* ``score_rows`` runs the rows in one forward pass (the canary's shape, the trainer's too), with
+  the same mask, and computes the log-probs on the device like the trainer (not on the host:
+  the host's ``log_softmax`` rounds differently from the device's).
 """
 
 from __future__ import annotations
@@ -46,17 +57,26 @@ class MegatronEngine:
     signed_zeros = True
 
     def __init__(
-        self, model: Any, device: str, *, pad_token: int, chunk: int, vocab_size: int, label: str = "engine"
+        self,
+        model: Any,
+        device: str,
+        *,
+        pad_token: int,
+        chunk: int,
+        vocab_size: int,
+        score_chunk: int = 0,
+        label: str = "engine",
     ) -> None:
         """``model``: the built model (eval mode, on ``device``); ``pad_token``: what fills a row
-        after its stop token; ``chunk``: the rows of every forward pass; ``vocab_size``: the
-        model's vocabulary (the policy's support when ``allowed`` is None); ``label``: how its
-        errors name it."""
+        after its stop token; ``chunk``: the rows of every sampling pass; ``vocab_size``: the
+        model's vocabulary (the policy's support when ``allowed`` is None); ``score_chunk``: the
+        rows of every scoring pass of sampled responses (the trainer's micro-shard; 0: report the
+        sampling pass's log-probs); ``label``: how its errors name it."""
         dtypes = {p.dtype for p in model.parameters()}
         if len(dtypes) != 1:
             raise ValueError(f"{label}: the model's parameters mix dtypes {sorted(map(str, dtypes))}")
         self.model, self.device, self.label = model, device, label
-        self.pad_token, self.chunk, self.vocab_size = pad_token, chunk, vocab_size
+        self.pad_token, self.chunk, self.vocab_size, self.score_chunk = pad_token, chunk, vocab_size, score_chunk
         self.dtype: str = str(dtypes.pop()).removeprefix("torch.")
         self.version = -1
         self._skip = False
@@ -119,10 +139,11 @@ class MegatronEngine:
         support = self._allowed(allowed)
         positions = torch.arange(tokens.shape[1], dtype=torch.int64).unsqueeze(0).expand_as(tokens)
         attention = None if pads is None else padding_mask(torch.tensor(list(pads)), tokens.shape[1]).to(self.device)
+        tokens = tokens.to(self.device)
         with torch.no_grad():
-            logits = self.model(tokens.to(self.device), positions.to(self.device), attention).to("cpu")
-        index = allowed_index(support.tolist(), logits.shape[-1])
-        return policy_logprobs(logits, tokens, support, index).numpy()
+            logits = self.model(tokens, positions.to(self.device), attention)
+            index = allowed_index(support.tolist(), logits.shape[-1])
+            return policy_logprobs(logits, tokens, support, index).cpu().numpy()
 
     def _allowed(self, allowed: Sequence[int] | None) -> torch.Tensor:
         import torch
@@ -161,14 +182,47 @@ class MegatronEngine:
             out[a:b], logprobs[a:b] = self._chunk(
                 rows[a:b], max_tokens, greedy_seeds, self._allowed(allowed), stops, chunk_pads
             )
-        gens = []
+        ends = []
         for i in range(n):
             m = max_tokens
             if stops is not None:
                 hit = torch.isin(out[i], stops).nonzero()
                 m = int(hit[0]) + 1 if len(hit) else max_tokens
-            gens.append(Generation(tokens=out[i, :m].numpy(), logprobs=logprobs[i, :m].numpy()))
-        return gens
+            ends.append(m)
+        if temperature == 1.0 and self.score_chunk > 0:
+            logprobs = self._rescore(rows, out, self._allowed(allowed), pad_rows)
+        return [Generation(tokens=out[i, :m].numpy(), logprobs=logprobs[i, :m].numpy()) for i, m in enumerate(ends)]
+
+    def _rescore(
+        self, prompts: torch.Tensor, responses: torch.Tensor, allowed: torch.Tensor, pads: torch.Tensor | None
+    ) -> torch.Tensor:
+        """float32 ``[n, r]``: the policy's log-probs of ``responses`` after ``prompts``, scored in
+        passes of ``score_chunk`` rows (the module docstring); only positions up to a row's stop
+        token are read by the caller."""
+        import torch
+
+        from ftkit.engines.policy import allowed_index, padding_mask, policy_logprobs
+
+        n, p = prompts.shape
+        r, k = responses.shape[1], self.score_chunk
+        rows = torch.cat([prompts, responses], dim=1)
+        s = rows.shape[1]
+        positions = torch.arange(s, dtype=torch.int64, device=self.device).unsqueeze(0).expand(k, s)
+        index = allowed_index(allowed.tolist(), max(self.vocab_size, int(rows.max()) + 1))
+        out = torch.empty((n, r), dtype=torch.float32)
+        with torch.no_grad():
+            for a in range(0, n, k):
+                b = min(n, a + k)
+                tokens = torch.zeros((k, s), dtype=torch.int64)  # a short pass filled to `k` rows
+                tokens[: b - a] = rows[a:b]
+                tokens = tokens.to(self.device)
+                attention = None
+                if pads is not None:
+                    attention = padding_mask(torch.cat([pads[a:b], pads.new_zeros(k - (b - a))]), s).to(self.device)
+                logits = self.model(tokens, positions, attention)
+                lp = policy_logprobs(logits, tokens, allowed, index)
+                out[a:b] = lp[: b - a, p - 1 : p - 1 + r].cpu()
+        return out
 
     def _chunk(
         self,

@@ -52,8 +52,9 @@ def configure_determinism(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def init_local_parallel(device: str) -> None:
-    """Make this process a world of one and initialise megatron parallel state (TP=PP=1)."""
+def init_local_parallel(device: str, cuda_index: int = 0) -> None:
+    """Make this process a world of one and initialise megatron parallel state (TP=PP=1);
+    on CUDA on device ``cuda_index`` (0: the GPU Ray made visible)."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -61,7 +62,7 @@ def init_local_parallel(device: str) -> None:
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
-            torch.cuda.set_device(0)
+            torch.cuda.set_device(cuda_index)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)

@@ -55,3 +55,35 @@ def test_a_member_missing_from_the_rendezvous_is_a_collective_error():
         a.configure(0, [3, 5])
     with pytest.raises(ValueError, match="not in the alive set"):
         a.configure(1, [5])
+
+
+def test_the_link_of_cells_sharing_a_gpu_reduces_to_the_same_bits():
+    """Two cells planned on one GPU get the ``gloo-host`` link; the exact reduction over it is the
+    same int64 sum, so the same bits as one cell reducing every micro-shard alone (on CPU the
+    host staging is the tensor itself; the pinned copies run on CUDA only)."""
+    from ftkit.train.plan.placement import plan_placement
+    from ftkit.train.rank.reducer import ExactReducer, GradLayout
+
+    backend = plan_placement(2, 1, 1, 1, "cuda", [1]).link
+    assert backend == "gloo-host"
+    layout = GradLayout.of([("w", (9, 4)), ("b", (5,))])
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(4, layout.numel, generator=g) * torch.logspace(-6, 2, layout.numel)
+    alone = ExactReducer(layout, 4).reduce(rows.clone(), lambda t, op: None)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    clients = [dist.TCPStore("127.0.0.1", store.port, is_master=False) for _ in range(2)]
+    a, b = (CrossCellLink(cl, rank=0, cell=c, backend=backend, timeout_s=30) for cl, c in zip(clients, (0, 1)))
+    assert not together(lambda: a.configure(0, [0, 1]), lambda: b.configure(0, [0, 1]))
+    out = {}
+
+    def reduce(link, part, key):
+        out[key] = ExactReducer(layout, 4).reduce(rows[part].clone(), link.allreduce)
+
+    assert not together(lambda: reduce(a, slice(0, 2), "a"), lambda: reduce(b, slice(2, 4), "b"))
+    assert torch.equal(out["a"].view(torch.int32), alone.view(torch.int32))
+    assert torch.equal(out["b"].view(torch.int32), alone.view(torch.int32))
+
+
+def test_an_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="gloo-host"):
+        CrossCellLink(None, rank=0, cell=0, backend="mpi")  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ device tensors, and engines generate independently of how samples are split."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,8 @@ def test_exact_reducer_cuda_kernels_equal_the_cpu_kernels() -> None:
 def _proc(index: int, jobs: list[Any]) -> None:
     from cellrun import synthetic_batch
 
-    import ftkit.train.rank.crosscell as cc
     from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.placement import plan_placement
     from ftkit.train.plan.run_plan import build_plan
     from ftkit.train.rank.state_codec import decode, encode
     from ftkit.train.rank.step_types import StepTask
@@ -42,23 +43,12 @@ def _proc(index: int, jobs: list[Any]) -> None:
     from ftkit.train.rl.microshards import assign
 
     run_dir, cfg_dict, alive, steps, cell, port = jobs[index]
-    if len(alive) > 1:  # NCCL cannot put two ranks on one GPU: this run's cross-cell group is gloo
-        init, allreduce = cc.CrossCellLink.__init__, cc.CrossCellLink.allreduce
-
-        def gloo_init(
-            self: Any, store: Any, rank: int, cell: int, device: str = "cpu", timeout_s: float = 300.0
-        ) -> None:
-            init(self, store, rank, cell, "cpu", timeout_s)
-
-        def host_allreduce(self: Any, tensor: Any, op: str) -> None:
-            host = tensor.cpu()
-            allreduce(self, host, op)
-            tensor.copy_(host)
-
-        cc.CrossCellLink.__init__, cc.CrossCellLink.allreduce = gloo_init, host_allreduce
     cfg = TrainConfig.model_validate(cfg_dict)
     batch = synthetic_batch(cfg)
-    w = RankWorker(build_plan(cfg), run_dir, cell, 0, 0)
+    # the plan of these cells on one GPU: two cells share it, their link is gloo through pinned host buffers
+    placement = plan_placement(len(alive), 1, 1, 1, "cuda", [1])
+    assert placement.link == ("gloo-host" if len(alive) > 1 else "nccl")
+    w = RankWorker(dataclasses.replace(build_plan(cfg), placement=placement), run_dir, cell, 0, 0)
     w.init_cell("127.0.0.1", port)
     w.configure(0, alive)
     shards = tuple(assign(cfg.batch.micro_shards, alive)[cell])

@@ -307,10 +307,16 @@ class ClusterSection(Section):
 
 
 class EngineSection(Section):
-    """How many inference engines run (their kind is ``generation.kind``)."""
+    """How many inference engines run (their kind is ``generation.kind``) and on which GPUs."""
 
     PLACE = Place("free", pairs_dumps=False)
     count: int = Field(1, ge=1, le=16, alias="engines", description="Inference engine actors.")
+    placement: Literal["colocate", "separate"] = Field(
+        "colocate",
+        alias="engine_placement",
+        description="CUDA: colocate puts the engines on the ranks' GPUs (they alternate: generate, then train); "
+        "separate gives each engine a GPU of its own (docs/clusters.md).",
+    )
 
 
 class RecoverySection(Section):

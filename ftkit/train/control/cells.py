@@ -2,12 +2,15 @@
 
 A cell of ``tp * pp`` ranks reserves one bundle per rank in its own placement group
 (``PACK``: on one node where it fits, spread over nodes where it must; nothing assumes one
-host, the ranks find each other through the driver's TCPStore). A cell with a target node
+host, the ranks find each other through the driver's TCPStore; ``STRICT_PACK`` when cells share
+GPUs: explicit device indices are a node's). A cell with a target node
 (``ftkit.train.control.placement``) is ``STRICT_PACK`` with that node as Ray's soft target: one node,
 the target when it has room. Each rank is a
-``ray.remote(RankWorker)`` actor scheduled into its bundle. Ranks and engines ask for
-``CPU_PER_ACTOR`` logical CPUs (fractional: Ray's CPUs are bookkeeping, the thread count of
-a rank is ``threads_per_rank``), plus one GPU each on CUDA.
+``ray.remote(RankWorker)`` actor scheduled into its bundle. Ranks and engines ask for the
+resources of the run's ``Placement`` (``ftkit.train.plan.placement``: fractional logical CPUs,
+since Ray's CPUs are bookkeeping and the thread count of a rank is ``threads_per_rank``, plus a
+GPU share each on CUDA: ``placement_for`` plans it from the cluster's GPUs, ``actor_options``
+turns it into an actor's Ray options).
 
 ``check_resources`` refuses a layout the cluster cannot hold (``ConfigError``, exit 2)
 before anything is started; ``start_cells`` creates the placement groups and actors and
@@ -26,34 +29,60 @@ from ftkit.errors import ConfigError
 from ftkit.train.rank.step_types import StepTask
 
 if TYPE_CHECKING:
+    from ftkit.train.plan.placement import Placement
     from ftkit.train.plan.run_plan import RunPlan
 
-#: Logical Ray CPUs per rank actor and per engine actor.
-CPU_PER_ACTOR = 0.5
 #: Seconds to wait for a placement group to be placed before giving up.
 PLACEMENT_TIMEOUT_S = 120.0
 
 
-def actor_resources(device: str) -> dict[str, float]:
-    """The Ray resources of one rank or engine actor on ``device``."""
-    return {"CPU": CPU_PER_ACTOR, **({"GPU": 1.0} if device == "cuda" else {})}
+def cluster_gpus() -> list[int]:
+    """The GPUs of each alive node of the connected Ray cluster (Ray's order; whole GPUs)."""
+    import ray
+
+    return [int(float((n.get("Resources") or {}).get("GPU", 0.0))) for n in ray.nodes() if n.get("Alive")]
 
 
-def check_resources(cells: int, ranks_per_cell: int, engines: int, device: str) -> None:
+def placement_for(plan: RunPlan) -> Placement:
+    """The run's ``Placement`` on the connected cluster (``ftkit.train.plan.placement``):
+    ``ConfigError`` (exit 2) for a layout its GPUs cannot hold."""
+    from ftkit.train.plan.placement import plan_placement
+
+    cfg = plan.config
+    gpus = cluster_gpus() if plan.device == "cuda" else []
+    return plan_placement(
+        cfg.cluster.cells, cfg.layout.tp, cfg.layout.pp, cfg.engine.count, plan.device, gpus, cfg.engine.placement
+    )
+
+
+def check_resources(placement: Placement, cells: int, engines: int) -> None:
     """Raise ``ConfigError`` when the Ray cluster cannot hold the cells and the engines."""
     import ray
 
     have = ray.cluster_resources()
-    actors = cells * ranks_per_cell + engines
-    for name, each in actor_resources(device).items():
-        need, avail = actors * each, float(have.get(name, 0.0))
-        if need > avail + 1e-9:
+    ranks = placement.ranks_per_cell
+    need: dict[str, float] = {}
+    for res, n in ((placement.rank_resources(), cells * ranks), (placement.engine_resources(), engines)):
+        for name, each in res.items():
+            need[name] = need.get(name, 0.0) + n * each
+    for name, total in need.items():
+        avail = float(have.get(name, 0.0))
+        if total > avail + 1e-9:
             raise ConfigError(
-                f"{cells} cell(s) of {ranks_per_cell} rank(s) and {engines} engine(s) need {need:g} {name} "
+                f"{cells} cell(s) of {ranks} rank(s) and {engines} engine(s) need {total:g} {name} "
                 f"of Ray resources, the cluster has {avail:g}",
                 hint="use fewer --cells / --engines or a smaller --tp / --pp, or join a bigger cluster "
                 "with --ray-address",
             )
+
+
+def actor_options(resources: dict[str, float], placement: Placement) -> dict[str, Any]:
+    """The Ray options of a rank or engine actor with ``resources`` under ``placement``."""
+    options: dict[str, Any] = {"num_cpus": resources["CPU"], "num_gpus": resources.get("GPU", 0)}
+    env = placement.runtime_env()
+    if env is not None:
+        options["runtime_env"] = env
+    return options
 
 
 @dataclass
@@ -145,7 +174,6 @@ def spawn_cell(
     run_dir: str,
     index: int,
     ranks_per_cell: int,
-    device: str,
     incarnation: int,
     target: str | None = None,
 ) -> Cell:
@@ -158,18 +186,18 @@ def spawn_cell(
 
     from ftkit.train.rank.worker import RankWorker
 
-    bundle = actor_resources(device)
+    placement = plan.placement
+    bundle = placement.rank_resources()
     remote_worker = ray.remote(max_restarts=0)(RankWorker)
     bundles = [dict(bundle) for _ in range(ranks_per_cell)]
-    if target is None:
-        group = placement_group(bundles, strategy="PACK")
-    else:
+    if target is not None:
         group = placement_group(bundles, strategy="STRICT_PACK", _soft_target_node_id=target)
+    else:  # cells sharing GPUs take explicit device indices on one node
+        group = placement_group(bundles, strategy="STRICT_PACK" if placement.shared else "PACK")
     cell = Cell(index, incarnation, group, [])
     cell.workers = [
         remote_worker.options(
-            num_cpus=bundle["CPU"],
-            num_gpus=bundle.get("GPU", 0),
+            **actor_options(bundle, placement),
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=cell.placement_group, placement_group_bundle_index=rank
             ),
@@ -184,7 +212,6 @@ def start_cells(
     run_dir: str,
     indices: list[int],
     ranks_per_cell: int,
-    device: str,
     incarnation: int = 0,
     targets: dict[int, str | None] | None = None,
 ) -> list[Cell]:
@@ -199,7 +226,7 @@ def start_cells(
     cells: list[Cell] = []
     try:
         for c in indices:
-            cells.append(spawn_cell(plan, run_dir, c, ranks_per_cell, device, incarnation, (targets or {}).get(c)))
+            cells.append(spawn_cell(plan, run_dir, c, ranks_per_cell, incarnation, (targets or {}).get(c)))
         try:
             ray.get([cell.placement_group.ready() for cell in cells], timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:

@@ -11,7 +11,9 @@ and returns a ``RunResult`` (with the analyzer's verdict over the run's own even
    directory or empty), Ray (an existing connection is reused; else ``cfg.cluster.ray_address`` is
    joined, or a new local instance with ``LOCAL_RAY_CPUS`` logical CPUs is started with
    ``address="local"``, so a running cluster elsewhere is never joined by accident, and shut
-   down at the end) and whether its resources hold the cells and engines;
+   down at the end), the placement (``ftkit.train.plan.placement``: GPU shares, which cells
+   share a GPU, the cross-cell backend; put in the run plan the actors receive) and whether
+   the cluster's resources hold the cells and engines;
 2. the run directory, ``run.json`` (config, ftkit version, layout, seed), the driver's
    ``EventWriter`` and ``run_started``; from here on ``run_finished`` always ends the log and
    ``status.json`` (``ftkit.train.control.run_end``) records how the run ended;
@@ -53,6 +55,7 @@ the rollout it generates (version ``rollouts`` is the final state, generating no
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -112,7 +115,7 @@ class Driver:
         process started its own Ray (``disconnect`` it at the end). Nothing is left connected
         when it raises."""
         from ftkit.events.writer import EventWriter
-        from ftkit.train.control.cells import check_resources
+        from ftkit.train.control.cells import check_resources, placement_for
         from ftkit.train.control.code_identity import check_same_code
         from ftkit.train.control.rundir import check_run_dir, make_run_dir, run_name, write_run_json
 
@@ -137,7 +140,9 @@ class Driver:
         own_ray = connect_ray(cfg, rearm=arm_signals)  # ray.init installs its own SIGTERM handler
         try:
             check_same_code()  # the actors import the driver's ftkit, not a checkout in the working directory
-            check_resources(cfg.cluster.cells, cfg.layout.ranks, cfg.engine.count, self.device)
+            placement = placement_for(self.run_plan)  # exit 2 for a layout the GPUs cannot hold
+            check_resources(placement, cfg.cluster.cells, cfg.engine.count)
+            self.run_plan = dataclasses.replace(self.run_plan, placement=placement)
             if self.resume:
                 from ftkit.train.recovery.resume_plan import plan_resume
 
@@ -247,7 +252,7 @@ class Driver:
         from ftkit.train.control.session import CellSession
 
         cfg, plan = self.cfg, self.plan
-        placer = Placer(self.device, cfg.layout.ranks, self.events)
+        placer = Placer(self.run_plan.placement.rank_resources(), cfg.layout.ranks, self.events)
         spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
         session = self.cells = CellSession(
             self.run_plan, str(self.run_dir), self.device, (self.store.host, self.store.port), placer, self.events,

@@ -62,13 +62,13 @@ class EnginePool:
     ) -> None:
         import ray
 
-        from ftkit.train.control.cells import actor_resources
+        from ftkit.train.control.cells import actor_options
         from ftkit.train.rl.engines import EngineActor
 
         cfg = plan.config
         self.plan, self.cfg, self.run_dir, self.placer, self.events = plan, cfg, run_dir, placer, events
-        res = actor_resources(device)
-        self.cls: Any = ray.remote(num_cpus=res["CPU"], num_gpus=res.get("GPU", 0), max_restarts=0)(EngineActor)
+        options = actor_options(plan.placement.engine_resources(), plan.placement)
+        self.cls: Any = ray.remote(**options, max_restarts=0)(EngineActor)
         self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engine.count)]
         self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
         self.weights_format: WeightsFormat | None = None  # what the engines take (``ready``)

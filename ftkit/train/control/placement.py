@@ -1,7 +1,7 @@
 """Placement of cells and engines over the nodes of a Ray cluster, and where they landed.
 
-A node's *slots* are the rank or engine actors its total Ray resources hold
-(``cells.actor_resources``). ``spread`` plans which node each cell and engine asks for:
+A node's *slots* are the rank actors its total Ray resources hold (a rank's resources: the
+run's ``Placement``, ``ftkit.train.plan.placement``; an engine counts as one slot). ``spread`` plans which node each cell and engine asks for:
 
 * a cell goes to the node with the fewest planned cells among those with free slots for all
   of its ranks (ties: more free slots first, then Ray's node order). With ``N`` nodes able to
@@ -59,14 +59,11 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def live_nodes(device: str) -> list[Node]:
-    """The alive nodes of the connected cluster, in Ray's order (a head without resources
-    has no slot)."""
+def live_nodes(each: dict[str, float]) -> list[Node]:
+    """The alive nodes of the connected cluster, in Ray's order; a node's slots are the actors
+    of resources ``each`` it holds (a head without resources has no slot)."""
     import ray
 
-    from ftkit.train.control.cells import actor_resources
-
-    each = actor_resources(device)
     out = []
     for n in ray.nodes():
         res = n.get("Resources") or {}
@@ -121,8 +118,9 @@ def spread(
 class Placer:
     """Where the run's cells and engines are (see the module docstring)."""
 
-    def __init__(self, device: str, ranks: int, events: EventWriter) -> None:
-        self.device, self.ranks, self.events = device, ranks, events
+    def __init__(self, resources: dict[str, float], ranks: int, events: EventWriter) -> None:
+        """``resources``: one rank actor's (``Placement.rank_resources``); ``ranks``: per cell."""
+        self.resources, self.ranks, self.events = resources, ranks, events
         self.cell_nodes: dict[int, list[str]] = {}  # cell -> node per rank (current incarnation)
         self.engine_nodes: dict[int, str] = {}
         self.planned: dict[tuple[str, int], str | None] = {}  # (role, index) -> target asked for
@@ -139,7 +137,7 @@ class Placer:
 
     def _nodes(self) -> list[Node]:
         """``live_nodes``, remembering each node's address for the ``placement`` events."""
-        nodes = live_nodes(self.device)
+        nodes = live_nodes(self.resources)
         self.addresses.update({n.node_id: n.address for n in nodes})
         return nodes
 

@@ -79,7 +79,7 @@ class CellSession:
         book.epoch = epoch  # a resumed or restarted session goes on from the earlier epochs
         for c in indices:
             book.transition(c, CellState.starting, "run start")
-        cells = start_cells(self.plan, self.run_dir, indices, cfg.layout.ranks, self.device, incarnation, targets)
+        cells = start_cells(self.plan, self.run_dir, indices, cfg.layout.ranks, incarnation, targets)
         for cell in cells:
             self.placer.placed_cell(cell.index, cell.incarnation, cell.placement_group)
         by_index = {cell.index: cell for cell in cells}
@@ -97,7 +97,7 @@ class CellSession:
             )
         else:
             self._roster.reset(book, by_index)
-        spawn = partial(_spawn, self.plan, self.run_dir, self.device)
+        spawn = partial(_spawn, self.plan, self.run_dir)
 
         def cancel(key: str) -> None:
             self.store_set(key, "1")
@@ -149,8 +149,8 @@ class CellSession:
             roster.book.transition(c, CellState.stopped, reason)
 
 
-def _spawn(plan: RunPlan, run_dir: str, device: str, cell: int, incarnation: int, target: str | None) -> Cell:
+def _spawn(plan: RunPlan, run_dir: str, cell: int, incarnation: int, target: str | None) -> Cell:
     """A restarted cell's new incarnation (``Healer``'s ``spawn``: ``ftkit.train.control.cells.spawn_cell``)."""
     from ftkit.train.control.cells import spawn_cell
 
-    return spawn_cell(plan, run_dir, cell, plan.config.layout.ranks, device, incarnation, target)
+    return spawn_cell(plan, run_dir, cell, plan.config.layout.ranks, incarnation, target)

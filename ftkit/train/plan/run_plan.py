@@ -16,9 +16,10 @@ config validation error has (``ftkit.train.config.run.load_config``), an ``Input
 model path that is not a model, a ``ModelConfigError`` for a ``config.json`` ftkit cannot
 represent.
 
-Where a run is placed (cells and engines over the nodes) and what a resumed session starts
-from (its checkpoint, epochs, incarnations) need Ray and the locked run directory: the
-driver plans them (``ftkit.train.control.placement``, ``ftkit.train.recovery.resume_plan``).
+Where a run is placed (cells and engines over the nodes, their GPU shares) and what a resumed
+session starts from (its checkpoint, epochs, incarnations) need Ray and the locked run
+directory: the driver plans them (``ftkit.train.control.placement``, ``RunPlan.placement`` from
+``ftkit.train.plan.placement``, ``ftkit.train.recovery.resume_plan``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from ftkit.model.spec import ModelSpec
     from ftkit.tasks.protocols import RlTask
     from ftkit.train.faults.spec import FaultBounds, FaultSpec
+    from ftkit.train.plan.placement import Placement
 
 
 @dataclass(frozen=True)
@@ -78,13 +80,17 @@ class TaskSpec:
 class RunPlan:
     """One run, planned (module docstring): ``config`` (model path absolute, its digest
     recorded: the form ``run.json`` holds), ``model``, ``task`` (what builds it), ``faults``
-    (``--inject`` then the ``--chaos`` expansion) and ``device`` (``cpu`` or ``cuda``)."""
+    (``--inject`` then the ``--chaos`` expansion), ``device`` (``cpu`` or ``cuda``) and
+    ``placement`` (``ftkit.train.plan.placement``: GPU shares, devices, the cross-cell backend;
+    ``build_plan`` gives a GPU to each actor, the driver, connected to Ray, replaces it with the
+    plan of the cluster's GPUs)."""
 
     config: TrainConfig
     model: ModelSpec
     task: TaskSpec
     faults: tuple[FaultSpec, ...]
     device: str
+    placement: Placement
 
 
 def build_plan(cfg: TrainConfig) -> RunPlan:
@@ -102,7 +108,8 @@ def build_plan(cfg: TrainConfig) -> RunPlan:
         faults = tuple(parse_specs(cfg.faults.inject, cfg.faults.chaos, fault_bounds(cfg)))
     except ValueError as exc:
         raise ConfigError(str(exc), hint=CONFIG_HINT) from None
-    return RunPlan(cfg, model, task_spec(cfg, model), faults, resolve_device(cfg))
+    device = resolve_device(cfg)
+    return RunPlan(cfg, model, task_spec(cfg, model), faults, device, whole_gpus(device, cfg.layout.ranks))
 
 
 def recorded(cfg: TrainConfig, model: ModelSpec) -> TrainConfig:
@@ -198,6 +205,15 @@ def fault_bounds(cfg: TrainConfig) -> FaultBounds:
     return FaultBounds(
         cfg.cluster.cells, cfg.layout.ranks, cfg.engine.count, cfg.total_steps, cfg.batch.steps_per_rollout
     )
+
+
+def whole_gpus(device: str, ranks: int) -> Placement:
+    """The placement before the cluster is known: a whole GPU per actor on CUDA, no sharing."""
+    from ftkit.train.plan.placement import Placement
+
+    if device != "cuda":
+        return Placement(device, ranks_per_cell=ranks)
+    return Placement(device, 1.0, 1.0, "nccl", False, ranks)
 
 
 def resolve_device(cfg: TrainConfig) -> str:

@@ -79,8 +79,9 @@ def open_context(
 
     cfg, device = plan.config, plan.device
     configure_determinism(cfg.compute.threads_per_rank)
-    if device == "cuda":
-        torch.cuda.set_device(0)  # Ray gives each rank actor its own visible GPU
+    if device == "cuda":  # Ray's visible GPU (index 0), or the placement's index when cells share GPUs
+        index = plan.placement.rank_device(cell, rank)
+        torch.cuda.set_device(0 if index is None else index)
     startup = datetime.timedelta(seconds=STARTUP_TIMEOUT_S)
     store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=startup)
     dist.init_process_group(
@@ -102,7 +103,7 @@ def open_context(
     faults = injector_for(plan.faults, events, "trainer", cell=cell, rank=rank)
     collective = datetime.timedelta(seconds=cfg.recovery.collective_timeout)
     link_store = dist.TCPStore(store_host, int(store_port), is_master=False, timeout=collective)
-    link = CrossCellLink(link_store, rank, cell, device, cfg.recovery.collective_timeout)
+    link = CrossCellLink(link_store, rank, cell, plan.placement.link, cfg.recovery.collective_timeout)
     reference = None
     if cfg.objective.loss == "grpo" and cfg.objective.kl_coef > 0:
         # KL to the initial model: built from the spec again (the same bits as ``model`` at

@@ -84,7 +84,8 @@ def _megatron(plan: RunPlan, task: RlTask, run_dir: str, engine: int) -> Engine:
 
     cfg = plan.config
     configure_determinism(cfg.compute.threads_per_rank)
-    init_local_parallel(plan.device)
+    index = plan.placement.engine_device(engine)  # cells sharing GPUs: the placement's device
+    init_local_parallel(plan.device, 0 if index is None else index)
     model = build_gpt(plan.model, cfg.rng.seed, plan.device).eval()
     return MegatronEngine(
         model,
@@ -92,6 +93,7 @@ def _megatron(plan: RunPlan, task: RlTask, run_dir: str, engine: int) -> Engine:
         pad_token=task.pad_token,
         chunk=GEN_CHUNK,
         vocab_size=task.vocab_size,
+        score_chunk=cfg.batch.shard_samples,  # the trainer's micro-shard: its shapes, its bits
         label=f"engine {engine}",
     )
 

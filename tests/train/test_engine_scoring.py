@@ -1,0 +1,93 @@
+"""The megatron engine scores in the trainer's shapes (FT114 bitwise at TP=1, CUDA included):
+the log-probs it reports for sampled responses are the trainer's micro-shard computation bit for
+bit, whatever pass a sample falls in (a short last pass is filled to the micro-shard's rows), and
+the canary scores are the trainer's canary computation. On CPU the sampling pass's own log-probs
+already equal them (what the baseline runs rely on); on CUDA only the shared shapes do
+(tests/train/test_cuda_paths.py runs this same check on a GPU)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+#: Runs in a fresh process (a world of one for megatron): prints one JSON line of checks.
+SCORING_CHECK = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    from ftkit.engines.megatron import MegatronEngine
+    from ftkit.engines.policy import allowed_index, policy_logprobs
+    from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+    from ftkit.train.config import TrainConfig
+    from ftkit.train.plan.run_plan import build_plan
+    from ftkit.train.rl.canary import canary_tokens
+    from ftkit.train.rl.engines import GEN_CHUNK
+
+    device = sys.argv[1]
+    plan = build_plan(TrainConfig(device=device, samples_per_rollout=48, micro_shards=4, response_len=6))
+    cfg, task = plan.config, plan.task.build()
+    shard = cfg.batch.shard_samples  # 6 rows: passes of 6, the last one of a 16-sample call short
+    configure_determinism(1)
+    init_local_parallel(device)
+    model = build_gpt(plan.model, cfg.rng.seed, device).eval()
+
+    def engine(score_chunk):
+        return MegatronEngine(model, device, pad_token=task.pad_token, chunk=GEN_CHUNK,
+                              vocab_size=task.vocab_size, score_chunk=score_chunk)
+
+    allowed = torch.tensor(task.response_tokens, dtype=torch.int64)
+    index = allowed_index(task.response_tokens, model.vocab_size)
+
+    def trainer(tokens):  # StepCompute: policy_logprobs of the model's logits, on the device
+        tokens = tokens.to(device)
+        pos = torch.arange(tokens.shape[1], device=device).unsqueeze(0).expand_as(tokens)
+        with torch.no_grad():
+            return policy_logprobs(model(tokens, pos, None), tokens, allowed, index).cpu()
+
+    prompts = task.prompts(cfg.rng.seed, 0, 16)
+    p, r, n = prompts.shape[1], task.response_len, prompts.shape[0]
+    seeds = list(range(100, 100 + n))
+    gens = engine(shard).generate(prompts.tolist(), r, seeds, allowed=task.response_tokens)
+    sampled = engine(0).generate(prompts.tolist(), r, seeds, allowed=task.response_tokens)
+    responses = torch.tensor([g.tokens.tolist() for g in gens])
+    reported = torch.tensor([g.logprobs.tolist() for g in gens])
+    tokens = torch.cat([prompts, responses], dim=1)
+    by_shard = torch.cat([trainer(tokens[a:a + shard])[:, p - 1:p - 1 + r] for a in range(0, n, shard)])
+    canary, _ = canary_tokens(task, cfg.rng.seed, GEN_CHUNK)
+    canary_engine = torch.from_numpy(engine(shard).score_rows(canary.tolist(), task.response_tokens))
+    out = {
+        "same_samples": [g.tokens.tolist() for g in gens] == [g.tokens.tolist() for g in sampled],
+        "reported_is_trainer": bool(torch.equal(reported.view(torch.int32), by_shard.view(torch.int32))),
+        "sampling_pass_is_trainer": bool(torch.equal(
+            torch.tensor([g.logprobs.tolist() for g in sampled]).view(torch.int32), by_shard.view(torch.int32))),
+        "canary_is_trainer": bool(torch.equal(canary_engine.view(torch.int32), trainer(canary).view(torch.int32))),
+        "short_pass": bool(torch.equal(
+            torch.tensor([g.logprobs.tolist() for g in engine(shard).generate(
+                prompts[:5].tolist(), r, seeds[:5], allowed=task.response_tokens)]).view(torch.int32),
+            reported[:5].view(torch.int32))),
+    }
+    print(json.dumps(out))
+    """
+)
+
+
+def run_scoring_check(device: str) -> dict[str, bool]:
+    """``SCORING_CHECK`` on ``device`` in a fresh process: its checks by name."""
+    run = subprocess.run([sys.executable, "-c", SCORING_CHECK, device], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_the_engine_reports_the_trainers_log_probs_bit_for_bit_on_cpu():
+    assert run_scoring_check("cpu") == {
+        "same_samples": True,  # scoring again changes no sample
+        "reported_is_trainer": True,  # micro-shard shapes: the trainer's bits
+        "sampling_pass_is_trainer": True,  # on CPU the sampling pass was equal already
+        "canary_is_trainer": True,  # on the device, in the trainer's canary shape
+        "short_pass": True,  # a sample's log-probs do not depend on the pass it falls in
+    }
