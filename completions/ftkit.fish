@@ -21,6 +21,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l tp -x -d 'Tensor-par
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l pp -x -d 'Pipeline-parallel ranks per cell (stages; must divide the model\'s layers)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l engines -x -d 'Inference engine actors'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l engine -x -a 'megatron vllm' -d 'megatron: ftkit\'s megatron-core engine, its log-probs bitwise the trainer\'s at TP=1; vllm: real vLLM engines (a Hugging Face --model, scripts/setup_vllm.sh; docs/rl.md)'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l engine-placement -x -a 'colocate separate' -d 'CUDA: colocate puts the engines on the ranks\' GPUs (they alternate: generate, then train); separate gives each engine a GPU of its own (docs/clusters.md)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l engine-tp -x -d 'Tensor-parallel ranks of each vLLM engine (one vLLM worker process per rank; must split the model\'s heads); megatron engines run at 1'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l logprob-tolerance -x -d 'FT114: largest |engine - trainer| token log-prob difference tolerated where they are not bitwise equal by construction (vllm engines, or tp > 1); above it, a warning'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l rollouts -x -d 'Rollouts to train'

@@ -1,8 +1,10 @@
 """The CUDA paths of training, where a GPU is (skipped without one; run on an H200 for the
 notes of the fault-tolerance work): the exact reduction's torch kernels give the numpy CPU
 kernels' bits, a rank on CUDA (megatron GPT with the SDPA spec, witness, NCCL cross-cell
-link) is deterministic, 1 cell equals 2 cells bitwise, the rank-state codec round-trips
-device tensors, and engines generate independently of how samples are split."""
+link) is deterministic, 1 cell equals 2 cells sharing the GPU bitwise (their link: gloo through
+pinned host buffers), the rank-state codec round-trips device tensors, engines generate
+independently of how samples are split and report the trainer's log-probs bit for bit (FT114),
+and the default ``ftkit train --device cuda`` on one GPU ends PASS."""
 
 from __future__ import annotations
 
@@ -66,7 +68,8 @@ def _proc(index: int, jobs: list[Any]) -> None:
     w.shutdown()
 
 
-def test_a_cuda_rank_is_deterministic_and_membership_invariant(tmp_path: Path) -> None:
+def test_a_cuda_rank_is_deterministic_and_two_cells_sharing_the_gpu_equal_one(tmp_path: Path) -> None:
+    """Run "c" is two cells on the one GPU (the plan's gloo-host link): the same bits as one cell."""
     from safetensors.torch import load_file
 
     from ftkit.train.config import TrainConfig
@@ -112,3 +115,34 @@ def test_engine_generation_does_not_depend_on_the_split(tmp_path: Path) -> None:
     prompts = AdditionTask(8).prompts(0, 0, 8).repeat_interleave(4, dim=0)
     (whole, whole_lp), (part, part_lp) = engine.generate(prompts, 0, 0), engine.generate(prompts[16:], 0, 16)
     assert torch.equal(whole[16:], part) and torch.equal(whole_lp[16:], part_lp)
+
+
+def test_the_engine_reports_the_trainers_log_probs_bit_for_bit_on_cuda() -> None:
+    """FT114 exact on CUDA: the engine's reported log-probs and canary scores are the trainer's
+    computation in the trainer's shapes, bit for bit (tests/train/test_engine_scoring.py)."""
+    from test_engine_scoring import run_scoring_check
+
+    checks = run_scoring_check("cuda")
+    assert checks["reported_is_trainer"] and checks["canary_is_trainer"] and checks["short_pass"], checks
+    assert checks["same_samples"], checks
+
+
+def test_the_default_run_on_one_gpu_ends_pass(tmp_path: Path) -> None:
+    """``ftkit train --device cuda`` with its defaults (2 cells and an engine on one GPU): PASS,
+    FT114 included (no tolerance at TP=1)."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.cuda.device_count() != 1:
+        pytest.skip("the one-GPU default needs exactly one visible GPU")
+    out = tmp_path / "run"
+    run = subprocess.run(
+        [sys.executable, "-m", "ftkit", "train", "--device", "cuda", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=os.environ.copy(),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "PASS" in run.stdout and "FT114" not in run.stdout

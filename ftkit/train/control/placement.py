@@ -1,7 +1,8 @@
 """Placement of cells and engines over the nodes of a Ray cluster, and where they landed.
 
 A node's *slots* are the rank actors its total Ray resources hold (a rank's resources: the
-run's ``Placement``, ``ftkit.train.plan.placement``; an engine counts as one slot). ``spread`` plans which node each cell and engine asks for:
+run's ``Placement``, ``ftkit.train.plan.placement``; an engine counts as one slot).
+``spread`` plans which node each cell and engine asks for:
 
 * a cell goes to the node with the fewest planned cells among those with free slots for all
   of its ranks (ties: more free slots first, then Ray's node order). With ``N`` nodes able to
