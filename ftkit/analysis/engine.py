@@ -154,6 +154,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
         "placement": replay.placement_summary(),
         "evidence_profile": None if replay.profile is None else replay.profile["kinds"],
         "not_covered": sorted(r.code for r in rules if r.not_covered),
+        "step_phases": replay.step_phases.summary(),
     }
     return AnalysisResult(
         findings=sort_findings(replay.findings), rules=rules, stats=stats, recovery=replay.recovery.table(), notes=notes

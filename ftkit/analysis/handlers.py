@@ -307,6 +307,7 @@ class EventHandlers(Watermark):
             self.recovery.activity(ev["time"])
             self.closure.declare_step(ev["step"])
             self.declared_step = max(self.declared_step, ev["step"])
+            self.step_phases.add(ev)
 
     def _log_closed(self, ev: dict[str, Any], fi: int, line: int) -> None:
         if ev["lines"] != ev["seq"]:

@@ -24,6 +24,7 @@ from typing import Any
 from ftkit.analysis.closure import Closure
 from ftkit.analysis.records import RolloutRecord, RuleHooks, StepRecord, Where
 from ftkit.analysis.recovery import RecoveryTracker
+from ftkit.analysis.step_phases import StepPhases
 from ftkit.findings import Finding, Severity
 
 MAX_STORED = 500  # findings kept per rule (all are counted)
@@ -56,6 +57,7 @@ class ReplayState:
         self.deaths: dict[int, list[list[Any]]] = {}
         self.max_step = -1
         self.declared_step = -1  # the last step the driver declared trained (its metric) in this session
+        self.step_phases = StepPhases()  # where the steps' time went (their metrics' phases)
         self.placement: dict[tuple[str, int, int], dict[str, Any]] = {}  # (role, cell|engine, rank) -> latest
         # open steps and rollouts
         self.pending: dict[tuple[int, int, int], StepRecord] = {}

@@ -194,6 +194,9 @@ class EngineRestart(Envelope):
     during: str = Field(description="the driver's call that failed: load or generate")
 
 
+_STEP = "ftkit train's per-step metric only, absent in older logs (docs/train.md \"Where a step's time goes\")"
+
+
 class Metric(Envelope):
     """Scalar metrics of a step (loss, grad_norm, reward, ...)."""
 
@@ -201,6 +204,9 @@ class Metric(Envelope):
     rollout: int = Field(description="rollout index")
     step: int | None = Field(description="run-global optimizer step (null: per rollout)")
     values: dict[str, float | None] = Field(description="name -> value (NaN / Infinity literals allowed)")
+    phases: dict[str, float] | None = Field(default=None, description=f"phase -> seconds of the step; {_STEP}")
+    wall_seconds: float | None = Field(default=None, description=f"the wall seconds the phases cover; {_STEP}")
+    micro_shard_seconds: list[float | None] | None = Field(default=None, description=f"per micro-shard; {_STEP}")
 
 
 class FaultInjected(Envelope):

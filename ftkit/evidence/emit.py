@@ -160,9 +160,21 @@ def placement(
     )
 
 
-def metric(log: EventSink, *, rollout: int, step: int | None, values: Mapping[str, float | None]) -> bool:
-    """The run's scalar metrics of ``step`` (``None``: per rollout)."""
-    return log.emit("metric", rollout=rollout, step=step, values=values)
+def metric(
+    log: EventSink,
+    *,
+    rollout: int,
+    step: int | None,
+    values: Mapping[str, float | None],
+    phases: Mapping[str, float] | None = None,
+    wall_seconds: float | None = None,
+    micro_shard_seconds: Sequence[float | None] | None = None,
+) -> bool:
+    """The run's scalar metrics of ``step`` (``None``: per rollout); ``phases``, ``wall_seconds``
+    and ``micro_shard_seconds`` (a step's timing, ``ftkit.train.control.step_clock``) are left
+    out when not given."""
+    timing = _some(phases=phases, wall_seconds=wall_seconds, micro_shard_seconds=micro_shard_seconds)
+    return log.emit("metric", rollout=rollout, step=step, values=values, **timing)
 
 
 def fault_injected(

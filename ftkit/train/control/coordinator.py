@@ -35,7 +35,7 @@ fake cells without Ray.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ftkit.train.control.roster import CellRoster, CellsLost
@@ -74,6 +74,8 @@ class StepOutcome:
     tokens: int
     seconds: float  # from the first attempt's start to the commit
     cells_alive: int  # live cells after the step
+    phases: dict[str, float] = field(default_factory=dict)  # ``ftkit.train.control.step_clock.attempt_phases``
+    shard_seconds: list[float | None] = field(default_factory=list)  # per micro-shard, of the committed attempt
 
 
 class StepCoordinator:
@@ -118,10 +120,13 @@ class StepCoordinator:
     # --- one step ---------------------------------------------------------------------
     def run_step(self, rollout: int, step: int, batch: Any, dump: bool) -> StepOutcome:
         """Run ``step`` until one attempt commits on every live cell (see the module docstring)."""
+        from ftkit.evidence.phases import PhaseTimer
+        from ftkit.train.control.step_clock import attempt_phases, shard_seconds
         from ftkit.train.rl.microshards import assign
 
-        cfg, roster, t0 = self.cfg, self.roster, time.perf_counter()
+        cfg, roster, t0, clock = self.cfg, self.roster, time.perf_counter(), PhaseTimer()
         for attempt in range(cfg.recovery.max_retries + 1):
+            clock.mark()
             raise_if_interrupted()  # a signal something swallowed stops the run here at the latest
             if attempt == 0:  # failures since the last commit (outside a step: a weight export)
                 self.restart_failed()
@@ -129,6 +134,7 @@ class StepCoordinator:
                 self.healer.at_boundary(step, wait=step == cfg.total_steps - 1)
             if self.members != roster.alive():
                 self.reconfigure("membership changed")
+            clock.lap("membership")
             alive, epoch = self.members, roster.book.epoch
             shards = assign(cfg.batch.micro_shards, alive)
             record = dump and bool(cfg.dumps.what)
@@ -137,16 +143,22 @@ class StepCoordinator:
                 {c: roster.cells[c].compute_reduce(tasks[c], batch) for c in alive}, cfg.recovery.step_timeout
             )
             reduced: dict[int, list[Reduced]] = phase1.values
+            wait1 = clock.lap(None)
             if phase1.clean and all(r.finite for rs in reduced.values() for r in rs):
                 committed = self._commit(rollout, step, attempt, alive)
+                wait2 = clock.lap(None)
                 self.restart_failed()
+                clock.lap("membership")
                 if committed is not None:
                     first = reduced[alive[0]][0]
                     seconds = time.perf_counter() - t0
                     cells_alive = len(roster.alive())
+                    phases = attempt_phases(clock.seconds, (wait1, first), (wait2, committed))
                     return StepOutcome(
-                        rollout, step, attempt + 1, first.loss, committed.grad_norm, first.tokens, seconds, cells_alive
-                    )
+                        rollout, step, attempt + 1, first.loss, committed.grad_norm, first.tokens, seconds,
+                        cells_alive, phases, shard_seconds(reduced, cfg.batch.micro_shards),
+                    )  # fmt: skip
+                clock.add("retry", wait1 + wait2)
                 continue
             for cell, cause in phase1.failed.items():
                 roster.fail(cell, cause)
@@ -157,6 +169,7 @@ class StepCoordinator:
                     + [f"cell {c} blocked on dead peer {peer}" for c, peer in sorted(phase1.blocked.items())]
                 )
                 self.reconfigure(f"step {step} attempt {attempt} failed: {why or 'collective error'}")
+            clock.add("retry", wait1 + clock.lap(None))
         raise RunFailed(
             f"step {step} failed {cfg.recovery.max_retries + 1} times (--max-retries {cfg.recovery.max_retries})",
             hint="the attempts' failures are in the event log (cell_state, step_outcome); raise --max-retries "

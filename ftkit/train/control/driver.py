@@ -66,6 +66,7 @@ import ftkit.evidence.emit as emit
 from ftkit.errors import ConfigError, FtkitError
 from ftkit.train.control.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
 from ftkit.train.control.results import RunResult, StepReport, analyze
+from ftkit.train.control.step_clock import StepClock, emit_step
 from ftkit.version import __version__
 
 if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class Driver:
         self.recoveries = 0  # times every cell was restarted at once (``_recover``)
         self.plan: Any = None  # ftkit.train.recovery.resume_plan.ResumePlan when resumed
         self.gcs: GcsWatch | None = None
+        self.clock = StepClock()  # the phases of each step's metric (step_clock)
 
     # --- the run ----------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -166,6 +168,7 @@ class Driver:
         from ftkit.train.control.coordinator import CellsLost
 
         cfg, lost = self.cfg, False
+        self.clock.start()
         while True:
             try:
                 if lost:  # every live cell was lost: all of them again
@@ -316,41 +319,41 @@ class Driver:
         from ftkit.train.rl import rollouts
         from ftkit.train.rl.rewards import get_reward
 
-        cfg = self.cfg
-        batch = self._generate(rollout)
-        rewards = get_reward(cfg.task.reward)(self.task, batch["prompts"], batch["responses"])
-        tensors = rollouts.build_batch(
-            batch["prompts"],
-            batch["responses"],
-            batch["logprobs"],
-            rewards,
-            cfg.task.group_size,
-            rollout,
-            self.task.response_mask(batch["responses"]),
-        )
-        rollouts.check_rerecorded(self.run_dir, cfg.task.reward, rollout, tensors)
-        if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
-            emit.witness_allocated(
-                self.events, rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
+        cfg, clock = self.cfg, self.clock
+        with clock.phase("generation"):
+            batch = self._generate(rollout)
+        with clock.phase("scoring"):
+            rewards = get_reward(cfg.task.reward)(self.task, batch["prompts"], batch["responses"])
+            mask = self.task.response_mask(batch["responses"])
+            tensors = rollouts.build_batch(
+                batch["prompts"], batch["responses"], batch["logprobs"], rewards, cfg.task.group_size, rollout, mask
             )
-        rollouts.record(
-            self.run_dir,
-            rollout,
-            tensors,
-            meta={"task": self.task.name, "reward": cfg.task.reward, "group_size": str(cfg.task.group_size)},
-        )
-        reward = float(rewards.double().mean())
-        self.rewards.append(reward)
-        emit.metric(self.events, rollout=rollout, step=None, values={"reward": reward})
-        batch_ref = ray.put(tensors)
+        with clock.phase("record"):
+            rollouts.check_rerecorded(self.run_dir, cfg.task.reward, rollout, tensors)
+            if cfg.reduction.bookkeeping:  # without bookkeeping the ranks carry no witness to count with
+                emit.witness_allocated(
+                    self.events, rollout=rollout, attempt=0, ids=tensors["witness_ids"].tolist(), expected=1
+                )
+            rollouts.record(
+                self.run_dir,
+                rollout,
+                tensors,
+                meta={"task": self.task.name, "reward": cfg.task.reward, "group_size": str(cfg.task.group_size)},
+            )
+            reward = float(rewards.double().mean())
+            self.rewards.append(reward)
+            emit.metric(self.events, rollout=rollout, step=None, values={"reward": reward})
+            batch_ref = ray.put(tensors)
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dumps.what)
         for k in range(cfg.batch.steps_per_rollout):
             step = rollout * cfg.batch.steps_per_rollout + k
             self._check_gcs()
             self._step_done(self._session().coord.run_step(rollout, step, batch_ref, dump), reward)
-        self._push_weights(version=rollout + 1)
-        if self.checkpoints.due(rollout):
-            self.checkpoints.publish(rollout, reward)
+        with clock.phase("weight_sync"):
+            self._push_weights(version=rollout + 1)
+        with clock.phase("checkpoint"):
+            if self.checkpoints.due(rollout):
+                self.checkpoints.publish(rollout, reward)
 
     def _generate(self, rollout: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -360,24 +363,12 @@ class Driver:
         return {"prompts": prompts, "responses": responses, "logprobs": logprobs}
 
     def _step_done(self, out: StepOutcome, reward: float) -> None:
-        """Metrics and progress of a committed step."""
-        cfg = self.cfg
+        """Metrics (with the step's phases: ``step_clock``) and progress of a committed step."""
         self.steps_committed += 1
-        tps = out.tokens / out.seconds if out.seconds > 0 else 0.0
-        emit.metric(
-            self.events,
-            rollout=out.rollout,
-            step=out.step,
-            values={
-                "loss": out.loss,
-                "grad_norm": out.grad_norm,
-                "tokens_per_s": tps,
-                "step_seconds": out.seconds,
-                "attempts": float(out.attempts),
-            },
-        )
-        self.events.sync()
-        self.on_step(StepReport.of(out, cfg, reward, tps))
+        with self.clock.phase("log"):
+            tps = emit_step(self.events, out, self.clock)
+            self.events.sync()
+            self.on_step(StepReport.of(out, self.cfg, reward, tps))
 
     def _push_weights(self, version: int) -> None:
         """Export the first live cell's weights in the names the engines take, fingerprint them

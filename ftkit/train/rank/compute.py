@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ftkit.evidence.emit as emit
+from ftkit.evidence.phases import PhaseTimer
 from ftkit.train.rank.shard_cache import ShardCache
 from ftkit.train.rank.step_types import Reduced, StepTask
 
@@ -87,7 +88,7 @@ class StepCompute:
         from ftkit.train.rl.grpo import loss_norm
         from ftkit.train.rl.microshards import shard_seed, shard_slices
 
-        cfg, faults, ctx = self.cfg, self.ctx.faults, self.ctx
+        cfg, faults, ctx, clock = self.cfg, self.ctx.faults, self.ctx, PhaseTimer()
         at = {"step": task.step, "attempt": task.attempt, "rollout": task.rollout}
         data = self._step_batch(task.rollout, task.step, batch)
         mine = sorted(int(m) for m in task.shards)
@@ -111,27 +112,35 @@ class StepCompute:
         # Gradients accumulate straight into these rows: one zeroed row per micro-shard with
         # bookkeeping (kept apart for the exact reduction), one shared row without.
         rows = self._rows(len(mine) if keep else 1)
-        losses = torch.zeros(cfg.batch.micro_shards, dtype=torch.float64)
+        # on the device until every micro-shard is done: one host sync per step, not one each
+        losses = torch.zeros(cfg.batch.micro_shards, dtype=torch.float64, device=ctx.device)
+        shard_seconds: dict[int, float] = {}
         poison = faults.at("before_forward", **at)
         first = True
+        clock.lap("prepare")
         for i, m in enumerate(mine):
             if m in reuse:  # computed by this rank in a discarded attempt of this step
                 rows[i].copy_(reuse[m][0])
                 losses[m] = reuse[m][1]
+                clock.lap("reuse")
                 continue
             self._bind_grads(rows[i if keep else 0])
             self._seed(shard_seed(cfg.rng.seed, task.rollout, task.step, m))
             part = {k: v[slices[m]] for k, v in data.items()}
             mid, first = (self._mid_backward(at) if first else None), False
             with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
-                losses[m] = float(self._forward_backward(part, norm))
+                losses[m] = self._forward_backward(part, norm)  # f32 -> f64: exact
             if mid is not None:
                 mid[1].remove()
                 poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
+            shard_seconds[m] = clock.lap("forward_backward")
+        losses = losses.cpu()  # the step's one wait for the device (docstring of ftkit.evidence.phases)
+        clock.lap("forward_backward")
         if self._checks is not None:
             self._check_later_steps(batch, mine, slices)
             self._emit_check(task)
+            clock.lap("logprob_check")
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
@@ -164,8 +173,10 @@ class StepCompute:
             )
         ids = data["witness_ids"].tolist()
         pending = Pending(task, reduced, ids, float(losses.sum()), tokens)
+        clock.lap("reduce")
+        finite, loss = reduced is not None, float(losses.sum())
         return Reduced(
-            ctx.cell, ctx.rank, task.step, task.attempt, reduced is not None, float(losses.sum()), tokens
+            ctx.cell, ctx.rank, task.step, task.attempt, finite, loss, tokens, clock.seconds, shard_seconds
         ), pending
 
     def _step_batch(self, rollout: int, step: int, batch: dict[str, Tensor]) -> dict[str, Any]:
@@ -185,8 +196,9 @@ class StepCompute:
             f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
         )
 
-    def _forward_backward(self, part: dict[str, Tensor], norm: float) -> float:
-        """Forward and backward of one micro-shard; returns its (normalised) loss."""
+    def _forward_backward(self, part: dict[str, Tensor], norm: float) -> Any:
+        """Forward and backward of one micro-shard; returns its (normalised) loss, a detached
+        0-d tensor on the device (0.0 on a pipeline stage that computes none), never read here."""
         import torch
 
         from ftkit.train.rank.loss import pg_loss, targets
@@ -210,7 +222,7 @@ class StepCompute:
             nll = self.ctx.model(tokens, pos, mask, decoder_input=emb, labels=labels)
             loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
         loss.backward()
-        return float(loss.detach())
+        return loss.detach()
 
     def _grpo_loss(
         self, part: dict[str, Tensor], tokens: Tensor, pos: Tensor, mask: Tensor | None, emb: Tensor | None, norm: float

@@ -62,9 +62,11 @@ class StagePipeline:
         labels: Tensor,
         decoder_input: Any,
         loss_fn: Callable[[Tensor], Tensor],
-    ) -> float:
+    ) -> Any:
         """Forward and backward of one micro-shard through every stage (see the module doc);
-        ``mask``: its attention mask (``ftkit.train.rl.masks``, the same on every stage) or None."""
+        ``mask``: its attention mask (``ftkit.train.rl.masks``, the same on every stage) or None.
+        Returns the loss as a detached 0-d tensor on the last stage (not read: no host sync), 0.0
+        on the others."""
         import torch
         import torch.distributed as dist
 
@@ -76,11 +78,11 @@ class StagePipeline:
             inp.requires_grad_()
             self.model.set_input_tensor(inp)
         out = self.model(tokens, pos, mask, decoder_input=decoder_input, labels=labels if self.last else None)
-        value = 0.0
+        value: Any = 0.0
         if self.last:
             loss = loss_fn(out)
             loss.backward()
-            value = float(loss.detach())
+            value = loss.detach()
         else:
             dist.send(out.detach().contiguous(), dst=self.next)
             grad = torch.empty(shape, dtype=out.dtype, device=self.device)

@@ -15,7 +15,7 @@ A step attempt has two phases on every rank of every live cell (docs/faults.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class Reduced:
     finite: bool  # False: non-finite or overflowing gradient, the same on every cell
     loss: float  # the step's loss summed over all micro-shards (the same on every cell)
     tokens: int  # learned tokens of the step
+    # this rank's phases of the attempt (``ftkit.evidence.phases``): prepare, forward_backward,
+    # reduce, ...; and the host seconds of each micro-shard it computed (reused ones have none)
+    seconds: dict[str, float] = field(default_factory=dict)
+    shard_seconds: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Committed:
     attempt: int
     grad_norm: float
     total: str | None  # the state fingerprint after the step (None without bookkeeping)
+    seconds: dict[str, float] = field(default_factory=dict)  # this rank's commit phases: witness, optimizer, ...
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,9 @@ class RankWorker(RankCheckpoints):
         """Step the optimizer with the held reduced gradient; emit ``witness_counts``,
         ``step_outcome`` committed and ``state_fingerprint``. ``write_dumps``: this cell writes
         the rollout's replicated dump (when it is the rollout's last step)."""
+        from ftkit.evidence.phases import PhaseTimer
+
+        clock = PhaseTimer()
         pend = self._take(step, attempt)
         self.compute.forget()
         if pend.reduced is None:
@@ -165,19 +168,26 @@ class RankWorker(RankCheckpoints):
                 counts=counts,
                 contributions=contribs,
             )
+        clock.lap("witness")
         grad_norm = self._grad_norm(pend.reduced)
+        clock.lap("grad_norm")
         self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=True)
+        clock.lap("dumps")
         self.ctx.optimizer.step()
+        clock.lap("optimizer")
         self.counters = {"step": step, "rollout": task.rollout}
         self._outcome(task, "committed")
         total = None
         if self.cfg.reduction.bookkeeping:
             total = self._fingerprint(task.rollout, step, attempt)
+        clock.lap("fingerprint")
         self.dumps.replicated(
             task.rollout, step, task.dump_replicated, before_step=False, write=write_dumps, attempt=attempt
         )
+        clock.lap("dumps")
         ev.sync(wait=False)  # the next emit waits for this fsync
-        return Committed(self.cell, self.rank, step, attempt, grad_norm, total)
+        clock.lap("log")
+        return Committed(self.cell, self.rank, step, attempt, grad_norm, total, clock.seconds)
 
     def _outcome(self, task: StepTask, outcome: emit.Outcome) -> None:
         """Log this rank's ``step_outcome`` for ``task`` (a ``StepTask``)."""
