@@ -3,6 +3,8 @@ severity, recovery table, one-line verdict."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -97,8 +99,29 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         columns = [(c, RECOVERY_PRIORITY.index(c), c in ("kind", "recovered_by")) for c in RECOVERY_COLUMNS]
         console.print(_fitted("Recovery (seconds after each fault)", columns, rows, console.width))
 
+    if s.get("step_phases"):
+        console.print(phases_table(s["step_phases"]))
+
     style = "bold green" if outcome == "pass" else "bold red"
     console.print(f"[{style}]{literal(verdict_line(result, outcome))}[/{style}]")
+
+
+def phases_table(summary: dict[str, Any]) -> Table:
+    """Where the steps' time went (``ftkit.analysis.step_phases``): per phase its median and max
+    seconds per step and its share of all steps' wall time, largest first, like Megatron's timers."""
+    wall = summary["wall"]
+    table = Table(
+        title=f"Where a step's time goes ({plural(summary['steps'], 'step')}; wall median {wall['median']:.4f}s, "
+        f"max {wall['max']:.4f}s)",
+        title_justify="left",
+    )
+    for col, justify in (("phase", "left"), ("median s", "right"), ("max s", "right"), ("share", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]  # rich's JustifyMethod literal
+    rest = summary["unattributed"]
+    rows = [*summary["phases"].items(), ("(unattributed)", {**rest, "share": rest["total"] / (wall["total"] or 1.0)})]
+    for name, row in rows:
+        table.add_row(literal(name), f"{row['median']:.4f}", f"{row['max']:.4f}", f"{100 * row['share']:.1f}%")
+    return table
 
 
 def _fitted(title: str, columns: list[Column], rows: list[list[str]], width: int) -> Table:

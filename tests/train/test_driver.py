@@ -111,6 +111,28 @@ def test_every_log_analyzes_clean(runs):
         assert main(["analyze-events", str(r.run_dir / "events")]) == 0, name
 
 
+@pytest.mark.slow
+def test_every_step_logs_phases_that_add_up_to_its_wall_time(runs):
+    """Each driver step metric carries ``phases`` adding up to ``wall_seconds`` (within 10%), the
+    rank phases of the step, the rollout's phases on its first step, every micro-shard's seconds;
+    the analyzer's stats summarise them (docs/train.md "Where a step's time goes")."""
+    r = runs["c2"]
+    steps = [e for e in events_of(r.run_dir, "metric") if e["step"] is not None]
+    assert [e["step"] for e in steps] == [0, 1, 2, 3]
+    for e in steps:
+        phases, wall = e["phases"], e["wall_seconds"]
+        assert wall > 0 and abs(sum(phases.values()) - wall) <= 0.1 * wall, (e["step"], phases, wall)
+        rank = {"prepare", "forward_backward", "reduce", "witness", "optimizer", "fingerprint", "dumps"}
+        assert rank | {"wait_peers", "commit_barrier", "membership"} <= phases.keys(), e["step"]
+        assert ({"generation", "scoring", "record"} <= phases.keys()) == (e["step"] % 2 == 0)
+        assert ("weight_sync" in phases) == (e["step"] == 2)  # after rollout 0, on rollout 1's first step
+        shards = e["micro_shard_seconds"]
+        assert len(shards) == BASE["micro_shards"] and all(s is not None and s > 0 for s in shards)
+    summary = r.analysis.stats["step_phases"]
+    assert summary["steps"] == 4 and summary["phases"]["forward_backward"]["max"] > 0
+    assert summary["wall"]["total"] == pytest.approx(sum(e["wall_seconds"] for e in steps), abs=1e-5)
+
+
 def _rewrite(events_dir, type_, change):
     """Apply ``change(event) -> bool`` to every event of ``type_``; returns how many changed."""
     n = 0
