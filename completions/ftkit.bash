@@ -25,6 +25,7 @@ _ftkit() {
                 --model) _ftkit_files "$cur"; COMPREPLY+=( $(compgen -W "tiny small" -- "$cur") ); return;;
                 --reduce) COMPREPLY=( $(compgen -W "exact float" -- "$cur") ); return;;
                 --device) COMPREPLY=( $(compgen -W "auto cpu cuda" -- "$cur") ); return;;
+                --precision) COMPREPLY=( $(compgen -W "auto fp32 bf16" -- "$cur") ); return;;
                 --dump-cells) COMPREPLY=( $(compgen -W "first all" -- "$cur") ); return;;
                 --best-metric) COMPREPLY=( $(compgen -W "reward eval_reward" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
@@ -32,7 +33,7 @@ _ftkit() {
                 --out|-o|--config|--resume|--merged-log|--expect-equal|--junit-xml) _ftkit_files "$cur"; return;;
                 --cells|--tp|--pp|--engines|--engine-tp|--logprob-tolerance|--rollouts|--steps-per-rollout|--samples-per-rollout|--group-size|--lr|--clip-low|--clip-high|--kl-coef|--micro-shards|--seed|--reward|--prompts|--input-key|--label-key|--max-prompt-len|--max-response-len|--ray-address|--dump-rollouts|--dump-what|--collective-timeout|--step-timeout|--min-cells|--max-retries|--heal-timeout|--inject|--chaos|--checkpoint-every|--keep-last|--keep-best) COMPREPLY=(); return;;
             esac
-            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --engine --engine-placement --engine-tp --logprob-tolerance --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --prompts --input-key --label-key --max-prompt-len --max-response-len --device --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --format -f --merged-log --expect-equal --junit-xml --fail-on --help -h" -- "$cur") ); return;;
+            COMPREPLY=( $(compgen -W "--out -o --cells --tp --pp --engines --engine --engine-placement --engine-tp --logprob-tolerance --rollouts --steps-per-rollout --samples-per-rollout --group-size --lr --loss --clip-low --clip-high --kl-coef --aggregation --micro-shards --model --seed --reduce --reward --prompts --input-key --label-key --max-prompt-len --max-response-len --device --precision --ray-address --dump-rollouts --dump-what --dump-cells --collective-timeout --step-timeout --min-cells --max-retries --heal --no-heal --heal-timeout --inject --chaos --checkpoint-every --keep-last --keep-best --best-metric --config --print-config --overwrite --resume --allow-layout-change --allow-precision-change --format -f --merged-log --expect-equal --junit-xml --fail-on --help -h" -- "$cur") ); return;;
         dump)
             case "$prev" in
                 --format|-f) COMPREPLY=( $(compgen -W "human json" -- "$cur") ); return;;

@@ -196,6 +196,8 @@ class EventHandlers(Watermark):
             total = self._recompute(ev, fi, line, state_total(ev["params"], ev["optimizer"]))
             detail = rec.fp_detail.get((rank, total))
         self._fingerprint_at(rec, rank, ev["cell"], total, detail, fi, line, ev["params"], ev["optimizer"])
+        if ev.get("weights") is not None:
+            rec.fp_weights.setdefault((rank, total), ev["weights"])
 
     def _fingerprint_c(self, c: tuple[Any, ...], fi: int, line: int) -> None:
         """A compact fingerprint (``c[11]``: its parts as the worker encoded them): the same as

@@ -55,6 +55,7 @@ class StepRecord:
         "fingerprints",
         "fp_detail",
         "fp_blobs",
+        "fp_weights",
         "witness",
         "witness_conflicts",
         "witness_cells",
@@ -71,6 +72,7 @@ class StepRecord:
         self.fingerprints: dict[int | None, dict[int, str]] = {}
         self.fp_detail: dict[tuple[int | None, str], tuple[dict[str, str], dict[str, str], int, Where]] = {}
         self.fp_blobs: dict[tuple[int | None, str], bytes] = {}  # a compact group's parts, as a worker encoded them
+        self.fp_weights: dict[tuple[int | None, str], dict[str, str]] = {}  # bf16: the weights cast from params
         self.witness: tuple[list[int], list[int], int, Where] | None = None
         self.witness_conflicts: list[tuple[int, Where]] = []
         self.witness_cells: set[int] = set()  # cells that reported witness counts

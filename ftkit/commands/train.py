@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
 
     Reduce: TypeAlias = Enum
     Device: TypeAlias = Enum
+    Precision: TypeAlias = Enum
     DumpCells: TypeAlias = Enum
     BestMetric: TypeAlias = Enum
     Loss: TypeAlias = Enum
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
 else:
     Reduce = _choices("Reduce", "reduce")
     Device = _choices("Device", "device")
+    Precision = _choices("Precision", "precision")
     DumpCells = _choices("DumpCells", "dump_cells")
     BestMetric = _choices("BestMetric", "best_metric")
     Loss = _choices("Loss", "loss")
@@ -137,7 +139,9 @@ def parse_dump_what(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-def _resume_config(run_dir: Path, values: dict[str, Any], allow_layout_change: bool) -> TrainConfig:
+def _resume_config(
+    run_dir: Path, values: dict[str, Any], allow_layout_change: bool, allow_precision_change: bool
+) -> TrainConfig:
     """The config of ``--resume RUN_DIR`` (``ftkit.train.recovery.resume_plan.resume_config``); ``--out``
     and ``--overwrite`` do not go with it."""
     from ftkit.errors import UsageError
@@ -149,7 +153,9 @@ def _resume_config(run_dir: Path, values: dict[str, Any], allow_layout_change: b
                 f"--resume does not take --{name}: the run continues in {run_dir}",
                 hint="drop --" + name + " (or start a new run without --resume)",
             )
-    return resume_config(run_dir, values, allow_layout_change=allow_layout_change)
+    return resume_config(
+        run_dir, values, allow_layout_change=allow_layout_change, allow_precision_change=allow_precision_change
+    )
 
 
 def given_values(options: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +236,7 @@ def register(app: typer.Typer) -> None:
             int | None, _opt("--max-response-len", field="response_len", metavar="N", panel=PANEL_DATA)
         ] = None,
         device: Annotated[Device | None, _opt("--device", field="device")] = None,
+        precision: Annotated[Precision | None, _opt("--precision", field="precision")] = None,
         ray_address: Annotated[str | None, _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
         dump_rollouts: Annotated[
             str | None, _opt("--dump-rollouts", field="dump_rollouts", metavar="LIST", panel=PANEL_DUMPS)
@@ -318,6 +325,15 @@ def register(app: typer.Typer) -> None:
                 "reported as a layout change.",
             ),
         ] = False,
+        allow_precision_change: Annotated[
+            bool,
+            _opt(
+                "--allow-precision-change",
+                panel=PANEL_CKPT,
+                help="With --resume: let --precision differ from the run's recorded precision. The result is "
+                "then not bitwise the uninterrupted run's; the change is logged (run_resumed.precision_change).",
+            ),
+        ] = False,
         fmt: FormatOpt = Format.human,
         merged_log: Annotated[
             Path | None,
@@ -371,13 +387,20 @@ def register(app: typer.Typer) -> None:
 
         values: dict[str, Any] = read_config_file(config) if config is not None else {}
         values.update(given_values(options))
-        if allow_layout_change and resume is None:
-            from ftkit.errors import UsageError
+        for flag, given in (
+            ("--allow-layout-change", allow_layout_change),
+            ("--allow-precision-change", allow_precision_change),
+        ):
+            if given and resume is None:
+                from ftkit.errors import UsageError
 
-            raise UsageError("--allow-layout-change goes with --resume", hint="drop it, or add --resume RUN_DIR")
+                raise UsageError(f"{flag} goes with --resume", hint="drop it, or add --resume RUN_DIR")
         from ftkit.train.plan.run_plan import build_plan
 
-        cfg = _resume_config(resume, values, allow_layout_change) if resume is not None else load_config(values)
+        if resume is not None:
+            cfg = _resume_config(resume, values, allow_layout_change, allow_precision_change)
+        else:
+            cfg = load_config(values)
         plan = build_plan(cfg)  # the model resolved and digested once, for the whole run
         cfg = plan.config
         output = Output(fmt)
@@ -405,7 +428,7 @@ def register(app: typer.Typer) -> None:
                 f"training {cfg.cluster.cells} cell(s) x tp {cfg.layout.tp} x pp {cfg.layout.pp}, "
                 f"{cfg.engine.count} engine(s), {cfg.schedule.rollouts} rollout(s) x "
                 f"{cfg.batch.steps_per_rollout} step(s), model {cfg.model.preset}, "
-                f"reduce {cfg.reduction.reduce} -> {cfg.output.out}"
+                f"precision {plan.precision}, reduce {cfg.reduction.reduce} -> {cfg.output.out}"
             )
         from ftkit.report.live import live_view
 

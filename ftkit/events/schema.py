@@ -82,6 +82,9 @@ class RunResumed(RunStarted):
         description="set only when this session changed the TP x PP layout (--allow-layout-change): "
         "{field: [recorded, now]}; from here on the run is not bitwise the uninterrupted run",
     )
+    precision_change: list[str] | None = Field(
+        default=None, description="set only when this session changed the precision: [recorded, now] (as layout_change)"
+    )
 
 
 class RunFinished(Envelope):
@@ -138,6 +141,9 @@ class StateFingerprint(Envelope):
     total: Hex = Field(description="order-independent fingerprint of params and optimizer state")
     params: dict[str, Hex] = Field(description="fingerprint per parameter")
     optimizer: dict[str, Hex] = Field(description="fingerprint per optimizer state tensor")
+    weights: dict[str, Hex] | None = Field(
+        default=None, description="bf16 runs: fingerprint per bf16 weight (params cast; FT102's), not in total"
+    )
 
 
 class WitnessAllocated(Envelope):

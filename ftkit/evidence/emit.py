@@ -94,9 +94,10 @@ def run_resumed(
     checkpoint_rollout: int,
     skipped: Sequence[str],
     layout_change: Mapping[str, list[int]] | None = None,
+    precision_change: Sequence[str] | None = None,
 ) -> bool:
     """The driver resumed a run (in place of ``run_started``); ``layout_change`` is left out
-    unless the session changed the layout."""
+    unless the session changed the layout, ``precision_change`` unless it changed the precision."""
     return log.emit(
         "run_resumed",
         config=config,
@@ -109,7 +110,10 @@ def run_resumed(
         checkpoint_step=checkpoint_step,
         checkpoint_rollout=checkpoint_rollout,
         skipped=list(skipped),
-        **_some(layout_change=dict(layout_change) if layout_change else None),
+        **_some(
+            layout_change=dict(layout_change) if layout_change else None,
+            precision_change=list(precision_change) if precision_change else None,
+        ),
     )
 
 
@@ -241,8 +245,10 @@ def state_fingerprint(
     params: Mapping[str, str],
     optimizer: Mapping[str, str],
     rank: int | None = None,
+    weights: Mapping[str, str] | None = None,
 ) -> bool:
-    """One rank's state fingerprint after a committed step (the FT101 evidence)."""
+    """One rank's state fingerprint after a committed step (the FT101 evidence); ``weights``
+    (left out unless given): a bf16 run's model weights, cast from the masters ``params``."""
     return log.emit(
         "state_fingerprint",
         rollout=rollout,
@@ -253,6 +259,7 @@ def state_fingerprint(
         total=total,
         params=params,
         optimizer=optimizer,
+        **_some(weights=weights),
     )
 
 

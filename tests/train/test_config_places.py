@@ -8,7 +8,14 @@ import pytest
 
 from ftkit.errors import ConfigError
 from ftkit.train.config import TrainConfig, load_config
-from ftkit.train.config.places import CLI_FIELDS, DATA_SHAPING, FIXED_FIELDS, FREE_FIELDS, LAYOUT_FIELDS
+from ftkit.train.config.places import (
+    CLI_FIELDS,
+    DATA_SHAPING,
+    FIXED_FIELDS,
+    FREE_FIELDS,
+    LAYOUT_FIELDS,
+    PRECISION_FIELDS,
+)
 from ftkit.train.config.run import leaves
 from ftkit.train.config.sections import Place, Section
 
@@ -21,13 +28,15 @@ def test_every_field_has_a_place_in_a_section():
         assert isinstance(cls.__dict__.get("PLACE"), Place), f"{cls.__name__} states no PLACE of its own"
     total = sum(len(info.annotation.model_fields) for info in TrainConfig.model_fields.values())
     assert len(leaves()) == total  # flat names are unique across sections
-    assert set(leaves()) == FREE_FIELDS | LAYOUT_FIELDS | FIXED_FIELDS
-    assert not (FREE_FIELDS & LAYOUT_FIELDS or FREE_FIELDS & FIXED_FIELDS or LAYOUT_FIELDS & FIXED_FIELDS)
+    places = (FREE_FIELDS, LAYOUT_FIELDS, PRECISION_FIELDS, FIXED_FIELDS)
+    assert set(leaves()) == set().union(*places)
+    assert sum(map(len, places)) == len(leaves())  # each field in one place only
 
 
 def test_the_derived_lists_are_the_runs_meaning():
     # what a resumed session may change (tp/pp only with --allow-layout-change)
     assert {"tp", "pp"} == LAYOUT_FIELDS
+    assert {"precision"} == PRECISION_FIELDS  # only with --allow-precision-change
     assert {"lr", "seed", "model", "micro_shards", "reduce", "device", "best_metric"} <= FIXED_FIELDS
     assert {"cells", "engines", "rollouts", "inject", "dump_what", "keep_last", "out"} <= FREE_FIELDS
     # what decides whether two runs' dumps pair tensor for tensor (I3: not cells, layout, reduction)

@@ -212,11 +212,15 @@ class EngineWeights(Rule):
 
     def _params(self, rec: StepRecord) -> dict[str, str] | None:
         """The parameter entries of the step's committed state (the majority of the cells), when
-        a cell has one rank (the engines get full tensors) and the step was fingerprinted."""
+        a cell has one rank (the engines get full tensors) and the step was fingerprinted; in a
+        bf16 run its ``weights`` entries (the masters cast to bf16: what the engines are sent)."""
         if self.replay.ranks_per_cell != 1 or len(rec.fingerprints) != 1:
             return None
         rank, by_cell = next(iter(rec.fingerprints.items()))
         top = majority(by_cell) or by_cell[min(by_cell)]
+        weights = rec.fp_weights.get((rank, top))  # a bf16 run: what the engines are sent is the cast
+        if weights is not None:
+            return dict(weights)
         detail = rec.fp_detail.get((rank, top))
         return None if detail is None or detail[0] is None else dict(detail[0])
 

@@ -60,6 +60,7 @@ class TrainConfig(BaseModel):
     generation: s.GenerationSection = s.GenerationSection()
     reduction: s.ReductionSection = s.ReductionSection()
     compute: s.ComputeSection = s.ComputeSection()
+    precision: s.PrecisionSection = s.PrecisionSection()
     layout: s.LayoutSection = s.LayoutSection()
     eval: s.EvalSection = s.EvalSection()
     cluster: s.ClusterSection = s.ClusterSection()

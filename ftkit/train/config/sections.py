@@ -2,7 +2,8 @@
 
 A section is a small frozen pydantic model; its ``PLACE`` says whether its fields decide the
 run's result (a resumed session must keep them: ``resume="fixed"``; the TP x PP layout only
-with ``--allow-layout-change``: ``resume="layout"``), or only how the run is launched
+with ``--allow-layout-change``: ``resume="layout"``; the precision only with
+``--allow-precision-change``: ``resume="precision"``), or only how the run is launched
 (``resume="free"``), and whether they decide which tensors a run's dumps hold and their shapes
 (``pairs_dumps``: runs that differ there cannot compare tensor for tensor). Everything that
 needs those facts (resume compatibility, dump pairing, the command line) derives them from
@@ -36,7 +37,7 @@ DUMP_WHAT: tuple[DumpPart, ...] = ("activations", "grads", "weights")
 class Place:
     """What a section's fields mean for a run (see the module docstring)."""
 
-    resume: Literal["fixed", "layout", "free"]
+    resume: Literal["fixed", "layout", "precision", "free"]
     pairs_dumps: bool
 
 
@@ -265,6 +266,22 @@ class ComputeSection(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when available.")
     threads_per_rank: int = Field(
         1, ge=1, le=64, description="torch intra-op threads per rank.", json_schema_extra=FILE_ONLY
+    )
+
+
+class PrecisionSection(Section):
+    """The number format of training: ``fp32`` computes everything in float32; ``bf16`` runs
+    forward and backward in bfloat16 (parameters and activations) and steps AdamW on float32
+    master weights, the bf16 weights re-cast from them after each step (docs/training.md,
+    "Precision"). It changes bits, so a resume keeps it unless ``--allow-precision-change``
+    says otherwise. ``auto`` is resolved with the device once, by the plan
+    (``ftkit.train.plan.run_plan.resolve_precision``): ``run.json`` records ``fp32`` or ``bf16``."""
+
+    PLACE = Place("precision", pairs_dumps=False)
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="fp32: float32 throughout; bf16: bf16 weights and activations, float32 master weights, "
+        "optimizer state and exact reduction (docs/training.md); auto: bf16 on cuda, fp32 on cpu.",
     )
 
 

@@ -4,7 +4,8 @@ A ``TrainConfig`` is data (what ``run.json`` records). ``build_plan(cfg)`` is th
 that reads the world for it: it resolves ``--model`` (``ftkit.model.spec.resolve_model``: the
 directory read and digested once), checks what needs the model's shapes (the layout, the
 sequence length, prompts and vLLM against a preset, ``engine_tp`` against the heads), parses
-the fault specs against the run's bounds and picks the device. The command builds the plan
+the fault specs against the run's bounds and picks the device and, with it, the precision
+(``auto``: bf16 on CUDA, fp32 on CPU; recorded resolved, so a resumed session keeps it). The command builds the plan
 (``ftkit train``, ``--resume``, ``--print-config``) and hands it down: the driver, the cells'
 rank workers and the engine actors take a ``RunPlan`` and derive nothing from the config
 again. A ``RunPlan`` is a frozen value that pickles cheaply (Ray actors receive it by value):
@@ -83,7 +84,8 @@ class RunPlan:
     (``--inject`` then the ``--chaos`` expansion), ``device`` (``cpu`` or ``cuda``) and
     ``placement`` (``ftkit.train.plan.placement``: GPU shares, devices, the cross-cell backend;
     ``build_plan`` gives a GPU to each actor, the driver, connected to Ray, replaces it with the
-    plan of the cluster's GPUs)."""
+    plan of the cluster's GPUs); its ``precision`` is the config's, resolved with the device
+    (``fp32`` or ``bf16``)."""
 
     config: TrainConfig
     model: ModelSpec
@@ -91,6 +93,11 @@ class RunPlan:
     faults: tuple[FaultSpec, ...]
     device: str
     placement: Placement
+
+    @property
+    def precision(self) -> str:
+        """``fp32`` or ``bf16`` (``config.precision``, resolved by ``build_plan``)."""
+        return self.config.precision.precision
 
 
 def build_plan(cfg: TrainConfig) -> RunPlan:
@@ -103,12 +110,15 @@ def build_plan(cfg: TrainConfig) -> RunPlan:
     except ValueError as exc:
         raise ConfigError(f"model: {exc}", hint=CONFIG_HINT) from None
     cfg = recorded(cfg, model)
+    device = resolve_device(cfg)
+    precision = resolve_precision(cfg.precision.precision, device)
+    if precision != cfg.precision.precision:
+        cfg = cfg.model_copy(update={"precision": cfg.precision.model_copy(update={"precision": precision})})
     try:
         check_model_fit(cfg, model)
         faults = tuple(parse_specs(cfg.faults.inject, cfg.faults.chaos, fault_bounds(cfg)))
     except ValueError as exc:
         raise ConfigError(str(exc), hint=CONFIG_HINT) from None
-    device = resolve_device(cfg)
     return RunPlan(cfg, model, task_spec(cfg, model), faults, device, whole_gpus(device, cfg.layout.ranks))
 
 
@@ -223,3 +233,20 @@ def resolve_device(cfg: TrainConfig) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """``fp32`` or ``bf16``: ``auto`` is bf16 on cuda, fp32 on cpu. ``ConfigError`` (exit 2) for
+    bf16 on a CUDA device without bf16 support (before Ampere); CPU torch computes bf16
+    everywhere (slower than fp32 on most CPUs: docs/training.md, "Precision")."""
+    if precision == "auto":
+        return "bf16" if device == "cuda" else "fp32"
+    if precision == "bf16" and device == "cuda":
+        import torch
+
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise ConfigError(
+                f"precision: bf16, but the CUDA device {torch.cuda.get_device_name()} has no bf16 support",
+                hint="use --precision fp32 on this GPU (bf16 needs compute capability 8.0 or newer)",
+            )
+    return precision

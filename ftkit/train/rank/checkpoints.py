@@ -140,6 +140,7 @@ class RankCheckpoints:
             counters={"step": step, "rollout": rollout},
         )
         restore(state, self.ctx.params, self.ctx.optimizer, self.ctx.witness_param)
+        self.ctx.recast()  # bf16: the weights from the restored masters
         self.counters = dict(state.counters)
         self._pending = self._started = None
         self.guard = NonFiniteGuard(first_step=step + 1)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import ftkit.evidence.emit as emit
 from ftkit.evidence.phases import PhaseTimer
+from ftkit.train.rank.precision import GradStage
 from ftkit.train.rank.shard_cache import ShardCache
 from ftkit.train.rank.step_types import Reduced, StepTask
 
@@ -64,6 +65,7 @@ class StepCompute:
             ctx, ctx.cfg, reducer, layout, dumps, pipe
         )  # fmt: skip
         self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
+        self._stage = GradStage(layout, ctx.plan.precision, ctx.device)
         self._rows_buf: Any = None
         self._policy_tokens: tuple[Any, Any] | None = None
         self._task_obj: Any = None
@@ -134,6 +136,7 @@ class StepCompute:
                 mid[1].remove()
                 poison = poison or next((kind for kind in mid[0] if kind), None)
             self._check_bound(rows[i if keep else 0])
+            self._stage.land(rows[i if keep else 0])
             shard_seconds[m] = clock.lap("forward_backward")
         losses = losses.cpu()  # the step's one wait for the device (docstring of ftkit.evidence.phases)
         clock.lap("forward_backward")
@@ -378,20 +381,14 @@ class StepCompute:
         return buf.zero_()
 
     def _bind_grads(self, row: Tensor) -> None:
-        """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row``:
-        autograd then accumulates the backward in place, straight into the row."""
-        grads = self.layout.unflatten(row)
-        for name, p in self.ctx.params:
-            p.grad = grads[name]
-        if self.ctx.witness is not None:
-            self.ctx.witness.param.grad = grads["witness"]
+        """Make every ``.grad`` (the witness's included) a view of the zeroed flat ``row`` (in
+        bf16: of a zeroed bf16 staging row, landed in ``row`` after the backward,
+        ``ftkit.train.rank.precision.GradStage``): autograd then accumulates in place."""
+        self._stage.bind(row, self.ctx.model_params, self.ctx.witness_param)
 
     def _check_bound(self, row: Tensor) -> None:
-        """Every gradient must still live in ``row`` (autograd accumulated in place)."""
-        lo, hi = row.data_ptr(), row.data_ptr() + row.numel() * row.element_size()
-        witness = self.ctx.witness_param
-        grads = [p.grad for _, p in self.ctx.params] + ([witness.grad] if witness is not None else [])
-        if any(g is None or not lo <= g.data_ptr() < hi for g in grads):
+        """Every gradient must still live in its buffer (autograd accumulated in place)."""
+        if not self._stage.holds(row, self.ctx.model_params, self.ctx.witness_param):
             raise RuntimeError("a gradient left its micro-shard buffer (autograd replaced .grad)")
 
     def _mid_backward(self, at: dict[str, int]) -> tuple[list[str | None], Any] | None:
@@ -407,7 +404,7 @@ class StepCompute:
         def hook(grad: Tensor) -> None:
             kinds.append(self.ctx.faults.at("mid_backward", **at))
 
-        return kinds, self.ctx.params[0][1].register_hook(hook)
+        return kinds, self.ctx.model_params[0][1].register_hook(hook)
 
     def _faulty_allreduce(self, at: dict[str, int]) -> Any:
         """The link's all-reduce, with the ``during_reduce`` point before its second call

@@ -2,9 +2,10 @@
 
 ``open_context(plan, run_dir, cell, rank, incarnation, store_host, store_port)`` (a ``RunPlan``) joins the
 cell's own torch.distributed world (``cell{c}/inc{i}`` prefix of the driver's TCPStore),
-initialises megatron's parallel state and builds the model, the optimizer, the witness, the
-event writer, the fault injector, the cross-cell link and (GRPO with a KL term) the frozen
-reference model. The step phases, the dumps
+initialises megatron's parallel state and builds the model (in the run's precision: bf16
+weights with float32 masters, ``ftkit.train.rank.precision``), the optimizer (on the masters),
+the witness, the event writer, the fault injector, the cross-cell link and (GRPO with a KL
+term) the frozen reference model. The step phases, the dumps
 (``RankDumps(ctx)``), the heal (``heal.receive(ctx, ...)``) and the checkpoints are handed the
 context and read exactly these; none of them reaches into ``RankWorker``, the actor's thin
 remote face. Mutable step bookkeeping (counters, the pending reduction, the guard) stays with
@@ -42,14 +43,26 @@ class RankContext:
     device: str
     tp_rank: int
     pp_rank: int
-    model: Any  # megatron's GPTModel (this rank's stage and TP shard)
-    params: list[tuple[str, Tensor]]
+    model: Any  # megatron's GPTModel (this rank's stage and TP shard), in the run's precision
+    params: list[tuple[str, Tensor]]  # the state of record: float32 masters (the model's own in fp32)
     optimizer: Optimizer
     witness: WitnessTable | None  # first pipeline stage with bookkeeping only
     events: EventWriter
     faults: Injector
     link: CrossCellLink
     reference: Any = None  # GRPO with kl_coef > 0: the frozen initial model (same layout), else None
+    weights: list[tuple[str, Tensor]] | None = None  # the model's parameters (bf16); None: ``params``
+
+    @property
+    def model_params(self) -> list[tuple[str, Tensor]]:
+        """The ``(name, parameter)`` pairs the model computes with (what autograd fills)."""
+        return self.params if self.weights is None else self.weights
+
+    def recast(self) -> None:
+        """The model's weights re-cast from the masters (after an optimizer step or a restore)."""
+        from ftkit.train.rank.precision import recast
+
+        recast(self.model_params, self.params)
 
     @property
     def cfg(self) -> TrainConfig:
@@ -92,8 +105,10 @@ def open_context(
         timeout=startup,
     )
     ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
+    from ftkit.train.rank.precision import split_masters, torch_dtype
+
     model = build_gpt(plan.model, cfg.rng.seed, device)
-    params = list(model.named_parameters())
+    weights, params = split_masters(model, plan.precision)
     optimizer = torch.optim.AdamW([p for _, p in params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
     has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
     witness = WitnessTable(cfg.batch.samples_per_rollout, device) if has_witness else None
@@ -109,6 +124,7 @@ def open_context(
         # KL to the initial model: built from the spec again (the same bits as ``model`` at
         # step 0 on every rank, a healed or resumed one too), never trained
         reference = build_gpt(plan.model, cfg.rng.seed, device).eval().requires_grad_(False)
+        reference.to(torch_dtype(plan.precision))
     return RankContext(
         plan,
         run_dir,
@@ -126,4 +142,5 @@ def open_context(
         faults,
         link,
         reference,
+        None if weights is params else weights,
     )

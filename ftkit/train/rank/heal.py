@@ -101,6 +101,7 @@ def receive(
     seconds["decode"] = t2 - t1
     witness = None if ctx.witness is None else ctx.witness.param
     restore(state, ctx.params, ctx.optimizer, witness, owned=True)  # the received buffers
+    ctx.recast()  # bf16: the weights from the received masters
     t3 = time.perf_counter()
     seconds["load"] = t3 - t2
     total, _, _ = fingerprint_state(ctx.model, ctx.optimizer, ctx.params)

@@ -53,6 +53,7 @@ class StagePipeline:
         self.last_rank = ps.get_pipeline_model_parallel_last_rank()
         self.group = ps.get_pipeline_model_parallel_group()
         self.hidden = model.config.hidden_size
+        self.dtype = next(model.parameters()).dtype  # activations cross stages in the weights' dtype
 
     def forward_backward(
         self,
@@ -73,7 +74,7 @@ class StagePipeline:
         shape = (tokens.shape[1], tokens.shape[0], self.hidden)  # megatron's [s, b, h]
         inp = None
         if not self.first:
-            inp = torch.empty(shape, dtype=torch.float32, device=self.device)
+            inp = torch.empty(shape, dtype=self.dtype, device=self.device)
             dist.recv(inp, src=self.prev)
             inp.requires_grad_()
             self.model.set_input_tensor(inp)

@@ -174,6 +174,7 @@ class RankWorker(RankCheckpoints):
         self.dumps.replicated(task.rollout, step, task.dump_replicated, before_step=True)
         clock.lap("dumps")
         self.ctx.optimizer.step()
+        self.ctx.recast()  # bf16: the weights the next step computes with, from the stepped masters
         clock.lap("optimizer")
         self.counters = {"step": step, "rollout": task.rollout}
         self._outcome(task, "committed")
@@ -224,6 +225,9 @@ class RankWorker(RankCheckpoints):
         from ftkit.train.rank.state import fingerprint_state
 
         total, pfp, ofp = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
+        weights = None
+        if self.ctx.weights is not None:  # bf16: the weights cast from the masters, as the engines get them
+            weights = fingerprint_state(self.ctx.model, None, self.ctx.weights)[1]
         emit.state_fingerprint(
             self.ctx.events,
             rollout=rollout,
@@ -234,6 +238,7 @@ class RankWorker(RankCheckpoints):
             total=total,
             params=pfp,
             optimizer=ofp,
+            weights=weights,
         )
         return total
 

@@ -189,6 +189,7 @@ def _rank(rank: int, plan: ReplayPlan, port: int) -> None:
         rng = torch.default_generator.get_state()  # every micro-shard reseeds it
         witness = None if w.ctx.witness is None else w.ctx.witness.param
         restore(RankState(params, entries, extra.get("witness"), rng), w.ctx.params, w.ctx.optimizer, witness)
+        w.ctx.recast()  # bf16: the weights from the restored masters
         step, done = (int(x) for x in extra["counters"].tolist())
         w.counters = {"step": step, "rollout": done}
         batch = load_file(plan.batch)

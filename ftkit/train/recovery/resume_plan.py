@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import ConfigError
 from ftkit.evidence.record import last_epoch
-from ftkit.train.config.places import FREE_FIELDS, LAYOUT_FIELDS
+from ftkit.train.config.places import FREE_FIELDS, LAYOUT_FIELDS, PRECISION_FIELDS
 from ftkit.train.recovery.resume import CheckpointState, read_checkpoint
 
 if TYPE_CHECKING:
@@ -41,10 +41,12 @@ class ResumePlan:
     last_epoch: int
     incarnation: int
     layout_change: dict[str, list[int]] = field(default_factory=dict)  # {"tp": [before, now]}
+    precision_change: list[str] = field(default_factory=list)  # [before, now]
 
     def fields(self) -> dict[str, Any]:
         """The ``run_resumed`` fields beyond ``run_started``'s (``layout_change`` only when
-        the session changed the layout, ``--allow-layout-change``)."""
+        the session changed the layout, ``--allow-layout-change``; ``precision_change`` only
+        when it changed the precision, ``--allow-precision-change``)."""
         ck = self.checkpoint
         out: dict[str, Any] = {
             "checkpoint": None if ck is None else ck.path.name,
@@ -54,6 +56,8 @@ class ResumePlan:
         }
         if self.layout_change:
             out["layout_change"] = dict(self.layout_change)
+        if self.precision_change:
+            out["precision_change"] = list(self.precision_change)
         return out
 
 
@@ -90,7 +94,8 @@ def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) ->
     state = None
     checkpoints = Path(run_dir) / "checkpoints"
     change = layout_change(run_dir, cfg)  # asked for with --allow-layout-change (resume_config)
-    free = FREE_FIELDS | LAYOUT_FIELDS if change else FREE_FIELDS
+    precision = precision_change(run_dir, cfg)  # asked for with --allow-precision-change
+    free = FREE_FIELDS | (LAYOUT_FIELDS if change else frozenset()) | (PRECISION_FIELDS if precision else frozenset())
     if checkpoints.is_dir():
         try:
             newest = newest_trusted(checkpoints, on_warning=note, accept=lambda path: _other_run(path, cfg, free))
@@ -119,7 +124,12 @@ def plan_resume(run_dir: Path, cfg: TrainConfig, warn: Callable[[str], None]) ->
             f"layout change on resume ({shown}, --allow-layout-change): from here on the run is not bitwise "
             "the uninterrupted run; compare-dumps against it will find differences"
         )
-    return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events), change)
+    if precision:
+        warn(
+            f"precision change on resume ({precision[0]} -> {precision[1]}, --allow-precision-change): from here "
+            "on the run is not bitwise the uninterrupted run; compare-dumps against it will find differences"
+        )
+    return ResumePlan(state, skipped, last_epoch(events), next_incarnation(events), change, precision)
 
 
 def layout_change(run_dir: Path, cfg: TrainConfig) -> dict[str, list[int]]:
@@ -130,6 +140,13 @@ def layout_change(run_dir: Path, cfg: TrainConfig) -> dict[str, list[int]]:
     before = load_config(recorded_config(run_dir)).model_dump(mode="json")
     now = cfg.model_dump(mode="json")
     return {k: [before[k], now[k]] for k in sorted(LAYOUT_FIELDS) if before[k] != now[k]}
+
+
+def precision_change(run_dir: Path, cfg: TrainConfig) -> list[str]:
+    """``[recorded, now]`` when ``cfg``'s precision differs from ``run_dir/run.json``'s, else
+    ``[]`` (``recorded_config``: a run before the field was recorded trained in fp32)."""
+    before, now = str(recorded_config(run_dir)["precision"]), cfg.precision.precision
+    return [before, now] if before != now else []
 
 
 def retire_newer(checkpoints: Path, step: int, cfg: TrainConfig) -> list[str]:
@@ -157,19 +174,25 @@ def retire_newer(checkpoints: Path, step: int, cfg: TrainConfig) -> list[str]:
 
 def recorded_config(run_dir: Path) -> dict[str, Any]:
     """The ``config`` of ``run_dir/run.json`` as written (the flat record; older runs wrote
-    the same form)."""
+    the same form). A run whose record has no ``precision`` (before ftkit recorded it) trained
+    in fp32: it reads as ``fp32``, never as ``auto`` (which a GPU would resolve to bf16)."""
     import json
 
-    return dict(json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    config = dict(json.loads((Path(run_dir) / "run.json").read_text())["config"])
+    config.setdefault("precision", "fp32")
+    return config
 
 
-def resume_config(run_dir: Path, given: dict[str, Any], allow_layout_change: bool = False) -> TrainConfig:
+def resume_config(
+    run_dir: Path, given: dict[str, Any], allow_layout_change: bool = False, allow_precision_change: bool = False
+) -> TrainConfig:
     """The ``TrainConfig`` of resuming ``run_dir``: its ``run.json`` config with the values
     ``given`` (options and ``--config`` values the user set) on top. A given value of a field
     outside ``FREE_FIELDS`` that differs from the recorded one, or fewer ``rollouts`` than
     recorded, is a ``ConfigError`` (exit 2): the resumed run would not be the same run. The
     TP x PP layout (``LAYOUT_FIELDS``) changes bits too: it may differ only with
-    ``allow_layout_change`` (``plan_resume`` then logs the change). Injections and chaos of
+    ``allow_layout_change`` (``plan_resume`` then logs the change), the precision
+    (``PRECISION_FIELDS``) only with ``allow_precision_change``. Injections and chaos of
     the earlier session are not carried over."""
     from ftkit.model.spec import is_preset
     from ftkit.train.config import load_config
@@ -189,7 +212,15 @@ def resume_config(run_dir: Path, given: dict[str, Any], allow_layout_change: boo
             "rest of the run differ in its bits from the uninterrupted run",
             hint="drop the option to resume in the recorded layout, or add --allow-layout-change to change it",
         )
-    changed = [k for k in changed if k not in LAYOUT_FIELDS]
+    moved = [k for k in changed if k in PRECISION_FIELDS]
+    if moved and not allow_precision_change:
+        k = moved[0]
+        raise ConfigError(
+            f"--resume: {k} is {base[k]!r} in {run_dir}/run.json, not {asked[k]!r}: a precision change makes the "
+            "rest of the run differ in its bits from the uninterrupted run",
+            hint="drop the option to resume in the recorded precision, or add --allow-precision-change to change it",
+        )
+    changed = [k for k in changed if k not in LAYOUT_FIELDS | PRECISION_FIELDS]
     if changed:
         k = changed[0]
         raise ConfigError(

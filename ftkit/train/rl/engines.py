@@ -78,15 +78,17 @@ def split(n: int, engines: int) -> list[tuple[int, int]]:
 
 
 def _megatron(plan: RunPlan, task: RlTask, run_dir: str, engine: int) -> Engine:
-    """ftkit's own engine: the run's model at TP=1 in a world of its own."""
+    """ftkit's own engine: the run's model at TP=1 in a world of its own, in the run's
+    precision (bf16: the weights the cells send, computed with the trainer's kernels)."""
     from ftkit.engines.megatron import MegatronEngine
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+    from ftkit.train.rank.precision import torch_dtype
 
     cfg = plan.config
     configure_determinism(cfg.compute.threads_per_rank)
     index = plan.placement.engine_device(engine)  # cells sharing GPUs: the placement's device
     init_local_parallel(plan.device, 0 if index is None else index)
-    model = build_gpt(plan.model, cfg.rng.seed, plan.device).eval()
+    model = build_gpt(plan.model, cfg.rng.seed, plan.device).eval().to(torch_dtype(plan.precision))
     return MegatronEngine(
         model,
         plan.device,
@@ -107,7 +109,7 @@ def _vllm(plan: RunPlan, task: RlTask, run_dir: str, engine: int) -> Engine:
     cfg = plan.config
     return VllmEngine(
         str(plan.model.hf_dir),
-        dtype="float32",
+        dtype="bfloat16" if plan.precision == "bf16" else "float32",
         seed=cfg.rng.seed,
         max_model_len=task.seq_len + 1,
         max_num_seqs=GEN_CHUNK,
