@@ -420,3 +420,18 @@ def test_incompatible_or_empty_inputs(tmp_path, dump):
         compare_paths(tmp_path / "nope", tmp_path / "e2", TOL)
     r = compare_paths(tmp_path / "f", tmp_path / "e2", TOL)  # one side empty: everything is missing
     assert _codes(r) == ["CD005"]
+
+
+def test_a_one_ulp_bf16_change_is_found_exactly_and_outside_the_default_tolerance(tmp_path, dump):
+    """bf16 dumps (issue 37): one ulp of bf16 is 2^-8 relative at most (2^-7 at 1.0), far above the
+    default rtol 1e-5 (docs/dumps.md, "bf16"), so both --exact and the default tolerance find it;
+    a tolerance of one bf16 ulp accepts it."""
+    base = torch.tensor([1.0, -0.5, 3.0, 0.25], dtype=torch.bfloat16)
+    bumped = base.clone()
+    bumped.view(torch.int16)[2] += 1  # 3.0 -> its bf16 successor
+    a, b = _pair(tmp_path, dump, [("w.param", bumped)], [("w.param", base)])
+    for opt in (EXACT, TOL):
+        r = compare_paths(a, b, opt)
+        assert [p.metrics.bitwise_equal for p in r.pairs] == [False] and r.findings, opt
+    ulp = CompareOptions("tolerance", rtol=2.0**-7, atol=0.0)
+    assert compare_paths(a, b, ulp).findings == []
