@@ -113,7 +113,8 @@ def main() -> None:
         f, b = (next(r for r in rows if r["model"] == model and r["precision"] == p) for p in ("fp32", "bf16"))
         print(
             f"{model:>10}: fp32 {f['step_s'] * 1e3:8.1f} ms {f['peak_mib']:7.0f} MiB | "
-            f"bf16 {b['step_s'] * 1e3:8.1f} ms {b['peak_mib']:7.0f} MiB | bf16/fp32 time {b['step_s'] / f['step_s']:.2f}x memory "
+            f"bf16 {b['step_s'] * 1e3:8.1f} ms {b['peak_mib']:7.0f} MiB | "
+            f"bf16/fp32 time {b['step_s'] / f['step_s']:.2f}x memory "
             f"{b['peak_mib'] / f['peak_mib']:.2f}x"
         )
 
