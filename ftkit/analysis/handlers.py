@@ -16,7 +16,7 @@ import orjson
 
 from ftkit.analysis.records import RolloutRecord, StepRecord
 from ftkit.analysis.watermark import Watermark
-from ftkit.events.schema import DEAD_STATES
+from ftkit.events.envelope import DEAD_STATES
 from ftkit.findings import Severity
 from ftkit.tensors.fingerprint import combine, state_total
 

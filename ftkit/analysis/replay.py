@@ -21,7 +21,8 @@ from ftkit.analysis.handlers import EventHandlers, Handler
 from ftkit.analysis.parallel import HOT_TYPES
 from ftkit.analysis.records import RuleHooks
 from ftkit.analysis.watermark import LAG
-from ftkit.events.schema import EVENT_TYPES, Source
+from ftkit.events.envelope import Source
+from ftkit.events.schema import EVENT_TYPES
 from ftkit.events.validate import CHECKS, explain, known
 from ftkit.findings import Severity
 

@@ -38,8 +38,8 @@ from typing import Any
 
 from ftkit.analysis.timeline_model import Interval, Marker, StepBin, Timeline, add_stat
 from ftkit.events.demux import DemuxStream
+from ftkit.events.envelope import DEAD_STATES
 from ftkit.events.reader import STDIN, EventStream, discover
-from ftkit.events.schema import DEAD_STATES
 
 MAX_BINS = 512
 MAX_MARKERS = 1000

@@ -13,15 +13,14 @@ SIGINT / SIGTERM / SIGHUP stopped it (``RunInterrupted``; docs/faults.md).
 from __future__ import annotations
 
 import json
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
 
 import typer
 
+from ftkit.commands.config_file import read_config_file
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt, report_path
-from ftkit.errors import InputError
 from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
 
@@ -81,54 +80,6 @@ def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PAN
         if shown not in (None, "") and not isinstance(default, bool):
             help += f" [default: {shown}]"
     return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
-
-
-MAX_CONFIG_BYTES = 1 << 20
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The values of a ``--config`` file: TOML when it ends in ``.toml``, JSON otherwise.
-
-    Only a regular file of at most ``MAX_CONFIG_BYTES`` is read (a FIFO or device never
-    blocks the command); nesting too deep for the decoder is an error like any other."""
-    try:
-        if not path.is_file():
-            what = "does not exist" if not path.exists() else "is not a regular file"
-            raise InputError(
-                f"cannot read config file {path}: it {what}", hint="pass an existing JSON or TOML file to --config"
-            )
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise InputError(
-                f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes", hint="a config holds a few values"
-            )
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(
-            f"cannot read config file {path}: {exc.strerror or exc}",
-            hint="pass an existing JSON or TOML file to --config",
-        ) from None
-    try:
-        if path.suffix.lower() == ".toml":
-            if sys.version_info >= (3, 11):
-                import tomllib
-            else:  # pragma: no cover - Python 3.10 reads TOML with the tomllib backport
-                import tomli as tomllib
-
-            values = tomllib.loads(raw.decode("utf-8"))
-        else:
-            values = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
-        raise InputError(
-            f"config file {path} is not valid {kind}: {(str(exc).splitlines() or [type(exc).__name__])[0]}",
-            hint="--print-config writes a valid JSON config to start from",
-        ) from None
-    if not isinstance(values, dict):
-        raise InputError(
-            f"config file {path} must hold a table/object of config values",
-            hint="--print-config writes a valid JSON config to start from",
-        )
-    return values
 
 
 def parse_dump_what(text: str) -> tuple[str, ...]:
@@ -402,11 +353,12 @@ def register(app: typer.Typer) -> None:
         else:
             cfg = load_config(values)
         plan = build_plan(cfg)  # the model resolved and digested once, for the whole run
-        cfg = plan.config
         output = Output(fmt)
-        if print_config:
-            output.data(json.dumps(cfg.model_dump(mode="json"), indent=2))
+        if print_config:  # precision as given (``auto`` stays portable, like ``device``), the model as recorded
+            shown = plan.config.model_copy(update={"precision": cfg.precision})
+            output.data(json.dumps(shown.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
+        cfg = plan.config
         if expect_equal is not None:
             from ftkit.events.reader import discover
 

@@ -9,7 +9,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
-from ftkit.events.schema import EVENT_TYPES, Envelope, Source
+from ftkit.events.envelope import Envelope, Source
+from ftkit.events.schema import EVENT_TYPES
 
 
 def _type_name(ann: Any) -> str:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ftkit.events.schema import SCHEMA
+from ftkit.events.envelope import SCHEMA
 from ftkit.fsutil import fsync_dir
 
 log = logging.getLogger("ftkit.events")

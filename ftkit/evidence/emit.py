@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:
-    from ftkit.events.schema import CellStatus
+    from ftkit.events.envelope import CellStatus
 
 Outcome = Literal["committed", "discarded", "failed"]
 RunStatus = Literal["completed", "failed", "interrupted"]

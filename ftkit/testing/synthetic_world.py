@@ -23,7 +23,7 @@ from ftkit.tensors.fingerprint import state_total
 from ftkit.testing.synthetic_spec import VIOLATIONS, SyntheticSpec, tensor_names
 
 if TYPE_CHECKING:
-    from ftkit.events.schema import CellStatus
+    from ftkit.events.envelope import CellStatus
 
 Fingerprint = tuple[str, dict[str, Any], dict[str, Any]]  # total, params, optimizer
 

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 import ftkit.evidence.emit as emit
-from ftkit.events.schema import EVENT_TYPES, Envelope
+from ftkit.events.envelope import Envelope
+from ftkit.events.schema import EVENT_TYPES
 
 TRANSPORT = {"events_dropped", "log_closed"}  # EventWriter.close's own lines
 PUBLISHER = {"checkpoint_published", "checkpoint_rejected", "checkpoint_cleanup_failed"}  # on_event

@@ -4,7 +4,7 @@ coordinator's composition of the ranks' answers) and ``StepClock`` (the driver's
 import time
 
 from ftkit.evidence.phases import PhaseTimer
-from ftkit.train.control.coordinator import StepOutcome
+from ftkit.train.control.results import StepOutcome
 from ftkit.train.control.step_clock import StepClock, attempt_phases, emit_step, shard_seconds
 from ftkit.train.rank.step_types import Committed, Reduced
 

@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from ftkit.analysis.registry import Rule, register
-from ftkit.events.schema import DEAD_STATES
+from ftkit.events.envelope import DEAD_STATES
 from ftkit.findings import Severity
 
 _HUNG = re.compile(r"hung: no answer after ([0-9]+(?:\.[0-9]+)?)s")

@@ -35,9 +35,9 @@ fake cells without Ray.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ftkit.train.control.results import StepOutcome
 from ftkit.train.control.roster import CellRoster, CellsLost
 from ftkit.train.control.run_end import RunFailed, raise_if_interrupted
 from ftkit.train.control.waiting import MARGIN_S
@@ -60,22 +60,6 @@ class Healing(Protocol):
 
     def give_up(self, reason: str = "run end") -> None:
         """Stop every cell still starting or waiting to be healed."""
-
-
-@dataclass
-class StepOutcome:
-    """A committed step (a step that cannot commit raises ``RunFailed`` instead)."""
-
-    rollout: int
-    step: int
-    attempts: int  # attempts it took (1 without faults)
-    loss: float
-    grad_norm: float
-    tokens: int
-    seconds: float  # from the first attempt's start to the commit
-    cells_alive: int  # live cells after the step
-    phases: dict[str, float] = field(default_factory=dict)  # ``ftkit.train.control.step_clock.attempt_phases``
-    shard_seconds: list[float | None] = field(default_factory=list)  # per micro-shard, of the committed attempt
 
 
 class StepCoordinator:

@@ -70,7 +70,7 @@ from ftkit.train.control.step_clock import StepClock, emit_step
 from ftkit.version import __version__
 
 if TYPE_CHECKING:
-    from ftkit.train.control.coordinator import StepOutcome
+    from ftkit.train.control.results import StepOutcome
     from ftkit.train.control.session import CellSession
     from ftkit.train.plan.run_plan import RunPlan
 

@@ -1,4 +1,5 @@
-"""What ``run_training`` reports: ``StepReport`` after every committed step (live progress),
+"""What ``run_training`` reports: ``StepOutcome`` (a committed step, as the step coordinator
+returns it), ``StepReport`` after every committed step (live progress),
 ``RunResult`` at the end (with ``analyze``: the analyzer's result over the run's own log)."""
 
 from __future__ import annotations
@@ -9,7 +10,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ftkit.train.config import TrainConfig
-    from ftkit.train.control.coordinator import StepOutcome
+
+
+@dataclass
+class StepOutcome:
+    """A committed step (a step that cannot commit raises ``RunFailed`` instead)."""
+
+    rollout: int
+    step: int
+    attempts: int  # attempts it took (1 without faults)
+    loss: float
+    grad_norm: float
+    tokens: int
+    seconds: float  # from the first attempt's start to the commit
+    cells_alive: int  # live cells after the step
+    phases: dict[str, float] = field(default_factory=dict)  # ``ftkit.train.control.step_clock.attempt_phases``
+    shard_seconds: list[float | None] = field(default_factory=list)  # per micro-shard, of the committed attempt
 
 
 @dataclass

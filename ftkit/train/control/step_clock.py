@@ -35,7 +35,7 @@ import ftkit.evidence.emit as emit
 
 if TYPE_CHECKING:
     from ftkit.evidence.emit import EventSink
-    from ftkit.train.control.coordinator import StepOutcome
+    from ftkit.train.control.results import StepOutcome
     from ftkit.train.rank.step_types import Committed, Reduced
 
 
