@@ -355,8 +355,8 @@ def register(app: typer.Typer) -> None:
         plan = build_plan(cfg)  # the model resolved and digested once, for the whole run
         output = Output(fmt)
         if print_config:  # precision as given (``auto`` stays portable, like ``device``), the model as recorded
-            shown = plan.config.model_copy(update={"precision": cfg.precision})
-            output.data(json.dumps(shown.model_dump(mode="json"), indent=2))
+            recorded = plan.config.model_copy(update={"precision": cfg.precision})
+            output.data(json.dumps(recorded.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
         cfg = plan.config
         if expect_equal is not None:

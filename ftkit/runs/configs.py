@@ -9,7 +9,8 @@ configs flattened to dotted names), each classed as
   neutral (a field ftkit does not know is assumed to matter: a torchrun script's own flags);
 - ``length``: how long the run is (rollouts, epochs, steps): common steps still compare;
 - ``neutral``: what I3 makes irrelevant to the bits (cell count, faults injected, retries,
-  timeouts, healing, checkpoint and dump cadence, the output directory).
+  timeouts, healing, checkpoint and dump cadence, the output directory, where engines run).
+A field one config lacks and ``ABSENT_MEANS`` knows is compared as its value then.
 """
 
 from __future__ import annotations
@@ -73,8 +74,12 @@ NEUTRAL = frozenset(
         "report_to",
         "logging_steps",
         "plant",
+        "engine_placement",
     }
 )
+#: What a field means when a run's config does not hold it: it was added later, and runs
+#: recorded before it had this value (an older ``ftkit train`` trained in float32).
+ABSENT_MEANS: dict[str, Any] = {"precision": "fp32"}
 
 
 def flatten(config: dict[str, Any] | None, prefix: str = "") -> dict[str, Any]:
@@ -112,6 +117,9 @@ def config_diff(
     for layout, flat in ((layout_a or {}, fa), (layout_b or {}, fb)):
         for k, v in layout.items():
             flat.setdefault(k, v)
+    for k, v in ABSENT_MEANS.items():
+        if (k in fa) != (k in fb):
+            fa.setdefault(k, v), fb.setdefault(k, v)
     missing = object()
     rows = [
         {"field": k, "a": fa.get(k), "b": fb.get(k), "kind": kind_of(k)}
