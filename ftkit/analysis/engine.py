@@ -6,6 +6,8 @@
     result.stats      # dict: events, files, lines, bytes, run, cells, steps, ...
     result.recovery   # list[dict]: one row per injected fault (see ftkit.analysis.recovery)
     result.notes      # list[str]: warnings for stderr (unknown event types, findings not stored)
+    result.seconds    # float: the analysis' wall seconds (reading, replay, rules)
+    result.rule_seconds  # dict[str, float]: seconds in each rule's own hooks (timed=True only)
     result.verdict(FailOn.error)  # "pass" | "fail"
 
 Missing or unreadable paths and unknown rule codes raise ``InputError`` / ``UsageError``
@@ -19,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 from ftkit.analysis.demux_worker import DemuxWorkerStream
@@ -43,6 +46,8 @@ class AnalysisResult:
     stats: dict[str, Any]
     recovery: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # wall seconds of the whole analysis
+    rule_seconds: dict[str, float] = field(default_factory=dict)  # by code; empty unless timed
 
     def verdict(self, fail_on: FailOn | str = FailOn.error) -> str:
         """``"pass"`` or ``"fail"`` for a threshold (a ``FailOn`` or its value, ``"error"``)."""
@@ -55,6 +60,7 @@ def analyze_paths(
     skip: list[str] | None = None,
     progress: Progress | None = None,
     spill_bytes: int = SPILL_BYTES,
+    timed: bool = False,
 ) -> AnalysisResult:
     """Replay the event logs under ``paths`` and apply the selected rules (default: all).
 
@@ -62,12 +68,15 @@ def analyze_paths(
     other input -- one merged file, lines split over files, in any order, ``-`` for standard
     input -- is demultiplexed by source first (``ftkit.events.demux``), with the same result.
     ``spill_bytes`` bounds the memory of sorting such input (see ``ftkit.events.spill``).
+    ``timed``: clock each rule's hooks into ``result.rule_seconds`` (for the JUnit report; a
+    small cost per hook call, so only when asked).
     """
+    t0 = perf_counter()
     rule_classes = select_rules(select, skip)
     files = discover(paths)
     workers = default_workers(len(files), sum(size_of(p) for p in files)) if STDIN not in files else 0
     for n in dict.fromkeys([workers, 0]) if STDIN not in files else []:  # a lost worker: again in one process
-        replay = Replay(rule_classes)
+        replay = Replay(rule_classes, timed)
         n = n if replay.takes_compact else 0
         try:
             stream: Stream = ParallelStream(files, replay.issue, n) if n else EventStream(files, replay.issue)
@@ -75,7 +84,7 @@ def analyze_paths(
             continue
         try:
             _replay(replay, stream, per_process=True, progress=progress)
-            return _result(replay, stream, len(files), "per-process")
+            return _result(replay, stream, len(files), "per-process", t0)
         except NotPerProcess:
             break  # not one process per file: read it again, demultiplexed
         except WorkerLost:
@@ -84,12 +93,12 @@ def analyze_paths(
             stream.close()
     workers = demux_workers(sum(size_of(p) for p in files if p is not STDIN))
     while True:
-        replay = Replay(rule_classes)
+        replay = Replay(rule_classes, timed)
         demux = DemuxWorkerStream if workers and replay.takes_compact else DemuxStream
         stream = demux(files, replay.issue, spill_bytes, progress=progress)
         try:
             _replay(replay, stream, per_process=False, progress=progress)
-            return _result(replay, stream, len(files), stream.mode)
+            return _result(replay, stream, len(files), stream.mode, t0)
         except WorkerLost:
             workers = 0  # a lost worker: read it all again in one process
         finally:
@@ -105,7 +114,7 @@ def _replay(replay: Replay, stream: Stream, per_process: bool, progress: Progres
         progress(stream.work(), stream.work())
 
 
-def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> AnalysisResult:
+def _result(replay: Replay, stream: Stream, n_files: int, mode: str, t0: float) -> AnalysisResult:
     not_covered = uncovered(replay.profile)
     rules = [
         RuleSummary(
@@ -157,5 +166,11 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str) -> Analysis
         "step_phases": replay.step_phases.summary(),
     }
     return AnalysisResult(
-        findings=sort_findings(replay.findings), rules=rules, stats=stats, recovery=replay.recovery.table(), notes=notes
+        findings=sort_findings(replay.findings),
+        rules=rules,
+        stats=stats,
+        recovery=replay.recovery.table(),
+        notes=notes,
+        seconds=perf_counter() - t0,
+        rule_seconds=dict(replay.rule_seconds),
     )

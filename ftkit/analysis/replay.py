@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from ftkit.analysis.handlers import EventHandlers, Handler
 from ftkit.analysis.parallel import HOT_TYPES
 from ftkit.analysis.records import RuleHooks
+from ftkit.analysis.rule_clock import clock_rules
 from ftkit.analysis.watermark import LAG
 from ftkit.events.envelope import Source
 from ftkit.events.schema import EVENT_TYPES
@@ -41,11 +42,15 @@ class NotPerProcess(Exception):
 
 class Replay(EventHandlers):
     """One pass over a run's events: ``attach``, ``run`` over the (event, stream, line) items, then
-    ``finish``; findings are in ``findings``."""
+    ``finish``; findings are in ``findings``. ``timed``: each rule's seconds in its own hooks are
+    added up in ``rule_seconds`` (``ftkit.analysis.rule_clock``; empty when not timed)."""
 
-    def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]]) -> None:
+    def __init__(self, rule_classes: Iterable[Callable[[Replay], RuleHooks]], timed: bool = False) -> None:
         super().__init__()
         self.rules = [cls(self) for cls in rule_classes]
+        self.rule_seconds: dict[str, float] = {}
+        if timed:
+            clock_rules(self.rules, self.rule_seconds)
         self.by_code = {r.code: r for r in self.rules}
         core = self.core_handlers()
         self.handlers: dict[str, list[Handler]] = {t: [core[t]] if t in core else [] for t in EVENT_TYPES}

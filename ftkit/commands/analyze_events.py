@@ -84,6 +84,7 @@ def register(app: typer.Typer) -> None:
                 select=rule,
                 skip=skip_rule,
                 progress=lambda done, total: task.update(completed=done, total=total),
+                timed=junit_xml is not None,  # each rule's seconds: the JUnit cases' time
             )
         for note in result.notes:
             out.warn(note)

@@ -105,6 +105,9 @@ def register(app: typer.Typer) -> None:
         first (CD012). Special files are skipped with a warning; symlinks that leave a tree are
         refused unless --follow-symlinks.
         """
+        from dataclasses import replace
+        from time import perf_counter
+
         from ftkit.dumps.compare import compare_paths
 
         options = _options(exact, rtol, atol, rules)
@@ -113,6 +116,7 @@ def register(app: typer.Typer) -> None:
 
             check_target(html)  # exit 2 before the comparison
         out = Output(fmt)
+        t0 = perf_counter()  # the JUnit suite's time
         with out.progress("Comparing", total=None) as task:
             result = compare_paths(
                 a,
@@ -127,7 +131,7 @@ def register(app: typer.Typer) -> None:
         from ftkit.report.compare_formats import report
         from ftkit.report.emit import emit, with_fail_on
 
-        shown = report(result, shown_verdict(result.findings, fail_on), top)
+        shown = replace(report(result, shown_verdict(result.findings, fail_on), top), seconds=perf_counter() - t0)
         raise typer.Exit(emit(out, with_fail_on(shown, result.findings, fail_on), junit_xml=junit_xml, html=html))
 
 

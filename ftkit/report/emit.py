@@ -62,6 +62,7 @@ class Report:
     junit_cases: Callable[[], list[Case]] | None = None
     html: Callable[[Path | None], str] | None = None  # the page, its links relative to the directory given
     exit_fail: bool | None = None  # the exit code's verdict under --fail-on (None: ``verdict``)
+    seconds: float | None = None  # the work's wall seconds: the JUnit suite's time (None: its cases' sum)
 
     @property
     def suite(self) -> str:
@@ -81,7 +82,7 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
         report.human(out.out)
     if junit_xml is not None:
         cases = report.junit_cases() if report.junit_cases else rule_cases(report.suite, report.rules, report.findings)
-        write_junit(junit_xml, report.suite, cases)
+        write_junit(junit_xml, report.suite, cases, report.seconds)
     if html is not None and report.html is not None:
         from ftkit.report.html_page import page_dir
         from ftkit.report.report_file import write_report_file

@@ -10,9 +10,10 @@ testcase > failure | skipped``, with ``tests``/``failures``/``errors``/``skipped
 from __future__ import annotations
 
 import io
+import math
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class Case:
     name: str
     failures: list[Failure] = field(default_factory=list)
     skipped: str | None = None  # why the case did not run (JUnit ``<skipped message=...>``): never a pass
+    seconds: float | None = None  # what its rule / comparison took (None: not timed on its own)
 
 
 def finding_failure(f: Finding) -> Failure:
@@ -46,10 +48,17 @@ def finding_failure(f: Finding) -> Failure:
     return Failure(f"{f.code} {f.rule}: {f.message}", f.severity.value, "\n".join(body))
 
 
-def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Finding]) -> list[Case]:
+def rule_cases(
+    suite: str,
+    rules: Iterable[RuleSummary],
+    findings: Iterable[Finding],
+    seconds: Mapping[str, float] | None = None,
+) -> list[Case]:
     """One case per rule, failing with each of its findings, skipped when the rule checked nothing
     (``RuleSummary.status`` "not run": no evidence is not a pass); findings of codes without a rule
-    summary get a case of their own, so nothing is dropped."""
+    summary get a case of their own, so nothing is dropped. ``seconds``: each rule's time by code
+    (its case's ``time``)."""
+    seconds = seconds or {}
     by_code: dict[str, list[Finding]] = {}
     for f in findings:
         by_code.setdefault(f.code, []).append(f)
@@ -59,6 +68,7 @@ def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Find
             f"{r.code} {r.rule}",
             [finding_failure(f) for f in by_code.pop(r.code, [])],
             NOT_RUN if r.status == "not run" else r.not_covered if r.status == "not covered" else None,
+            seconds.get(r.code),
         )
         for r in rules
     ]
@@ -66,22 +76,26 @@ def rule_cases(suite: str, rules: Iterable[RuleSummary], findings: Iterable[Find
     return cases
 
 
-def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case]) -> None:
+def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case], seconds: float | None = None) -> None:
     """Write the JUnit XML to ``path`` (``ftkit.report.report_file``: atomically; special files in place).
 
     Valid for Ant/Jenkins-style and Surefire-style consumers alike: every ``testcase`` has a
-    ``time`` (``0``: ftkit does not time rules one by one), and holds at most one ``<failure>``
-    (a case with several findings gets one failure whose message names the first and counts the
-    rest, all of them in its text) or one ``<skipped>``, so the ``failures`` and ``skipped``
-    counts equal the elements a consumer counts."""
+    ``time``, the seconds its rule or comparison took (``Case.seconds``, rounded up to the
+    millisecond; ``0`` for a case not timed on its own), the suite's ``time`` is ``seconds`` (the
+    command's work, reading included) and never less than the sum of its cases', and each case
+    holds at most one ``<failure>`` (a case with several findings gets one failure whose message
+    names the first and counts the rest, all of them in its text) or one ``<skipped>``, so the
+    ``failures`` and ``skipped`` counts equal the elements a consumer counts."""
     cases = list(cases)
     failed = sum(1 for c in cases if c.failures)
-    counts = {"tests": str(len(cases)), "failures": str(failed), "errors": "0", "time": "0"}
+    millis = [_millis(c.seconds) for c in cases]
+    total = max(_millis(seconds), sum(millis))  # never under its cases'
+    counts = {"tests": str(len(cases)), "failures": str(failed), "errors": "0", "time": _time(total)}
     root = ET.Element("testsuites", counts)
     skipped = sum(1 for c in cases if c.skipped is not None and not c.failures)
     ts = ET.SubElement(root, "testsuite", {"name": xml_text(suite), **counts, "skipped": str(skipped)})
-    for case in cases:
-        tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name), time="0")
+    for case, ms in zip(cases, millis):
+        tc = ET.SubElement(ts, "testcase", classname=xml_text(case.classname), name=xml_text(case.name), time=_time(ms))
         if case.failures:
             fail = _one_failure(case.failures)
             el = ET.SubElement(tc, "failure", message=xml_text(fail.message), type=xml_text(fail.type))
@@ -93,6 +107,17 @@ def write_junit(path: str | os.PathLike[str], suite: str, cases: Iterable[Case])
     buf = io.BytesIO()
     tree.write(buf, encoding="utf-8", xml_declaration=True)
     write_report_file(Path(path), buf.getvalue())
+
+
+def _millis(seconds: float | None) -> int:
+    """``seconds`` in whole milliseconds, rounded up: work that took any time shows (0: none or untimed)."""
+    return 0 if not seconds or seconds < 0 else math.ceil(seconds * 1000)
+
+
+def _time(ms: int) -> str:
+    """A JUnit ``time`` of ``ms`` milliseconds: the resolution Surefire's schema takes (its
+    pattern allows 3 decimals); ``0`` when not timed."""
+    return f"{ms // 1000}.{ms % 1000:03d}" if ms else "0"
 
 
 def _one_failure(failures: list[Failure]) -> Failure:

@@ -53,6 +53,7 @@ def report(result: VerifyResult, outcome: str) -> Report:
         document=lambda: json_document(result, outcome),
         human=lambda console: render_human(console, result, outcome),
         step_summary=lambda: step_summary(result, outcome),
+        seconds=result.stats.get("seconds"),
     )
 
 

@@ -388,6 +388,7 @@ def test_cli_exit_codes_and_formats(run, tmp_path, capsys) -> None:
     assert {r["code"] for r in doc["rules"]} >= {f"FT2{i:02d}" for i in range(1, 19)}
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite is not None and suite.get("failures") == "1" and suite.get("tests") == "18"
+    assert float(suite.get("time") or 0) > 0  # the verification's seconds (issue 38 item 17)
     assert cli.main(["verify-checkpoint", str(run), "-f", "github"]) == 1
     lines = capsys.readouterr().out.splitlines()
     # the shared output path: file= only inside the workspace (the run lies in a temp dir, so the

@@ -1,0 +1,54 @@
+"""JUnit ``time``: each rule's seconds on its case, the work's seconds on the suite (issue 38 item 17).
+
+Found as: a CI run of ``--junit-xml`` showed ``time="0"`` on every testcase and suite. Built the
+same way: the CLI writes the file, a schema-valid parse reads the times back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from junit_schemas import check_junit
+
+from ftkit import cli
+from ftkit.testing.synthetic import generate
+from ftkit.testing.synthetic_spec import SyntheticSpec
+
+
+def _run(tmp_path: Path, name: str = "run") -> Path:
+    return generate(tmp_path / name, SyntheticSpec(cells=2, engines=1, rollouts=2, steps_per_rollout=2)).events_dir
+
+
+def _times(path: Path) -> tuple[float, dict[str, tuple[float, bool]]]:
+    """The suite's time and, by case name, (its time, whether it was skipped)."""
+    suite = check_junit(path).find("testsuite")
+    assert suite is not None
+    cases = {
+        str(tc.get("name")): (float(tc.get("time") or "nan"), tc.find("skipped") is not None)
+        for tc in suite.findall("testcase")
+    }
+    return float(suite.get("time") or "nan"), cases
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_analyze_events_times_each_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: str) -> None:
+    """Every rule that ran has a positive time; the suite's time (the whole analysis) covers them
+    all; in one process and with worker processes alike."""
+    monkeypatch.setenv("FTKIT_ANALYZE_WORKERS", workers)
+    events = _run(tmp_path)
+    path = tmp_path / "r.xml"
+    assert cli.main(["analyze-events", str(events), "--junit-xml", str(path), "-f", "json"]) == 0
+    total, cases = _times(path)
+    ran = {name: t for name, (t, skipped) in cases.items() if not skipped}
+    assert len(ran) >= 5
+    assert all(t > 0 for t in ran.values()), ran
+    assert total > 0 and round(total * 1000) >= sum(round(t * 1000) for t, _ in cases.values())
+
+
+def test_compare_runs_suite_time(tmp_path: Path) -> None:
+    a, b = _run(tmp_path, "a"), _run(tmp_path, "b")
+    path = tmp_path / "r.xml"
+    cli.main(["compare-runs", str(a.parent), str(b.parent), "--junit-xml", str(path), "-f", "json"])
+    total, _ = _times(path)
+    assert total > 0
