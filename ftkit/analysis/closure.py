@@ -36,8 +36,8 @@ class Closure:
         self.closed: list[bool] = []
         self.killed: list[bool] = []  # the stream itself logged a fault that ends its process
         self.schema: list[Any] = []
-        # (label, cell, engine, first time, last line)
-        self.unclosed: list[tuple[str, int | None, int | None, float, Where]] = []
+        # (source, cell, engine, first time, last line, last step)
+        self.unclosed: list[tuple[dict[str, Any], int | None, int | None, float, Where, Any]] = []
         self.errored: dict[int, list[float]] = {}
         self.engines_failed: dict[int, list[float]] = {}
         self.resumes: list[float] = []  # times of run_resumed: every stream begun before ended with its session
@@ -51,15 +51,14 @@ class Closure:
     def started(self, fi: int, ev: dict[str, Any]) -> None:
         self.schema[fi] = ev.get("schema")
 
-    def ended(self, fi: int, src: dict[str, Any] | None, first_time: float, where: Where) -> None:
-        """Stream ``fi`` ended at ``where`` (its last line)."""
+    def ended(self, fi: int, src: dict[str, Any] | None, first_time: float, where: Where, step: Any = None) -> None:
+        """Stream ``fi`` ended at ``where`` (its last line), ``step`` the last step it logged (None: none)."""
         if self.closed[fi] or self.killed[fi] or src is None or type(self.schema[fi]) is not int or self.schema[fi] < 2:
             return
         cell = src.get("cell") if src.get("role") == "trainer" else None
         engine = src.get("rank") if src.get("role") == "engine" else None
-        label = "-".join(str(src.get(k)) for k in ("role", "cell", "rank", "incarnation"))
         cell, engine = (v if type(v) is int else None for v in (cell, engine))
-        self.unclosed.append((label, cell, engine, first_time, where))
+        self.unclosed.append((src, cell, engine, first_time, where, step))
 
     def fault(self, fi: int, kind: Any) -> None:
         """Stream ``fi`` logged ``fault_injected``: a killing kind excuses its missing ``log_closed``."""
@@ -90,20 +89,34 @@ class Closure:
     def see_step(self, step: Any) -> None:
         self.mark_step(step, _SEEN)
 
-    def cut_streams(self) -> list[tuple[str, Where]]:
+    def cut_streams(self) -> list[tuple[dict[str, Any], Any, Where]]:
         """Schema 2 streams that ended without ``log_closed`` and whose process the driver did not
-        declare dead after the stream began."""
+        declare dead after the stream began: (source, last step logged or None, last line)."""
         cut = []
-        for label, cell, engine, first, where in self.unclosed:
+        for src, cell, engine, first, where, step in self.unclosed:
             if cell is not None and any(t >= first for t in self.errored.get(cell, ())):
                 continue
             if engine is not None and any(t >= first for t in self.engines_failed.get(engine, ())):
                 continue
             if any(t >= first for t in self.resumes):
                 continue
-            cut.append((label, where))
+            cut.append((src, step, where))
         return cut
 
     def lost_steps(self) -> list[int]:
         """Steps the driver declared of which no rank logged anything."""
         return [step for step, flags in enumerate(self.steps) if flags == _DECLARED]
+
+
+def stream_label(src: dict[str, Any], ddp: bool) -> str:
+    """A writer as a reader names it: ``the driver``, ``rank 1`` (a log of the evidence API,
+    ``ddp``: one trainer per torch rank) or ``trainer cell 1 rank 0`` (``ftkit train``),
+    ``engine 0``; ``(incarnation N)`` after a restart."""
+    role, inc = src.get("role"), src.get("incarnation")
+    if role == "driver":
+        name = "the driver"
+    elif role == "trainer":
+        name = f"rank {src.get('cell')}" if ddp else f"trainer cell {src.get('cell')} rank {src.get('rank')}"
+    else:
+        name = f"{role} {src.get('rank')}" if src.get("rank") is not None else str(role)
+    return name + (f" (incarnation {inc})" if type(inc) is int and inc > 0 else "")

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ftkit.analysis.closure import stream_label
 from ftkit.analysis.handlers import EventHandlers, Handler
 from ftkit.analysis.parallel import HOT_TYPES
 from ftkit.analysis.records import RuleHooks
@@ -213,16 +214,20 @@ class Replay(EventHandlers):
 
     def _file_ended(self, fi: int, line: int) -> None:
         self.file_cell.pop(fi, None)
-        self.closure.ended(fi, self.file_source[fi], self.first_time[fi], self.where(fi, line))
+        step = self.file_step.get(fi)
+        self.closure.ended(fi, self.file_source[fi], self.first_time[fi], self.where(fi, line), step)
         self._stream_left(fi)
 
     def finish(self) -> None:
         """The log ended: close what is open, report cut streams and lost steps, finish the rules."""
         self._advance(final=True)
-        for label, where in self.closure.cut_streams():
+        for src, step, where in self.closure.cut_streams():
+            after = "before its first step" if step is None else f"after step {step}"
             self.report(
                 "FT111",
-                f"the log of {label} ends without log_closed and the driver did not declare it dead: lines were cut",
+                f"{stream_label(src, self.profile is not None)} stopped logging {after} without log_closed, "
+                "and no fault or death was logged for it: it died or was killed, or the end of its log "
+                "was cut (check disk space)",
                 where=where,
             )
         lost = self.closure.lost_steps()

@@ -94,8 +94,8 @@ class EvidenceRun:
         if self.rank == 0:
             try:
                 opened = self._open_driver(opened["run"], dict(config or {}), engines, producer, resume)
-            except (OSError, ValueError) as exc:
-                opened = {"error": f"{type(exc).__name__}: {exc}"}
+            except (OSError, ValueError) as exc:  # raised below as one ValueError, named once
+                opened = {"error": str(exc) if type(exc) is ValueError else f"{type(exc).__name__}: {exc}"}
         opened = dict(broadcast_json(opened))  # also the barrier: no rank logs before run_started
         if "error" in opened:
             raise ValueError(opened["error"])
@@ -166,7 +166,14 @@ class EvidenceRun:
     def allocate(self, rollout: int, ids: Iterable[int], expected: int = 1) -> None:
         """Declare the sample ids of ``rollout`` (``witness_allocated``; rank 0 logs it, the others
         ignore the call): each must be counted ``expected`` times over the rollout's committed steps.
-        Call before the rollout's first step."""
+        Call before the rollout's first step. Refused (ValueError) when the profile does not
+        promise witness counts (``EvidenceProfile(witness=False)``): nothing would count the ids,
+        and FT103 could not tell a sample that was skipped from one that was never counted."""
+        if not self.profile.witness:
+            raise ValueError(
+                "allocate() needs witness counts, which this run's EvidenceProfile(witness=False) does not "
+                "promise: pass witness=True, or do not declare the samples"
+            )
         if self.driver is not None:
             listed = [int(i) for i in ids]
             for old in [r for r in self._tally if r < rollout - 1]:  # a resume needs the newest only
