@@ -30,7 +30,12 @@ as its other collectives):
   last with ``run_finished``, and no rank returns before that line is written and every
   collective of the API has finished (``ftkit.evidence.collectives``: a work left to gloo's
   threads at exit can abort the process), so ``dist.destroy_process_group()`` may follow at once.
-  A process that dies leaves its log unclosed, which the analyzer reports.
+  A process that dies leaves its log unclosed, which the analyzer reports. ``EvidenceRun`` is
+  also a context manager: ``with EvidenceRun(...) as run:`` closes it on leaving the block,
+  ``completed``, or ``failed`` (the exception's type as the reason) when the block raised.
+- Multi-node: every rank writes into ``run_dir``, so all nodes must see one shared run directory
+  (a shared file system: NFS, Lustre, a mounted bucket with POSIX appends); a node-local path gives
+  each node a partial log (one node's directory lacks the other nodes' ranks' logs).
 
 The collectives use the default process group; run them on every rank or on none.
 """
@@ -166,7 +171,8 @@ class EvidenceRun:
     def allocate(self, rollout: int, ids: Iterable[int], expected: int = 1) -> None:
         """Declare the sample ids of ``rollout`` (``witness_allocated``; rank 0 logs it, the others
         ignore the call): each must be counted ``expected`` times over the rollout's committed steps.
-        Call before the rollout's first step. Refused (ValueError) when the profile does not
+        Ids need be unique only within the rollout (an epoch may allocate the data set's indices
+        again). Call before the rollout's first step. Refused (ValueError) when the profile does not
         promise witness counts (``EvidenceProfile(witness=False)``): nothing would count the ids,
         and FT103 could not tell a sample that was skipped from one that was never counted."""
         if not self.profile.witness:

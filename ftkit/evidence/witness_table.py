@@ -18,7 +18,9 @@ table rows of the micro-batch's witness ids (``rows(ids)``):
   ``[r_j, 0]`` (the count) and the L2 norm of ``dL/dx[:, j, :]`` into ``[r_j, 1]`` (the
   contribution: non-zero only if the sample's loss reached the model).
 
-Rows: ids are global per run (``rollout * samples_per_rollout + i``); a table of
+Rows: sample ids need only be unique within one rollout (one ``allocate``): a data set's
+indices may be allocated again every epoch, as ``EvidenceRun`` users do, or numbered run-globally
+(``rollout * samples_per_rollout + i``), as ``ftkit train`` does; a table of
 ``capacity = samples_per_rollout`` rows maps id to ``id % capacity``, which is one row per
 sample of a rollout when a rollout's ids are consecutive. ``rows`` refuses two distinct
 ids of one step that land on the same row (that would merge their counts).

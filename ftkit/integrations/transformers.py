@@ -25,7 +25,8 @@ What it logs (``ftkit.evidence.EvidenceRun``, one cell per data-parallel process
 - sample witnesses only with ``collator(...)`` (below): otherwise they are not promised, and
   ``analyze-events`` reports FT103-FT105 as not covered.
 
-Witnesses: give every example a ``sample_id`` (unique per epoch), pass
+Witnesses: give every example a ``sample_id`` (unique within the data set; each epoch
+allocates the same ids again), pass
 ``data_collator=ftkit_cb.collator(base_collator)`` and ``remove_unused_columns=False``. The
 collator strips the ids off and queues them per batch; a forward pre-hook takes one batch's ids per
 training forward (in order, so the dataloader's prefetching does not matter), and ``on_step_end``
