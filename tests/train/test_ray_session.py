@@ -85,3 +85,38 @@ def test_an_interruption_caught_by_ray_s_deserialisation_logs_no_traceback() -> 
     finally:
         logging.getLogger(RAY_LOGGER).removeHandler(handler)
     assert [r.exc_info[1].__class__ for r in seen if r.exc_info] == [ValueError]
+
+
+def test_a_node_that_did_not_start_in_time_is_exit_1_with_a_retry_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen under load: Ray's raylet did not register within its 30 s; not a bug in ftkit."""
+    import ray
+
+    from ftkit.train.control.run_end import RunFailed
+
+    shut: list[bool] = []
+
+    def init(**kwargs: object) -> None:
+        raise Exception(  # what ray._private.node raises, a bare Exception
+            "The current node timed out during startup. This could happen because some of the raylet "
+            "failed to startup or the GCS has become overloaded."
+        )
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "shutdown", lambda: shut.append(True))
+    with pytest.raises(RunFailed) as info:
+        connect_ray(TrainConfig())
+    assert info.value.exit_code == 1 and "did not start in time" in info.value.message
+    assert "run the same command again" in (info.value.hint or "") and shut == [True]
+
+
+def test_any_other_exception_of_ray_init_is_not_disguised(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    def init(**kwargs: object) -> None:
+        raise Exception("something else")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(Exception, match="something else"):
+        connect_ray(TrainConfig())

@@ -2,9 +2,9 @@
 
 The unit tests show the mechanism: a signal is recorded as well as raised, so an exception that
 Ray's code wrapped or swallowed (a ``RaySystemError`` while it unpickled a checkpoint, seen from
-outside) is still the interruption, no cell is failed once a signal arrived, and a signal during
-``ray.init`` is raised only once Ray is up (an exception in the middle of its start-up aborted the
-driver). The process tests send real signals to a real ``ftkit train`` at many instants, start-up
+outside) is still the interruption, no cell is failed once a signal arrived, and a signal while
+deferred is raised when the block ends. A signal during a ``ray.init`` that hangs (a loaded machine)
+stops the start at once. The process tests send real signals to a real ``ftkit train`` at many instants, start-up
 included, and check the exit code (128 + signal), one ``Error:`` line, the run's status, and that
 no process of the run (its own session) is left. CI runs a representative subset; set
 ``FTKIT_SIGNAL_SWEEP=1`` (or the full suite, ``FTKIT_FULL_TESTS=1``) for the whole sweep.
@@ -204,3 +204,61 @@ def test_a_signal_mid_run_is_honoured(tmp_path, sig, commits):
 @pytest.mark.slow
 def test_sigint_twice_is_130(tmp_path):
     _signal_and_check(tmp_path, [signal.SIGINT, signal.SIGINT], after_s=None, after_commits=3)
+
+
+#: Run ``ftkit train`` with a local Ray whose start hangs after its GCS is up, as on a machine
+#: under load (35-52 s were seen): ``ray.init`` would not return for minutes.
+SLOW_RAY_START = """
+import runpy, sys, time
+from ray._private import node
+started = node.Node.start_gcs_server
+def slow(self):
+    started(self)
+    time.sleep(600)
+node.Node.start_gcs_server = slow
+sys.argv = ["ftkit", *sys.argv[1:]]
+runpy.run_module("ftkit", run_name="__main__", alter_sys=True)
+"""
+
+
+def _gcs_up(sid: int) -> bool:
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            ours = entry.name.isdigit() and int(entry.name) != sid and os.getsid(int(entry.name)) == sid
+            if ours and b"gcs_server" in (entry / "cmdline").read_bytes().split(b"\0")[0]:
+                return True
+    return False
+
+
+@pytest.mark.slow
+def test_sigint_while_ray_starts_stops_the_start_at_once(tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_RAY_START, "train", "--out", str(out), *RUN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        begin = time.monotonic()
+        while not _gcs_up(proc.pid) and proc.poll() is None and time.monotonic() - begin < 300:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()
+        os.kill(proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert took < 30, f"the start went on {took:.0f}s after the signal (its hang is 600 s)"
+    errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "SIGINT while Ray was starting" in errors[0], stderr
+    assert "Traceback" not in stderr and "bug" not in stderr and stdout == ""
+    assert not _session_left(proc.pid), "processes of the half-started Ray left behind"
+    assert not out.exists()

@@ -35,12 +35,16 @@ RAY_LOGGER = "ray"
 def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> bool:
     """Make sure Ray is initialised; returns whether this call did it (and must shut it down).
 
-    A signal that lands while Ray starts is only recorded (``signals_deferred``: an exception
-    raised in the middle of Ray's start-up aborted the driver) and becomes the caller's
-    ``RunInterrupted`` (exit 128 + the signal) once ``ray.init`` returns, after the half-started
-    Ray and every process it spawned are stopped (``disconnect``). ``ray.init`` would install its
-    own SIGTERM handlers (``sys.exit``); they are kept out while it runs, and ``rearm`` is called
-    right after it to put the caller's back."""
+    ``ray.init`` runs in a thread of its own (``_init_in_thread``) while the main thread only
+    waits for it, so a signal stops the start at once, however long Ray takes (35-52 s on a
+    loaded machine): the processes Ray spawned so far are stopped, the process is marked for a
+    hard exit (``ftkit.hard_exit``: Ray's half-started client must not run the interpreter's
+    exit) and the caller gets ``RunInterrupted`` (exit 128 + the signal, nothing written). A
+    local node that did not come up in time (Ray's "timed out during startup", seen under load)
+    is ``RunFailed`` (exit 1) with the hint to run again; an address that cannot be joined is a
+    ``ConfigError`` (exit 2). ``ray.init`` would install its own SIGTERM handlers (``sys.exit``);
+    they are kept out while it runs, and ``rearm`` is called right after it to put the caller's
+    back."""
     import ray
 
     if ray.is_initialized():
@@ -50,16 +54,16 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
 
         probe_ray_address(cfg.cluster.ray_address, timeout_s=5.0)
     quiet: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}  # stderr is for ftkit's progress
-    from ftkit.train.control.run_end import RunInterrupted, signals_deferred
+    from ftkit.train.control.run_end import RunFailed, RunInterrupted, interruption
 
     _Spawned.before = {p.pid for p in descendants()}
     try:
-        with signals_deferred(), _own_signal_handlers():
+        with _own_signal_handlers():
             if cfg.cluster.ray_address:
-                ray.init(address=cfg.cluster.ray_address, **quiet)
+                _init_in_thread(address=cfg.cluster.ray_address, **quiet)
             else:
                 with _quiet_logger(TOKEN_NOTICE_LOGGER):
-                    ray.init(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+                    _init_in_thread(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
         rearm()
         _route_raylet_notices()
         _drop_interruption_tracebacks()
@@ -67,8 +71,7 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
         if isinstance(exc, SystemExit) and exc.code != signal.SIGTERM:
             raise
         signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGTERM
-        with contextlib.suppress(Exception):
-            disconnect(own_ray=True)
+        _stop_half_started()
         raise RunInterrupted(signum, started=False) from None
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = cfg.cluster.ray_address or "a local Ray instance"
@@ -77,7 +80,92 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
             hint="check the address (ray start --head prints it) or omit --ray-address; a cluster "
             "with token authentication also needs RAY_AUTH_MODE=token here",
         ) from None
+    except Exception as exc:
+        stopped = interruption(exc)
+        if stopped is not None:  # Ray wrapped the signal's exception
+            _stop_half_started()
+            raise RunInterrupted(stopped.signum, started=False) from None
+        if NODE_START_TIMEOUT not in str(exc):
+            raise
+        _stop_half_started()
+        raise RunFailed(
+            f"Ray's node did not start in time: {plain_line(str(exc))}",
+            hint="the machine was too loaded for Ray to start; nothing was written: run the same command again",
+        ) from None
     return True
+
+
+#: Ray's exception text when its local node (raylet) does not register in time (``ray._private.node``).
+NODE_START_TIMEOUT = "timed out during startup"
+
+
+class _InitThread:
+    """The thread that ran ``ray.init``; it never ends while the process runs: Ray starts its
+    GCS and raylet with ``PR_SET_PDEATHSIG``, which Linux sends when the *thread* that spawned
+    them ends."""
+
+    thread: Any = None
+    initialising = False
+
+
+def _init_in_thread(**kwargs: Any) -> None:
+    """``ray.init(**kwargs)`` in a daemon thread that then parks; the main thread waits for it in
+    short joins, so a signal handler runs (and may raise) within a fraction of a second. Ray's
+    exception, if any, is raised here."""
+    import threading
+
+    import ray
+
+    done = threading.Event()
+    box: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            ray.init(**kwargs)
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+        finally:
+            _InitThread.initialising = False
+            done.set()
+        threading.Event().wait()  # park: see ``_InitThread``
+
+    _InitThread.initialising = True
+    _InitThread.thread = threading.Thread(target=run, name="ftkit-ray-init", daemon=True)
+    with _quiet_thread_warning():
+        _InitThread.thread.start()
+        while not done.wait(0.1):
+            pass
+    if "error" in box:
+        raise box["error"]
+
+
+@contextlib.contextmanager
+def _quiet_thread_warning() -> Iterator[None]:
+    """Ray warns that it sets no SIGTERM handler off the main thread: ftkit's are set."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+    log = logging.getLogger("ray._private.worker")
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
+
+
+def _stop_half_started() -> None:
+    """After a start that did not complete: shut down the Ray this process started, or, while
+    ``ray.init`` still runs in its thread, stop every process it spawned and ask for a hard exit
+    (``ftkit.hard_exit``)."""
+    if not _InitThread.initialising:
+        with contextlib.suppress(Exception):
+            disconnect(own_ray=True)
+        return
+    from ftkit import hard_exit
+
+    stop_descendants([p for p in descendants() if p.pid not in _Spawned.before], grace_s=2.0)
+    hard_exit.request()
 
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
