@@ -262,3 +262,71 @@ def test_sigint_while_ray_starts_stops_the_start_at_once(tmp_path):
     assert "Traceback" not in stderr and "bug" not in stderr and stdout == ""
     assert not _session_left(proc.pid), "processes of the half-started Ray left behind"
     assert not out.exists()
+
+
+def _driver_events(out: Path) -> list[dict]:
+    path = out / "events" / "driver-i0.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+@pytest.mark.slow
+def test_sigterm_after_the_run_ended_says_so_everywhere(tmp_path):
+    """A SIGTERM once ``run_finished 'completed'`` is written (Ray shutting down, the analysis):
+    exit 143, and the message, status.json and the log all say the run completed."""
+    out = tmp_path / "run"
+    proc = _start(out)
+    try:
+        begin = time.monotonic()
+        while proc.poll() is None and time.monotonic() - begin < 600:
+            if any(e["type"] == "run_finished" for e in _driver_events(out)):
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before the signal could be sent"
+        os.kill(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "after the run ended" in errors[0] and "'completed'" in errors[0], stderr
+    assert "Traceback" not in stderr and "bug" not in stderr
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "completed" and status["exit_code"] == 143, status
+    finished = [e for e in _driver_events(out) if e["type"] == "run_finished"]
+    assert [e["status"] for e in finished] == ["completed"]
+    assert not _session_left(proc.pid)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_just_before_a_sigterm_is_declared_dead(tmp_path):
+    """A rank SIGKILLed 5 ms before the driver's SIGTERM: the run is interrupted (143) and the
+    dead cell is declared failed, so the analyzer excuses its cut log (no FT111)."""
+    from ftkit.analysis.engine import analyze_paths
+
+    out = tmp_path / "run"
+    proc = _start(out)
+    try:
+        begin = time.monotonic()
+        while _committed(out) < 3 and proc.poll() is None and time.monotonic() - begin < 600:
+            time.sleep(0.02)
+        rank = json.loads((out / "events" / "trainer-c1-r0-i0.jsonl").read_text().splitlines()[0])
+        assert os.getsid(rank["source"]["pid"]) == proc.pid  # a process of this run only
+        os.kill(rank["source"]["pid"], signal.SIGKILL)
+        time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["exit_code"] == 143, status
+    failed = [e for e in _driver_events(out) if e["type"] == "cell_state" and e["new"] == "failed"]
+    assert [e["cell"] for e in failed] == [1], failed
+    analysis = analyze_paths([out / "events"])
+    assert not [f for f in analysis.findings if "FT111" in str(f)], analysis.findings
+    assert not _session_left(proc.pid)

@@ -62,12 +62,13 @@ class CellBook:
         self.epoch = -1  # no membership yet; the first reconfigure makes epoch 0
         self.log = log
 
-    def transition(self, cell: int, new: CellState, reason: str) -> None:
+    def transition(self, cell: int, new: CellState, reason: str, after_signal: bool = False) -> None:
         """Move ``cell`` to ``new`` (emits ``cell_state``); an illegal move raises ``RuntimeError``.
         Once a signal stopped the run, no cell is failed any more: whatever made it look failed
         (a call that the signal cut short) raises the interruption instead
-        (``ftkit.train.control.run_end.pending_interruption``)."""
-        if new is CellState.failed:
+        (``ftkit.train.control.run_end.pending_interruption``), unless ``after_signal``: a death
+        seen by a call made after the signal was handled (``CellSession.stop``), which no signal cut."""
+        if new is CellState.failed and not after_signal:
             from ftkit.train.control.run_end import raise_if_interrupted
 
             raise_if_interrupted()

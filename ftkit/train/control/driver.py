@@ -59,6 +59,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +183,8 @@ class Driver:
                 lost = True
 
     def _run(self, arm_signals: Callable[[], None]) -> RunResult:
-        from ftkit.train.control.run_end import RunInterrupted, interruption, ray_failure, write_status
+        from ftkit.train.control import run_end
+        from ftkit.train.control.run_end import RunInterrupted, interruption, ray_failure
 
         cfg, started = self.cfg, time.perf_counter()
         own_ray = self._open_run(arm_signals)
@@ -224,16 +226,18 @@ class Driver:
                 raise failed from None
             reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
-        finally:
+        finally:  # a signal from here on: ``end_run``, then ``verdict_after_end``
             gcs_lost = self.gcs is not None and self.gcs.lost() is not None
-            self._shutdown(interrupted=status == "interrupted", release=not gcs_lost)
-            emit.run_finished(self.events, status=status, reason=reason)
-            self.events.close()
-            total = cfg.total_steps
-            write_status(self.run_dir, status, reason, code, self.steps_committed, total)
+            shutdown = partial(self._shutdown, release=not gcs_lost)
+            ended = run_end.end_run(status, reason, code, shutdown, self._record_end)
             if self.gcs is not None:
                 self.gcs.stop()
-            disconnect(own_ray, gcs_lost)
+            with run_end.signals_deferred(raise_after=False):
+                disconnect(own_ray, gcs_lost)
+            if ended[0] != status:  # a signal came before the end was recorded: it is how the run ended
+                raise run_end.pending_interruption() or AssertionError("no signal") from None
+        rewrite = partial(self._record_status, status, None)
+        verdict = run_end.verdict_after_end(lambda: analyze(self.run_dir), status, rewrite)
         return RunResult(
             self.run_dir,
             self.name,
@@ -243,10 +247,21 @@ class Driver:
             final,
             self.rewards,
             self.engine_totals,
-            analyze(self.run_dir),
+            verdict,
             self.checkpoints.summary if self.checkpoints is not None else [],
             self.start_rollout,
         )
+
+    def _record_end(self, status: emit.RunStatus, reason: str | None, code: int | None) -> None:
+        """``run_finished`` ends the driver's log, then ``status.json`` says the same."""
+        emit.run_finished(self.events, status=status, reason=reason)
+        self.events.close()
+        self._record_status(status, reason, code)
+
+    def _record_status(self, status: str, reason: str | None, code: int | None) -> None:
+        from ftkit.train.control.run_end import write_status
+
+        write_status(self.run_dir, status, reason, code, self.steps_committed, self.cfg.total_steps)
 
     def _start(self) -> None:
         from ftkit.train.control.checkpoints import RunCheckpoints
@@ -395,18 +410,9 @@ class Driver:
 
     # --- helpers ------------------------------------------------------------------------
     def _check_gcs(self) -> None:
-        """``RunFailed`` once Ray's GCS is lost (``GcsWatch.lost``): without it no actor can be
-        restarted or released, and Ray's client would end this process a minute after the loss
-        with nothing logged; the run ends here instead, its log and status complete."""
-        lost = self.gcs.lost() if self.gcs is not None else None
-        if lost is not None:
-            from ftkit.train.control.run_end import RunFailed
-
-            raise RunFailed(
-                f"Ray's GCS (the cluster's control plane) has not answered for {lost:.0f}s: the run "
-                "cannot restart or release its actors without it",
-                hint="restart Ray (or the cluster's head), then continue with `ftkit train --resume RUN_DIR`",
-            )
+        """``RunFailed`` once Ray's GCS is lost (``GcsWatch.check``)."""
+        if self.gcs is not None:
+            self.gcs.check()
 
     def _shutdown(self, interrupted: bool, release: bool = True) -> None:
         """Flush every actor's event log (briefly when interrupted), then kill the actors;

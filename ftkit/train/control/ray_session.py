@@ -357,6 +357,20 @@ class GcsWatch:
         silent = None if since is None else time.monotonic() - since
         return silent if silent is not None and silent >= self.grace_s else None
 
+    def check(self) -> None:
+        """``RunFailed`` once the GCS is ``lost``: without it no actor can be restarted or
+        released, and Ray's client would end this process a minute after the loss with nothing
+        logged; the run ends here instead, its log and status complete."""
+        lost = self.lost()
+        if lost is not None:
+            from ftkit.train.control.run_end import RunFailed
+
+            raise RunFailed(
+                f"Ray's GCS (the cluster's control plane) has not answered for {lost:.0f}s: the run "
+                "cannot restart or release its actors without it",
+                hint="restart Ray (or the cluster's head), then continue with `ftkit train --resume RUN_DIR`",
+            )
+
     def _watch(self) -> None:
         import time
 

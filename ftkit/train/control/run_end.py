@@ -27,8 +27,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from ftkit.errors import FtkitError
+
+if TYPE_CHECKING:
+    from ftkit.evidence.emit import RunStatus
 
 STATUS_FILE = "status.json"
 
@@ -42,17 +46,24 @@ class RunFailed(FtkitError):
 class RunInterrupted(FtkitError):
     """SIGINT / SIGTERM / SIGHUP stopped the run (exit 128 + the signal number)."""
 
-    def __init__(self, signum: int, started: bool = True) -> None:
-        """``started``: the run directory and its log exist (False: stopped while Ray started)."""
+    def __init__(self, signum: int, started: bool = True, ended: str | None = None) -> None:
+        """``started``: the run directory and its log exist (False: stopped while Ray started);
+        ``ended``: the run had already ended so (its ``run_finished`` and ``status.json`` written)
+        when the signal came, during Ray's shutdown or the analysis (``verdict_after_end``)."""
         name = signal.Signals(signum).name
-        super().__init__(
-            f"interrupted by {name}: the run stopped, its log ends with run_finished 'interrupted'"
-            if started
-            else f"interrupted by {name} while Ray was starting: nothing was written",
-            hint="continue it with `ftkit train --resume RUN_DIR`, or train again with --overwrite"
-            if started
-            else "run the same command again",
-        )
+        if ended is not None:
+            message = (
+                f"interrupted by {name} after the run ended: its log ends with run_finished '{ended}' "
+                "(status.json too); the verdict was not computed"
+            )
+            hint = "get the verdict with `ftkit analyze RUN_DIR`"
+        elif started:
+            message = f"interrupted by {name}: the run stopped, its log ends with run_finished 'interrupted'"
+            hint = "continue it with `ftkit train --resume RUN_DIR`, or train again with --overwrite"
+        else:
+            message = f"interrupted by {name} while Ray was starting: nothing was written"
+            hint = "run the same command again"
+        super().__init__(message, hint=hint)
         self.signum = signum
         self.exit_code = 128 + signum
 
@@ -142,18 +153,65 @@ def raise_if_interrupted() -> None:
 
 
 @contextlib.contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Inside the block a signal is only recorded; it is raised when the block ends. For code
-    that must not be interrupted half-way by a Python exception: ``ray.init`` starting the local
-    Ray (an exception raised in the middle of its C++ start-up aborted or crashed the driver,
-    exit -6 / -11, and orphaned Ray's agents). Nests; a no-op outside ``signals_interrupt``."""
+def signals_deferred(raise_after: bool = True) -> Iterator[None]:
+    """Inside the block a signal is only recorded; it is raised when the block ends (unless
+    ``raise_after`` is false: the caller asks ``pending_interruption`` itself). For code that
+    must not be cut half-way by a Python exception: the record of how a run ended (``end_run``).
+    Nests; a no-op outside ``signals_interrupt``."""
     _Signals.deferring += 1
     try:
         yield
     finally:
         _Signals.deferring -= 1
-    if not _Signals.deferring:
+    if raise_after and not _Signals.deferring:
         raise_if_interrupted()
+
+
+def end_run(
+    status: RunStatus,
+    reason: str | None,
+    code: int | None,
+    shutdown: Callable[[bool], None],
+    record: Callable[[RunStatus, str | None, int | None], None],
+) -> tuple[RunStatus, str | None, int | None]:
+    """Stop the run's actors (``shutdown(interrupted)``) and record how the run ended
+    (``record(status, reason, code)``: ``run_finished`` and ``status.json``); returns the end as
+    recorded. A signal that comes before the record is written makes the end ``interrupted``
+    (exit 128 + the signal), whatever it was to be: the shutdown it cut goes on briefly
+    (``shutdown(True)``); the caller raises ``pending_interruption`` when the end it returns is
+    not the one it passed. The record itself is written with signals only recorded, so a log
+    and a status file always say the same; a signal from then on is ``verdict_after_end``'s."""
+    try:
+        shutdown(status == "interrupted")
+    except BaseException as exc:
+        if interruption(exc) is None:
+            raise
+        with signals_deferred(raise_after=False):
+            shutdown(True)
+    stop = pending_interruption()
+    if stop is not None and status != "interrupted":
+        status, reason, code = "interrupted", stop.message.split(":")[0], stop.exit_code
+    with signals_deferred(raise_after=False):
+        record(status, reason, code)
+    return status, reason, code
+
+
+def verdict_after_end(analyze: Callable[[], Any], status: str, rewrite: Callable[[int], None]) -> Any:
+    """``analyze()`` (the verdict over the run's log), run once the end was recorded as ``status``.
+    A signal since then (during Ray's shutdown or the analysis) is a ``RunInterrupted`` whose
+    message says the log ends with that status, and ``rewrite(exit_code)`` puts its exit code in
+    ``status.json``: the file, the log, the message and the exit code agree."""
+    try:
+        raise_if_interrupted()
+        return analyze()
+    except BaseException as exc:
+        stop = interruption(exc)
+        if stop is None:
+            raise
+        late = RunInterrupted(stop.signum, ended=status)
+        with signals_deferred(raise_after=False):
+            rewrite(late.exit_code)
+        raise late from None
 
 
 @contextlib.contextmanager

@@ -124,8 +124,10 @@ class CellSession:
         placement group unless ``release`` is false), and move each cell that is not stopped to
         ``stopped`` with ``reason``. A live cell whose flush fails (a rank that died after the
         last step, or does not answer) is declared ``failed`` first: its log ends without
-        ``log_closed``, and the analyzer excuses only a declared death. Not after a signal: then
-        no cell is failed (``CellBook``), the run ends ``interrupted``."""
+        ``log_closed``, and the analyzer excuses only a declared death. After a signal (the run
+        ends ``interrupted``) only a flush call that raised declares its cell failed (a rank
+        that died just before the signal: these calls are made after it was handled, so it did
+        not cut them); one that did not answer within ``flush_s`` is only stopped."""
         from ftkit.train.control.cell_state import CellState
         from ftkit.train.control.run_end import pending_interruption
 
@@ -134,14 +136,18 @@ class CellSession:
         roster = self._roster
         if self.healer is not None:
             self.healer.give_up(reason)
-        from ftkit.train.control.waiting import failed_flushes
+        from ftkit.train.control.waiting import NOT_FLUSHED, failed_flushes
 
         live = {c: cell for c, cell in roster.cells.items() if roster.book.state[c] == CellState.alive}
         failed: dict[int, str] = {}
         with contextlib.suppress(Exception):  # Ray itself gone: nothing can be told apart
             failed = failed_flushes({c: cell.shutdown() for c, cell in live.items()}, flush_s)
-        for c, cause in sorted(failed.items()) if pending_interruption() is None else []:
-            roster.fail(c, f"at {reason}: {cause}")
+        signalled = pending_interruption() is not None
+        for c, cause in sorted(failed.items()):
+            if not signalled:
+                roster.fail(c, f"at {reason}: {cause}")
+            elif not cause.startswith(NOT_FLUSHED):
+                roster.book.transition(c, CellState.failed, f"at {reason}: {cause}", after_signal=True)
         for cell in roster.cells.values():
             cell.kill(release_group=release)
         left = (CellState.starting, CellState.alive, CellState.failed, CellState.restarting, CellState.healing)

@@ -234,6 +234,10 @@ class RefWaiter:
                 out.failed[cell] = f"hung: no answer after {self.clock() - start:.1f}s (deadline)"
 
 
+#: How ``failed_flushes`` begins the cause of a call that did not answer in time (not a death seen).
+NOT_FLUSHED = "did not flush its event log"
+
+
 def failed_flushes(calls: dict[int, list[Any]], timeout_s: float) -> dict[int, str]:
     """Wait at most ``timeout_s`` in all for the log-flushing calls of every owner (a cell's ranks,
     an engine: ``owner -> refs``); return the owners whose calls raised (a process that died after
@@ -248,7 +252,7 @@ def failed_flushes(calls: dict[int, list[Any]], timeout_s: float) -> dict[int, s
     for owner, rs in calls.items():
         for ref in rs:
             if ref not in done:
-                failed[owner] = f"did not flush its event log within {timeout_s:.0f}s"
+                failed[owner] = f"{NOT_FLUSHED} within {timeout_s:.0f}s"
                 break
             try:
                 ray.get(ref, timeout=0)
