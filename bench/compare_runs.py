@@ -4,7 +4,9 @@ Writes two synthetic run logs of about ``--events`` events each with ``ftkit.tes
 (the generator of ``bench/analyze_events.py``: cells x tp x pp rank files, fingerprints of
 ``--tensors`` tensors, faults with reconfigure and heal): A with ``--cells`` cells and faults, B
 with half the cells and none, the same seed, so they compare equal over every step (the costliest
-case: every item is matched and compared). Then measures, interleaved, in the same run:
+case: every item is matched and compared); with ``--merged`` each log is one merged file (as
+``ftkit.events.merge`` writes it: demultiplexed on reading). Then measures, interleaved, in the
+same run:
 
 - ``analyze``: ``ftkit analyze-events A --format json`` (the larger log) as a subprocess;
 - ``compare``: ``ftkit compare-runs A B --format json`` as a subprocess;
@@ -14,6 +16,7 @@ and prints ``compare / analyze`` (issue 39's target: <= 2.0). Usage::
 
     python bench/compare_runs.py                         # 283k events per log
     python bench/compare_runs.py --events 100000 --repeat 1
+    python bench/compare_runs.py --merged                # one merged log file per run
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from ftkit.events.merge import write_merged_log
 from ftkit.testing.synthetic import generate
 from ftkit.testing.synthetic_spec import SyntheticSpec
 
@@ -69,12 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cells", type=int, default=4, help="cells of A (B has half)")
     p.add_argument("--tensors", type=int, default=20)
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--merged", action="store_true", help="each run's log as one merged file")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="ftkit-bench-cr-") as tmp:
         a, b = Path(tmp) / "a", Path(tmp) / "b"
         sa = spec(args.events, args.cells, args.tensors, True)
         sb = replace(sa, cells=max(1, args.cells // 2), faults=0)  # the same steps: B is the larger log's twin
         na, nb = generate(a, sa).events, generate(b, sb).events
+        if args.merged:
+            for run in (a, b):
+                write_merged_log(run / "events", run.with_suffix(".jsonl"))
+            a, b = a.with_suffix(".jsonl"), b.with_suffix(".jsonl")
         big = a if na >= nb else b
         print(f"A: {na} events ({args.cells} cells, faults), B: {nb} events ({max(1, args.cells // 2)} cells)")
         best: dict[str, tuple[float, float, int]] = {}

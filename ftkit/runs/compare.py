@@ -20,18 +20,23 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftkit.analysis.parallel import WorkerLost, default_workers
 from ftkit.errors import InputError, UsageError
+from ftkit.events.reader import STDIN, discover, size_of
 from ftkit.findings import FailOn, Finding, RuleSummary, sort_findings, verdict
 from ftkit.runs import codes
 from ftkit.runs.configs import config_diff, describe
 from ftkit.runs.diff import ItemDiff, Tolerance, compare_item
 from ftkit.runs.matcher import Matcher
 from ftkit.runs.side import Side
+from ftkit.runs.worker import RemoteSide
 
 CHUNK = 4096  # events replayed from one side before the other may take its turn
 MAX_LISTED = 1000  # differing steps listed in the result (all are counted)
 KINDS = ("weights", "canary", "witness", "metric", "state")
 Paths = Iterable[str | os.PathLike[str]]
+Progress = Callable[[int, int], None]
+AnySide = Side | RemoteSide
 
 
 @dataclass(frozen=True)
@@ -63,31 +68,51 @@ class RunsResult:
 
 
 def compare_runs(
-    a: Paths, b: Paths, options: RunsOptions | None = None, progress: Callable[[int, int], None] | None = None
+    a: Paths, b: Paths, options: RunsOptions | None = None, progress: Progress | None = None
 ) -> RunsResult:
     """Compare the runs logged under ``a`` and ``b`` (see the module docstring)."""
     options = options or RunsOptions()
     a_paths, b_paths = [str(p) for p in a], [str(p) for p in b]
     if "-" in a_paths and "-" in b_paths:
         raise UsageError("only one of A and B can be standard input ('-')", "pass the other run as a path")
-    matcher = Matcher()
-    sides = [Side(0, a_paths, matcher)]
+    files = [discover(a_paths), discover(b_paths)]  # missing paths: InputError before any worker starts
+    size = sum(size_of(p) for f in files for p in f)
+    # a worker per run where analyze-events would take any (two streams: ftkit.analysis.parallel)
+    remote = STDIN not in files[0] + files[1] and default_workers(2, size) > 0
+    while True:
+        matcher = Matcher()
+        try:
+            sides = _read(a_paths, b_paths, matcher, remote, progress)
+        except WorkerLost:  # a worker refused or killed: both logs again, in this process
+            remote = False
+            continue
+        _fail_closed(sides)
+        return _result(a_paths, b_paths, options, matcher, sides)
+
+
+def _read(a: list[str], b: list[str], matcher: Matcher, remote: bool, progress: Progress | None) -> list[AnySide]:
+    """Both runs read to their end, in step with each other (``Side``, or ``RemoteSide``: each in
+    a worker process of its own, with the same calls on ``matcher`` in the same order)."""
+
+    def side(index: int, paths: list[str]) -> AnySide:
+        return RemoteSide(index, paths, matcher, CHUNK) if remote else Side(index, paths, matcher)
+
+    sides: list[AnySide] = [side(0, a)]
     try:
-        sides.append(Side(1, b_paths, matcher))
+        sides.append(side(1, b))
         while not all(s.done for s in sides):
-            side = min((s for s in sides if not s.done), key=lambda s: (s.closed_below, s.index))
-            side.advance(CHUNK)
+            current = min((s for s in sides if not s.done), key=lambda s: (s.closed_below, s.index))
+            current.advance(CHUNK)
             if progress is not None:
                 done = [s.progress() for s in sides]
                 progress(sum(d for d, _ in done), sum(t for _, t in done))
     finally:
         for s in sides:
             s.close()
-    _fail_closed(sides)
-    return _result(a_paths, b_paths, options, matcher, sides)
+    return sides
 
 
-def _fail_closed(sides: list[Side]) -> None:
+def _fail_closed(sides: list[AnySide]) -> None:
     damaged = [(s, s.damage()) for s in sides]
     damaged = [(s, d) for s, d in damaged if d]
     if not damaged:
@@ -104,7 +129,7 @@ def _fail_closed(sides: list[Side]) -> None:
     )
 
 
-def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides: list[Side]) -> RunsResult:
+def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides: list[AnySide]) -> RunsResult:
     steps_a, steps_b = m.steps
     common = sorted(set(steps_a) & set(steps_b))
     rollout_of = {**steps_b, **steps_a}

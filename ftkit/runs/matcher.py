@@ -24,6 +24,7 @@ trained again. The comparison of the values is ``ftkit.runs.diff``.
 
 from __future__ import annotations
 
+import marshal
 from typing import Any
 
 Key = tuple[Any, ...]
@@ -91,8 +92,10 @@ class Matcher:
         self.details.pop((key, 1), None)
 
     def detail(self, key: Key, side: int) -> Any:
-        """The per-tensor detail of an item, when it was kept (else None)."""
-        return self.details.get((key, side))
+        """The per-tensor detail of an item, when it was kept (else None); a detail a worker sent
+        as ``marshal`` bytes (``ftkit.runs.worker``) is decoded here, only for the items compared."""
+        got = self.details.get((key, side))
+        return marshal.loads(got) if type(got) is bytes else got
 
     def finished(self, side: int) -> None:
         """Run ``side``'s log ended: the other run's details of items it lacks are not needed."""

@@ -62,15 +62,21 @@ class Side:
 
     def advance(self, n: int) -> None:
         """Replay the next ``n`` items; at the end of the log finish the replay (``done``)."""
-        chunk = list(islice(self._items, n))
+        taken = [0]
+
+        def chunk() -> Iterator[tuple[Any, int, int]]:  # streamed: n decoded events held at once would
+            for item in islice(self._items, n):  # survive into the collector's older generations
+                taken[0] += 1
+                yield item
+
         try:
-            self.replay.run(chunk, None)
+            self.replay.run(chunk(), None)
         except NotPerProcess:  # not one process per file: read it again, demultiplexed
             self.stream.close()
             self.matcher.reset(self.index)
             self._open(demux=True)
             return
-        if len(chunk) < n:
+        if taken[0] < n:
             self.replay.finish()
             self.stream.close()
             self.done = True
