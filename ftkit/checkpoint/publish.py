@@ -18,7 +18,8 @@ TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
 ``publish_cleanup``  (inside ``journal.apply``) retention records, ``latest``, deletions
 
 A failure (``OSError``, e.g. ENOSPC, or a failed scan) before the commit point removes
-everything staged or renamed and returns a rejected ``Outcome`` with the reason; after it the
+everything staged or renamed and returns a rejected ``Outcome`` with the reason (any other
+exception before the rename, e.g. a signal's, removes the staging directory and is raised); after it the
 checkpoint is published and any leftover is finished by the next ``publish`` or by
 ``journal.reconcile``. Deletion failures are recorded, reported, never fatal. Events go
 through ``on_event(type, fields)``: ``checkpoint_published``, ``checkpoint_rejected``,
@@ -183,6 +184,9 @@ class Publisher:
         except (OSError, _Rejected) as exc:
             shutil.rmtree(stage, ignore_errors=True)
             return self._reject(step, _reason(exc), clock)
+        except BaseException:  # a signal (``ftkit train``'s RunInterrupted, Ctrl-C): nothing half-written stays
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
         digest = hashlib.sha256(raw).hexdigest()
         record = Record(target.name, step, metric, guard.tainted, digest)
         t0 = time.perf_counter()

@@ -31,6 +31,7 @@ from ftkit.checkpoint.logview import check_log_bookkeeping, read_log
 from ftkit.checkpoint.results import CheckpointResult, FileRow, VerifyResult
 from ftkit.checkpoint.stfile import FileRecord
 from ftkit.errors import InputError
+from ftkit.fsutil import TMP_MARK
 from ftkit.tensors.untrusted import load_json
 
 _PICKLE_SUFFIXES = (".pkl", ".pickle", ".pt", ".pth", ".bin", ".ckpt", ".joblib")
@@ -52,6 +53,13 @@ def resolve(path: Path) -> tuple[str, Path | None, list[Path]]:
     dirs = checkpoint_dirs(root)
     if not dirs and not (root / RETENTION).exists():
         where = "its checkpoints/ directory holds" if kind == "run" else "it holds"
+        left = sorted(p.name for p in root.iterdir() if p.name.startswith(".") and TMP_MARK in p.name)
+        if left:  # a publication stopped half-way (killed): nothing was published
+            raise InputError(
+                f"{path}: no checkpoint to verify: none was published ({where} only {', '.join(left)}, "
+                "left by a publication that was stopped before its rename)",
+                "remove the leftover, or resume the run (ftkit train --resume) to publish a checkpoint",
+            )
         raise InputError(
             f"{path}: no checkpoint to verify ({where} no step_* directory and no {RETENTION})",
             "pass a run directory whose training published checkpoints, or a step_NNNNNN/ directory",

@@ -58,12 +58,14 @@ def test_cli_resume_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert json.loads(capsys.readouterr().out)["rollouts"] == 3
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "notes.txt").write_text("x")
+    (tmp_path / "link").symlink_to(run)
     for args, text in (
         (["--resume", str(run), "--seed", "1"], "seed is 5"),
         (["--resume", str(run), "--out", str(tmp_path / "x")], "--resume does not take --out"),
         (["--resume", str(run), "--overwrite"], "--resume does not take --overwrite"),
         (["--resume", str(tmp_path / "nope")], "no such run directory"),
         (["--resume", str(tmp_path / "plain")], "not an ftkit run directory"),
+        (["--resume", str(tmp_path / "link")], f"is a symbolic link (to {run})"),
     ):
         assert main(["train", *args]) == 2, args
         captured = capsys.readouterr()

@@ -509,3 +509,26 @@ def test_ft211_a_symlinked_step_directory_is_named_a_link(run, tmp_path) -> None
     messages = [f.message for f in verify_path(run / "checkpoints").findings if f.code == "FT211"]
     assert any("records step_000007, which is a symbolic link" in m for m in messages)
     assert any(m.startswith("step_000099: a symbolic link") for m in messages)
+
+
+@pytest.mark.parametrize("point", ["publish_write", "publish_scan", "publish_manifest", "publish_rename"])
+def test_an_interrupted_publication_leaves_nothing_and_verify_says_none_was_published(
+    tmp_path, capsys, point: str
+) -> None:
+    """A signal inside a publication (``ftkit train``'s RunInterrupted, Ctrl-C: not an OSError)
+    removes the staging directory and is raised; a leftover one (a writer SIGKILLed mid-way) is
+    named by verify-checkpoint instead of 'no step_* directory'."""
+
+    def interrupt(at: str) -> None:
+        if at == point:
+            raise KeyboardInterrupt
+
+    ck = tmp_path / "checkpoints"
+    pub = Publisher(ck, RetentionPolicy(keep_last=1, keep_best=1))
+    with pytest.raises(KeyboardInterrupt):
+        publish(pub, 4, at=interrupt)
+    assert [p.name for p in ck.iterdir()] == []
+    (ck / ".step_000004.tmp-host-1-abcd").mkdir()
+    assert cli.main(["verify-checkpoint", str(ck)]) == 2
+    err = capsys.readouterr().err
+    assert "none was published" in err and ".step_000004.tmp-host-1-abcd" in err and "Traceback" not in err

@@ -330,3 +330,42 @@ def test_a_rank_killed_just_before_a_sigterm_is_declared_dead(tmp_path):
     analysis = analyze_paths([out / "events"])
     assert not [f for f in analysis.findings if "FT111" in str(f)], analysis.findings
     assert not _session_left(proc.pid)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_during_a_publication(tmp_path):
+    """SIGTERM to the whole process group (Ctrl-C, ``timeout``, ``kill -- -PGID``: the local Ray's
+    GCS and raylet get it too) while a checkpoint is being published: the staging directory is
+    removed, and the run ends interrupted (143) with its log and status.json, without waiting on
+    the dead GCS until Ray's client ends the process."""
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    slow = "kind=slow,point=publish_manifest,step=1,seconds=300"  # the driver stops inside the publication
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *RUN, "--inject", slow],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        begin = time.monotonic()
+        while proc.poll() is None and time.monotonic() - begin < 600:
+            if any(".tmp-" in p.name for p in (out / "checkpoints").glob(".step_*")):
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before the publication"
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stderr
+    assert "Failed to connect to GCS" not in stderr and "Traceback" not in stderr, stderr
+    assert [p.name for p in (out / "checkpoints").iterdir()] == []  # nothing half-written stays
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["exit_code"] == 143, status
+    assert [e["status"] for e in _driver_events(out) if e["type"] == "run_finished"] == ["interrupted"]
+    assert not _session_left(proc.pid)

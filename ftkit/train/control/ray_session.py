@@ -357,6 +357,33 @@ class GcsWatch:
         silent = None if since is None else time.monotonic() - since
         return silent if silent is not None and silent >= self.grace_s else None
 
+    def answers(self, timeout_s: float = 2.0) -> bool:
+        """Whether the GCS answers one probe now, within ``timeout_s``: at the end of a run a
+        signal interrupted, the GCS may have had the same signal (sent to the process group:
+        Ctrl-C, ``timeout``, ``kill -- -PGID``), and a shutdown that waits on a dead GCS is ended by
+        Ray's client a minute later with nothing recorded. True where Ray lacks the probe call."""
+        import ray
+
+        probe = self._probe()
+        if probe is None:  # pragma: no cover - a Ray without this client API
+            return True
+        try:
+            probe(b"ftkit-gcs-probe", None, timeout=timeout_s)
+        except ray.exceptions.RpcError:
+            return False
+        except Exception:  # noqa: BLE001 - the probe itself broke: assume nothing
+            return True
+        return True
+
+    @staticmethod
+    def _probe() -> Callable[..., Any] | None:
+        import ray
+
+        try:
+            return ray._private.worker.global_worker.gcs_client.internal_kv_get  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:  # pragma: no cover - a Ray without this client API
+            return None
+
     def check(self) -> None:
         """``RunFailed`` once the GCS is ``lost``: without it no actor can be restarted or
         released, and Ray's client would end this process a minute after the loss with nothing
@@ -376,9 +403,8 @@ class GcsWatch:
 
         import ray
 
-        try:
-            probe = ray._private.worker.global_worker.gcs_client.internal_kv_get  # type: ignore[attr-defined]
-        except AttributeError:  # pragma: no cover - a Ray without this client API
+        probe = self._probe()
+        if probe is None:  # pragma: no cover - a Ray without this client API
             return
         while not self._stop.wait(self.interval_s):
             try:

@@ -15,6 +15,8 @@ incarnation (``next_incarnation``). The checkpoint is then loaded into the start
 
 from __future__ import annotations
 
+import os
+
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,7 +69,13 @@ def check_resume_dir(run_dir: Path) -> None:
     from ftkit.train.control.rundir import not_a_run
 
     run_dir = Path(run_dir)
-    if not run_dir.is_dir() or run_dir.is_symlink():
+    if run_dir.is_symlink():  # a run's files, lock and checkpoints are reached by one path only
+        raise UsageError(
+            f"--resume {run_dir} is a symbolic link (to {os.readlink(run_dir)}): ftkit resumes a run "
+            "only through its own directory, never through a link",
+            hint=f"pass the directory itself: --resume {run_dir.resolve()}",
+        )
+    if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: no such run directory", hint="pass the --out of an earlier ftkit train")
     reason = not_a_run(run_dir)
     if reason:
