@@ -16,7 +16,6 @@ incarnation (``next_incarnation``). The checkpoint is then loaded into the start
 from __future__ import annotations
 
 import os
-
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
