@@ -228,7 +228,7 @@ class Driver:
             raise
         finally:  # a signal from here on: ``end_run``, then ``verdict_after_end``
             gcs_lost = self.gcs is not None and (
-                self.gcs.lost() is not None or (status == "interrupted" and not self.gcs.answers())
+                self.gcs.lost() is not None or (run_end.pending_interruption() is not None and not self.gcs.answers())
             )  # a signal to the process group stops a local Ray's GCS too: nothing waits on it
             shutdown = partial(self._shutdown, release=not gcs_lost)
             ended = run_end.end_run(status, reason, code, shutdown, self._record_end)

@@ -380,7 +380,7 @@ class GcsWatch:
         import ray
 
         try:
-            return ray._private.worker.global_worker.gcs_client.internal_kv_get  # type: ignore[attr-defined,no-any-return]
+            return ray._private.worker.global_worker.gcs_client.internal_kv_get  # type: ignore[attr-defined]
         except AttributeError:  # pragma: no cover - a Ray without this client API
             return None
 
