@@ -4,7 +4,8 @@ of its per-process files, apart from where the input lies (issue 24 item 1).
 
 What may differ is only what names the input: file paths and line numbers (``where`` links,
 ``file``/``line`` fields) and how many files were read (``stats.files``, ``read_as``, "in N
-files"). ``normalised`` removes exactly those; everything else must be equal byte for byte.
+files"), and JUnit's ``time`` attributes (the seconds the rules took). ``normalised`` removes
+exactly those; everything else must be equal byte for byte.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _LINE = re.compile(r"\bline: \d+")  # JUnit's evidence lines
 _FILES = re.compile(r"\b\d+ file(?:s|\(s\))?\b")
 _BOX = re.compile(r"[\s\u2500-\u257f]+")  # Rich's table borders and padding: their width follows the paths
 _LINK = re.compile(r"<a [^>]*>[^<]*</a>")
+_TIME = re.compile(r' time="[0-9.]+"')  # JUnit: the seconds each rule and the suite took
 
 
 def _drop_where(value: Any) -> Any:
@@ -50,7 +52,7 @@ def normalised(outputs: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {"json": doc, "code": outputs["code"]}
     for fmt in ("human", "github", "junit", "html"):
         text = _FILES.sub("N files", _LINE.sub("line: N", _PATH.sub("<input>", _LINK.sub("<where>", outputs[fmt]))))
-        out[fmt] = _BOX.sub(" ", text) if fmt == "human" else text
+        out[fmt] = _BOX.sub(" ", text) if fmt == "human" else _TIME.sub(' time="T"', text) if fmt == "junit" else text
     return out
 
 

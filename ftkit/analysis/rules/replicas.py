@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ftkit.analysis.records import StepRecord
 from ftkit.analysis.registry import Rule, register
 from ftkit.findings import Severity
+
+if TYPE_CHECKING:
+    from ftkit.analysis.replay import Replay
 
 MAX_NAMES = 5
 KEEP_VERSIONS = 8
@@ -48,12 +52,19 @@ class ReplicaDivergence(Rule):
         "check for non-deterministic kernels, thread counts or a float (non-exact) reduction"
     )
 
+    def __init__(self, replay: Replay) -> None:
+        super().__init__(replay)
+        self.open: dict[int | None, _Divergence] = {}  # rank -> the divergence still going on
+
     def on_step(self, rec: StepRecord) -> None:
         for rank, by_cell in rec.fingerprints.items():
             if len(by_cell) < 2:
                 continue
             self.check()
+            going = self.open.get(rank)
             if len(set(by_cell.values())) == 1:
+                if going is not None:
+                    self._close(rank)
                 continue
             top = majority(by_cell)
             if top is not None:
@@ -64,6 +75,11 @@ class ReplicaDivergence(Rule):
                 who = f"differ from cell {ref_cell} (no majority; cell {ref_cell} is the reference: never healed)"
             ref_total = by_cell[ref_cell]
             outliers = sorted(c for c, t in by_cell.items() if t != ref_total)
+            if going is not None and going.cells == outliers:
+                going.last, going.count = rec.step, going.count + 1
+                continue
+            if going is not None:
+                self._close(rank)
             ref, other = rec.fp_detail[(rank, ref_total)], rec.fp_detail[(rank, by_cell[outliers[0]])]
             names = differing_tensors(ref[:2], other[:2])
             if names:
@@ -72,16 +88,20 @@ class ReplicaDivergence(Rule):
                 detail = "every per-tensor fingerprint agrees: only the total differs (corrupt total or line)"
             else:
                 detail = "the log holds no per-tensor fingerprints to name the tensors"
-            self.report(
+            self.open[rank] = _Divergence(
+                outliers,
+                rec.step,
                 f"replica divergence at step {rec.step} (rollout {rec.rollout}, attempt {rec.attempt}) "
                 f"rank {rank}: cell(s) {outliers} {who}; {detail}",
-                cells=outliers,
-                rank=rank,
-                tensors=names,
-                reference_cell=ref_cell,
-                majority_cells=sorted(c for c, t in by_cell.items() if t == top) if top else None,
-                where=other[3],
-                **rec.evidence(),
+                {
+                    "cells": outliers,
+                    "rank": rank,
+                    "tensors": names,
+                    "reference_cell": ref_cell,
+                    "majority_cells": sorted(c for c, t in by_cell.items() if t == top) if top else None,
+                    "where": other[3],
+                    **rec.evidence(),
+                },
             )
         if rec.witness is not None and rec.committed:
             self.check()
@@ -94,6 +114,28 @@ class ReplicaDivergence(Rule):
                     where=rec.witness_conflicts[0][1],
                     **rec.evidence(),
                 )
+
+    def finish(self) -> None:
+        for rank in list(self.open):
+            self._close(rank)
+
+    def _close(self, rank: int | None) -> None:
+        """Report rank ``rank``'s divergence: one finding from its first step to its last."""
+        d = self.open.pop(rank)
+        more = f"; still diverged at every later step checked, through step {d.last} ({d.count} steps)"
+        self.report(d.message + (more if d.count > 1 else ""), **d.evidence, last_step=d.last, steps=d.count)
+
+
+@dataclass
+class _Divergence:
+    """Cells ``cells`` of one rank diverged at a step (``message``, ``evidence``) and at each of
+    the ``count`` steps checked from it to ``last``, with no step in between where they agreed."""
+
+    cells: list[int]
+    last: int
+    message: str
+    evidence: dict[str, Any]
+    count: int = 1
 
 
 @register

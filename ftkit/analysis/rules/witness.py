@@ -16,12 +16,26 @@ def _sample(items: list[tuple[int, int, int]]) -> list[dict[str, int]]:
     return [{"id": i, "counted": got, "expected": exp} for i, got, exp in items[:MAX_IDS]]
 
 
+def _named(items: list[tuple[int, int, int]], shown: int = 5) -> str:
+    """``ids 17 (counted 0 of 1), 40 (counted 2 of 1), ...``: the first ``shown`` of ``items``."""
+    text = ", ".join(f"{i} (counted {got} of {exp})" for i, got, exp in items[:shown])
+    return f"ids {text}" + (f" and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def _steps(ro: RolloutRecord) -> str:
+    return f"over its {ro.committed_steps} committed step(s)"
+
+
 @register
 class WitnessMissing(Rule):
     code = "FT103"
     name = "witness-missing"
     description = "an allocated witness id was counted fewer than `expected` times over the rollout's committed steps"
-    fix = "samples were lost: check micro-shard redistribution after a reconfigure and the retry of discarded steps"
+    fix = (
+        "samples were lost: a committed step did not train every sample it was given (with ftkit train: "
+        "the micro-shards redistributed after a reconfigure, or a discarded step's retry; with the evidence "
+        "API: a rank's data loader skipped or dropped samples, e.g. drop_last or a sampler not set to the epoch)"
+    )
 
     def on_rollout(self, ro: RolloutRecord) -> None:
         if ro.ids is None:
@@ -32,7 +46,7 @@ class WitnessMissing(Rule):
         if short:
             self.report(
                 f"rollout {ro.rollout}: {len(short)} of {len(expected)} samples counted fewer times than "
-                f"expected ({ro.committed_steps} committed steps)",
+                f"expected {_steps(ro)}: {_named(short)}",
                 rollout=ro.rollout,
                 samples=len(short),
                 ids=_sample(short),
@@ -45,7 +59,11 @@ class WitnessDuplicate(Rule):
     code = "FT104"
     name = "witness-duplicate"
     description = "an allocated witness id was counted more than `expected` times (trained twice)"
-    fix = "samples were trained twice: a discarded attempt leaked into a commit, or micro-shards overlap"
+    fix = (
+        "samples were trained twice: with ftkit train, a discarded attempt leaked into a commit or micro-shards "
+        "overlap; with the evidence API, two ranks were given the same samples (a sampler without the rank or "
+        "world size) or a step was repeated after a restart without the rollout being allocated again"
+    )
 
     def on_rollout(self, ro: RolloutRecord) -> None:
         if ro.ids is None:
@@ -55,7 +73,8 @@ class WitnessDuplicate(Rule):
         extra = [(i, ro.tally[i], n) for i, n in expected.items() if ro.tally.get(i, 0) > n]
         if extra:
             self.report(
-                f"rollout {ro.rollout}: {len(extra)} samples counted more times than expected",
+                f"rollout {ro.rollout}: {len(extra)} of {len(expected)} samples counted more times than expected "
+                f"{_steps(ro)}: {_named(extra)}",
                 rollout=ro.rollout,
                 samples=len(extra),
                 ids=_sample(extra),
@@ -78,7 +97,9 @@ class WitnessUnknown(Rule):
         unknown = [(i, n, 0) for i, n in ro.tally.items() if i not in allocated]
         if unknown:
             self.report(
-                f"rollout {ro.rollout}: {len(unknown)} counted witness ids were never allocated to it",
+                f"rollout {ro.rollout}: {len(unknown)} counted witness ids were never allocated to it: "
+                + ", ".join(str(i) for i, _, _ in unknown[:5])
+                + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""),
                 rollout=ro.rollout,
                 samples=len(unknown),
                 ids=_sample(unknown),
