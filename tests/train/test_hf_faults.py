@@ -90,7 +90,9 @@ def assert_analyzed_clean(result, cells: int) -> None:
     checked = rules(result)
     for code in ("FT103", "FT104", "FT105"):  # every allocated sample, counted exactly once
         assert checked[code] == (ROLLOUTS * SAMPLES, "passed"), (code, checked)
-    assert checked["FT102"] == (ENGINES * (ROLLOUTS + 1), "passed"), checked  # versions 0..ROLLOUTS
+    # every engine's every weight version (0..ROLLOUTS), and each version sent after a rollout against
+    # the trainers' committed state (1..ROLLOUTS)
+    assert checked["FT102"] == (ENGINES * (ROLLOUTS + 1) + ROLLOUTS, "passed"), checked
     # each committed step's witness counts, and with 2 cells their fingerprints too
     assert checked["FT101"][1] == "passed" and checked["FT101"][0] >= result.steps_total + (cells > 1)
     counts = all_events(result.run_dir, "witness_counts")

@@ -57,6 +57,7 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
     from ftkit.train.control.run_end import RunFailed, RunInterrupted, interruption
 
     _Spawned.before = {p.pid for p in descendants()}
+    _subreaper(True)  # while Ray starts: see ``_stop_half_started``
     try:
         with _own_signal_handlers():
             if cfg.cluster.ray_address:
@@ -64,6 +65,7 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
             else:
                 with _quiet_logger(TOKEN_NOTICE_LOGGER):
                     _init_in_thread(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
+        _subreaper(False)
         rearm()
         _route_raylet_notices()
         _drop_interruption_tracebacks()
@@ -164,8 +166,26 @@ def _stop_half_started() -> None:
         return
     from ftkit import hard_exit
 
-    stop_descendants([p for p in descendants() if p.pid not in _Spawned.before], grace_s=2.0)
+    for _ in range(3):  # a raylet stopped while it spawned its agents leaves them to this process
+        spawned = [p for p in descendants() if p.pid not in _Spawned.before]
+        if not spawned:
+            break
+        stop_descendants(spawned, grace_s=2.0)
     hard_exit.request()
+
+
+def _subreaper(on: bool) -> None:
+    """Make this process the child subreaper of its descendants, or stop being one (Linux
+    ``PR_SET_CHILD_SUBREAPER``; elsewhere nothing). While Ray starts, a raylet that is stopped
+    just as it spawns its dashboard and runtime-env agents leaves them orphaned: adopted here, not
+    by init, they are still this process's descendants for ``_stop_half_started``'s next sweep."""
+    with contextlib.suppress(Exception):  # not Linux, or no prctl: the first sweep is all there is
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
