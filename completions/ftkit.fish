@@ -56,6 +56,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l min-cells -x -d 'Few
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l max-retries -x -d 'Retries of one step after failed attempts; then the run fails'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l heal -l no-heal -d 'Restart failed cells and heal them from a live peer [default: heal].'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l heal-timeout -x -d 'Seconds a restarted cell may take to be placed and start before it is given up'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l reward-timeout -x -d 'Seconds one call of a reward plug-in may take; a call that has not returned by then is stopped and the run fails (exit 2) naming the plug-in and the sample'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l inject -x -d 'Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l chaos -x -d 'Random faults: mtbf=SECONDS,seed=N,max=K[,step_s=S] (docs/fault-injection.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l checkpoint-every -x -d 'Publish a checkpoint every N rollouts (0: never; any --tp/--pp, stored in the TP=1/PP=1 layout; docs/checkpoints.md)'
