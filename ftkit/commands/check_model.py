@@ -54,20 +54,21 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
     ) -> None:
-        from ftkit.model.parity import PROMPTS
         from ftkit.model.parity import check_model as run_check
 
         for name, value in (("--atol", atol), ("--rtol", rtol)):
             if not value >= 0:
                 raise UsageError(f"{name} must be a non-negative number, not {value}", f"e.g. {name} 1e-4")
-        prompts = list(prompt) if prompt else list(PROMPTS)
-        if any(not p for p in prompts):
+        prompts = list(prompt) if prompt else None
+        if any(not p for p in prompts or ()):
             raise UsageError("--prompt must not be empty", "give some text, e.g. --prompt 'The capital of France is'")
         if not path.exists():
             raise UsageError(f"{path} does not exist", "give a Hugging Face model directory or a .gguf file")
         out = Output(fmt)
         with out.progress("Checking", total=None):
             result = run_check(path, prompts, atol, rtol)
+        for warning in result.warnings:
+            out.warn(warning)
         from ftkit.commands.check_model_report import report
         from ftkit.report.emit import emit
 
