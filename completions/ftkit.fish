@@ -14,7 +14,7 @@ complete -c ftkit -n '__fish_use_subcommand' -a verify-checkpoint -d 'Verify che
 complete -c ftkit -n '__fish_use_subcommand' -a check-model -d 'Check that ftkit\'s megatron-core model of a Hugging Face checkpoint computes what transformers computes.'
 complete -c ftkit -n '__fish_use_subcommand' -a export -d 'Export a run\'s final weights, or a checkpoint\'s, as a Hugging Face model directory (docs/models.md).'
 complete -c ftkit -n '__fish_use_subcommand' -l version -d 'Print the version and exit.'
-complete -c ftkit -n '__fish_use_subcommand' -l debug -d 'Show tracebacks for errors.'
+complete -c ftkit -n '__fish_use_subcommand' -l debug -d 'Show tracebacks for errors (a global option: before the command).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l out -s o -r -F -d 'Run directory to create'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l cells -x -d 'Independent model replicas (cells)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l tp -x -d 'Tensor-parallel ranks per cell'

@@ -15,7 +15,7 @@ _ftkit() {
   )
   _arguments -C \
     '(--version)'--version'[Print the version and exit.]' \
-    '(--debug)'--debug'[Show tracebacks for errors.]' \
+    '(--debug)'--debug'[Show tracebacks for errors (a global option\: before the command).]' \
     '1: :->cmd' '*:: :->args'
   case $state in
     cmd) _describe 'command' commands;;

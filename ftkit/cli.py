@@ -60,7 +60,9 @@ def root(
     version: Annotated[
         bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks for errors (a global option: before the command).")
+    ] = False,
 ) -> None:
     """Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct."""
     _state["debug"] = debug

@@ -24,8 +24,10 @@ HELP = """Check that ftkit's megatron-core model of a Hugging Face checkpoint co
 
 PATH is a Hugging Face model directory (config.json, *.safetensors, tokenizer) of the Llama,
 Qwen2, Qwen3 or Mistral family, or a .gguf file (converted once, dequantized, into a cache
-directory; docs/models.md). Both models run in float32 on CPU on each prompt (built-in ones, or
-every --prompt): max abs / max rel logit difference, argmax agreement, per-token log-prob
+directory; docs/models.md). Both models run in float32 on CPU on each prompt (built-in ones, plus
+one past the original context of 8192 tokens for a model with Llama-3 RoPE scaling; or every
+--prompt; one that encodes to no token, or is longer than the model or its sliding window, is
+exit 2 naming it): max abs / max rel logit difference, argmax agreement, per-token log-prob
 difference and the next token each side predicts. A prompt fails above atol + rtol * max|logit|
 or when the predicted next tokens differ; the first layer whose output differs is then named
 (both forwards dumped and compared as compare-dumps does). Rules CM001-CM003 (docs/models.md).
