@@ -60,7 +60,9 @@ def root(
     version: Annotated[
         bool | None, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = None,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show tracebacks for errors (a global option: before the command).")
+    ] = False,
 ) -> None:
     """Fault-tolerant Megatron training on Ray, and the forensics to prove a run stayed correct."""
     _state["debug"] = debug
@@ -102,10 +104,25 @@ def _error(message: str, hint: str | None = None) -> None:
         sys.stderr.flush()
 
 
+#: The root's own options: they go before the subcommand (``ftkit --debug check-model ...``).
+GLOBAL_OPTIONS = ("--debug", "--version")
+
+
+def _global_part(args: Sequence[str]) -> list[str]:
+    """The arguments before the subcommand (the first that is not an option): where the root's
+    options are read; a ``--debug`` after the subcommand is that command's unknown option."""
+    out = []
+    for a in args:
+        if not a.startswith("-"):
+            break
+        out.append(a)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns (and, as a console script, exits with) the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args
+    debug = "--debug" in _global_part(args)
     try:
         register_commands(args)
         with guard_stdout():  # stdout carries the command's data only (see ftkit.report.sink)
@@ -122,7 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if type(exc).__name__ == "NoArgsIsHelpError":  # help was printed already
             return EXIT_USAGE
         ctx_help = ""
-        if isinstance(exc, _cx.UsageError) and exc.ctx is not None:
+        if isinstance(exc, _cx.NoSuchOption) and exc.option_name in GLOBAL_OPTIONS and exc.ctx is not None:
+            ctx_help = (
+                f"{exc.option_name} is a global option: put it before the subcommand, "
+                f"e.g. 'ftkit {exc.option_name} {exc.ctx.info_name} ...'"
+            )
+        elif isinstance(exc, _cx.UsageError) and exc.ctx is not None:
             ctx_help = f"run '{exc.ctx.command_path} --help' for the options"
         _error(exc.format_message(), ctx_help or None)
         code = EXIT_USAGE

@@ -24,8 +24,10 @@ HELP = """Check that ftkit's megatron-core model of a Hugging Face checkpoint co
 
 PATH is a Hugging Face model directory (config.json, *.safetensors, tokenizer) of the Llama,
 Qwen2, Qwen3 or Mistral family, or a .gguf file (converted once, dequantized, into a cache
-directory; docs/models.md). Both models run in float32 on CPU on each prompt (built-in ones, or
-every --prompt): max abs / max rel logit difference, argmax agreement, per-token log-prob
+directory; docs/models.md). Both models run in float32 on CPU on each prompt (built-in ones, plus
+one past the original context of 8192 tokens for a model with Llama-3 RoPE scaling; or every
+--prompt; one that encodes to no token, or is longer than the model or its sliding window, is
+exit 2 naming it): max abs / max rel logit difference, argmax agreement, per-token log-prob
 difference and the next token each side predicts. A prompt fails above atol + rtol * max|logit|
 or when the predicted next tokens differ; the first layer whose output differs is then named
 (both forwards dumped and compared as compare-dumps does). Rules CM001-CM003 (docs/models.md).
@@ -54,20 +56,21 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = Format.human,
         junit_xml: JunitOpt = None,
     ) -> None:
-        from ftkit.model.parity import PROMPTS
         from ftkit.model.parity import check_model as run_check
 
         for name, value in (("--atol", atol), ("--rtol", rtol)):
             if not value >= 0:
                 raise UsageError(f"{name} must be a non-negative number, not {value}", f"e.g. {name} 1e-4")
-        prompts = list(prompt) if prompt else list(PROMPTS)
-        if any(not p for p in prompts):
+        prompts = list(prompt) if prompt else None
+        if any(not p for p in prompts or ()):
             raise UsageError("--prompt must not be empty", "give some text, e.g. --prompt 'The capital of France is'")
         if not path.exists():
             raise UsageError(f"{path} does not exist", "give a Hugging Face model directory or a .gguf file")
         out = Output(fmt)
         with out.progress("Checking", total=None):
             result = run_check(path, prompts, atol, rtol)
+        for warning in result.warnings:
+            out.warn(warning)
         from ftkit.commands.check_model_report import report
         from ftkit.report.emit import emit
 

@@ -224,6 +224,9 @@ def register(app: typer.Typer) -> None:
         heal_timeout: Annotated[
             float | None, _opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
         ] = None,
+        reward_timeout: Annotated[
+            float | None, _opt("--reward-timeout", field="reward_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+        ] = None,
         inject: Annotated[
             list[str] | None,
             _opt(
@@ -366,7 +369,7 @@ def register(app: typer.Typer) -> None:
         from ftkit.train.rl.rewards import check_reward
 
         # The task (a prompt file read and checked whole) and a bad plug-in: exit 2 before Ray.
-        check_reward(cfg.task.reward, plan.task.build(), cfg.rng.seed)
+        check_reward(cfg.task.reward, plan.task.build(), cfg.rng.seed, cfg.recovery.reward_timeout)
         if cfg.generation.kind == "vllm":
             from ftkit.engines.vllm import require_vllm
 

@@ -26,13 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.findings import Finding, RuleSummary, RuleTable, Severity
+from ftkit.model.parity_prompts import encode_prompts
 
-PROMPTS = (
-    "The capital of France is",
-    "def fibonacci(n):",
-    "3 + 4 =",
-    "Once upon a time, there was a little",
-)
 CODES = RuleTable(
     {
         "CM001": (
@@ -80,6 +75,7 @@ class ParityResult:
     first_divergence: dict[str, Any] | None = None
     findings: list[Finding] = field(default_factory=list)
     rules: list[RuleSummary] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # built-in prompts skipped, a short long prompt
 
 
 def _layer_names(num_layers: int) -> list[tuple[str, str, str]]:
@@ -188,23 +184,38 @@ def _locate(num_layers: int, ours: list[Any], ref: list[Any], atol: float, rtol:
     return {"layer": first.name, "status": first.status, "max_abs": m.max_abs if m else None, "detail": first.message}
 
 
-def check_model(path: Path, prompts: list[str], atol: float, rtol: float) -> ParityResult:
-    """Run the parity check of the model at ``path`` (module contract)."""
+def check_model(path: Path, prompts: list[str] | None, atol: float, rtol: float) -> ParityResult:
+    """Run the parity check of the model at ``path`` (module contract) on ``prompts`` (``None``:
+    the built-in set, ``ftkit.model.parity_prompts``; ``InputError`` for a prompt that cannot be
+    compared: no token, or longer than the model or its sliding window)."""
+    import json
+
     from ftkit.model.gguf_cache import hf_dir_for
 
     model_dir = hf_dir_for(Path(path))
     arch, model, reference, tokenizer = load_pair(model_dir)
-    return compare_models(str(path), arch, model, reference, tokenizer, prompts, atol, rtol)
+    window = json.loads((model_dir / "config.json").read_text()).get("sliding_window")
+    encoded, warnings = encode_prompts(tokenizer, arch, prompts, window if isinstance(window, int) else None)
+    result = compare_models(str(path), arch, model, reference, tokenizer, encoded, atol, rtol)
+    result.warnings = warnings
+    return result
 
 
 def compare_models(
-    name: str, arch: Any, model: Any, reference: Any, tokenizer: Any, prompts: list[str], atol: float, rtol: float
+    name: str,
+    arch: Any,
+    model: Any,
+    reference: Any,
+    tokenizer: Any,
+    prompts: list[tuple[str, Any]],
+    atol: float,
+    rtol: float,
 ) -> ParityResult:
-    """The parity result of a built megatron ``model`` against ``reference`` (both on CPU)."""
+    """The parity result of a built megatron ``model`` against ``reference`` (both on CPU) on
+    ``prompts``, ``(label, ids [1, T])`` each (``encode_prompts``)."""
     result = ParityResult(model=name, family=arch.family, atol=atol, rtol=rtol)
     checked = {"CM001": 0, "CM002": 0, "CM003": 0}
-    for prompt in prompts:
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
+    for prompt, ids in prompts:
         first_failure = result.first_divergence is None
         ours, ref, cap_a, cap_b = _forward(model, reference, ids, arch.vocab_size, capture=False)
         p = _measure(prompt, ours, ref, ids, tokenizer, atol, rtol)

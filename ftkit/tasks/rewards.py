@@ -9,9 +9,11 @@ load time: it must accept the keywords of ``protocols.RewardFn`` (``prompt``, ``
 else; a spec that does not resolve or a function that cannot be called so is a
 ``ConfigError`` (exit 2) with the reason.
 
-``score(reward, samples)`` calls the plug-in once per sample. A plug-in that raises, or returns a
-non-number or a non-finite number, fails the rollout with ``RewardError`` (exit 2, a user error,
-never an internal one) naming the plug-in, the sample index and what it did.
+``score(reward, samples, timeout)`` calls the plug-in once per sample. A plug-in that raises, or
+returns a non-number or a non-finite number, fails the rollout with ``RewardError`` (exit 2, a
+user error, never an internal one) naming the plug-in, the sample index and what it did; so does a
+call that has not returned after ``timeout`` seconds (``--reward-timeout``; the call is stopped,
+``ftkit.tasks.time_limit``), which names the sample's prompt too.
 
 Rewards must be deterministic. ``check_determinism`` scores a fixed subset twice in the same
 process; ``compare_rewards`` rescores recorded samples (a resumed or retried rollout) and lists
@@ -35,6 +37,7 @@ from typing import Any
 from ftkit.errors import ConfigError, FtkitError
 from ftkit.tasks.builtin_rewards import BUILTINS
 from ftkit.tasks.protocols import RewardSample
+from ftkit.tasks.time_limit import TimeLimitExceeded, call_within
 
 ENTRY_POINT_GROUP = "ftkit.rewards"
 CONTRACT_KEYWORDS = ("prompt", "response", "label", "prompt_ids", "response_ids")
@@ -42,14 +45,20 @@ _HINT = "a reward is a built-in name, module:function (importable from here or s
 
 
 class RewardError(FtkitError):
-    """A reward plug-in failed on a sample of a rollout (exit 2): raised, or returned a
-    non-number or a non-finite value. ``reward`` and ``index`` say which and where."""
+    """A reward plug-in failed on a sample of a rollout (exit 2): raised, returned a non-number
+    or a non-finite value, or did not return in time. ``reward`` and ``index`` say which and
+    where; ``prompt`` (the sample's prompt text, shortened) is named too when given."""
 
-    def __init__(self, reward: str, index: int, what: str) -> None:
-        super().__init__(
-            f"reward {reward!r} {what} on sample {index}",
-            hint="a reward must return a finite float for every sample; fix the plug-in and rerun",
-        )
+    def __init__(
+        self,
+        reward: str,
+        index: int,
+        what: str,
+        prompt: str | None = None,
+        hint: str = "a reward must return a finite float for every sample; fix the plug-in and rerun",
+    ) -> None:
+        where = f"sample {index}" if prompt is None else f"sample {index} (prompt {_short(prompt)!r})"
+        super().__init__(f"reward {reward!r} {what} on {where}", hint=hint)
         self.reward = reward
         self.index = index
 
@@ -100,17 +109,29 @@ def check_signature(name: str, fn: Any) -> None:
         ) from None
 
 
-def score(reward: LoadedReward, samples: Sequence[RewardSample]) -> list[float]:
+def score(reward: LoadedReward, samples: Sequence[RewardSample], timeout: float | None = None) -> list[float]:
     """The reward of each sample, in order; ``RewardError`` on the first failing sample."""
-    return [score_one(reward, i, s) for i, s in enumerate(samples)]
+    return [score_one(reward, i, s, timeout) for i, s in enumerate(samples)]
 
 
-def score_one(reward: LoadedReward, index: int, sample: RewardSample) -> float:
-    """The reward of one sample (``index`` is its place in the rollout, for the error)."""
+def score_one(reward: LoadedReward, index: int, sample: RewardSample, timeout: float | None = None) -> float:
+    """The reward of one sample (``index`` is its place in the rollout, for the error). A call
+    that has not returned after ``timeout`` seconds (``None``: no limit) is stopped and is a
+    ``RewardError`` (``ftkit.tasks.time_limit``: enforced in the main thread, where ``ftkit train``
+    scores)."""
     try:
-        value = reward.fn(**sample.kwargs())
+        value = call_within(timeout, reward.fn, **sample.kwargs())
     except FtkitError:  # ftkit's own, e.g. the RunInterrupted a signal raised meanwhile: not the plug-in's
         raise
+    except TimeLimitExceeded as e:
+        raise RewardError(
+            reward.name,
+            index,
+            f"{e} (--reward-timeout)",
+            prompt=sample.prompt,
+            hint="make the plug-in return sooner (a network call, a subprocess, a loop that never ends?), "
+            "or give it more time with --reward-timeout SECONDS",
+        ) from None
     except (Exception, SystemExit) as e:  # a plug-in's own failure (sys.exit too), with its name and sample
         raise RewardError(reward.name, index, f"raised {type(e).__name__}: {e}") from e
     if not isinstance(value, numbers.Real):
@@ -128,11 +149,14 @@ def determinism_subset(n: int, count: int = 8) -> list[int]:
     return [i * n // count for i in range(count)]
 
 
-def check_determinism(reward: LoadedReward, samples: Sequence[RewardSample], count: int = 8) -> list[RewardMismatch]:
-    """Score ``determinism_subset`` of ``samples`` twice; the samples whose two scores differ."""
+def check_determinism(
+    reward: LoadedReward, samples: Sequence[RewardSample], count: int = 8, timeout: float | None = None
+) -> list[RewardMismatch]:
+    """Score ``determinism_subset`` of ``samples`` twice (each call limited to ``timeout``
+    seconds); the samples whose two scores differ."""
     idx = determinism_subset(len(samples), count)
-    first = [score_one(reward, i, samples[i]) for i in idx]
-    second = [score_one(reward, i, samples[i]) for i in idx]
+    first = [score_one(reward, i, samples[i], timeout) for i in idx]
+    second = [score_one(reward, i, samples[i], timeout) for i in idx]
     return [RewardMismatch(i, a, b) for i, a, b in zip(idx, first, second) if not same_bits(a, b)]
 
 
@@ -154,6 +178,11 @@ def compare_rewards(
 def same_bits(a: float, b: float) -> bool:
     """Whether two floats are the same float64 bits (so 0.0 and -0.0 differ; NaN never occurs)."""
     return struct.pack("<d", a) == struct.pack("<d", b)
+
+
+def _short(text: str, most: int = 80) -> str:
+    """``text`` cut to ``most`` characters (an ellipsis says it was)."""
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def _from_module(spec: str) -> Any:

@@ -65,12 +65,9 @@ class FaultUnrecovered(Rule):
         for row in r.recovery.rows:
             self.check()
             if row.recovered_by is None:
-                what = (
-                    f"fault {row.kind} at {row.point} (cell {row.cell}, step {row.step})"
-                    if row.injected
-                    else f"failure of {'cell ' + str(row.cell) if row.engine is None else 'engine ' + str(row.engine)}"
-                    f" ({row.cause})"
-                )
+                who = f"cell {row.cell}" if row.engine is None else f"engine {row.engine}"
+                at = ", ".join([who] + ([f"step {row.step}"] if row.step is not None else []))
+                what = f"fault {row.kind} at {row.point} ({at})" if row.injected else f"failure of {who} ({row.cause})"
                 self.report(
                     f"{what} was not followed by a reconfigure, heal or committed retry",
                     cell=row.cell,

@@ -337,7 +337,7 @@ class EngineSection(Section):
 
 
 class RecoverySection(Section):
-    """Fault detection deadlines and what the run does about a failed cell."""
+    """Deadlines (a collective, a step, a heal, a reward call) and what the run does about a failed cell."""
 
     PLACE = Place("free", pairs_dumps=False)
     collective_timeout: float = Field(
@@ -354,6 +354,12 @@ class RecoverySection(Section):
     heal: bool = Field(True, description="Restart failed cells and heal them from a live peer.")
     heal_timeout: float = Field(
         120.0, gt=0, description="Seconds a restarted cell may take to be placed and start before it is given up."
+    )
+    reward_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds one call of a reward plug-in may take; a call that has not returned by then is stopped "
+        "and the run fails (exit 2) naming the plug-in and the sample.",
     )
 
 

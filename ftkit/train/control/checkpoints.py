@@ -110,7 +110,8 @@ class RunCheckpoints:
 
         prompts = self.task.heldout_prompts(self.cfg.rng.seed)
         responses, _ = self.engines.generate(prompts, rollout, greedy=True)
-        value = float(get_reward(self.cfg.task.reward)(self.task, prompts, responses).double().mean())
+        reward_fn = get_reward(self.cfg.task.reward, self.cfg.recovery.reward_timeout)
+        value = float(reward_fn(self.task, prompts, responses).double().mean())
         if bool((responses < 0).any()):
             value = math.nan
         emit.metric(self.events, rollout=rollout, step=None, values={"eval_reward": value})

@@ -340,7 +340,8 @@ class Driver:
         with clock.phase("generation"):
             batch = self._generate(rollout)
         with clock.phase("scoring"):
-            rewards = get_reward(cfg.task.reward)(self.task, batch["prompts"], batch["responses"])
+            reward_fn = get_reward(cfg.task.reward, cfg.recovery.reward_timeout)
+            rewards = reward_fn(self.task, batch["prompts"], batch["responses"])
             mask = self.task.response_mask(batch["responses"])
             tensors = rollouts.build_batch(
                 batch["prompts"], batch["responses"], batch["logprobs"], rewards, cfg.task.group_size, rollout, mask

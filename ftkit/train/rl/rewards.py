@@ -15,8 +15,11 @@ rewards are the same bits wherever they are computed.
   (``ftkit.tasks.rewards.load_reward``: the built-in text rewards ``exact_match`` / ``format``,
   ``MODULE:FUNCTION``, or an installed ``ftkit.rewards`` entry point), called once per sample
   (``prompt``, ``response``, ``label``, ``prompt_ids``, ``response_ids``) on the task's text
-  (``RlTask.reward_sample``: the addition task's or a prompt dataset's). A plug-in that raises
-  or returns a non-finite value is a ``RewardError`` (exit 2) naming it and the sample;
+  (``RlTask.reward_sample``: the addition task's or a prompt dataset's), in the driver's main
+  thread. A plug-in that raises or returns a non-finite value, or a call that has not returned
+  after ``--reward-timeout`` seconds (stopped by a signal: ``ftkit.tasks.time_limit``), is a
+  ``RewardError`` (exit 2) naming it and the sample, and the run ends failed as for any other
+  failure (``run_finished`` and ``status.json``);
   ``check_reward`` (at start-up, before Ray) refuses one that does not resolve or that scores
   the same samples differently twice.
 """
@@ -40,8 +43,9 @@ def _token_form(name: str) -> BatchReward | None:
 
 
 @functools.cache
-def _plugin(spec: str) -> BatchReward:
-    """The keyword-contract reward ``spec`` as a ``BatchReward`` over the task's token tensors."""
+def _plugin(spec: str, timeout: float | None) -> BatchReward:
+    """The keyword-contract reward ``spec`` as a ``BatchReward`` over the task's token tensors,
+    each call limited to ``timeout`` seconds."""
     from ftkit.tasks.rewards import load_reward, score
 
     loaded = load_reward(spec)
@@ -50,16 +54,17 @@ def _plugin(spec: str) -> BatchReward:
         import torch
 
         samples = [task.reward_sample(p, r) for p, r in zip(prompts.cpu(), responses.cpu())]
-        return torch.tensor(score(loaded, samples), dtype=torch.float32)
+        return torch.tensor(score(loaded, samples, timeout), dtype=torch.float32)
 
     return fn
 
 
-def check_reward(spec: str, task: RlTask, seed: int) -> None:
+def check_reward(spec: str, task: RlTask, seed: int, timeout: float | None = None) -> None:
     """Resolve ``--reward`` and, for a plug-in, score the task's held-out prompts (a prompt
-    dataset's first ones) with their correct answers (its labels) twice: ``ConfigError``
-    (exit 2) when it does not resolve, fails on them, or is not deterministic (a run's rewards
-    must be the same bits wherever they are recomputed)."""
+    dataset's first ones) with their correct answers (its labels) twice, each call limited to
+    ``timeout`` seconds (``--reward-timeout``): ``ConfigError`` (exit 2) when it does not
+    resolve or is not deterministic (a run's rewards must be the same bits wherever they are
+    recomputed), ``RewardError`` (exit 2) when it fails on them or does not return in time."""
     if _token_form(spec) is not None:
         return
     from ftkit.errors import ConfigError
@@ -68,7 +73,7 @@ def check_reward(spec: str, task: RlTask, seed: int) -> None:
     loaded = load_reward(spec)
     prompts = task.heldout_prompts(seed)
     samples = [task.reward_sample(p, r) for p, r in zip(prompts, task.correct_responses(prompts))]
-    moved = check_determinism(loaded, samples)
+    moved = check_determinism(loaded, samples, timeout=timeout)
     if moved:
         m = moved[0]
         raise ConfigError(
@@ -101,8 +106,9 @@ def check_rescored(spec: str, rollout: int, recorded: dict[str, Any], batch: dic
         )
 
 
-def get_reward(name: str) -> BatchReward:
+def get_reward(name: str, timeout: float | None = None) -> BatchReward:
     """The reward ``--reward`` names: a built-in's token form where it has one, else the reward
-    ``load_reward`` resolves, scored per sample (``ConfigError`` when it does not resolve;
-    ``check_reward`` reports that before a run starts)."""
-    return _token_form(name) or _plugin(name)
+    ``load_reward`` resolves, scored per sample with each call limited to ``timeout`` seconds
+    (``--reward-timeout``; ``None``: no limit). ``ConfigError`` when it does not resolve
+    (``check_reward`` reports that before a run starts)."""
+    return _token_form(name) or _plugin(name, timeout)
