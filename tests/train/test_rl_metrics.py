@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from ftkit.train.rank.step_metrics import StepMetrics, policy_entropy
+from ftkit.engines.policy import allowed_index, policy_logprobs, policy_logprobs_entropy
+from ftkit.train.rank.step_metrics import StepMetrics
 from ftkit.train.rl.grpo import GrpoConfig, token_loss
 from ftkit.train.rl.logprob_stats import compare_logprobs
 from ftkit.train.rl.rollout_stats import idle_warning, response_lengths, rollout_metrics
@@ -67,13 +68,16 @@ def test_rollout_metrics_of_a_batch() -> None:
 
 def test_step_metrics_are_the_same_for_any_split_of_the_micro_shards() -> None:
     torch.manual_seed(0)
-    allowed = torch.tensor([0, 2, 3])
-    logits = torch.randn(4, 5, 6)
-    entropy = policy_entropy(logits, allowed)
-    p = logits[..., allowed].softmax(-1)
-    assert torch.allclose(entropy, -(p * p.log()).sum(-1))
+    allowed, tokens = torch.tensor([0, 2, 3]), torch.tensor([[0, 2, 3, 3, 2]] * 4)
+    index = allowed_index(allowed.tolist(), 6)
+    logits = torch.randn(4, 5, 6, requires_grad=True)
     mask = torch.ones(4, 5)
     mask[:, -1] = 0
+    lp, entropy = policy_logprobs_entropy(logits, tokens, allowed, index, mask > 0)
+    assert torch.equal(lp, policy_logprobs(logits, tokens, allowed, index)) and lp.requires_grad  # the same bits
+    p = logits.detach()[..., allowed].softmax(-1)[mask > 0]
+    assert not entropy.requires_grad and torch.allclose(entropy, -(p * p.log()).sum(-1))
+    entropy = entropy.reshape(4, 4)  # per sample: its 4 learned positions
     logp, old = torch.randn(4, 5) - 2, torch.randn(4, 5) - 2
     terms = token_loss(logp, old, torch.tensor([1.0, -1.0, 0.5, 0.0]), mask, GrpoConfig(kl_coef=0.1), logp - 0.1)
     engine = logp + torch.where(torch.arange(5) == 1, 0.25, 0.0)
@@ -85,19 +89,19 @@ def test_step_metrics_are_the_same_for_any_split_of_the_micro_shards() -> None:
         for m in shards:
             part = slice(m, m + 1)
             sub = type(terms)(terms.loss[part], terms.ratio[part], terms.clipped[part], terms.kl[part])
-            sm.add_shard(m, entropy[part], sub, mask[part])
+            sm.add_shard(m, entropy[part], sub)
         sm.add_comparison(type(result)([result.samples[m] for m in shards], [], result.step), [4 + m for m in shards])
         return sm
 
-    tokens, losses = int(mask.sum()), torch.zeros(4, dtype=torch.float64)
+    learned, losses = int(mask.sum()), torch.zeros(4, dtype=torch.float64)
     alone = run([0, 1, 2, 3])
-    one = alone.unpack(alone.side(losses), losses.clone(), tokens)
+    one = alone.unpack(alone.side(losses), losses.clone(), learned)
     a, b = run([0, 1]), run([2, 3])
-    two = a.unpack(a.side(losses) + b.side(losses), losses.clone(), tokens)  # the sum is the all-reduce
+    two = a.unpack(a.side(losses) + b.side(losses), losses.clone(), learned)  # the sum is the all-reduce
     assert one == two and set(one) == STEP_NAMES | CHECK_NAMES
-    assert one["entropy"] == pytest.approx(float(entropy[mask > 0].double().mean()))
-    assert one["clip_fraction"] == float(terms.clipped.sum()) / tokens
-    assert one["kl"] == pytest.approx(float(terms.kl.double().sum()) / tokens)
+    assert one["entropy"] == pytest.approx(float(entropy.double().mean()))
+    assert one["clip_fraction"] == float(terms.clipped.sum()) / learned
+    assert one["kl"] == pytest.approx(float(terms.kl.double().sum()) / learned)
     assert one["logprob_diff_max_abs"] == pytest.approx(0.25) and one["logprob_diff_mean_abs"] == pytest.approx(
         0.25 / 4
     )

@@ -251,23 +251,22 @@ class StepCompute:
         are kept for the check."""
         import torch
 
-        from ftkit.engines.policy import policy_logprobs
-        from ftkit.train.rank.step_metrics import policy_entropy
+        from ftkit.engines.policy import policy_logprobs, policy_logprobs_entropy
         from ftkit.train.rl.grpo import grpo_loss
 
         allowed, index = self._policy()
+        learned = part["loss_mask"].to(self.ctx.device)
         logits = self._logits(self.ctx.model, tokens, pos, mask, emb)
-        logp = policy_logprobs(logits, tokens, allowed, index)
+        logp, entropy = policy_logprobs_entropy(logits, tokens, allowed, index, learned > 0)
         ref = None
         if self.ctx.reference is not None:
             with torch.no_grad():
                 ref_logits = self._logits(self.ctx.reference, tokens, pos, mask, None)
                 ref = policy_logprobs(ref_logits, tokens, allowed, index)
-        learned = part["loss_mask"].to(logp.device)
         behaviour = part["logprobs"].to(logp.device)
         loss, terms = grpo_loss(logp, behaviour, part["advantages"], learned, norm, self.cfg.objective.grpo(), ref)
         if self._metrics is not None:
-            self._metrics.add_shard(m, policy_entropy(logits, allowed), terms, learned)
+            self._metrics.add_shard(m, entropy, terms)
         if self._checks is not None:
             self._checks.append((logp.detach().cpu(), part["logprobs"], part["loss_mask"], part["witness_ids"]))
         return loss

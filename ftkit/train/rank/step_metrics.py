@@ -3,8 +3,9 @@
 What a GRPO step measures beside its loss (``Reduced.metrics``, logged in the driver's step
 ``metric``; docs/rl.md "Metrics"):
 
-* ``entropy``: the policy's entropy (``ftkit.engines.policy``: the distribution over the task's
-  response tokens the engines sample from) at every learned position, mean per learned token;
+* ``entropy``: the policy's entropy (``ftkit.engines.policy.policy_logprobs_entropy``: of the
+  distribution over the task's response tokens the engines sample from) at every learned
+  position, mean per learned token;
 * ``clip_fraction``: the share of learned tokens whose clipped surrogate is the one taken
   (``grpo.TokenTerms.clipped``: the ratio left ``[1 - clip_low, 1 + clip_high]`` on the side
   the advantage's sign makes binding);
@@ -17,8 +18,8 @@ What a GRPO step measures beside its loss (``Reduced.metrics``, logged in the dr
   of KL(engine || trainer)).
 
 How they stay membership invariant: each micro-shard's sums are computed by the cell that
-computes the micro-shard (entropy under ``no_grad`` from the logits the loss already has, so
-nothing of the training changes), into its own row of a ``[M, 3]`` float64 table; each compared
+computes the micro-shard (entropy under ``no_grad`` from the log-softmax the loss computes
+anyway, so nothing of the training changes), into its own row of a ``[M, 3]`` float64 table; each compared
 sample's figures go into its own row (its index in the rollout) of a ``[N, 4]`` table. Every row
 has one contributor across the cells, so the tables ride in the step's reduction beside the
 micro-shard losses (``side``: a sum with zeros is the contributor's bits) and arrive whole on
@@ -42,16 +43,6 @@ _SHARD_COLUMNS = 3  # entropy sum, clipped tokens, k3 sum
 _SAMPLE_COLUMNS = 4  # compared finite tokens, |diff| sum, |diff| max, k3 sum
 
 
-def policy_entropy(logits: Tensor, allowed: Tensor) -> Tensor:
-    """float32 ``[b, s]``: the entropy of the policy (``logits`` ``[b, s, V]`` restricted to the
-    ``allowed`` response tokens) at every position, without gradient."""
-    import torch
-
-    with torch.no_grad():
-        logp = logits[..., allowed.to(logits.device)].float().log_softmax(dim=-1)
-        return -(logp.exp() * logp).sum(dim=-1)
-
-
 class StepMetrics:
     """The tables of one step attempt on one rank (see the module docstring).
 
@@ -73,10 +64,10 @@ class StepMetrics:
         self.shards = torch.zeros(micro_shards, _SHARD_COLUMNS, dtype=torch.float64, device=device)
         self.samples = None if samples is None else torch.zeros(samples, _SAMPLE_COLUMNS, dtype=torch.float64)
 
-    def add_shard(self, m: int, entropy: Tensor, terms: TokenTerms, learned: Tensor) -> None:
-        """Micro-shard ``m``'s sums over its learned tokens (``learned`` ``[b, s]``)."""
-        keep = learned.to(entropy.device) > 0
-        self.shards[m, 0] = entropy.double()[keep].sum()
+    def add_shard(self, m: int, entropy: Tensor, terms: TokenTerms) -> None:
+        """Micro-shard ``m``'s sums over its learned tokens (``entropy``: at each of them,
+        ``ftkit.engines.policy.policy_logprobs_entropy``; ``terms``: 0 elsewhere)."""
+        self.shards[m, 0] = entropy.double().sum()
         self.shards[m, 1] = terms.clipped.double().sum()
         self.shards[m, 2] = terms.kl.detach().double().sum()
 
