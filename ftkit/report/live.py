@@ -73,7 +73,9 @@ class StepLike(Protocol):
     tokens_per_s: float
     cells_alive: int
     cells: int
-    metrics: Mapping[str, float]
+
+    @property
+    def metrics(self) -> Mapping[str, float]: ...
 
     @property
     def committed(self) -> bool: ...
