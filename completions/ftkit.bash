@@ -58,8 +58,8 @@ _ftkit() {
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rtol --atol --ignore-metric --require-same-length --format -f --junit-xml --html --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         analyze-events)
             case "$prev" in
-                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
-                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
+                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115 FT116" -- "$cur") ); return;;
+                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115 FT116" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --junit-xml|--html) _ftkit_files "$cur"; return;;
@@ -67,8 +67,8 @@ _ftkit() {
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--rule --skip-rule --format -f --junit-xml --fail-on --html --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         analyze)
             case "$prev" in
-                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
-                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115" -- "$cur") ); return;;
+                --rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115 FT116" -- "$cur") ); return;;
+                --skip-rule) COMPREPLY=( $(compgen -W "FT101 FT102 FT103 FT104 FT105 FT106 FT107 FT108 FT109 FT110 FT111 FT112 FT113 FT114 FT115 FT116" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --fail-on) COMPREPLY=( $(compgen -W "error warning never" -- "$cur") ); return;;
                 --junit-xml|--html) _ftkit_files "$cur"; return;;

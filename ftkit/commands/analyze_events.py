@@ -17,7 +17,7 @@ from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt
 from ftkit.findings import FailOn, shown_verdict
 from ftkit.report.sink import Format, Output
 
-HELP = """Replay a run's event log and apply the forensic rules (FT101-FT115).
+HELP = """Replay a run's event log and apply the forensic rules (FT101-FT116).
 
 PATH is an events/ directory (every *.jsonl and *.jsonl.gz below it), a run directory,
 one or more log files, or '-' for standard input. The lines may come in any order and

@@ -27,19 +27,27 @@ if TYPE_CHECKING:
 
 def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     """float32 ``[..., s]``: ``log_softmax(float32(logits))`` gathered at ``targets`` ``[..., s]``."""
-    logp = logits.float().log_softmax(dim=-1)
+    return _gathered(logits.float().log_softmax(dim=-1), targets)
+
+
+def _gathered(logp: Tensor, targets: Tensor) -> Tensor:
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _next_token(logp: Tensor, tokens: Tensor) -> Tensor:
+    """``logp`` (``[n, s, V]`` log-probs) at the next tokens: position ``t`` at ``tokens[t+1]``, the last 0."""
+    import torch
+
+    targets = torch.zeros_like(tokens)
+    targets[:, :-1] = tokens[:, 1:]
+    out = _gathered(logp, targets)
+    return torch.cat([out[:, :-1], torch.zeros_like(out[:, -1:])], dim=1)
 
 
 def next_token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """float32 ``[n, s]``: position ``t`` holds ``log p(tokens[t+1] | tokens[<=t])`` from
     ``logits[:, t]``; the last position (no next token) is 0."""
-    import torch
-
-    targets = torch.zeros_like(tokens)
-    targets[:, :-1] = tokens[:, 1:]
-    out = token_logprobs(logits, targets)
-    return torch.cat([out[:, :-1], torch.zeros_like(out[:, -1:])], dim=1)
+    return _next_token(logits.float().log_softmax(dim=-1), tokens)
 
 
 def allowed_index(allowed: Sequence[int], vocab_size: int) -> Tensor:
@@ -62,6 +70,21 @@ def policy_logprobs(logits: Tensor, tokens: Tensor, allowed: Tensor, index: Tens
     """float32 ``[b, s]``: position ``t`` holds the policy's log-prob of ``tokens[:, t+1]``
     from ``logits[:, t]`` (``[b, s, V]``); the last position is 0."""
     return next_token_logprobs(logits[..., allowed.to(logits.device)], index.to(tokens.device)[tokens])
+
+
+def policy_logprobs_entropy(
+    logits: Tensor, tokens: Tensor, allowed: Tensor, index: Tensor, at: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``policy_logprobs`` (the same operations, so the same bits) and, without gradient, the
+    policy's entropy ``-sum p log p`` (float32 ``[k]``) at the ``k`` positions where the bool
+    ``at`` ``[b, s]`` is true, from the same log-softmax (no second pass over the vocabulary)."""
+    import torch
+
+    logp = logits[..., allowed.to(logits.device)].float().log_softmax(dim=-1)
+    with torch.no_grad():
+        kept = logp.detach()[at.to(logp.device)]
+        entropy = kept.exp().mul_(kept).sum(dim=-1).neg_()
+    return _next_token(logp, index.to(tokens.device)[tokens]), entropy
 
 
 def padding_mask(pads: Tensor, seq_len: int) -> Tensor:

@@ -174,12 +174,18 @@ _STEP = "ftkit train's per-step metric only, absent in older logs (docs/train.md
 
 
 class Metric(Envelope):
-    """Scalar metrics of a step (loss, grad_norm, reward, ...)."""
+    """Scalar metrics of a step (loss, grad_norm, reward, ...). ``ftkit train`` logs per rollout
+    the reward's mean / std / min / max, ``zero_advantage_groups``, response lengths,
+    ``truncated_fraction`` and ``gen_tokens_per_s``; per step loss, grad_norm, ``tokens_per_s``
+    (training) and, with GRPO, entropy, clip_fraction, kl and the engine-vs-trainer
+    ``logprob_diff_*`` (docs/rl.md "Metrics")."""
 
     type: Literal["metric"]
     rollout: int = Field(description="rollout index")
     step: int | None = Field(description="run-global optimizer step (null: per rollout)")
-    values: dict[str, float | None] = Field(description="name -> value (NaN / Infinity literals allowed)")
+    values: dict[str, float | None] = Field(
+        description='name -> value (NaN / Infinity literals allowed); ftkit train\'s names: docs/rl.md "Metrics"'
+    )
     phases: dict[str, float] | None = Field(default=None, description=f"phase -> seconds of the step; {_STEP}")
     wall_seconds: float | None = Field(default=None, description=f"the wall seconds the phases cover; {_STEP}")
     micro_shard_seconds: list[float | None] | None = Field(default=None, description=f"per micro-shard; {_STEP}")

@@ -12,7 +12,10 @@ injected fault reads ``<injection> -> cell N failed (reason)``. Without a cell-s
 shown are the step's alive count. It shows, in place, when stderr is a terminal
 (``live=True``): a progress bar over the run's steps with the rollout, the cells' states at a
 glance (one coloured block per cell: alive, failed, restarting, healing, stopped ...), the
-last fault and the last heal, and the latest reward, loss, grad norm and tokens/s. Otherwise
+last fault and the last heal, and the latest reward, loss, grad norm and tokens/s, then the RL
+metrics of the step and its rollout (``rl_text``: reward spread, groups without signal, response
+lengths, entropy, KL, clip fraction, engine-vs-trainer log-prob difference, generation
+tokens/s; docs/rl.md "Metrics"). Otherwise
 (``live=False``: stderr redirected, CI logs, ``--format json``) it writes plain lines, one per
 step and one per cell-state change, fault or heal, exactly what a log file wants.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, TextIO
@@ -71,17 +75,47 @@ class StepLike(Protocol):
     cells: int
 
     @property
+    def metrics(self) -> Mapping[str, float]: ...
+
+    @property
     def committed(self) -> bool: ...
+
+
+#: The RL metrics ``rl_text`` shows, in order: (metric, label, format); absent ones are skipped.
+_RL_SHOWN = (
+    ("reward_std", "reward std", "{:.3f}"),
+    ("zero_advantage_groups", "zero-adv groups", "{:.0%}"),
+    ("response_length_mean", "len", "{:.1f}"),
+    ("response_length_max", "max", "{:.0f}"),
+    ("truncated_fraction", "cut", "{:.0%}"),
+    ("entropy", "entropy", "{:.4g}"),
+    ("kl", "kl", "{:.4g}"),
+    ("clip_fraction", "clip", "{:.1%}"),
+    ("logprob_diff_max_abs", "lp-diff max", "{:.3g}"),
+    ("gen_tokens_per_s", "gen", "{:,.0f} tok/s"),
+)
+
+
+def rl_text(metrics: Mapping[str, float]) -> str:
+    """The RL metrics of a step's report as one line (empty without any): ``reward std 0.120
+    zero-adv groups 25%  len 6.5  max 8  cut 10%  entropy 1.23  clip 3.1%  gen 4,321 tok/s``."""
+    parts = []
+    for name, label, fmt in _RL_SHOWN:
+        value = metrics.get(name)
+        if value is not None:
+            parts.append(f"{label} {fmt.format(value)}")
+    return "  ".join(parts)
 
 
 def step_text(r: StepLike) -> str:
     """One plain line per step: ``rollout 1/3  step 2/6  loss ...  cells 2/2  1,234 tok/s``, plus
-    ``  N attempts`` when faults made the step retry."""
+    ``  N attempts`` when faults made the step retry, then `` | `` and the RL metrics (``rl_text``)."""
     state = ("" if r.committed else "  DISCARDED") + (f"  {r.attempts} attempts" if r.attempts > 1 else "")
+    rl = rl_text(r.metrics)
     return (
         f"rollout {r.rollout + 1}/{r.rollouts}  step {r.step + 1}/{r.steps}  loss {r.loss:+.5f}  "
         f"reward {r.reward:.3f}  grad_norm {r.grad_norm:.4g}  cells {r.cells_alive}/{r.cells}  "
-        f"{r.tokens_per_s:,.0f} tok/s{state}"
+        f"{r.tokens_per_s:,.0f} tok/s{state}" + (f"  | {rl}" if rl else "")
     )
 
 
@@ -217,6 +251,9 @@ class LiveView:
                     f"  {r.tokens_per_s:,.0f} tok/s  discarded attempts {self.discarded}"
                 )
             )
+            rl = rl_text(r.metrics)
+            if rl:
+                lines.append(Text(rl, style="dim"))
         lines.append(Text.from_markup(f"[red]last fault[/red] {literal(self.fault or '-')}"))
         lines.append(Text.from_markup(f"[magenta]last heal[/magenta]  {literal(self.heal or '-')}"))
         return Group(*lines)

@@ -82,6 +82,6 @@ def test_each_rule_fires_on_the_default_layout(tmp_path, code):
 
 def test_registry_has_the_rules_with_metadata():
     rules = all_rules()
-    assert list(rules) == [f"FT1{i:02d}" for i in range(1, 16)]
+    assert list(rules) == [f"FT1{i:02d}" for i in range(1, 17)]
     for cls in rules.values():
         assert cls.name and cls.description and cls.fix and cls.severity.value in ("error", "warning")

@@ -10,7 +10,7 @@ import pty
 import re
 import struct
 import termios
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ftkit.report.live import LiveView, live_view
 from ftkit.report.sink import Format, Output
@@ -30,6 +30,7 @@ class Report:
     cells_alive: int
     cells: int
     attempts: int = 1
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _feed(view: LiveView) -> None:

@@ -56,9 +56,9 @@ def _retry_proc(index: int, jobs: list) -> None:
     forwards = [0]
     inner = w.compute._forward_backward  # the step's phase 1 (StepCompute)
 
-    def counted(part, norm):
+    def counted(part, norm, m):
         forwards[0] += 1
-        return inner(part, norm)
+        return inner(part, norm, m)
 
     w.compute._forward_backward = counted
     attempt = 0

@@ -140,7 +140,7 @@ class StepCoordinator:
                     phases = attempt_phases(clock.seconds, (wait1, first), (wait2, committed))
                     return StepOutcome(
                         rollout, step, attempt + 1, first.loss, committed.grad_norm, first.tokens, seconds,
-                        cells_alive, phases, shard_seconds(reduced, cfg.batch.micro_shards),
+                        cells_alive, phases, shard_seconds(reduced, cfg.batch.micro_shards), dict(first.metrics),
                     )  # fmt: skip
                 clock.add("retry", wait1 + wait2)
                 continue

@@ -335,6 +335,7 @@ class Driver:
 
         from ftkit.train.rl import rollouts
         from ftkit.train.rl.rewards import get_reward
+        from ftkit.train.rl.rollout_stats import idle_warning, rollout_metrics
 
         cfg, clock = self.cfg, self.clock
         with clock.phase("generation"):
@@ -360,13 +361,17 @@ class Driver:
             )
             reward = float(rewards.double().mean())
             self.rewards.append(reward)
-            emit.metric(self.events, rollout=rollout, step=None, values={"reward": reward})
+            gen_s = clock.pending.get("generation", 0.0)  # this rollout's: the last step's close reset it
+            values = {"reward": reward, **rollout_metrics(tensors, self.task, cfg.task.group_size, gen_s)}
+            emit.metric(self.events, rollout=rollout, step=None, values=values)
+            if (idle := idle_warning(rollout, values)) is not None:
+                self.on_warning(idle)
             batch_ref = ray.put(tensors)
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dumps.what)
         for k in range(cfg.batch.steps_per_rollout):
             step = rollout * cfg.batch.steps_per_rollout + k
             self._check_gcs()
-            self._step_done(self._session().coord.run_step(rollout, step, batch_ref, dump), reward)
+            self._step_done(self._session().coord.run_step(rollout, step, batch_ref, dump), values)
         with clock.phase("weight_sync"):
             self._push_weights(version=rollout + 1)
         with clock.phase("checkpoint"):
@@ -380,13 +385,13 @@ class Driver:
         responses, logprobs = self.engines.generate(prompts, rollout)
         return {"prompts": prompts, "responses": responses, "logprobs": logprobs}
 
-    def _step_done(self, out: StepOutcome, reward: float) -> None:
+    def _step_done(self, out: StepOutcome, rollout_values: dict[str, float]) -> None:
         """Metrics (with the step's phases: ``step_clock``) and progress of a committed step."""
         self.steps_committed += 1
         with self.clock.phase("log"):
             tps = emit_step(self.events, out, self.clock)
             self.events.sync()
-            self.on_step(StepReport.of(out, self.cfg, reward, tps))
+            self.on_step(StepReport.of(out, self.cfg, rollout_values, tps))
 
     def _push_weights(self, version: int) -> None:
         """Export the first live cell's weights in the names the engines take, fingerprint them

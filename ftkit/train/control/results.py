@@ -26,6 +26,7 @@ class StepOutcome:
     cells_alive: int  # live cells after the step
     phases: dict[str, float] = field(default_factory=dict)  # ``ftkit.train.control.step_clock.attempt_phases``
     shard_seconds: list[float | None] = field(default_factory=list)  # per micro-shard, of the committed attempt
+    metrics: dict[str, float] = field(default_factory=dict)  # the ranks' RL metrics (``Reduced.metrics``)
 
 
 @dataclass
@@ -44,10 +45,16 @@ class StepReport:
     seconds: float
     cells_alive: int
     cells: int
+    # the rollout's metrics (``ftkit.train.rl.rollout_stats``) and the step's (``StepOutcome.metrics``)
+    metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, out: StepOutcome, cfg: TrainConfig, reward: float, tokens_per_s: float) -> StepReport:
-        """The report of the committed step ``out`` of a run of ``cfg`` (``reward``: its rollout's mean)."""
+    def of(
+        cls, out: StepOutcome, cfg: TrainConfig, rollout_values: dict[str, float], tokens_per_s: float
+    ) -> StepReport:
+        """The report of the committed step ``out`` of a run of ``cfg`` (``rollout_values``: its
+        rollout's ``metric`` values, ``reward`` the mean reward)."""
+        reward = rollout_values["reward"]
         return cls(
             out.rollout,
             cfg.schedule.rollouts,
@@ -61,6 +68,7 @@ class StepReport:
             out.seconds,
             out.cells_alive,
             cfg.cluster.cells,
+            {**{k: v for k, v in rollout_values.items() if k != "reward"}, **out.metrics},
         )
 
     @property

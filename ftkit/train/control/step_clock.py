@@ -94,8 +94,9 @@ class StepClock:
 
 
 def emit_step(log: EventSink, out: StepOutcome, clock: StepClock) -> float:
-    """The step's ``metric`` (loss, grad_norm, tokens_per_s, step_seconds, attempts and the
-    phases of ``clock.close(out)``); returns its tokens per second."""
+    """The step's ``metric`` (loss, grad_norm, tokens_per_s, step_seconds, attempts, the ranks'
+    RL metrics ``out.metrics`` and the phases of ``clock.close(out)``); returns its tokens per
+    second (of training)."""
     tps = out.tokens / out.seconds if out.seconds > 0 else 0.0
     phases, wall = clock.close(out)
     values = {
@@ -104,6 +105,7 @@ def emit_step(log: EventSink, out: StepOutcome, clock: StepClock) -> float:
         "tokens_per_s": tps,
         "step_seconds": out.seconds,
         "attempts": float(out.attempts),
+        **out.metrics,
     }
     emit.metric(
         log,

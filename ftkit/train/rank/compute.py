@@ -22,6 +22,7 @@ import ftkit.evidence.emit as emit
 from ftkit.evidence.phases import PhaseTimer
 from ftkit.train.rank.precision import GradStage
 from ftkit.train.rank.shard_cache import ShardCache
+from ftkit.train.rank.step_metrics import StepMetrics
 from ftkit.train.rank.step_types import Reduced, StepTask
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class StepCompute:
         self._task_obj: Any = None
         # GRPO at a rollout's first step: (trainer log-probs, recorded, mask, ids) per micro-shard
         self._checks: list[tuple[Any, Any, Any, Any]] | None = None
+        self._metrics: StepMetrics | None = None  # GRPO: this attempt's metric tables
 
     def forget(self) -> None:
         """Drop the micro-shard rows kept for a retry (the step committed, or another began)."""
@@ -101,6 +103,7 @@ class StepCompute:
         # at a rollout's first step the trainer's weights are the ones the engines sampled with
         rollout_start = task.step % cfg.batch.steps_per_rollout == 0
         self._checks = [] if grpo and rollout_start else None
+        self._metrics = StepMetrics.of(cfg, rollout_start, ctx.reference is not None, ctx.device)
         if rollout_start and cfg.layout.pp == 1:  # every attempt: a killed first attempt may have logged nothing
             self._score_canaries(task)
         if self.ctx.witness is not None:
@@ -124,6 +127,8 @@ class StepCompute:
             if m in reuse:  # computed by this rank in a discarded attempt of this step
                 rows[i].copy_(reuse[m][0])
                 losses[m] = reuse[m][1]
+                if self._metrics is not None:
+                    self._metrics.shards[m] = reuse[m][2]
                 clock.lap("reuse")
                 continue
             self._bind_grads(rows[i if keep else 0])
@@ -131,7 +136,7 @@ class StepCompute:
             part = {k: v[slices[m]] for k, v in data.items()}
             mid, first = (self._mid_backward(at) if first else None), False
             with self.dumps.micro_shard(task.rollout, task.step, m, task.dump, task.attempt):
-                losses[m] = self._forward_backward(part, norm)  # f32 -> f64: exact
+                losses[m] = self._forward_backward(part, norm, m)  # f32 -> f64: exact
             if mid is not None:
                 mid[1].remove()
                 poison = poison or next((kind for kind in mid[0] if kind), None)
@@ -141,28 +146,32 @@ class StepCompute:
         losses = losses.cpu()  # the step's one wait for the device (docstring of ftkit.evidence.phases)
         clock.lap("forward_backward")
         if self._checks is not None:
-            self._check_later_steps(batch, mine, slices)
+            self._check_rest(batch, mine, slices, set(reuse) & set(mine))
             self._emit_check(task)
             clock.lap("logprob_check")
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
         elif reusable and self.reducer.keeps_rows(rows):
-            self._shards.computed(task.step, mine, rows, losses)
+            stats = None if self._metrics is None else self._metrics.shards
+            self._shards.computed(task.step, mine, rows, losses, stats)
         if self.pipe is not None:  # only the last stage computed the losses
             self.pipe.share_losses(losses)
+        # GRPO's metric tables ride with the losses (step_metrics); without them the losses alone
+        side = losses if self._metrics is None else self._metrics.side(losses)
         allreduce = self._faulty_allreduce(at)
         # The loss vector has one non-zero slot per micro-shard, so its sum across cells is
         # exact; the exact reduction carries it in its own integer collective.
         if keep and cfg.reduction.reduce == "exact":
-            reduced = self.reducer.reduce(rows, allreduce, side=losses)
+            reduced = self.reducer.reduce(rows, allreduce, side=side)
             if reduced is None:
-                allreduce(losses, "sum")
+                allreduce(side, "sum")
         else:
             reduced = reduce_float(rows, allreduce)
-            allreduce(losses, "sum")
+            allreduce(side, "sum")
         faults.at("after_reduce", **at)
         tokens = int(data["loss_mask"].sum())
+        metrics = {} if self._metrics is None else self._metrics.unpack(side, losses, tokens)
         guard.observe(task.step, "reduced gradient", reduced is not None)
         guard.observe_value(task.step, "loss", float(losses.sum()))
         if reduced is None:
@@ -179,7 +188,7 @@ class StepCompute:
         clock.lap("reduce")
         finite, loss = reduced is not None, float(losses.sum())
         return Reduced(
-            ctx.cell, ctx.rank, task.step, task.attempt, finite, loss, tokens, clock.seconds, shard_seconds
+            ctx.cell, ctx.rank, task.step, task.attempt, finite, loss, tokens, clock.seconds, shard_seconds, metrics
         ), pending
 
     def _step_batch(self, rollout: int, step: int, batch: dict[str, Tensor]) -> dict[str, Any]:
@@ -199,8 +208,8 @@ class StepCompute:
             f"a batch of {rows} samples is neither a rollout ({cfg.batch.samples_per_rollout}) nor a step ({n})"
         )
 
-    def _forward_backward(self, part: dict[str, Tensor], norm: float) -> Any:
-        """Forward and backward of one micro-shard; returns its (normalised) loss, a detached
+    def _forward_backward(self, part: dict[str, Tensor], norm: float, m: int) -> Any:
+        """Forward and backward of micro-shard ``m``; returns its (normalised) loss, a detached
         0-d tensor on the device (0.0 on a pipeline stage that computes none), never read here."""
         import torch
 
@@ -216,7 +225,7 @@ class StepCompute:
             emb = self.ctx.model.embedding(input_ids=tokens, position_ids=pos)
             emb = self.ctx.witness.apply(emb, part["witness_rows"])
         if self.cfg.objective.loss == "grpo":  # pp == 1 (TrainConfig)
-            loss = self._grpo_loss(part, tokens, pos, mask, emb, norm)
+            loss = self._grpo_loss(part, tokens, pos, mask, emb, norm, m)
         elif self.pipe is not None:
             return self.pipe.forward_backward(
                 tokens, pos, mask, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
@@ -228,25 +237,36 @@ class StepCompute:
         return loss.detach()
 
     def _grpo_loss(
-        self, part: dict[str, Tensor], tokens: Tensor, pos: Tensor, mask: Tensor | None, emb: Tensor | None, norm: float
+        self,
+        part: dict[str, Tensor],
+        tokens: Tensor,
+        pos: Tensor,
+        mask: Tensor | None,
+        emb: Tensor | None,
+        norm: float,
+        m: int,
     ) -> Any:
-        """A micro-shard's GRPO loss (``ftkit.train.rl.grpo``) against the recorded behaviour
-        log-probs; at a rollout's first step its log-probs are kept for the check."""
+        """Micro-shard ``m``'s GRPO loss (``ftkit.train.rl.grpo``) against the recorded behaviour
+        log-probs and its metric sums (``step_metrics``); at a rollout's first step its log-probs
+        are kept for the check."""
         import torch
 
-        from ftkit.engines.policy import policy_logprobs
+        from ftkit.engines.policy import policy_logprobs, policy_logprobs_entropy
         from ftkit.train.rl.grpo import grpo_loss
 
         allowed, index = self._policy()
-        logp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, mask, emb), tokens, allowed, index)
+        learned = part["loss_mask"].to(self.ctx.device)
+        logits = self._logits(self.ctx.model, tokens, pos, mask, emb)
+        logp, entropy = policy_logprobs_entropy(logits, tokens, allowed, index, learned > 0)
         ref = None
         if self.ctx.reference is not None:
             with torch.no_grad():
-                logits = self._logits(self.ctx.reference, tokens, pos, mask, None)
-                ref = policy_logprobs(logits, tokens, allowed, index)
-        learned = part["loss_mask"].to(logp.device)
+                ref_logits = self._logits(self.ctx.reference, tokens, pos, mask, None)
+                ref = policy_logprobs(ref_logits, tokens, allowed, index)
         behaviour = part["logprobs"].to(logp.device)
-        loss, _ = grpo_loss(logp, behaviour, part["advantages"], learned, norm, self.cfg.objective.grpo(), ref)
+        loss, terms = grpo_loss(logp, behaviour, part["advantages"], learned, norm, self.cfg.objective.grpo(), ref)
+        if self._metrics is not None:
+            self._metrics.add_shard(m, entropy, terms)
         if self._checks is not None:
             self._checks.append((logp.detach().cpu(), part["logprobs"], part["loss_mask"], part["witness_ids"]))
         return loss
@@ -307,23 +327,25 @@ class StepCompute:
                 **canary_fields(lp, mask),
             )
 
-    def _check_later_steps(self, batch: dict[str, Tensor], mine: list[int], slices: list[slice]) -> None:
-        """At a rollout's first step, also score this rank's micro-shards of the rollout's later
-        steps (no gradient, no witness: nothing is trained): the weights are still the ones the
-        engines sampled with, so every sample of the rollout is compared once the cells' shares
-        are put together. Skipped when the batch holds one step only."""
+    def _check_rest(self, batch: dict[str, Tensor], mine: list[int], slices: list[slice], reused: set[int]) -> None:
+        """At a rollout's first step, also score (no gradient, no witness: nothing is trained)
+        this step's micro-shards reused from a discarded attempt (their forward did not run) and
+        this rank's micro-shards of the rollout's later steps (unless the batch holds one step
+        only): the weights are still the ones the engines sampled with, so every sample of the
+        rollout is compared once the cells' shares are put together."""
         import torch
 
         from ftkit.engines.policy import policy_logprobs
         from ftkit.train.rl.masks import sequence_mask
 
         cfg, checks = self.cfg, self._checks
-        if checks is None or batch["tokens"].shape[0] != cfg.batch.samples_per_rollout:
+        if checks is None:
             return
+        whole = batch["tokens"].shape[0] == cfg.batch.samples_per_rollout
         allowed, index = self._policy()
         n = cfg.batch.step_samples
-        for k in range(1, cfg.batch.steps_per_rollout):
-            for m in mine:
+        for k in range(cfg.batch.steps_per_rollout if whole else 1):
+            for m in mine if k else sorted(reused):
                 rows = slice(k * n + slices[m].start, k * n + slices[m].stop)
                 tokens = batch["tokens"][rows].to(self.ctx.device)
                 pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
@@ -335,17 +357,22 @@ class StepCompute:
 
     def _emit_check(self, task: StepTask) -> None:
         """``logprob_check``: this rank's recomputed log-probs of its micro-shards' samples (of
-        every step of the rollout) vs the engines' recorded ones (``ftkit.train.rl.logprob_stats``);
-        TP rank 0 only (every TP rank holds the same gathered logits)."""
+        every step of the rollout) vs the engines' recorded ones (``ftkit.train.rl.logprob_stats``),
+        into the step's metric tables on every rank, logged by TP rank 0 only (every TP rank holds
+        the same gathered logits)."""
         import torch
 
         from ftkit.train.rl.logprob_stats import compare_logprobs
 
         checks, self._checks = self._checks or [], None
-        if self.ctx.tp_rank != 0 or not checks:
+        if not checks:
             return
         trainer, engine, mask, ids = (torch.cat([c[i] for c in checks]) for i in range(4))
         result = compare_logprobs(engine, trainer, mask)
+        if self._metrics is not None:
+            self._metrics.add_comparison(result, [int(i) % self.cfg.batch.samples_per_rollout for i in ids.tolist()])
+        if self.ctx.tp_rank != 0:
+            return
         emit.logprob_check(
             self.ctx.events,
             rollout=task.rollout,

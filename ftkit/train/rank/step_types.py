@@ -46,6 +46,8 @@ class Reduced:
     # reduce, ...; and the host seconds of each micro-shard it computed (reused ones have none)
     seconds: dict[str, float] = field(default_factory=dict)
     shard_seconds: dict[int, float] = field(default_factory=dict)
+    # GRPO's per-step metrics (``ftkit.train.rank.step_metrics``): the same on every cell
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
