@@ -227,9 +227,7 @@ class Driver:
             reason, code = plain_line(f"{type(exc).__name__}: {exc}"), 3  # a bug in ftkit
             raise
         finally:  # a signal from here on: ``end_run``, then ``verdict_after_end``
-            gcs_lost = self.gcs is not None and (
-                self.gcs.lost() is not None or (run_end.pending_interruption() is not None and not self.gcs.answers())
-            )  # a signal to the process group stops a local Ray's GCS too: nothing waits on it
+            gcs_lost = self.gcs is not None and self.gcs.gone()  # nothing waits on a dead GCS
             shutdown = partial(self._shutdown, release=not gcs_lost)
             ended = run_end.end_run(status, reason, code, shutdown, self._record_end)
             if self.gcs is not None:

@@ -377,6 +377,13 @@ class GcsWatch:
         silent = None if since is None else time.monotonic() - since
         return silent if silent is not None and silent >= self.grace_s else None
 
+    def gone(self) -> bool:
+        """At the end of a run: whether the GCS is ``lost``, or, once a signal arrived, does not
+        answer a probe now (a signal to the process group stops a local Ray's GCS too)."""
+        from ftkit.train.control.run_end import pending_interruption
+
+        return self.lost() is not None or (pending_interruption() is not None and not self.answers())
+
     def answers(self, timeout_s: float = 2.0) -> bool:
         """Whether the GCS answers one probe now, within ``timeout_s``: at the end of a run a
         signal interrupted, the GCS may have had the same signal (sent to the process group:
