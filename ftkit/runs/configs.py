@@ -57,6 +57,7 @@ NEUTRAL = frozenset(
         "collective_timeout",
         "step_timeout",
         "heal_timeout",
+        "reward_timeout",
         "min_cells",
         "max_retries",
         "heal",

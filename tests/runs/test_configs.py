@@ -15,3 +15,14 @@ def test_a_precision_an_older_run_did_not_record_is_fp32() -> None:
 def test_engine_placement_is_neutral() -> None:
     rows = config_diff({"engine_placement": "separate"}, {"engine_placement": "colocate"})
     assert [r["kind"] for r in rows] == ["neutral"]
+
+
+def test_what_a_resumed_run_may_change_is_neutral_or_length() -> None:
+    """A field ``ftkit train --resume`` lets change freely (timeouts, cells, cadences) cannot make
+    two runs differ in their bits: compare-runs lists it as neutral (the run length as length)."""
+    from ftkit.runs.configs import kind_of
+    from ftkit.train.config.places import FREE_FIELDS
+
+    kinds = {f: kind_of(f) for f in FREE_FIELDS}
+    assert {f: k for f, k in kinds.items() if k == "result"} == {}
+    assert kinds["rollouts"] == "length" and kinds["reward_timeout"] == "neutral"
