@@ -187,7 +187,7 @@ def test_an_engine_dead_after_its_last_use_is_declared_at_shutdown(ray_session, 
 
     run_dir = tmp_path / "run"
     driver = EventWriter(run_dir / "events", run="run", role="driver")
-    pool = EnginePool(_cfg(0, engines=2), str(run_dir), "cpu", events=driver)
+    pool = EnginePool(_cfg(0, engines=2), str(run_dir), events=driver)
     pool.ready()
     pid = ray_session.get(pool.actors[1].__ray_call__.remote(lambda actor: os.getpid()))
     os.kill(pid, signal.SIGKILL)

@@ -273,12 +273,12 @@ class Driver:
         placer = Placer(self.run_plan.placement.rank_resources(), cfg.layout.ranks, self.events)
         spread = placer.plan_start(cfg.cluster.cells, cfg.engine.count)
         session = self.cells = CellSession(
-            self.run_plan, str(self.run_dir), self.device, (self.store.host, self.store.port), placer, self.events,
+            self.run_plan, str(self.run_dir), (self.store.host, self.store.port), placer, self.events,
             emit.Tee(self.events, self.on_event), self.store.set,
         )  # fmt: skip
         epoch, incarnation = (-1, 0) if plan is None else (plan.last_epoch, plan.incarnation)
         cells = session.spawn(spread.cells, epoch, incarnation)
-        self.engines = EnginePool(self.run_plan, str(self.run_dir), self.device, placer, spread.engines, self.events)
+        self.engines = EnginePool(self.run_plan, str(self.run_dir), placer, spread.engines, self.events)
         session.join(cells)
         self.engines.ready()
         self._restore()

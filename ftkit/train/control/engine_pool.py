@@ -1,6 +1,6 @@
 """The inference engines of a run, restarted when they die.
 
-``EnginePool(plan, run_dir, device)`` starts ``plan.config.engine.count`` engine actors
+``EnginePool(plan, run_dir)`` starts ``plan.config.engine.count`` engine actors
 (``ftkit.train.rl.engines.EngineActor``, whatever the engine kind). ``ready()`` waits for them
 and learns what they take (``weights_format``: the names, dtype and signed zeros the driver
 sends and fingerprints the weights in). ``load(state, version)`` puts the weights in Ray's
@@ -55,7 +55,6 @@ class EnginePool:
         self,
         plan: RunPlan,
         run_dir: str,
-        device: str,
         placer: Placer | None = None,
         targets: dict[int, str | None] | None = None,
         events: EventWriter | None = None,

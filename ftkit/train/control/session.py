@@ -38,7 +38,6 @@ class CellSession:
         self,
         plan: RunPlan,
         run_dir: str,
-        device: str,
         store: tuple[str, int],
         placer: Placer,
         events: EventWriter,
@@ -46,7 +45,7 @@ class CellSession:
         store_set: Callable[[str, str], None] = lambda key, value: None,
     ) -> None:
         self.plan, self.cfg = plan, plan.config
-        self.run_dir, self.device, self.store, self.placer = run_dir, device, store, placer
+        self.run_dir, self.store, self.placer = run_dir, store, placer
         self.store_set = store_set  # sets a key in the driver's TCPStore (a heal called off)
         self.events, self.cell_log = events, cell_log  # cell_log: the cell books' (events, teed to the live view)
         self._roster: CellRoster | None = None
