@@ -157,6 +157,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str, t0: float) 
         "steps_closed": replay.steps_closed,
         "steps_committed": replay.steps_committed,
         "faults": len(replay.recovery.rows),
+        "restarts": replay.restarts,
         "heals": replay.by_type.get("heal", 0),
         "engine_restarts": replay.by_type.get("engine_restart", 0),
         "duration_s": replay.duration,

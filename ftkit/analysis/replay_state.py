@@ -65,6 +65,8 @@ class ReplayState:
         self.closed_below = 0
         self.late: list[Any] = [0, None]
         self.steps_closed = self.steps_committed = 0
+        self.last_committed = -1  # the highest step committed in the current session's view
+        self.restarts: list[dict[str, int]] = []  # per run_resumed: checkpoint_step, steps retrained
         # per stream (a file, or one source of a demultiplexed log): see attach()
         self.seq_next: list[int] = []
         self.file_source: list[dict[str, Any] | None] = []

@@ -13,7 +13,8 @@ rest. What the combined log of all sessions means to the replay (``on_run_resume
 - steps up to ``checkpoint_step`` were committed earlier and their state is the checkpoint's;
   steps after it that an earlier session began are superseded: their open records and open
   rollouts are dropped and the steps may be logged again (``closed_below`` and the driver's last
-  declared step go back).
+  declared step go back); how many committed steps are trained again is kept per restart
+  (``replay.restarts``: the report shows them, so a run killed once does not read as more steps).
 
 A ``run_resumed`` with no ``run_started`` before it means the earlier sessions' logs are
 missing (FT111).
@@ -37,6 +38,9 @@ def on_run_resumed(replay: Any, ev: dict[str, Any], fi: int, line: int) -> None:
     replay.cell_status = {}  # the new session's cells start from pending
     replay.closure.resumed(ev["time"])
     step, rollout = ev["checkpoint_step"], ev["checkpoint_rollout"]
+    # the steps an earlier session committed after the checkpoint are trained (and counted) again
+    replay.restarts.append({"checkpoint_step": step, "retrained": max(0, replay.last_committed - step)})
+    replay.last_committed = min(replay.last_committed, step)
     for key in [k for k in replay.pending if k[1] > step]:
         del replay.pending[key]
     for r in [r for r in replay.rollouts if r > rollout]:

@@ -162,6 +162,7 @@ class Watermark(Membership):
         self.steps_closed += 1
         if rec.committed:
             self.steps_committed += 1
+            self.last_committed = max(self.last_committed, rec.step)
             ro = self.rollouts.get(rec.rollout)
             if ro is not None:
                 ro.committed_steps += 1

@@ -39,6 +39,21 @@ RECOVERY_PRIORITY = (
 )
 
 
+def _retrained(s: dict[str, Any]) -> str:
+    """`` (N trained again after a restart)`` when a resumed session trained committed steps again."""
+    again = sum(r["retrained"] for r in s.get("restarts") or [])
+    return f" ({again} trained again after a restart)" if again else ""
+
+
+def _restarts(s: dict[str, Any]) -> str:
+    """``1 restart (from the checkpoint of step 11), `` for a resumed run; nothing otherwise."""
+    restarts = s.get("restarts") or []
+    if not restarts:
+        return ""
+    froms = ", ".join("no checkpoint" if r["checkpoint_step"] < 0 else f"step {r['checkpoint_step']}" for r in restarts)
+    return f"{plural(len(restarts), 'restart')} (resumed from {froms}), "
+
+
 def render_human(console: Console, result: AnalysisResult, outcome: str) -> None:
     """Print the whole human report of ``result`` on ``console`` (stdout's console)."""
     s = result.stats
@@ -51,8 +66,8 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
     duration = f"{s['duration_s']:.1f}s" if s["duration_s"] is not None else "-"
     console.print(
         f"[bold]Run[/bold] {literal(runs)}: {literal(layout)}; status {literal(s['status'] or 'unknown')}; "
-        f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts; "
-        f"{plural(s['faults'], 'fault')}, {plural(s['heals'], 'heal')}, "
+        f"{s['steps_committed']} committed steps of {s['steps_closed']} attempts{_retrained(s)}; "
+        f"{plural(s['faults'], 'fault')}, {plural(s['heals'], 'heal')}, {_restarts(s)}"
         f"{plural(s.get('engine_restarts', 0), 'engine restart')}; "
         f"{plural(s['events'], 'event')} in {plural(s['files'], 'file')}; "
         f"{duration} logged"

@@ -76,6 +76,14 @@ def test_a_dead_session_is_resumed_from_the_checkpoint_that_ends_its_rollout(tmp
     code = cli.main(["analyze-events", str(tmp_path / "events"), "--format", "json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["verdict"] == "pass", doc["findings"]
+    # step 4 was committed (closed) by the dead session and trained again (5-6 never closed there):
+    # the report shows the restart
+    assert doc["stats"]["restarts"] == [{"checkpoint_step": 3, "retrained": 1}]
+    assert doc["stats"]["steps_committed"] == 5 + 4
+    assert cli.main(["analyze-events", str(tmp_path / "events")]) == 0
+    human = " ".join(capsys.readouterr().out.split())
+    assert "9 committed steps of 9 attempts (1 trained again after a restart)" in human, human
+    assert "1 restart (resumed from step 3)" in human, human
     assert cli.main(["verify-checkpoint", str(tmp_path)]) == 0
     capsys.readouterr()
 
