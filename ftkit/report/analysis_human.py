@@ -50,7 +50,7 @@ def _restarts(s: dict[str, Any]) -> str:
     restarts = s.get("restarts") or []
     if not restarts:
         return ""
-    froms = ", ".join("no checkpoint" if r["checkpoint_step"] < 0 else f"step {r['checkpoint_step']}" for r in restarts)
+    froms = ", ".join("the start" if r["checkpoint_step"] < 0 else f"step {r['checkpoint_step']}" for r in restarts)
     return f"{plural(len(restarts), 'restart')} (resumed from {froms}), "
 
 
