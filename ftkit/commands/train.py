@@ -375,7 +375,6 @@ def register(app: typer.Typer) -> None:
 
             require_vllm()  # no vLLM virtualenv: exit 2 before Ray
 
-        from ftkit.commands.train_report import report
         from ftkit.train.control.driver import run_training
 
         if output.human:
@@ -398,11 +397,11 @@ def register(app: typer.Typer) -> None:
             output.info(f"merged event log: {merged_log} ({merged.lines} lines)")
         for note in result.analysis.notes:
             output.warn(note)
+        from ftkit.commands.train_report import verdict_report, with_expect_equal
         from ftkit.report.emit import emit
 
-        shown = report(result, result.analysis.verdict(fail_on))
+        shown = verdict_report(result, fail_on)
         if expect_equal is not None:
-            from ftkit.commands.train_report import with_expect_equal
             from ftkit.runs.compare import compare_runs
 
             shown = with_expect_equal(shown, compare_runs([expect_equal], [result.run_dir]))

@@ -34,6 +34,17 @@ def run_summary(result: Any) -> dict[str, Any]:
     }
 
 
+def verdict_report(result: Any, fail_on: Any) -> Report:
+    """The report of a finished run: its verdict FAIL on any error finding (or one at or above
+    ``fail_on``), its exit code set by ``fail_on`` alone (``--fail-on never``: exit 0, still FAIL),
+    as ``analyze-events`` does."""
+    from ftkit.findings import shown_verdict
+    from ftkit.report.emit import with_fail_on
+
+    findings = result.analysis.findings
+    return with_fail_on(report(result, shown_verdict(findings, fail_on)), findings, fail_on)
+
+
 def report(result: Any, outcome: str) -> Report:
     """The ``Report`` of a run: the run summary, then the analyzer's result over its own log
     (``ftkit.report.analysis_formats.report``) with the run added to every rendering."""

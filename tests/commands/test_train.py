@@ -283,6 +283,21 @@ def test_report_formats(tmp_path, capsys, monkeypatch):
     assert "FAIL" in text and "FT104" in text
 
 
+def test_fail_on_never_exits_0_and_still_says_fail(tmp_path, capsys):
+    from ftkit.commands.train_report import verdict_report
+    from ftkit.findings import FailOn
+    from ftkit.report.emit import emit
+    from ftkit.report.sink import Format, Output
+
+    bad = _result(tmp_path / "bad", violation="FT104")
+    assert emit(Output(Format.json), verdict_report(bad, FailOn.never)) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "fail"
+    assert emit(Output(Format.json), verdict_report(bad, FailOn.error)) == 1
+    capsys.readouterr()
+    clean = _result(tmp_path / "clean")
+    assert emit(Output(Format.json), verdict_report(clean, FailOn.warning)) == 0
+
+
 def test_step_line():
     from ftkit.report.live import step_text as step_line
     from ftkit.train.control.driver import StepReport
