@@ -20,6 +20,7 @@ failing item in capture order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,7 @@ class PairResult:
     shape: tuple[list[int] | None, list[int] | None] = (None, None)
     origins: tuple[list[str], list[str]] = ([], [])
     rule: str | None = None
+    seconds: float | None = None  # what loading and comparing the pair took (not in the JSON: not a result)
 
     @property
     def failed(self) -> bool:
@@ -198,7 +200,9 @@ def compare_paths(
     loader = TensorLoader()
     try:
         for item in pairing.items:
+            t0 = time.perf_counter()
             pr, found = _compare_item(item, options, loader)
+            pr.seconds = time.perf_counter() - t0  # its JUnit case's time
             loader.release([p.ref for p in item.a + item.b])  # resident memory: one item at a time
             result.pairs.append(pr)
             result.findings.extend(found)

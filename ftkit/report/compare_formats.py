@@ -152,7 +152,7 @@ def junit_cases(result: CompareResult) -> list[Case]:
         failures = [finding_failure(f) for f in by_tensor.get(p.id, []) if f.severity.value == "error"]
         if p.status in ("missing_in_a", "missing_in_b"):
             failures.append(Failure(f"CD004 tensor-missing: {p.id} {p.message}"))
-        tensors.append(Case(f"{SUITE}.{p.group}", p.id, failures))
+        tensors.append(Case(f"{SUITE}.{p.group}", p.id, failures, seconds=p.seconds))
     first = result.first_divergence.id if result.first_divergence is not None else None
     tensors.sort(key=lambda c: c.name != first)  # stable: capture order after the first divergence
     causes: list[Case] = []

@@ -52,3 +52,25 @@ def test_compare_runs_suite_time(tmp_path: Path) -> None:
     cli.main(["compare-runs", str(a.parent), str(b.parent), "--junit-xml", str(path), "-f", "json"])
     total, _ = _times(path)
     assert total > 0
+
+
+def test_compare_dumps_times_each_tensor(tmp_path: Path) -> None:
+    """compare-dumps: one case per compared tensor, each with the seconds its load and comparison
+    took; the suite covers them."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(0)
+    tensors = {f"layer{i}.weight": rng.standard_normal((256, 256)).astype(np.float32) for i in range(4)}
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+        save_file(tensors, str(tmp_path / side / "model.safetensors"))
+    path = tmp_path / "r.xml"
+    assert (
+        cli.main(["compare-dumps", str(tmp_path / "a"), str(tmp_path / "b"), "--junit-xml", str(path), "-f", "json"])
+        == 0
+    )
+    total, cases = _times(path)
+    timed = {name: t for name, (t, _) in cases.items() if "layer" in name}
+    assert len(timed) == 4 and all(t > 0 for t in timed.values()), cases
+    assert round(total * 1000) >= sum(round(t * 1000) for t, _ in cases.values())
