@@ -86,6 +86,7 @@ class LogprobMismatch(Rule):
         self.mismatches: list[tuple[dict[str, Any], Any]] = []  # (event, where)
         # version -> the first trainer's canary scores (cell, values, where); per engine its scores
         self.trainer_canary: dict[int, tuple[int | None, list[float], Any]] = {}
+        self.other_trainers: dict[int, dict[int | None, tuple[list[float], Any]]] = {}  # version -> cell -> ...
         self.engine_canary: dict[int, dict[int, tuple[list[float], Any]]] = {}
 
     def on_event(self, ev: dict[str, Any], fi: int, line: int) -> None:
@@ -113,7 +114,11 @@ class LogprobMismatch(Rule):
             if ev.get("engine") is not None:
                 self.engine_canary.setdefault(ev["version"], {}).setdefault(ev["engine"], (ev["logprobs"], where))
             else:
-                self.trainer_canary.setdefault(ev["version"], (ev.get("cell"), ev["logprobs"], where))
+                first = self.trainer_canary.setdefault(ev["version"], (ev.get("cell"), ev["logprobs"], where))
+                if ev.get("cell") != first[0]:  # every other cell's trainer: its replica scores the same bits
+                    self.other_trainers.setdefault(ev["version"], {}).setdefault(
+                        ev.get("cell"), (ev["logprobs"], where)
+                    )
         else:  # logprob_check
             self.check()
             self.compared.setdefault(ev["step"], set()).update(ev["witness_ids"])
@@ -154,6 +159,25 @@ class LogprobMismatch(Rule):
                     where=where,
                 )
 
+    def _compare_trainers(self) -> None:
+        """Every other cell's trainer canary scores of a version against the first cell's: the
+        replicas hold the same bits, so they score the same bits (any difference is an error)."""
+        for version, (cell, want, _) in sorted(self.trainer_canary.items()):
+            for other, (got, where) in sorted(self.other_trainers.get(version, {}).items(), key=lambda kv: str(kv[0])):
+                differing = len(got) != len(want) or any(a != b for a, b in zip(got, want))
+                if differing:
+                    self.report(
+                        f"canary log-probs of version {version}: cell {other}'s trainer differs from cell {cell}'s "
+                        f"({len(got)} vs {len(want)} tokens, max |delta| "
+                        f"{max((_delta(a, b) for a, b in zip(got, want)), default=0.0):.3g}): the replicas are not "
+                        "the same bits (see FT101)",
+                        cell=other,
+                        reference_cell=cell,
+                        version=version,
+                        rollout=version,
+                        where=where,
+                    )
+
     def _cause(self, version: int) -> str:
         sent, loaded = self.sent.get(version), self.loaded.get(version, {})
         if sent is None:
@@ -191,6 +215,7 @@ class LogprobMismatch(Rule):
                 where=where,
             )
         self._compare_canaries()
+        self._compare_trainers()
         if self.replay.profile is not None:  # another producer's log (ftkit.evidence): nothing is owed here
             return
         for step, (rollout, evidence) in sorted(self.first_steps.items()):
