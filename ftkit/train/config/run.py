@@ -120,7 +120,9 @@ class TrainConfig(BaseModel):
                 "score; its eval_reward uses its own held-out problems (drop --eval-prompts)"
             )
         if self.checkpoints.every == 0:
-            raise ValueError("eval_prompts are scored at each checkpoint publication; checkpoint_every 0 publishes none")
+            raise ValueError(
+                "eval_prompts are scored at each checkpoint publication; checkpoint_every 0 publishes none"
+            )
 
     # --- derived ----------------------------------------------------------------------
     @property

@@ -148,7 +148,8 @@ def file_digest(section: str, path: str, recorded: str) -> str:
     digest = JsonlPrompts(path).digest()
     if recorded and recorded != digest:
         raise ConfigError(
-            f"{section}: the prompt file {path} has changed: its content digest is {digest}, the run recorded {recorded}",
+            f"{section}: the prompt file {path} has changed: its content digest is {digest}, "
+            f"the run recorded {recorded}",
             hint=CONFIG_HINT,
         )
     return digest
