@@ -183,6 +183,9 @@ def register(app: typer.Typer) -> None:
         max_prompt_len: Annotated[
             int | None, _opt("--max-prompt-len", field="max_prompt_len", metavar="N", panel=PANEL_DATA)
         ] = None,
+        eval_prompts: Annotated[
+            str | None, _opt("--eval-prompts", field="eval_prompts", metavar="FILE", panel=PANEL_DATA)
+        ] = None,
         response_len: Annotated[
             int | None, _opt("--max-response-len", field="response_len", metavar="N", panel=PANEL_DATA)
         ] = None,
@@ -366,10 +369,14 @@ def register(app: typer.Typer) -> None:
             from ftkit.events.reader import discover
 
             discover([expect_equal])  # no log there: exit 2 before training
+        from ftkit.train.plan.run_plan import eval_warnings
         from ftkit.train.rl.rewards import check_reward
 
-        # The task (a prompt file read and checked whole) and a bad plug-in: exit 2 before Ray.
-        check_reward(cfg.task.reward, plan.task.build(), cfg.rng.seed, cfg.recovery.reward_timeout)
+        # The task (prompt and eval files read and checked whole) and a bad plug-in: exit 2 before Ray.
+        task = plan.task.build()
+        for note in eval_warnings(cfg, task):
+            output.warn(note)
+        check_reward(cfg.task.reward, task, cfg.rng.seed, cfg.recovery.reward_timeout)
         if cfg.generation.kind == "vllm":
             from ftkit.engines.vllm import require_vllm
 

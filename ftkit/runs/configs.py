@@ -3,7 +3,8 @@
 ``config_diff(a, b, layout_a, layout_b)`` lists every field whose value differs (nested
 configs flattened to dotted names), each classed as
 
-- ``result``: it changes the numbers (seed, learning rate, model, data, precision, loss,
+- ``result``: it changes the numbers (seed, learning rate, model, data, the eval prompt file
+  (it decides the logged ``eval_reward`` and which checkpoints are kept), precision, loss,
   batch shape, reduction, the tp x pp layout: a tensor-parallel split changes the bits of the
   matmuls), listed first in the order of ``FIRST``, then the other fields nobody declared
   neutral (a field ftkit does not know is assumed to matter: a torchrun script's own flags);
@@ -29,6 +30,8 @@ FIRST = (
     "data",
     "prompts",
     "prompts_digest",
+    "eval_prompts",
+    "eval_prompts_digest",
     "precision",
     "dtype",
     "bf16",
@@ -79,8 +82,9 @@ NEUTRAL = frozenset(
     }
 )
 #: What a field means when a run's config does not hold it: it was added later, and runs
-#: recorded before it had this value (an older ``ftkit train`` trained in float32).
-ABSENT_MEANS: dict[str, Any] = {"precision": "fp32"}
+#: recorded before it had this value (an older ``ftkit train`` trained in float32, and had no
+#: eval prompt file).
+ABSENT_MEANS: dict[str, Any] = {"precision": "fp32", "eval_prompts": None, "eval_prompts_digest": ""}
 
 
 def flatten(config: dict[str, Any] | None, prefix: str = "") -> dict[str, Any]:

@@ -194,6 +194,11 @@ class AdditionTask:
         pairs = torch.randperm(100, generator=torch_generator("heldout", seed))[:count]
         return self._prompts(torch.stack([pairs // 10, pairs % 10], dim=1))
 
+    def eval_set(self, seed: int) -> tuple[AdditionTask, Any]:
+        """What ``eval_reward`` scores: ``heldout_prompts(seed)``, by this task (``--eval-prompts``
+        is for prompt tasks only: the config refuses it here)."""
+        return self, self.heldout_prompts(seed)
+
     def answers(self, prompts: Tensor) -> Any:
         """The correct first ``ANSWER_LEN`` response tokens of each prompt (int64 ``[n, 3]``)."""
         import torch

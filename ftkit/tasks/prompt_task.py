@@ -15,6 +15,13 @@ exactness of the cells (1 cell == 2 cells bitwise) holds as it does for the addi
 * ``heldout_prompts(seed, count)``: the file's first ``count`` records (repeated in order
   when the file is shorter), the evaluation and canary set: held out as a sample, not as
   content, like the addition task's.
+* ``eval_set(seed)``: what ``eval_reward`` scores. With ``--eval-prompts`` (``eval_path``) that
+  file's records, read and checked like the training file (same keys, same ``max_prompt_len``),
+  all of them once in file order, scored through a task of those records alone (their labels);
+  their rows follow the training rows in the table, so ``prompt_pads`` knows them, and
+  ``prompts`` never draws them. ``eval_overlap`` counts eval prompts whose tokens (chat template
+  applied) are also a training prompt's: ``ftkit train`` warns about them. Without the file:
+  ``heldout_prompts(seed)`` and this task.
 * Engines sample from the whole vocabulary of the model (``response_tokens``) and stop at the
   tokenizer's ``eos`` (``stop_token``): the tokens after it are the pad token, masked out of
   the loss (``response_mask``: 1 up to and including the first ``eos``).
@@ -57,14 +64,14 @@ def prompt_task(
     label_key: str | None,
     max_prompt_len: int,
     response_len: int,
+    eval_path: Path | None = None,
 ) -> PromptTask:
     """The ``PromptTask`` of the JSONL file ``path`` through the tokenizer of ``model_dir``
-    (a model of ``vocab_size`` tokens); ``ConfigError`` (exit 2) for a malformed line, a prompt
-    over ``max_prompt_len`` tokens, a tokenizer without ``eos_token`` or a token id outside the
-    model's vocabulary."""
+    (a model of ``vocab_size`` tokens), with the eval set ``eval_path`` (``--eval-prompts``) read
+    and checked the same way; ``ConfigError`` (exit 2) for a malformed line, an empty file, a
+    prompt over ``max_prompt_len`` tokens, a tokenizer without ``eos_token`` or a token id outside
+    the model's vocabulary."""
     from ftkit.errors import ConfigError
-    from ftkit.tasks.batching import encode_prompts
-    from ftkit.tasks.jsonl import JsonlPrompts
     from ftkit.tasks.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model_dir)
@@ -73,16 +80,25 @@ def prompt_task(
             f"the tokenizer of {model_dir} has no eos_token (a response of --prompts stops at it)",
             hint="set eos_token in tokenizer_config.json",
         )
-    encoded = encode_prompts(tok, JsonlPrompts(path, input_key, label_key), max_prompt_len)
-    if not encoded:
-        raise ConfigError(f"prompt file {path} holds no prompts", hint="one JSON object per line")
-    top = max(max(e.ids) for e in encoded)
-    if top >= vocab_size:
-        raise ConfigError(
-            f"the tokenizer of {model_dir} gives token id {top}, outside the model's vocabulary of {vocab_size}",
-            hint="use the tokenizer the model was trained with",
-        )
-    return PromptTask(encoded, tok, vocab_size, max_prompt_len, response_len)
+
+    def read(file: Path) -> list[Encoded]:
+        from ftkit.tasks.batching import encode_prompts
+        from ftkit.tasks.jsonl import JsonlPrompts
+
+        encoded = encode_prompts(tok, JsonlPrompts(file, input_key, label_key), max_prompt_len)
+        if not encoded:
+            raise ConfigError(f"prompt file {file} holds no prompts", hint="one JSON object per line")
+        top = max(max(e.ids) for e in encoded)
+        if top >= vocab_size:
+            raise ConfigError(
+                f"the tokenizer of {model_dir} gives token id {top} (in {file}), outside the model's "
+                f"vocabulary of {vocab_size}",
+                hint="use the tokenizer the model was trained with",
+            )
+        return encoded
+
+    held = read(eval_path) if eval_path is not None else []
+    return PromptTask(read(path), tok, vocab_size, max_prompt_len, response_len, held)
 
 
 class PromptTask:
@@ -90,12 +106,23 @@ class PromptTask:
 
     name = "prompts"
 
-    def __init__(self, encoded: list[Encoded], tokenizer: Any, vocab_size: int, prompt_len: int, response_len: int):
+    def __init__(
+        self,
+        encoded: list[Encoded],
+        tokenizer: Any,
+        vocab_size: int,
+        prompt_len: int,
+        response_len: int,
+        held: list[Encoded] | None = None,
+    ):
         import torch
 
         from ftkit.tasks.batching import pad_prompts
 
-        self.encoded, self.tokenizer = encoded, tokenizer
+        self.trained, held = len(encoded), held or []
+        # rows [0, trained) are the training prompts, the rest the eval set's (--eval-prompts)
+        self.encoded, self.tokenizer = [*encoded, *held], tokenizer
+        encoded = self.encoded
         self.vocab_size, self.prompt_len, self.response_len = vocab_size, prompt_len, response_len
         self.response_tokens = tuple(range(vocab_size))
         self.eos = int(tokenizer.eos_token_id)
@@ -113,6 +140,10 @@ class PromptTask:
             answers[i, : len(ids)] = torch.tensor(ids, dtype=torch.int64)
         self._answers = answers
         self._pads = torch.tensor([prompt_len - len(e.ids) for e in encoded], dtype=torch.int64)
+        seen = {tuple(e.ids) for e in encoded[: self.trained]}
+        #: eval prompts that are also training prompts (the same tokens after the chat template)
+        self.eval_overlap = sum(tuple(e.ids) in seen for e in held)
+        self._eval = PromptTask(held, tokenizer, vocab_size, prompt_len, response_len) if held else None
 
     @property
     def seq_len(self) -> int:
@@ -124,12 +155,20 @@ class PromptTask:
         ``(seed, rollout)`` only."""
         from ftkit.tasks.sampling import rollout_indices
 
-        return self._table[rollout_indices(len(self.encoded), count, seed, rollout)]
+        return self._table[rollout_indices(self.trained, count, seed, rollout)]
 
     def heldout_prompts(self, seed: int, count: int = HELDOUT_PROMPTS) -> Any:
         """The file's first ``count`` prompts, in order, repeated when it is shorter (``seed``
         is unused: the set is the file's head)."""
-        return self._table[[i % len(self.encoded) for i in range(count)]]
+        return self._table[[i % self.trained for i in range(count)]]
+
+    def eval_set(self, seed: int) -> tuple[PromptTask, Any]:
+        """What ``eval_reward`` scores: with ``--eval-prompts`` every record of that file once, in
+        order, and the task that scores them (labels of the eval file's records); else
+        ``heldout_prompts(seed)``, the training file's head, and this task."""
+        if self._eval is None:
+            return self, self.heldout_prompts(seed)
+        return self._eval, self._table[self.trained :]
 
     def _records(self, prompts: Tensor) -> list[int]:
         rows = []

@@ -106,8 +106,9 @@ class RlTask(Protocol):
     * ``stop_token``: ``None`` (every response is ``response_len`` sampled tokens) or the id
       after which an engine stops: the rest of the response is ``pad_token`` and unlearned;
     * ``prompts(seed, rollout, count)``: int64 ``[count, prompt_len]``, a function of
-      ``(seed, rollout)`` only; ``heldout_prompts(seed, count)``: the run's fixed evaluation and
-      canary set;
+      ``(seed, rollout)`` only; ``heldout_prompts(seed, count)``: the run's fixed canary set (and
+      evaluation set, unless the task has its own); ``eval_set(seed)``: ``(task, prompts)``, the
+      prompts ``eval_reward`` scores and the task that scores them (``--eval-prompts``);
     * ``correct_responses(prompts)``: int64 ``[n, response_len]``, a right answer per prompt;
     * ``response_mask(responses)``: float32 ``[n, response_len]``, 1 on the response tokens
       that are learned;
@@ -132,6 +133,8 @@ class RlTask(Protocol):
     def prompts(self, seed: int, rollout: int, count: int) -> Any: ...
 
     def heldout_prompts(self, seed: int, count: int = ...) -> Any: ...
+
+    def eval_set(self, seed: int) -> tuple[RlTask, Any]: ...
 
     def correct_responses(self, prompts: Tensor) -> Any: ...
 

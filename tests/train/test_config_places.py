@@ -61,7 +61,13 @@ def test_every_command_line_field_is_an_option_of_train_and_no_other_is():
     params = set(inspect.signature(train).parameters)
     assert set(CLI_FIELDS) <= params
     assert not (set(leaves()) - set(CLI_FIELDS)) & params  # file-only fields have no option
-    assert set(leaves()) - set(CLI_FIELDS) == {"threads_per_rank", "bookkeeping", "model_digest", "prompts_digest"}
+    assert set(leaves()) - set(CLI_FIELDS) == {
+        "threads_per_rank",
+        "bookkeeping",
+        "model_digest",
+        "prompts_digest",
+        "eval_prompts_digest",
+    }
 
 
 def test_flat_record_and_nested_form_read_back_the_same():

@@ -91,6 +91,7 @@ class TrainConfig(BaseModel):
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
         self._check_objective()
+        self._check_eval()
         etp = self.generation.tp
         if etp != 1 and self.generation.kind != "vllm":
             # what vLLM can split is checked with the model (ftkit.train.plan.run_plan.check_engine_tp)
@@ -108,6 +109,20 @@ class TrainConfig(BaseModel):
         for name in ("clip_low", "clip_high", "kl_coef", "aggregation"):
             if getattr(obj, name) != getattr(default, name):
                 raise ValueError(f"{name} applies to loss='grpo' only (this run's loss is {obj.loss!r})")
+
+    def _check_eval(self) -> None:
+        """``eval_prompts`` are text prompts of a prompt task, scored at each publication."""
+        if self.eval.eval_prompts is None:
+            return
+        if self.task.prompts is None:
+            raise ValueError(
+                "eval_prompts need prompts (--prompts FILE): the built-in addition task has no text prompts to "
+                "score; its eval_reward uses its own held-out problems (drop --eval-prompts)"
+            )
+        if self.checkpoints.every == 0:
+            raise ValueError(
+                "eval_prompts are scored at each checkpoint publication; checkpoint_every 0 publishes none"
+            )
 
     # --- derived ----------------------------------------------------------------------
     @property

@@ -300,14 +300,37 @@ class LayoutSection(Section):
 
 
 class EvalSection(Section):
-    """How published checkpoints are scored (eval_reward adds held-out evaluation)."""
+    """How published checkpoints are scored, and on what: ``eval_prompts`` is read like ``task.prompts``
+    (its digest recorded and checked the same way); it changes no trained bit, only eval_reward."""
 
     PLACE = Place("fixed", pairs_dumps=False)
     best_metric: Literal["reward", "eval_reward"] = Field(
         "reward",
         description="What ranks checkpoints: reward (the rollout's mean reward) or eval_reward (mean reward of "
-        "the run's fixed held-out prompts, greedy decoding on the engines, at each publication).",
+        "the eval set, greedy decoding on the engines, at each publication: --eval-prompts, else the task's "
+        "built-in held-out prompts; docs/rl.md).",
     )
+    eval_prompts: str | None = Field(
+        None,
+        description="Held-out eval set: a JSONL file with the keys of --prompts, never trained on, scored greedily "
+        "(eval_reward, logged) at each checkpoint publication (needs --prompts; docs/rl.md).",
+    )
+    eval_prompts_digest: str = Field(
+        "",
+        description="Content digest of the eval prompt file (recorded by ftkit; empty without eval_prompts).",
+        json_schema_extra=FILE_ONLY,
+    )
+
+    @field_validator("eval_prompts")
+    @classmethod
+    def _absolute_eval_prompts(cls, v: str | None) -> str | None:
+        return None if v is None else str(Path(v).absolute())
+
+    @model_validator(mode="after")
+    def _eval_digest(self) -> EvalSection:
+        if self.eval_prompts is None and self.eval_prompts_digest:
+            raise ValueError("eval_prompts_digest is for an eval prompt file (eval_prompts is not set)")
+        return self
 
 
 # --- how the run is launched ----------------------------------------------------------------

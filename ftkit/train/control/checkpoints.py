@@ -14,11 +14,12 @@ At the end of every ``checkpoint_every``-th rollout (``due``), ``publish``:
    in this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
 
 The checkpoint's step is the rollout's last step. Its metric (``--best-metric``) is the
-rollout's mean reward, or with ``eval_reward`` the mean reward of the run's fixed held-out
-prompts (``AdditionTask.heldout_prompts``) answered by greedy decoding on the engines, which
-hold exactly the checkpoint's weights at that moment; it is computed at every boundary and
-logged as a ``metric`` event (``values: {"eval_reward": ...}``); a non-finite logit makes it
-NaN, which retention never ranks best. The publication fault points run here (the writer is
+rollout's mean reward, or with ``eval_reward`` the mean reward of the run's eval set
+(``RlTask.eval_set``: the ``--eval-prompts`` file, else the task's fixed held-out prompts)
+answered by greedy decoding on the engines, which hold exactly the checkpoint's weights at that
+moment; it is computed at every boundary (also with ``--eval-prompts`` and ``--best-metric
+reward``: logged, not ranked) and logged as a ``metric`` event (``values: {"eval_reward": ...}``);
+a non-finite logit makes it NaN, which retention never ranks best. The publication fault points run here (the writer is
 the driver), except ``publish_preflight``, which every rank runs. Any layout is checkpointed:
 the checkpoint holds the TP=1/PP=1 state, its manifest ``rank_totals`` every rank's total
 (``{rank: total}``) and ``meta.json`` ``ranks`` every rank's spec, from which
@@ -102,16 +103,17 @@ class RunCheckpoints:
         return self.enabled and (rollout + 1) % every == 0
 
     def eval_reward(self, rollout: int) -> float:
-        """Mean reward (``--reward``) of the held-out prompts under greedy decoding on the
-        engines; NaN when a logit was not finite. Logged as a ``metric`` event."""
+        """Mean reward (``--reward``) of the eval set (``RlTask.eval_set``: the ``--eval-prompts``
+        file, else the task's held-out prompts) under greedy decoding on the engines; NaN when a
+        logit was not finite. Logged as a ``metric`` event."""
         import math
 
         from ftkit.train.rl.rewards import get_reward
 
-        prompts = self.task.heldout_prompts(self.cfg.rng.seed)
+        task, prompts = self.task.eval_set(self.cfg.rng.seed)
         responses, _ = self.engines.generate(prompts, rollout, greedy=True)
         reward_fn = get_reward(self.cfg.task.reward, self.cfg.recovery.reward_timeout)
-        value = float(reward_fn(self.task, prompts, responses).double().mean())
+        value = float(reward_fn(task, prompts, responses).double().mean())
         if bool((responses < 0).any()):
             value = math.nan
         emit.metric(self.events, rollout=rollout, step=None, values={"eval_reward": value})
@@ -127,7 +129,9 @@ class RunCheckpoints:
 
         cfg, roster = self.cfg, self.roster
         self.step = step = (rollout + 1) * cfg.batch.steps_per_rollout - 1
-        metric = self.eval_reward(rollout) if cfg.eval.best_metric == "eval_reward" else reward
+        evaluated = cfg.eval.best_metric == "eval_reward" or cfg.eval.eval_prompts is not None
+        value = self.eval_reward(rollout) if evaluated else reward  # logged with --eval-prompts too
+        metric = value if cfg.eval.best_metric == "eval_reward" else reward
         alive = roster.alive()
         answers = roster.wait(
             {c: roster.cells[c].checkpoint_preflight(step, str(self.dir)) for c in alive}, cfg.recovery.step_timeout

@@ -52,6 +52,7 @@ class TaskSpec:
     input_key: str = "prompt"
     label_key: str | None = None
     max_prompt_len: int = 0
+    eval_prompts: Path | None = None
 
     def build(self) -> RlTask:
         """The task; ``ConfigError`` (exit 2) for a ``response_len`` the addition task refuses,
@@ -70,6 +71,7 @@ class TaskSpec:
                 label_key=self.label_key,
                 max_prompt_len=self.max_prompt_len,
                 response_len=self.response_len,
+                eval_path=self.eval_prompts,
             )
         try:
             return task_for(self.response_len, self.model_dir, self.vocab_size)
@@ -129,19 +131,52 @@ def recorded(cfg: TrainConfig, model: ModelSpec) -> TrainConfig:
     update: dict[str, Any] = {}
     if (model.name, model.digest) != (cfg.model.preset, cfg.model.digest):
         update["model"] = cfg.model.model_copy(update={"preset": model.name, "digest": model.digest})
-    t = cfg.task
+    t, e = cfg.task, cfg.eval
     if t.prompts is not None:
-        from ftkit.tasks.jsonl import JsonlPrompts
-
-        digest = JsonlPrompts(t.prompts).digest()
-        if t.prompts_digest and t.prompts_digest != digest:
-            raise ConfigError(
-                f"task: the prompt file {t.prompts} has changed: its content digest is {digest}, "
-                f"the run recorded {t.prompts_digest}",
-                hint=CONFIG_HINT,
-            )
-        update["task"] = t.model_copy(update={"prompts_digest": digest})
+        update["task"] = t.model_copy(update={"prompts_digest": file_digest("task", t.prompts, t.prompts_digest)})
+    if e.eval_prompts is not None:
+        digest = file_digest("eval", e.eval_prompts, e.eval_prompts_digest)
+        update["eval"] = e.model_copy(update={"eval_prompts_digest": digest})
     return cfg.model_copy(update=update) if update else cfg
+
+
+def file_digest(section: str, path: str, recorded: str) -> str:
+    """The content digest of the prompt file ``path``; ``ConfigError`` when ``recorded`` (a
+    resumed run's) is set and differs: the file has changed since the run started."""
+    from ftkit.tasks.jsonl import JsonlPrompts
+
+    digest = JsonlPrompts(path).digest()
+    if recorded and recorded != digest:
+        raise ConfigError(
+            f"{section}: the prompt file {path} has changed: its content digest is {digest}, "
+            f"the run recorded {recorded}",
+            hint=CONFIG_HINT,
+        )
+    return digest
+
+
+def eval_warnings(cfg: TrainConfig, task: RlTask) -> list[str]:
+    """What the user should know about the eval set of ``cfg`` (``task`` built): eval prompts
+    that are also training prompts (``PromptTask.eval_overlap``), or ``eval_reward`` ranking a
+    prompt task's checkpoints by training prompts (no ``--eval-prompts``)."""
+    if cfg.task.prompts is None:
+        return []
+    if cfg.eval.eval_prompts is None:
+        if cfg.eval.best_metric != "eval_reward":
+            return []
+        return [
+            "--best-metric eval_reward without --eval-prompts scores the first prompts of --prompts, which are "
+            "trained on; give --eval-prompts FILE for a held-out set"
+        ]
+    from ftkit.tasks.prompt_task import PromptTask
+
+    overlap = task.eval_overlap if isinstance(task, PromptTask) else 0
+    if not overlap:
+        return []
+    return [
+        f"{overlap} prompt(s) of the eval set {cfg.eval.eval_prompts} also appear in --prompts "
+        f"{cfg.task.prompts}: they are trained on, so eval_reward is not held out for them"
+    ]
 
 
 def check_model_fit(cfg: TrainConfig, model: ModelSpec) -> None:
@@ -205,6 +240,7 @@ def task_spec(cfg: TrainConfig, model: ModelSpec) -> TaskSpec:
         t.input_key,
         t.label_key or None,
         t.max_prompt_len,
+        None if cfg.eval.eval_prompts is None else Path(cfg.eval.eval_prompts),
     )
 
 
