@@ -18,7 +18,7 @@ import pytest
 
 from ftkit.errors import InstallError
 from ftkit.events.writer import EventWriter
-from ftkit.integrations import tracking, trackers
+from ftkit.integrations import trackers, tracking
 from ftkit.integrations.tracking import TrackingFeed, check_report_to, scalars_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,7 +143,8 @@ def test_report_to_a_missing_backend_is_exit_2_before_ray(tmp_path: Path, blocke
     res = _ftkit(tmp_path, "train", "--out", str(tmp_path / "run"), "--report-to", f"none,{name}", blocked=blocked)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
-    assert lines[0] == f"Error: --report-to {name} needs ftkit's {extra!r} extra, which is not installed (missing: {name})"
+    needs = f"needs ftkit's {extra!r} extra, which is not installed (missing: {name})"
+    assert lines[0] == f"Error: --report-to {name} {needs}"
     assert lines[-1] == f"Hint: pip install 'ftkit[{extra}]'"
     assert not (tmp_path / "run").exists()
 
