@@ -29,13 +29,13 @@ from typing import Any
 from ftkit.errors import InstallError
 
 MODULE = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+#: tracker name -> the ftkit extra that installs it (``ftkit.extras.EXTRAS``).
+EXTRA = {"tensorboard": "tracking", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 def import_backend(name: str) -> Any:
     """The backend's module; ``InstallError`` (exit 2, the extra's ``pip install`` hint) when it
     cannot be imported (a broken install as much as a missing one)."""
-    from ftkit.integrations.tracking import EXTRA
-
     try:
         return importlib.import_module(MODULE[name])
     except Exception as exc:  # noqa: BLE001 - ImportError, or whatever a broken package raises

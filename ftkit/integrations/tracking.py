@@ -29,8 +29,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
-#: tracker name -> the ftkit extra that installs it (``ftkit.extras.EXTRAS``).
-EXTRA = {"tensorboard": "tracking", "wandb": "wandb", "mlflow": "mlflow"}
+from ftkit.integrations.trackers import BACKENDS, EXTRA, import_backend
 
 
 class Tracker(Protocol):
@@ -59,8 +58,6 @@ def check_report_to(names: Iterable[str]) -> None:
 
     for name in names:
         require(EXTRA[name], f"--report-to {name}")
-        from ftkit.integrations.trackers import import_backend
-
         import_backend(name)
 
 
@@ -180,6 +177,4 @@ class TrackingFeed:
 
 def open_trackers(names: Iterable[str], run_dir: Path) -> list[Tracker]:
     """One tracker per name (``ftkit.integrations.trackers.BACKENDS``), writing under ``run_dir``."""
-    from ftkit.integrations.trackers import BACKENDS
-
     return [BACKENDS[name](Path(run_dir)) for name in names]
