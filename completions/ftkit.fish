@@ -71,6 +71,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l resume -r -F -d 'Con
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l allow-layout-change -d 'With --resume: let --tp/--pp differ from the run\'s recorded layout'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l allow-precision-change -d 'With --resume: let --precision differ from the run\'s recorded precision'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l format -s f -x -a 'human json github' -d 'Output format: human (Rich tables), json (strict JSON, carries schema_version) or github (escaped workflow annotations, at most 10, and a step summary).'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l report-to -x -d 'Experiment trackers that also get the run\'s metrics and config: tensorboard, wandb, mlflow, or none; repeatable or comma-separated (docs/tracking.md)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l merged-log -r -F -d 'Also write the run\'s event log as one time-ordered file (.gz: compressed) at the end, for CI artefacts (`ftkit analyze FILE`); the per-process files stay the record.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l expect-equal -r -F -d 'At the end, compare this run with the reference run RUN_DIR step by step (`ftkit compare-runs`): exit 1 on a divergence -- the CI check that a change does not change the numerics.'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'

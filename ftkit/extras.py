@@ -4,7 +4,8 @@
 ``verify-checkpoint``: numpy, no torch) and the evidence API (``ftkit.evidence``, which uses the
 trainer's own torch). ``ftkit[torch]`` adds torch; ``ftkit[train]`` the training stack
 (torch, megatron-core, Ray) that ``ftkit train`` and ``dump --from-checkpoint`` need;
-``ftkit[transformers]`` the Hugging Face ``Trainer`` callback's. ``scripts/setup.sh`` installs
+``ftkit[transformers]`` the Hugging Face ``Trainer`` callback's; ``ftkit[tracking]`` (TensorBoard),
+``ftkit[wandb]`` and ``ftkit[mlflow]`` the trackers of ``ftkit train --report-to``. ``scripts/setup.sh`` installs
 ``.[test,train]``. ``require(extra, what)`` is called first by a command that needs an extra:
 without it the command ends with exit 2 and the ``pip install`` line as the hint, never a
 traceback.
@@ -21,6 +22,10 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "torch": ("torch",),
     "train": ("torch", "megatron.core", "ray"),
     "transformers": ("torch", "transformers", "accelerate"),
+    # ftkit train --report-to (ftkit.integrations.tracking): one extra per tracker backend.
+    "tracking": ("torch", "tensorboard"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
 }
 
 

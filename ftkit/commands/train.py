@@ -109,6 +109,13 @@ def _resume_config(
     )
 
 
+def parse_report_to(values: list[str]) -> tuple[str, ...]:
+    """``--report-to`` given (repeated, comma-separated) -> the trackers, in order, once each;
+    ``none`` names none (``--report-to none`` turns a resumed run's trackers off)."""
+    names = (p.strip().lower() for v in values for p in v.split(","))
+    return tuple(dict.fromkeys(n for n in names if n and n != "none"))
+
+
 def given_values(options: dict[str, Any]) -> dict[str, Any]:
     """The config values the command line gave: every option named for a config field
     (``ftkit.train.config.places.CLI_FIELDS``) that was set, as the config takes it (an
@@ -125,6 +132,8 @@ def given_values(options: dict[str, Any]) -> dict[str, Any]:
             value = value.value
         elif name == "dump_what":
             value = parse_dump_what(value)
+        elif name == "report_to":
+            value = parse_report_to(value)
         elif isinstance(value, list):
             value = tuple(value)
         given[name] = value
@@ -292,6 +301,9 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         fmt: FormatOpt = Format.human,
+        report_to: Annotated[
+            list[str] | None, _opt("--report-to", field="report_to", metavar="TRACKER", panel="Output")
+        ] = None,
         merged_log: Annotated[
             Path | None,
             typer.Option(
@@ -382,6 +394,10 @@ def register(app: typer.Typer) -> None:
 
             require_vllm()  # no vLLM virtualenv: exit 2 before Ray
 
+        if cfg.output.report_to:
+            from ftkit.integrations.tracking import check_report_to
+
+            check_report_to(cfg.output.report_to)  # a tracker that cannot start: exit 2 before Ray
         from ftkit.train.control.driver import run_training
 
         if output.human:
@@ -391,12 +407,30 @@ def register(app: typer.Typer) -> None:
                 f"{cfg.batch.steps_per_rollout} step(s), model {cfg.model.preset}, "
                 f"precision {plan.precision}, reduce {cfg.reduction.reduce} -> {cfg.output.out}"
             )
+        from ftkit.integrations.tracking import TrackingFeed, open_trackers
         from ftkit.report.live import live_view
 
-        with live_view(output, cfg.total_steps, cfg.cluster.cells, Path(cfg.output.out) / "events") as view:
-            result = run_training(
-                plan, on_step=view.on_step, on_event=view.on_event, resume=resume is not None, on_warning=output.warn
-            )
+        run_dir = Path(cfg.output.out)
+        feed = TrackingFeed(
+            open_trackers(cfg.output.report_to, run_dir), run_dir, cfg.batch.steps_per_rollout, resume is not None,
+            output.warn,
+        )  # fmt: skip
+        with live_view(output, cfg.total_steps, cfg.cluster.cells, run_dir / "events") as view:
+
+            def on_step(report: Any) -> None:
+                view.on_step(report)
+                feed.poll()
+
+            def on_event(type_: str, fields: dict[str, Any]) -> None:
+                view.on_event(type_, fields)
+                feed.poll()
+
+            try:
+                result = run_training(
+                    plan, on_step=on_step, on_event=on_event, resume=resume is not None, on_warning=output.warn
+                )
+            finally:
+                feed.close()  # the metrics logged after the last step; every tracker ended
         if merged_log is not None:
             from ftkit.events.merge import write_merged_log
 

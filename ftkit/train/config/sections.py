@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 DumpPart = Literal["activations", "grads", "weights"]
 DUMP_WHAT: tuple[DumpPart, ...] = ("activations", "grads", "weights")
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 
 @dataclass(frozen=True)
@@ -447,3 +448,13 @@ class OutputSection(Section):
     PLACE = Place("free", pairs_dumps=False)
     out: Path = Field(Path("runs/train"), description="Run directory to create.")
     overwrite: bool = Field(False, description="Replace an existing run directory.")
+    report_to: tuple[Tracker, ...] = Field(
+        (),
+        description="Experiment trackers that also get the run's metrics and config: tensorboard, wandb, "
+        "mlflow, or none; repeatable or comma-separated (docs/tracking.md). The event log stays the record.",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _unique_trackers(cls, v: tuple[Tracker, ...]) -> tuple[Tracker, ...]:
+        return tuple(dict.fromkeys(v))

@@ -47,6 +47,9 @@ RUN_AREAS: dict[str, tuple[str, ...]] = {
     "checkpoints": (".safetensors", ".json"),
     "logs": (".log",),  # what vLLM engines print (--engine vllm: vllm-engine-<e>.log)
 }
+# What the trackers of --report-to write (ftkit.integrations.trackers): their own formats, not policed.
+TRACKER_AREAS = frozenset({"tensorboard", "wandb", "mlruns"})
+TRACKER_IDS = "tracking.json"  # the wandb / mlflow run ids a resumed run continues
 _LINKS = {("checkpoints", "latest")}  # the only symlinks ftkit makes (checkpoints/latest)
 _TEMP_MARKS = (".tmp-", ".tmp", ".deleting-")  # hidden names of ftkit's temporaries
 _HINT = "choose another --out"
@@ -87,7 +90,9 @@ def not_a_run(path: Path) -> str | None:
     except (OSError, ValueError, RecursionError) as exc:
         return f"{RUN_JSON} is unreadable: {type(exc).__name__}"
     for entry in path.iterdir():
-        if entry.name in (RUN_JSON, STATUS_JSON) or _is_temp(entry.name):
+        if entry.name in (RUN_JSON, STATUS_JSON, TRACKER_IDS) or _is_temp(entry.name):
+            continue
+        if entry.name in TRACKER_AREAS and entry.is_dir() and not entry.is_symlink():
             continue
         if entry.name not in RUN_AREAS or entry.is_symlink() or not entry.is_dir():
             return f"it holds {entry.name!r}, which ftkit does not write there"
