@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer, model_validator
 
+import ftkit.train.config.launch as launch
 import ftkit.train.config.sections as s
 from ftkit.errors import ConfigError
 from ftkit.train.config.strict import type_problem
@@ -63,13 +64,13 @@ class TrainConfig(BaseModel):
     precision: s.PrecisionSection = s.PrecisionSection()
     layout: s.LayoutSection = s.LayoutSection()
     eval: s.EvalSection = s.EvalSection()
-    cluster: s.ClusterSection = s.ClusterSection()
-    engine: s.EngineSection = s.EngineSection()
-    recovery: s.RecoverySection = s.RecoverySection()
-    faults: s.FaultsSection = s.FaultsSection()
-    dumps: s.DumpsSection = s.DumpsSection()
-    checkpoints: s.CheckpointsSection = s.CheckpointsSection()
-    output: s.OutputSection = s.OutputSection()
+    cluster: launch.ClusterSection = launch.ClusterSection()
+    engine: launch.EngineSection = launch.EngineSection()
+    recovery: launch.RecoverySection = launch.RecoverySection()
+    faults: launch.FaultsSection = launch.FaultsSection()
+    dumps: launch.DumpsSection = launch.DumpsSection()
+    checkpoints: launch.CheckpointsSection = launch.CheckpointsSection()
+    output: launch.OutputSection = launch.OutputSection()
 
     @model_validator(mode="before")
     @classmethod
