@@ -83,16 +83,17 @@ def rules(result) -> dict[str, tuple[int, str]]:
     return {r.code: (r.checked, r.status) for r in result.analysis.rules}
 
 
-def assert_analyzed_clean(result, cells: int) -> None:
+def assert_analyzed_clean(result, cells: int, ranks: int = 1) -> None:
     """No finding, and the rules that prove the invariants checked what the run holds."""
     assert result.steps_committed == result.steps_total == ROLLOUTS * 2
     assert result.analysis.findings == [], result.analysis.findings
     checked = rules(result)
     for code in ("FT103", "FT104", "FT105"):  # every allocated sample, counted exactly once
         assert checked[code] == (ROLLOUTS * SAMPLES, "passed"), (code, checked)
-    # every engine's every weight version (0..ROLLOUTS), and each version sent after a rollout against
-    # the trainers' committed state (1..ROLLOUTS)
-    assert checked["FT102"] == (ENGINES * (ROLLOUTS + 1) + ROLLOUTS, "passed"), checked
+    # every engine's every weight version (0..ROLLOUTS), and, with one rank per cell (the engines get
+    # full tensors), each version sent after a rollout against the trainers' committed state (1..ROLLOUTS)
+    committed = ROLLOUTS if ranks == 1 else 0
+    assert checked["FT102"] == (ENGINES * (ROLLOUTS + 1) + committed, "passed"), checked
     # each committed step's witness counts, and with 2 cells their fingerprints too
     assert checked["FT101"][1] == "passed" and checked["FT101"][0] >= result.steps_total + (cells > 1)
     counts = all_events(result.run_dir, "witness_counts")
@@ -102,7 +103,7 @@ def assert_analyzed_clean(result, cells: int) -> None:
 
 def test_fault_free_runs_analyze_clean_in_every_layout(runs):
     for name, kw in RUNS.items():
-        assert_analyzed_clean(runs[name], kw["cells"])
+        assert_analyzed_clean(runs[name], kw["cells"], kw.get("tp", 1) * kw.get("pp", 1))
         assert main(["verify-checkpoint", str(runs[name].run_dir)]) == 0, name
 
 
@@ -174,6 +175,11 @@ def _cli_args(model: Path, out: Path) -> list[str]:
     return args
 
 
+def _logged_publication(run: Path) -> bool:
+    log = run / "events" / "driver-i0.jsonl"
+    return log.exists() and any('"checkpoint_published"' in line for line in log.read_text().splitlines())
+
+
 def test_sigkill_of_ftkit_train_then_resume_is_bitwise_the_uninterrupted_run(runs, model, tmp_path):
     run = tmp_path / "B"
     proc = subprocess.Popen(
@@ -185,7 +191,9 @@ def test_sigkill_of_ftkit_train_then_resume_is_bitwise_the_uninterrupted_run(run
     )
     try:
         deadline = time.monotonic() + 600
-        while not os.path.lexists(run / "checkpoints" / "latest"):  # set once a publication committed
+        # a publication the driver logged (a checkpoint committed but not yet logged when the driver
+        # is killed is not trusted by the resume: its steps are trained again, docs/checkpoints.md)
+        while not _logged_publication(run):
             assert proc.poll() is None, "ftkit train ended before it published a checkpoint"
             assert time.monotonic() < deadline, "no checkpoint was published"
             time.sleep(0.05)

@@ -65,7 +65,8 @@ from typing import TYPE_CHECKING, Any
 
 import ftkit.evidence.emit as emit
 from ftkit.errors import ConfigError, FtkitError
-from ftkit.train.control.ray_session import GcsWatch, connect_ray, cuda_available, disconnect, host_store, plain_line
+from ftkit.train.control.gcs_watch import GcsWatch
+from ftkit.train.control.ray_session import connect_ray, cuda_available, disconnect, host_store, plain_line
 from ftkit.train.control.results import RunResult, StepReport, analyze
 from ftkit.train.control.step_clock import StepClock, emit_step
 from ftkit.version import __version__
@@ -368,7 +369,8 @@ class Driver:
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dumps.what)
         for k in range(cfg.batch.steps_per_rollout):
             step = rollout * cfg.batch.steps_per_rollout + k
-            self._check_gcs()
+            if self.gcs is not None:  # RunFailed once Ray's GCS is lost (GcsWatch.check)
+                self.gcs.check()
             self._step_done(self._session().coord.run_step(rollout, step, batch_ref, dump), values)
         with clock.phase("weight_sync"):
             self._push_weights(version=rollout + 1)
@@ -415,11 +417,6 @@ class Driver:
         return sorted(p for rank_paths in paths for p in rank_paths)
 
     # --- helpers ------------------------------------------------------------------------
-    def _check_gcs(self) -> None:
-        """``RunFailed`` once Ray's GCS is lost (``GcsWatch.check``)."""
-        if self.gcs is not None:
-            self.gcs.check()
-
     def _shutdown(self, interrupted: bool, release: bool = True) -> None:
         """Flush every actor's event log (briefly when interrupted), then kill the actors;
         ``release=False`` (Ray's GCS is gone) leaves the cells' placement groups alone."""

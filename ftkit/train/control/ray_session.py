@@ -57,7 +57,7 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
     from ftkit.train.control.run_end import RunFailed, RunInterrupted, interruption
 
     _Spawned.before = {p.pid for p in descendants()}
-    _subreaper(True)  # while Ray starts: see ``_stop_half_started``
+    _subreaper(True)  # what a local Ray's dying raylet orphans comes here: see ``stop_spawned``
     try:
         with _own_signal_handlers():
             if cfg.cluster.ray_address:
@@ -65,7 +65,8 @@ def connect_ray(cfg: TrainConfig, rearm: Callable[[], None] = lambda: None) -> b
             else:
                 with _quiet_logger(TOKEN_NOTICE_LOGGER):
                     _init_in_thread(address="local", num_cpus=LOCAL_RAY_CPUS, include_dashboard=False, **quiet)
-        _subreaper(False)
+        if cfg.cluster.ray_address:  # a joined cluster's processes are not this process's
+            _subreaper(False)
         rearm()
         _route_raylet_notices()
         _drop_interruption_tracebacks()
@@ -166,19 +167,29 @@ def _stop_half_started() -> None:
         return
     from ftkit import hard_exit
 
-    for _ in range(3):  # a raylet stopped while it spawned its agents leaves them to this process
+    stop_spawned(grace_s=2.0)
+    hard_exit.request()
+
+
+def stop_spawned(grace_s: float = 5.0) -> None:
+    """Stop every process this process started since ``connect_ray`` began (a local Ray's GCS,
+    raylet, workers and agents) that still runs, sweeping again while some are left (at most three
+    sweeps): a raylet that dies first (stopped, or killed by a signal to the process group)
+    orphans its workers and agents, which this process adopts (``_subreaper``) and the next sweep
+    finds. Then this process stops adopting."""
+    for _ in range(3):
         spawned = [p for p in descendants() if p.pid not in _Spawned.before]
         if not spawned:
             break
-        stop_descendants(spawned, grace_s=2.0)
-    hard_exit.request()
+        stop_descendants(spawned, grace_s)
+    _subreaper(False)
 
 
 def _subreaper(on: bool) -> None:
     """Make this process the child subreaper of its descendants, or stop being one (Linux
-    ``PR_SET_CHILD_SUBREAPER``; elsewhere nothing). While Ray starts, a raylet that is stopped
-    just as it spawns its dashboard and runtime-env agents leaves them orphaned: adopted here, not
-    by init, they are still this process's descendants for ``_stop_half_started``'s next sweep."""
+    ``PR_SET_CHILD_SUBREAPER``; elsewhere nothing): from ``connect_ray`` starting a local Ray to
+    ``stop_spawned``, what a dying raylet orphans (its workers, its dashboard and runtime-env
+    agents) is adopted here, not by init, so it is still this process's to stop."""
     with contextlib.suppress(Exception):  # not Linux, or no prctl: the first sweep is all there is
         import ctypes
 
@@ -288,8 +299,8 @@ def _own_signal_handlers() -> Iterator[None]:
 
 def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
     """Shut Ray down if this run started (or joined) it; a local Ray that this process started
-    leaves no process behind (``stop_descendants``: its dashboard and runtime-env agents
-    outlived it by a minute or more). With its GCS gone, ``ray.shutdown``
+    leaves no process behind (``stop_descendants``, ``stop_spawned``: its dashboard and
+    runtime-env agents outlived it by a minute or more). With its GCS gone, ``ray.shutdown``
     would wait on it until Ray's client ends the process (about a minute after the loss), at
     exit too: it is skipped and unregistered; the local Ray's raylet dies with this process."""
     import ray
@@ -300,12 +311,15 @@ def disconnect(own_ray: bool, gcs_lost: bool = False) -> None:
         from ftkit import hard_exit
 
         atexit.unregister(ray.shutdown)
+        if own_ray:  # the raylet may be dead already (a signal to the group): its orphans are here
+            stop_spawned(grace_s=2.0)
         hard_exit.request()  # Ray's client crashes at interpreter exit without its GCS
         return
     if own_ray:
         spawned = [p for p in descendants() if p.pid not in _Spawned.before]
         ray.shutdown()
         stop_descendants(spawned)
+        stop_spawned()  # what the shutdown orphaned
 
 
 class _Spawned:
@@ -342,104 +356,3 @@ def stop_descendants(procs: list[Any], grace_s: float = 5.0) -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(left, timeout=grace_s)
-
-
-class GcsWatch:
-    """Watches, from a daemon thread, whether the Ray GCS the driver is connected to answers.
-
-    Actor calls go straight to the actors, so a run whose GCS died trains on until Ray's own
-    client ends the driver process (about 60 s later: no ``run_finished``, no ``status.json``).
-    ``lost()`` says for how long the GCS has not answered once that is ``grace_s`` or more (a GCS
-    only slow under load is not lost; Ray's client gives up at 60 s), so the driver can end the
-    run itself first. A Ray without the probe call (another version) is never reported lost.
-    """
-
-    def __init__(self, interval_s: float = 1.0, timeout_s: float = 5.0, grace_s: float = 15.0) -> None:
-        import threading
-
-        self.interval_s, self.timeout_s, self.grace_s = interval_s, timeout_s, grace_s
-        self._since: float | None = None  # monotonic time of the first unanswered probe
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ftkit-gcs-watch", daemon=True)
-
-    def start(self) -> GcsWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def lost(self) -> float | None:
-        """Seconds the GCS has not answered, once at least ``grace_s``; else ``None``."""
-        import time
-
-        since = self._since
-        silent = None if since is None else time.monotonic() - since
-        return silent if silent is not None and silent >= self.grace_s else None
-
-    def gone(self) -> bool:
-        """At the end of a run: whether the GCS is ``lost``, or, once a signal arrived, does not
-        answer a probe now (a signal to the process group stops a local Ray's GCS too)."""
-        from ftkit.train.control.run_end import pending_interruption
-
-        return self.lost() is not None or (pending_interruption() is not None and not self.answers())
-
-    def answers(self, timeout_s: float = 2.0) -> bool:
-        """Whether the GCS answers one probe now, within ``timeout_s``: at the end of a run a
-        signal interrupted, the GCS may have had the same signal (sent to the process group:
-        Ctrl-C, ``timeout``, ``kill -- -PGID``), and a shutdown that waits on a dead GCS is ended by
-        Ray's client a minute later with nothing recorded. True where Ray lacks the probe call."""
-        import ray
-
-        probe = self._probe()
-        if probe is None:  # pragma: no cover - a Ray without this client API
-            return True
-        try:
-            probe(b"ftkit-gcs-probe", None, timeout=timeout_s)
-        except ray.exceptions.RpcError:
-            return False
-        except Exception:  # noqa: BLE001 - the probe itself broke: assume nothing
-            return True
-        return True
-
-    @staticmethod
-    def _probe() -> Callable[..., Any] | None:
-        import ray
-
-        try:
-            return ray._private.worker.global_worker.gcs_client.internal_kv_get  # type: ignore[attr-defined]
-        except AttributeError:  # pragma: no cover - a Ray without this client API
-            return None
-
-    def check(self) -> None:
-        """``RunFailed`` once the GCS is ``lost``: without it no actor can be restarted or
-        released, and Ray's client would end this process a minute after the loss with nothing
-        logged; the run ends here instead, its log and status complete."""
-        lost = self.lost()
-        if lost is not None:
-            from ftkit.train.control.run_end import RunFailed
-
-            raise RunFailed(
-                f"Ray's GCS (the cluster's control plane) has not answered for {lost:.0f}s: the run "
-                "cannot restart or release its actors without it",
-                hint="restart Ray (or the cluster's head), then continue with `ftkit train --resume RUN_DIR`",
-            )
-
-    def _watch(self) -> None:
-        import time
-
-        import ray
-
-        probe = self._probe()
-        if probe is None:  # pragma: no cover - a Ray without this client API
-            return
-        while not self._stop.wait(self.interval_s):
-            try:
-                probe(b"ftkit-gcs-probe", None, timeout=self.timeout_s)
-            except ray.exceptions.RpcError:
-                if self._since is None:
-                    self._since = time.monotonic() - self.timeout_s
-            except Exception:  # pragma: no cover - the probe itself broke: say nothing
-                return
-            else:
-                self._since = None
