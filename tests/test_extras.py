@@ -4,36 +4,10 @@ hint; pyproject keeps the stack in the ``train`` extra, which scripts/setup.sh i
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-# Runs the CLI with the named top-level modules unimportable, as in an install without them.
-BLOCKED_CLI = """
-import sys
-blocked = set(sys.argv[1].split(","))
-class Blocker:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, Blocker())
-from ftkit import cli
-code = cli.main(sys.argv[2:])
-leaked = sorted(blocked & {m.split(".")[0] for m in sys.modules})
-sys.exit(99 if leaked else code)
-"""
-
-
-def ftkit_without(blocked: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-c", BLOCKED_CLI, blocked, *args], cwd=REPO, env=env, capture_output=True, text=True
-    )
+from blocked_cli import REPO, ftkit_without
 
 
 def test_ftkit_train_without_the_train_extra_is_exit_2_with_the_install_hint(tmp_path):

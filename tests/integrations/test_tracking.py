@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from blocked_cli import ftkit_without
 
 from ftkit.errors import InstallError
 from ftkit.events.writer import EventWriter
@@ -22,18 +23,6 @@ from ftkit.integrations import trackers, tracking
 from ftkit.integrations.tracking import TrackingFeed, check_report_to, scalars_of
 
 ROOT = Path(__file__).resolve().parents[2]
-# The CLI with the named top-level modules unimportable, as in an install without them.
-BLOCKED_CLI = """
-import sys
-blocked = set(sys.argv[1].split(","))
-class Blocker:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-sys.meta_path.insert(0, Blocker())
-from ftkit import cli
-sys.exit(cli.main(sys.argv[2:]))
-"""
 SMALL = ["--samples-per-rollout", "8", "--group-size", "4", "--micro-shards", "2", "--cells", "1"]
 SMALL += ["--steps-per-rollout", "2"]
 
@@ -133,9 +122,11 @@ def test_a_tracker_whose_package_is_missing_is_an_install_error_naming_its_extra
 
 
 def _ftkit(cwd: Path, *args: str, blocked: str | None = None) -> subprocess.CompletedProcess[str]:
+    if blocked:
+        return ftkit_without(blocked, *args, cwd=cwd, timeout=600)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-c", BLOCKED_CLI, blocked] if blocked else [sys.executable, "-m", "ftkit"]
-    return subprocess.run([*cmd, *args], cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
+    cmd = [sys.executable, "-m", "ftkit", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.parametrize(("blocked", "name", "extra"), [("wandb", "wandb", "wandb"), ("mlflow", "mlflow", "mlflow")])

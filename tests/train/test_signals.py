@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,10 +97,10 @@ RUN = [
 ]  # fmt: skip
 
 
-def _start(out: Path) -> subprocess.Popen:
+def _start(out: Path, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     return subprocess.Popen(
-        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *RUN],
+        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *RUN, *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -270,25 +271,34 @@ def _driver_events(out: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
+def _interrupt(proc: subprocess.Popen, ready: Callable[[], bool], send: Callable[[], None], what: str) -> str:
+    """Wait (at most 600 s) while ``proc`` runs until ``ready()``, then ``send()`` the signals and
+    return its stderr once it ended; its session is SIGKILLed if it is still running after that."""
+    try:
+        begin = time.monotonic()
+        while proc.poll() is None and not ready() and time.monotonic() - begin < 600:
+            time.sleep(0.01)
+        assert proc.poll() is None, f"the run ended before {what}"
+        send()
+        return proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.mark.slow
 def test_sigterm_after_the_run_ended_says_so_everywhere(tmp_path):
     """A SIGTERM once ``run_finished 'completed'`` is written (Ray shutting down, the analysis):
     exit 143, and the message, status.json and the log all say the run completed."""
     out = tmp_path / "run"
     proc = _start(out)
-    try:
-        begin = time.monotonic()
-        while proc.poll() is None and time.monotonic() - begin < 600:
-            if any(e["type"] == "run_finished" for e in _driver_events(out)):
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, "the run ended before the signal could be sent"
-        os.kill(proc.pid, signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stderr = _interrupt(
+        proc,
+        lambda: any(e["type"] == "run_finished" for e in _driver_events(out)),
+        lambda: os.kill(proc.pid, signal.SIGTERM),
+        "the signal could be sent",
+    )
     assert proc.returncode == 143, stderr
     errors = [line for line in stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "after the run ended" in errors[0] and "'completed'" in errors[0], stderr
@@ -308,20 +318,15 @@ def test_a_rank_killed_just_before_a_sigterm_is_declared_dead(tmp_path):
 
     out = tmp_path / "run"
     proc = _start(out)
-    try:
-        begin = time.monotonic()
-        while _committed(out) < 3 and proc.poll() is None and time.monotonic() - begin < 600:
-            time.sleep(0.02)
+
+    def kill_rank_then_driver() -> None:
         rank = json.loads((out / "events" / "trainer-c1-r0-i0.jsonl").read_text().splitlines()[0])
         assert os.getsid(rank["source"]["pid"]) == proc.pid  # a process of this run only
         os.kill(rank["source"]["pid"], signal.SIGKILL)
         time.sleep(0.005)
         os.kill(proc.pid, signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+
+    stderr = _interrupt(proc, lambda: _committed(out) >= 3, kill_rank_then_driver, "step 3 committed")
     assert proc.returncode == 143, stderr
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "interrupted" and status["exit_code"] == 143, status
@@ -339,29 +344,14 @@ def test_sigterm_to_the_process_group_during_a_publication(tmp_path):
     removed, and the run ends interrupted (143) with its log and status.json, without waiting on
     the dead GCS until Ray's client ends the process."""
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     slow = "kind=slow,point=publish_manifest,step=1,seconds=300"  # the driver stops inside the publication
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ftkit", "train", "--out", str(out), *RUN, "--inject", slow],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,
+    proc = _start(out, "--inject", slow)
+    stderr = _interrupt(
+        proc,
+        lambda: any(".tmp-" in p.name for p in (out / "checkpoints").glob(".step_*")),
+        lambda: os.killpg(proc.pid, signal.SIGTERM),
+        "the publication",
     )
-    try:
-        begin = time.monotonic()
-        while proc.poll() is None and time.monotonic() - begin < 600:
-            if any(".tmp-" in p.name for p in (out / "checkpoints").glob(".step_*")):
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the run ended before the publication"
-        os.killpg(proc.pid, signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 143, stderr
     assert "Failed to connect to GCS" not in stderr and "Traceback" not in stderr, stderr
     assert [p.name for p in (out / "checkpoints").iterdir()] == []  # nothing half-written stays
