@@ -13,81 +13,37 @@ SIGINT / SIGTERM / SIGHUP stopped it (``RunInterrupted``; docs/faults.md).
 from __future__ import annotations
 
 import json
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeAlias
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ftkit.commands.config_file import read_config_file
 from ftkit.commands.options import FailOnOpt, FormatOpt, JunitOpt, report_path
+from ftkit.commands.train_options import (
+    PANEL_CKPT,
+    PANEL_DATA,
+    PANEL_DUMPS,
+    PANEL_FAULTS,
+    PANEL_RL,
+    PANEL_SAMPLING,
+    Aggregation,
+    BestMetric,
+    Device,
+    DumpCells,
+    EngineKind,
+    EnginePlacement,
+    Loss,
+    Precision,
+    Reduce,
+    given_values,
+    opt,
+)
 from ftkit.findings import FailOn
 from ftkit.report.sink import Format, Output
 
-PANEL = "Training"
-PANEL_DUMPS = "Dumps"
-PANEL_FAULTS = "Fault tolerance"
-PANEL_CKPT = "Checkpoints"
-PANEL_RL = "RL objective"
-PANEL_DATA = "Prompts"
-
-
-def _choices(name: str, field: str) -> type[Enum]:
-    """A str Enum of the values a ``TrainConfig`` Literal field admits (Typer needs an Enum
-    for choices; deriving it keeps the command line and the config from drifting apart)."""
-    import typing
-
-    from ftkit.train.config.run import leaves
-
-    values = typing.get_args(leaves()[field].info.annotation)
-    return Enum(name, {v: v for v in values}, type=str)  # type: ignore[return-value]
-
-
-if TYPE_CHECKING:  # built at run time; to a type checker each is a str Enum
+if TYPE_CHECKING:
     from ftkit.train.config import TrainConfig
-
-    Reduce: TypeAlias = Enum
-    Device: TypeAlias = Enum
-    Precision: TypeAlias = Enum
-    DumpCells: TypeAlias = Enum
-    BestMetric: TypeAlias = Enum
-    Loss: TypeAlias = Enum
-    Aggregation: TypeAlias = Enum
-    EngineKind: TypeAlias = Enum
-    EnginePlacement: TypeAlias = Enum
-else:
-    Reduce = _choices("Reduce", "reduce")
-    Device = _choices("Device", "device")
-    Precision = _choices("Precision", "precision")
-    DumpCells = _choices("DumpCells", "dump_cells")
-    BestMetric = _choices("BestMetric", "best_metric")
-    Loss = _choices("Loss", "loss")
-    Aggregation = _choices("Aggregation", "aggregation")
-    EngineKind = _choices("EngineKind", "engine_kind")
-    EnginePlacement = _choices("EnginePlacement", "engine_placement")
-
-
-def _opt(*names: str, field: str | None = None, help: str = "", panel: str = PANEL, **kw: Any) -> Any:
-    """A Typer option; for a config ``field`` its help is the field's description and default,
-    so the command line and ``TrainConfig`` cannot drift apart."""
-    if field is not None:
-        from ftkit.train.config.run import leaves
-
-        info = leaves()[field].info
-        default = info.default
-        shown = ",".join(default) if isinstance(default, tuple) else default
-        help = help or info.description or ""
-        if shown not in (None, "") and not isinstance(default, bool):
-            help += f" [default: {shown}]"
-    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
-
-
-def parse_dump_what(text: str) -> tuple[str, ...]:
-    """``activations,grads`` -> ``("activations", "grads")``; ``none`` -> ``()``."""
-    text = text.strip().lower()
-    if text in ("", "none"):
-        return ()
-    return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
 def _resume_config(
@@ -109,104 +65,80 @@ def _resume_config(
     )
 
 
-def parse_report_to(values: list[str]) -> tuple[str, ...]:
-    """``--report-to`` given (repeated, comma-separated) -> the trackers, in order, once each;
-    ``none`` names none (``--report-to none`` turns a resumed run's trackers off)."""
-    names = (p.strip().lower() for v in values for p in v.split(","))
-    return tuple(dict.fromkeys(n for n in names if n and n != "none"))
-
-
-def given_values(options: dict[str, Any]) -> dict[str, Any]:
-    """The config values the command line gave: every option named for a config field
-    (``ftkit.train.config.places.CLI_FIELDS``) that was set, as the config takes it (an
-    Enum's value, ``--dump-what``'s list parsed, repeated ``--inject`` as a tuple).
-    ``--overwrite`` counts only when given (it has no negative form)."""
-    from ftkit.train.config.places import CLI_FIELDS
-
-    given: dict[str, Any] = {}
-    for name in CLI_FIELDS:
-        value = options[name]
-        if value is None or (name == "overwrite" and value is False):
-            continue
-        if isinstance(value, Enum):
-            value = value.value
-        elif name == "dump_what":
-            value = parse_dump_what(value)
-        elif name == "report_to":
-            value = parse_report_to(value)
-        elif isinstance(value, list):
-            value = tuple(value)
-        given[name] = value
-    return given
-
-
 def register(app: typer.Typer) -> None:
     # Over 80 lines for a reason: Typer reads the options from ``train``'s signature, one
     # parameter per option (named for its config field: ``given_values`` relies on it); the
     # body after the docstring is short, and the work is in ftkit.train.
     @app.command("train")
     def train(
-        out: Annotated[Path | None, _opt("--out", "-o", field="out", file_okay=False)] = None,
-        cells: Annotated[int | None, _opt("--cells", field="cells")] = None,
-        tp: Annotated[int | None, _opt("--tp", field="tp")] = None,
+        out: Annotated[Path | None, opt("--out", "-o", field="out", file_okay=False)] = None,
+        cells: Annotated[int | None, opt("--cells", field="cells")] = None,
+        tp: Annotated[int | None, opt("--tp", field="tp")] = None,
         pp: Annotated[
             int | None,
-            _opt("--pp", field="pp", help="Pipeline-parallel ranks per cell (stages; must divide the model's layers)."),
+            opt("--pp", field="pp", help="Pipeline-parallel ranks per cell (stages; must divide the model's layers)."),
         ] = None,
-        engines: Annotated[int | None, _opt("--engines", field="engines")] = None,
-        engine_kind: Annotated[EngineKind | None, _opt("--engine", field="engine_kind")] = None,
-        engine_placement: Annotated[
-            EnginePlacement | None, _opt("--engine-placement", field="engine_placement")
-        ] = None,
-        engine_tp: Annotated[int | None, _opt("--engine-tp", field="engine_tp", metavar="N", panel=PANEL_RL)] = None,
+        engines: Annotated[int | None, opt("--engines", field="engines")] = None,
+        engine_kind: Annotated[EngineKind | None, opt("--engine", field="engine_kind")] = None,
+        engine_placement: Annotated[EnginePlacement | None, opt("--engine-placement", field="engine_placement")] = None,
+        engine_tp: Annotated[int | None, opt("--engine-tp", field="engine_tp", metavar="N", panel=PANEL_RL)] = None,
         logprob_tolerance: Annotated[
-            float | None, _opt("--logprob-tolerance", field="logprob_tolerance", metavar="DELTA", panel=PANEL_RL)
+            float | None, opt("--logprob-tolerance", field="logprob_tolerance", metavar="DELTA", panel=PANEL_RL)
         ] = None,
-        rollouts: Annotated[int | None, _opt("--rollouts", field="rollouts")] = None,
-        steps_per_rollout: Annotated[int | None, _opt("--steps-per-rollout", field="steps_per_rollout")] = None,
-        samples_per_rollout: Annotated[int | None, _opt("--samples-per-rollout", field="samples_per_rollout")] = None,
-        group_size: Annotated[int | None, _opt("--group-size", field="group_size")] = None,
-        lr: Annotated[float | None, _opt("--lr", field="lr")] = None,
-        loss: Annotated[Loss | None, _opt("--loss", field="loss", panel=PANEL_RL)] = None,
-        clip_low: Annotated[float | None, _opt("--clip-low", field="clip_low", metavar="EPS", panel=PANEL_RL)] = None,
-        clip_high: Annotated[
-            float | None, _opt("--clip-high", field="clip_high", metavar="EPS", panel=PANEL_RL)
+        temperature: Annotated[
+            float | None, opt("--temperature", field="temperature", metavar="T", panel=PANEL_SAMPLING)
         ] = None,
-        kl_coef: Annotated[float | None, _opt("--kl-coef", field="kl_coef", metavar="BETA", panel=PANEL_RL)] = None,
-        aggregation: Annotated[Aggregation | None, _opt("--aggregation", field="aggregation", panel=PANEL_RL)] = None,
+        top_p: Annotated[float | None, opt("--top-p", field="top_p", metavar="P", panel=PANEL_SAMPLING)] = None,
+        top_k: Annotated[int | None, opt("--top-k", field="top_k", metavar="K", panel=PANEL_SAMPLING)] = None,
+        stop: Annotated[list[str] | None, opt("--stop", field="stop", metavar="STRING", panel=PANEL_SAMPLING)] = None,
+        ignore_eos: Annotated[
+            bool | None,
+            opt(
+                "--ignore-eos/--stop-at-eos",
+                field="ignore_eos",
+                panel=PANEL_SAMPLING,
+                help="Do not end a response at the tokenizer's eos token (vLLM's ignore_eos) [default: stop at eos].",
+            ),
+        ] = None,
+        rollouts: Annotated[int | None, opt("--rollouts", field="rollouts")] = None,
+        steps_per_rollout: Annotated[int | None, opt("--steps-per-rollout", field="steps_per_rollout")] = None,
+        samples_per_rollout: Annotated[int | None, opt("--samples-per-rollout", field="samples_per_rollout")] = None,
+        group_size: Annotated[int | None, opt("--group-size", field="group_size")] = None,
+        lr: Annotated[float | None, opt("--lr", field="lr")] = None,
+        loss: Annotated[Loss | None, opt("--loss", field="loss", panel=PANEL_RL)] = None,
+        clip_low: Annotated[float | None, opt("--clip-low", field="clip_low", metavar="EPS", panel=PANEL_RL)] = None,
+        clip_high: Annotated[float | None, opt("--clip-high", field="clip_high", metavar="EPS", panel=PANEL_RL)] = None,
+        kl_coef: Annotated[float | None, opt("--kl-coef", field="kl_coef", metavar="BETA", panel=PANEL_RL)] = None,
+        aggregation: Annotated[Aggregation | None, opt("--aggregation", field="aggregation", panel=PANEL_RL)] = None,
         micro_shards: Annotated[
             int | None,
-            _opt("--micro-shards", field="micro_shards", help="Micro-shards per optimizer step, at least --cells."),
+            opt("--micro-shards", field="micro_shards", help="Micro-shards per optimizer step, at least --cells."),
         ] = None,
-        model: Annotated[str | None, _opt("--model", field="model", metavar="PRESET|PATH")] = None,
-        seed: Annotated[int | None, _opt("--seed", field="seed")] = None,
-        reduce: Annotated[Reduce | None, _opt("--reduce", field="reduce")] = None,
-        reward: Annotated[str | None, _opt("--reward", field="reward", metavar="REWARD")] = None,
-        prompts: Annotated[str | None, _opt("--prompts", field="prompts", metavar="FILE", panel=PANEL_DATA)] = None,
-        input_key: Annotated[
-            str | None, _opt("--input-key", field="input_key", metavar="KEY", panel=PANEL_DATA)
-        ] = None,
-        label_key: Annotated[
-            str | None, _opt("--label-key", field="label_key", metavar="KEY", panel=PANEL_DATA)
-        ] = None,
+        model: Annotated[str | None, opt("--model", field="model", metavar="PRESET|PATH")] = None,
+        seed: Annotated[int | None, opt("--seed", field="seed")] = None,
+        reduce: Annotated[Reduce | None, opt("--reduce", field="reduce")] = None,
+        reward: Annotated[str | None, opt("--reward", field="reward", metavar="REWARD")] = None,
+        prompts: Annotated[str | None, opt("--prompts", field="prompts", metavar="FILE", panel=PANEL_DATA)] = None,
+        input_key: Annotated[str | None, opt("--input-key", field="input_key", metavar="KEY", panel=PANEL_DATA)] = None,
+        label_key: Annotated[str | None, opt("--label-key", field="label_key", metavar="KEY", panel=PANEL_DATA)] = None,
         max_prompt_len: Annotated[
-            int | None, _opt("--max-prompt-len", field="max_prompt_len", metavar="N", panel=PANEL_DATA)
+            int | None, opt("--max-prompt-len", field="max_prompt_len", metavar="N", panel=PANEL_DATA)
         ] = None,
         eval_prompts: Annotated[
-            str | None, _opt("--eval-prompts", field="eval_prompts", metavar="FILE", panel=PANEL_DATA)
+            str | None, opt("--eval-prompts", field="eval_prompts", metavar="FILE", panel=PANEL_DATA)
         ] = None,
         response_len: Annotated[
-            int | None, _opt("--max-response-len", field="response_len", metavar="N", panel=PANEL_DATA)
+            int | None, opt("--max-response-len", field="response_len", metavar="N", panel=PANEL_DATA)
         ] = None,
-        device: Annotated[Device | None, _opt("--device", field="device")] = None,
-        precision: Annotated[Precision | None, _opt("--precision", field="precision")] = None,
-        ray_address: Annotated[str | None, _opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
+        device: Annotated[Device | None, opt("--device", field="device")] = None,
+        precision: Annotated[Precision | None, opt("--precision", field="precision")] = None,
+        ray_address: Annotated[str | None, opt("--ray-address", field="ray_address", metavar="ADDRESS")] = None,
         dump_rollouts: Annotated[
-            str | None, _opt("--dump-rollouts", field="dump_rollouts", metavar="LIST", panel=PANEL_DUMPS)
+            str | None, opt("--dump-rollouts", field="dump_rollouts", metavar="LIST", panel=PANEL_DUMPS)
         ] = None,
         dump_what: Annotated[
             str | None,
-            _opt(
+            opt(
                 "--dump-what",
                 field="dump_what",
                 metavar="LIST",
@@ -214,19 +146,19 @@ def register(app: typer.Typer) -> None:
                 help="Comma list of activations, grads, weights; or none.",
             ),
         ] = None,
-        dump_cells: Annotated[DumpCells | None, _opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
+        dump_cells: Annotated[DumpCells | None, opt("--dump-cells", field="dump_cells", panel=PANEL_DUMPS)] = None,
         collective_timeout: Annotated[
             float | None,
-            _opt("--collective-timeout", field="collective_timeout", metavar="SECONDS", panel=PANEL_FAULTS),
+            opt("--collective-timeout", field="collective_timeout", metavar="SECONDS", panel=PANEL_FAULTS),
         ] = None,
         step_timeout: Annotated[
-            float | None, _opt("--step-timeout", field="step_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+            float | None, opt("--step-timeout", field="step_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
         ] = None,
-        min_cells: Annotated[int | None, _opt("--min-cells", field="min_cells", panel=PANEL_FAULTS)] = None,
-        max_retries: Annotated[int | None, _opt("--max-retries", field="max_retries", panel=PANEL_FAULTS)] = None,
+        min_cells: Annotated[int | None, opt("--min-cells", field="min_cells", panel=PANEL_FAULTS)] = None,
+        max_retries: Annotated[int | None, opt("--max-retries", field="max_retries", panel=PANEL_FAULTS)] = None,
         heal: Annotated[
             bool | None,
-            _opt(
+            opt(
                 "--heal/--no-heal",
                 field="heal",
                 panel=PANEL_FAULTS,
@@ -234,14 +166,14 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         heal_timeout: Annotated[
-            float | None, _opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+            float | None, opt("--heal-timeout", field="heal_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
         ] = None,
         reward_timeout: Annotated[
-            float | None, _opt("--reward-timeout", field="reward_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
+            float | None, opt("--reward-timeout", field="reward_timeout", metavar="SECONDS", panel=PANEL_FAULTS)
         ] = None,
         inject: Annotated[
             list[str] | None,
-            _opt(
+            opt(
                 "--inject",
                 field="inject",
                 metavar="SPEC",
@@ -249,16 +181,16 @@ def register(app: typer.Typer) -> None:
                 help="Inject a fault (repeatable): kind=...,point=...,cell=...,step=...; see docs/fault-injection.md.",
             ),
         ] = None,
-        chaos: Annotated[str | None, _opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
+        chaos: Annotated[str | None, opt("--chaos", field="chaos", metavar="SPEC", panel=PANEL_FAULTS)] = None,
         checkpoint_every: Annotated[
-            int | None, _opt("--checkpoint-every", field="checkpoint_every", metavar="N", panel=PANEL_CKPT)
+            int | None, opt("--checkpoint-every", field="checkpoint_every", metavar="N", panel=PANEL_CKPT)
         ] = None,
-        keep_last: Annotated[int | None, _opt("--keep-last", field="keep_last", metavar="N", panel=PANEL_CKPT)] = None,
-        keep_best: Annotated[int | None, _opt("--keep-best", field="keep_best", metavar="K", panel=PANEL_CKPT)] = None,
-        best_metric: Annotated[BestMetric | None, _opt("--best-metric", field="best_metric", panel=PANEL_CKPT)] = None,
+        keep_last: Annotated[int | None, opt("--keep-last", field="keep_last", metavar="N", panel=PANEL_CKPT)] = None,
+        keep_best: Annotated[int | None, opt("--keep-best", field="keep_best", metavar="K", panel=PANEL_CKPT)] = None,
+        best_metric: Annotated[BestMetric | None, opt("--best-metric", field="best_metric", panel=PANEL_CKPT)] = None,
         config: Annotated[
             Path | None,
-            _opt(
+            opt(
                 "--config",
                 metavar="FILE",
                 dir_okay=False,
@@ -266,12 +198,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         print_config: Annotated[
-            bool, _opt("--print-config", help="Print the resulting config as JSON and exit.")
+            bool, opt("--print-config", help="Print the resulting config as JSON and exit.")
         ] = False,
-        overwrite: Annotated[bool, _opt("--overwrite", field="overwrite")] = False,
+        overwrite: Annotated[bool, opt("--overwrite", field="overwrite")] = False,
         resume: Annotated[
             Path | None,
-            _opt(
+            opt(
                 "--resume",
                 metavar="RUN_DIR",
                 file_okay=False,
@@ -283,7 +215,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         allow_layout_change: Annotated[
             bool,
-            _opt(
+            opt(
                 "--allow-layout-change",
                 panel=PANEL_CKPT,
                 help="With --resume: let --tp/--pp differ from the run's recorded layout. The result is then "
@@ -293,7 +225,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         allow_precision_change: Annotated[
             bool,
-            _opt(
+            opt(
                 "--allow-precision-change",
                 panel=PANEL_CKPT,
                 help="With --resume: let --precision differ from the run's recorded precision. The result is "
@@ -302,7 +234,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
         fmt: FormatOpt = Format.human,
         report_to: Annotated[
-            list[str] | None, _opt("--report-to", field="report_to", metavar="TRACKER", panel="Output")
+            list[str] | None, opt("--report-to", field="report_to", metavar="TRACKER", panel="Output")
         ] = None,
         merged_log: Annotated[
             Path | None,

@@ -13,16 +13,18 @@ Contract (what the protocol leaves to the engine):
   ``dtype`` is the model's parameter dtype and ``signed_zeros`` True: what it holds is the
   bits sent, so ``held`` fingerprints its parameters as they are (``source`` ``"kernel"``: the
   kernels read them directly) and equals ``fingerprint_tensors`` of what was sent.
-* ``generate`` samples at temperature 1 (or greedily at 0) from the ``allowed`` tokens only
-  (the policy, ``ftkit.engines.policy``): inverse-CDF in float64 with one uniform per token
-  from a CPU ``torch.Generator`` seeded with the prompt's seed, so a response depends only on
-  (weights, prompt, seed): the model runs on fixed chunks of ``chunk`` sequences of fixed
-  length (short chunks padded with filler rows), never on how the prompts were batched. A
-  ``stop`` token ends a response (the rest of the row is padding for the model; a chunk whose
-  rows have all stopped runs no further forward pass). Greedy takes the most likely allowed
-  token (ties: the first); a position whose logits are not all finite gets the token ``-1``
-  and log-prob NaN. Prompts keep their left padding (``pads``): the model masks it out
-  (``policy.padding_mask``).
+* ``generate`` samples from the ``allowed`` tokens only (the policy, ``ftkit.engines.policy``)
+  at ``temperature`` (0: greedy), with top-k / top-p (``policy.truncate``): inverse-CDF in
+  float64 with one uniform per token from a CPU ``torch.Generator`` seeded with the prompt's
+  seed (a token of probability 0, cut by top-k / top-p or underflowed, is never drawn), so a
+  response depends only on (weights, prompt, seed, sampling settings): the model runs on fixed
+  chunks of ``chunk`` sequences of fixed length (short chunks padded with filler rows), never on
+  how the prompts were batched. A ``stop`` token ends a response (the rest of the row is padding
+  for the model; a chunk whose rows have all stopped runs no further forward pass). Greedy takes
+  the most likely allowed token (ties: the first); a position whose logits are not all finite
+  gets the token ``-1`` and log-prob NaN. Prompts keep their left padding (``pads``): the model
+  masks it out (``policy.padding_mask``). The log-probs follow the policy's convention: of the
+  temperature-scaled distribution before truncation, of the temperature-1 one when greedy.
 * **Scored in the trainer's shapes.** The log-probs ``generate`` reports for sampled responses
   are not the sampling pass's: once a call's responses are drawn, the ``[prompt | response]``
   rows are scored again in forward passes of exactly ``score_chunk`` rows (the trainer's
@@ -31,7 +33,7 @@ Contract (what the protocol leaves to the engine):
   same shapes through the same kernels give the trainer's bits on CUDA (rule FT114 is bitwise at
   TP=1); on CPU the two were already equal. Positions after a stop token stay 0. The cost is one
   forward pass over the call's rows per ``max_tokens`` sampling passes (``bench/engine_rescore.py``).
-  Greedy responses (evaluation) keep the sampling pass's log-probs (NaN where a logit was not finite).
+  Greedy responses are re-scored too (a ``-1`` token keeps its NaN).
 * ``score_rows`` runs the rows in one forward pass (the canary's shape, the trainer's too), with
   the same mask, and computes the log-probs on the device like the trainer (not on the host:
   the host's ``log_softmax`` rounds differently from the device's).
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ftkit.engines.protocol import Generation, HeldWeights
@@ -160,13 +163,15 @@ class MegatronEngine:
         allowed: Sequence[int] | None = None,
         stop: Sequence[int] | None = None,
         pads: Sequence[int] | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[Generation]:
         """One response of at most ``max_tokens`` tokens per prompt (the module docstring);
-        prompts are rows of equal length, ``temperature`` 1 (sampled) or 0 (greedy)."""
+        prompts are rows of equal length; ``temperature`` 0 is greedy."""
         import torch
 
-        if temperature not in (0.0, 1.0):
-            raise ValueError(f"{self.label}: temperature {temperature} (ftkit's engine samples at 1, or 0: greedy)")
+        if not (temperature >= 0 and 0 < top_p <= 1 and top_k >= 0):
+            raise ValueError(f"{self.label}: temperature {temperature}, top_p {top_p}, top_k {top_k} out of range")
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         rows = torch.tensor([list(p) for p in prompts], dtype=torch.int64)
@@ -178,9 +183,9 @@ class MegatronEngine:
         for a in range(0, n, self.chunk):
             b = min(n, a + self.chunk)
             chunk_pads = None if pad_rows is None else pad_rows[a:b]
-            greedy_seeds = None if temperature == 0.0 else seeds[a:b]
+            draw = None if temperature == 0.0 else _Draw(seeds[a:b], temperature, top_p, top_k)
             out[a:b], logprobs[a:b] = self._chunk(
-                rows[a:b], max_tokens, greedy_seeds, self._allowed(allowed), stops, chunk_pads
+                rows[a:b], max_tokens, draw, self._allowed(allowed), stops, chunk_pads
             )
         ends = []
         for i in range(n):
@@ -189,14 +194,23 @@ class MegatronEngine:
                 hit = torch.isin(out[i], stops).nonzero()
                 m = int(hit[0]) + 1 if len(hit) else max_tokens
             ends.append(m)
-        if temperature == 1.0 and self.score_chunk > 0:
-            logprobs = self._rescore(rows, out, self._allowed(allowed), pad_rows)
+        if self.score_chunk > 0:
+            missing = out < 0  # greedy: no finite logits, no token
+            scored = self._rescore(
+                rows, out.masked_fill(missing, self.pad_token), self._allowed(allowed), pad_rows, temperature
+            )
+            logprobs = scored.masked_fill(missing, torch.nan)
         return [Generation(tokens=out[i, :m].numpy(), logprobs=logprobs[i, :m].numpy()) for i, m in enumerate(ends)]
 
     def _rescore(
-        self, prompts: torch.Tensor, responses: torch.Tensor, allowed: torch.Tensor, pads: torch.Tensor | None
+        self,
+        prompts: torch.Tensor,
+        responses: torch.Tensor,
+        allowed: torch.Tensor,
+        pads: torch.Tensor | None,
+        temperature: float,
     ) -> torch.Tensor:
-        """float32 ``[n, r]``: the policy's log-probs of ``responses`` after ``prompts``, scored in
+        """float32 ``[n, r]``: the policy's log-probs (at ``temperature``) of ``responses`` after ``prompts``, scored in
         passes of ``score_chunk`` rows (the module docstring); only positions up to a row's stop
         token are read by the caller."""
         import torch
@@ -220,7 +234,7 @@ class MegatronEngine:
                 if pads is not None:
                     attention = padding_mask(torch.cat([pads[a:b], pads.new_zeros(k - (b - a))]), s).to(self.device)
                 logits = self.model(tokens, positions, attention)
-                lp = policy_logprobs(logits, tokens, allowed, index)
+                lp = policy_logprobs(logits, tokens, allowed, index, temperature)
                 out[a:b] = lp[: b - a, p - 1 : p - 1 + r].cpu()
         return out
 
@@ -228,24 +242,25 @@ class MegatronEngine:
         self,
         prompts: torch.Tensor,
         r: int,
-        seeds: Sequence[int] | None,
+        draw: _Draw | None,
         allowed: torch.Tensor,
         stops: torch.Tensor | None,
         pads: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(tokens, logprobs)`` ``[k, r]`` of one chunk of ``k <= chunk`` prompts; ``seeds``
+        """``(tokens, logprobs)`` ``[k, r]`` of one chunk of ``k <= chunk`` prompts; ``draw``
         None: greedy."""
         import torch
 
-        from ftkit.engines.policy import padding_mask, sampled_logprobs
+        from ftkit.engines.policy import padding_mask, sampled_logprobs, truncate
 
         k, p = prompts.shape
         s = p + r
         tokens = torch.zeros((self.chunk, s), dtype=torch.int64)  # short chunks padded to `chunk` rows
         tokens[:k, :p] = prompts
-        uniforms = None
-        if seeds is not None:
-            uniforms = torch.stack([torch.rand(r, generator=_generator(seed), dtype=torch.float64) for seed in seeds])
+        uniforms, temperature = None, 0.0
+        if draw is not None:
+            uniforms = torch.stack([torch.rand(r, generator=_generator(s), dtype=torch.float64) for s in draw.seeds])
+            temperature = draw.temperature
         positions = torch.arange(s, dtype=torch.int64).unsqueeze(0).expand(self.chunk, s)
         attention = None  # the prompts' left padding unseen; filler rows unpadded
         if pads is not None:
@@ -266,10 +281,14 @@ class MegatronEngine:
                     finite = step.isfinite().all(dim=-1)
                     tokens[:k, p + j] = torch.where(finite, allowed[pick.squeeze(1)], -1)
                 else:
-                    cdf = torch.softmax(step, dim=-1).cumsum(dim=-1)
-                    pick = torch.searchsorted(cdf, uniforms[:, j : j + 1] * cdf[:, -1:]).clamp_(max=len(allowed) - 1)
+                    assert draw is not None
+                    probs = torch.softmax(step if temperature == 1.0 else step / temperature, dim=-1)
+                    cdf = truncate(probs, draw.top_p, draw.top_k).cumsum(dim=-1)
+                    # right: the first token whose cumulative mass passes the draw (never one of mass 0)
+                    at_u = uniforms[:, j : j + 1] * cdf[:, -1:]
+                    pick = torch.searchsorted(cdf, at_u, right=True).clamp_(max=len(allowed) - 1)
                     tokens[:k, p + j] = allowed[pick.squeeze(1)]
-                logprobs[:, j] = sampled_logprobs(at, allowed, pick.squeeze(1))
+                logprobs[:, j] = sampled_logprobs(at, allowed, pick.squeeze(1), temperature)
                 if uniforms is None:
                     logprobs[:, j] = torch.where(finite, logprobs[:, j], torch.nan)
                 if stops is not None:
@@ -280,6 +299,16 @@ class MegatronEngine:
 
     def close(self) -> None:
         """Nothing to release: the model goes with the process."""
+
+
+@dataclass(frozen=True)
+class _Draw:
+    """How one chunk's sampled responses are drawn: a seed per row and the sampling settings."""
+
+    seeds: Sequence[int]
+    temperature: float
+    top_p: float
+    top_k: int
 
 
 def _generator(seed: int) -> torch.Generator:

@@ -27,11 +27,14 @@ drives it like this (the contract):
    canary (a fixed set of rows) is re-scored after every sync: a canary that did not move
    after an update that should move it is a stale engine even when the fingerprint cannot see
    the kernels' own copy (``HeldWeights.source`` says what it saw).
-6. ``engine.generate(prompts, max_tokens, seeds, temperature, allowed, stop, pads)``: one
-   ``Generation`` per prompt, sampled from a stream that depends only on its seed
-   (``temperature`` 0: greedy, no stream drawn); ``logprobs[i]`` is the engine's log-prob of
-   ``tokens[i]`` (float32) under the policy: the distribution restricted to the ``allowed``
-   token ids (None: the whole vocabulary). A ``stop`` token ends a response (kept as its last
+6. ``engine.generate(prompts, max_tokens, seeds, temperature, allowed, stop, pads, top_p,
+   top_k)``: one ``Generation`` per prompt, sampled from a stream that depends only on its seed
+   (``temperature`` 0: greedy, no stream drawn), at ``temperature``, from the tokens top-k and
+   top-p keep (``ftkit.engines.policy.truncate``: vLLM's rules; ``top_k`` 0 and ``top_p`` 1:
+   off); ``logprobs[i]`` is the engine's log-prob of ``tokens[i]`` (float32) under the policy:
+   the distribution restricted to the ``allowed`` token ids (None: the whole vocabulary), at
+   ``temperature``, before top-k / top-p (at temperature 1 when greedy): the convention of
+   ``ftkit.engines.policy``. A ``stop`` token ends a response (kept as its last
    token, so a response may be shorter than ``max_tokens``). ``pads``: the left padding of
    each prompt row, which the engine must not attend to (it may drop it). The trainer hands an
    engine whole chunks of ``GEN_CHUNK`` prompts (the last may be short, ``split``), so an
@@ -115,6 +118,8 @@ class Engine(Protocol):
         allowed: Sequence[int] | None = None,
         stop: Sequence[int] | None = None,
         pads: Sequence[int] | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[Generation]: ...
 
     def close(self) -> None: ...

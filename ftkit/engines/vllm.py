@@ -245,13 +245,17 @@ class VllmEngine:
         allowed: Sequence[int] | None = None,
         stop: Sequence[int] | None = None,
         pads: Sequence[int] | None = None,
+        top_p: float = 1.0,
+        top_k: int = 0,
     ) -> list[Generation]:
         """One response of ``max_tokens`` tokens per prompt (EOS ignored), prompt ``i`` sampled
         with ``seeds[i]``; each with the engine's log-prob of every sampled token (what the
-        server's ``logprobs_mode`` says). ``allowed``: sample only these token ids
-        (``allowed_token_ids``); ``stop``: token ids that end a response (kept as its last token,
-        so a response may be shorter than ``max_tokens``); ``temperature`` 0: greedy; ``pads``:
-        each prompt's left padding, dropped (vLLM cannot mask it out)."""
+        server's ``logprobs_mode`` says; with top-k / top-p, the server re-scores the responses so
+        that they are of the distribution before truncation: the protocol's convention).
+        ``allowed``: sample only these token ids (``allowed_token_ids``); ``stop``: token ids that
+        end a response (kept as its last token, so a response may be shorter than
+        ``max_tokens``); ``temperature`` 0: greedy; ``top_p`` / ``top_k``: vLLM's (1 / 0: off);
+        ``pads``: each prompt's left padding, dropped (vLLM cannot mask it out)."""
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         skip = [0] * len(prompts) if pads is None else [int(x) for x in pads]
@@ -261,6 +265,8 @@ class VllmEngine:
             "max_tokens": int(max_tokens),
             "seeds": [int(s) for s in seeds],
             "temperature": float(temperature),
+            "top_p": float(top_p),
+            "top_k": int(top_k),
         }
         if allowed is not None:
             header["allowed"] = [int(t) for t in allowed]

@@ -12,13 +12,17 @@ starts the engine; each later frame has an ``op``:
   folded (see ``vllm_worker``); read back and fingerprinted one decoder layer at a time, so
   it costs one layer's memory, not the model's;
 * ``score`` (``tokens``, optional ``allowed``) -> tensor ``logprobs`` float32 ``[len - 1]``: the
-  log-prob of each token after the first given the ones before (the canary); with ``allowed``
-  (token ids) the log-prob under the distribution restricted to those tokens (the full
+  log-prob of each token after the first given the ones before (the canary: temperature 1); with
+  ``allowed`` (token ids) the log-prob under the distribution restricted to those tokens (the full
   vocabulary's log-probs renormalised over them: the server must start with ``max_logprobs=-1``);
-* ``generate`` (``prompts``, ``max_tokens``, ``seeds``, ``temperature``, optional ``allowed``:
-  vLLM's ``allowed_token_ids``, optional ``stop``: its ``stop_token_ids``, the stop token kept as
-  the last of the response) -> tensors ``tokens`` int64 and ``logprobs`` float32
-  (concatenated) and ``lengths`` int64; ``temperature`` 0 is greedy;
+* ``generate`` (``prompts``, ``max_tokens``, ``seeds``, ``temperature``, ``top_p``, ``top_k``,
+  optional ``allowed``: vLLM's ``allowed_token_ids``, optional ``stop``: its ``stop_token_ids``,
+  the stop token kept as the last of the response) -> tensors ``tokens`` int64 and ``logprobs``
+  float32 (concatenated) and ``lengths`` int64; ``temperature`` 0 is greedy. The log-probs are
+  vLLM's processed ones (temperature applied); with top-k / top-p they would be of the truncated,
+  renormalised distribution, so the responses are re-scored (``score``'s way, one batch) to give
+  those before truncation (``ftkit.engines.policy``'s convention; the cost: one prompt-log-prob
+  pass over every row's whole vocabulary);
 * ``exit``.
 
 A failing request is answered ``{"ok": false, "error": "..."}`` and the server goes on; only a
@@ -28,6 +32,7 @@ and ``ftkit.tensors.fingerprint`` (xxhash): nothing else of ftkit.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -112,36 +117,54 @@ class Server:
         return reply, {}
 
     def score(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        toks = [int(t) for t in header["tokens"]]
+        (lp,) = self._scored([toks], header.get("allowed"), 1.0)
+        return {}, {"logprobs": lp}
+
+    def _scored(self, rows: list[list[int]], allowed: list[int] | None, temperature: float) -> list[Any]:
+        """float32 ``[len(row) - 1]`` per row: the log-prob of each token after the first given the
+        ones before, under the distribution restricted to ``allowed`` (None: all tokens) at
+        ``temperature`` (0 and 1: as it is). vLLM's prompt log-probs are of temperature 1; with
+        the whole distribution at hand (``prompt_logprobs=-1``), ``log_softmax(lp / T)`` over the
+        tokens is the temperature-``T`` log-prob (the constant ``lp`` carries cancels)."""
         import torch
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        toks = [int(t) for t in header["tokens"]]
-        allowed = header.get("allowed")
-        sp = SamplingParams(max_tokens=1, prompt_logprobs=0 if allowed is None else -1, detokenize=False)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=toks)], sp, use_tqdm=False)[0]
-        assert out.prompt_logprobs is not None  # asked for above
-        positions = out.prompt_logprobs[1:]
-        if allowed is None:
-            lp = torch.tensor([d[t].logprob for d, t in zip(positions, toks[1:])], dtype=torch.float32)
-        else:  # renormalised over the allowed tokens; a token outside them has -inf
-            ids = [int(t) for t in allowed]
-            table = torch.tensor([[d[a].logprob for a in ids] for d in positions], dtype=torch.float32)
+        scaled = temperature not in (0.0, 1.0)
+        whole = allowed is not None or scaled
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=-1 if whole else 0, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], sp, use_tqdm=False)
+        result = []
+        for toks, out in zip(rows, outs):
+            assert out.prompt_logprobs is not None  # asked for above
+            positions = out.prompt_logprobs[1:]
             mine = torch.tensor([d[t].logprob for d, t in zip(positions, toks[1:])], dtype=torch.float32)
+            if not whole:
+                result.append(mine)
+                continue
+            t = temperature if scaled else 1.0
+            ids = [int(a) for a in allowed] if allowed is not None else sorted(positions[0]) if positions else []
+            table = torch.tensor([[d[a].logprob for a in ids] for d in positions], dtype=torch.float32)
             known = set(ids)
-            inside = torch.tensor([t in known for t in toks[1:]])
-            lp = torch.where(inside, mine - torch.logsumexp(table, dim=-1), -torch.inf)
-        return {}, {"logprobs": lp}
+            inside = torch.tensor([tok in known for tok in toks[1:]])  # a token outside them has -inf
+            lp = torch.where(inside, mine / t - torch.logsumexp(table / t, dim=-1), -torch.inf)
+            result.append(lp)
+        return result
 
     def generate(self, header: dict[str, Any], tensors: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         import torch
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in header["prompts"]]
+        rows = [[int(t) for t in p] for p in header["prompts"]]
+        temperature = float(header.get("temperature", 1.0))
+        top_p, top_k = float(header.get("top_p", 1.0)), int(header.get("top_k", 0))
         params = [
             SamplingParams(
-                temperature=float(header.get("temperature", 1.0)),
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k if top_k > 0 else -1,
                 max_tokens=int(header["max_tokens"]),
                 seed=int(seed),
                 logprobs=0,
@@ -152,7 +175,7 @@ class Server:
             )
             for seed in header["seeds"]
         ]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
         tokens: list[int] = []
         logprobs: list[float] = []
         lengths: list[int] = []
@@ -162,6 +185,12 @@ class Server:
             tokens += c.token_ids
             logprobs += [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)]
             lengths.append(len(c.token_ids))
+        if temperature > 0 and (top_k > 0 or top_p < 1):  # processed log-probs are of the truncated distribution
+            starts = list(itertools.accumulate([0, *lengths]))
+            whole = [r + tokens[a : a + n] for r, a, n in zip(rows, starts, lengths)]
+            logprobs = []
+            for row, n, lp in zip(rows, lengths, self._scored(whole, header.get("allowed"), temperature)):
+                logprobs += lp[len(row) - 1 : len(row) - 1 + n].tolist()
         return {}, {
             "tokens": torch.tensor(tokens, dtype=torch.int64),
             "logprobs": torch.tensor(logprobs, dtype=torch.float32),

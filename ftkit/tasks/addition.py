@@ -217,6 +217,14 @@ class AdditionTask:
         out[:, :ANSWER_LEN] = self.answers(prompts)
         return out
 
+    def response_ends(self, responses: Tensor) -> tuple[Any, Any]:
+        """Every response is ``response_len`` tokens and ends there by design (``stop_token`` is
+        None): all of them count as stopped, none as cut at the limit."""
+        import torch
+
+        n = responses.shape[0]
+        return torch.full((n,), responses.shape[1], dtype=torch.int64), torch.ones(n, dtype=torch.bool)
+
     def response_mask(self, responses: Tensor) -> Any:
         """float32 ``[n, response_len]`` of ones: every generated token is learned (what follows
         ``eos`` is not scored by the task reward, but it is trained on)."""

@@ -23,11 +23,12 @@ exactness of the cells (1 cell == 2 cells bitwise) holds as it does for the addi
   applied) are also a training prompt's: ``ftkit train`` warns about them. Without the file:
   ``heldout_prompts(seed)`` and this task.
 * Engines sample from the whole vocabulary of the model (``response_tokens``) and stop at the
-  tokenizer's ``eos`` (``stop_token``): the tokens after it are the pad token, masked out of
-  the loss (``response_mask``: 1 up to and including the first ``eos``).
+  tokenizer's ``eos`` (``stop_token``; None with ``ignore_eos``) or after the token that
+  completes a ``--stop`` string (``ftkit.tasks.stops``: ``response_ends``): the tokens after the
+  end are the pad token, masked out of the loss (``response_mask``: 1 through the end).
 * ``reward_sample`` gives a reward the prompt as the model saw it (template applied), the
-  response decoded up to ``eos`` (special tokens skipped), the record's label and the token ids
-  of both (the response's without ``eos`` and padding).
+  response decoded through its end (special tokens skipped, cut before a stop string), the
+  record's label and the token ids of both (the response's without ``eos`` and padding).
 * ``correct_responses``: the label's tokens then ``eos`` (truncated to ``response_len``),
   what ``check_reward`` scores before a run starts and the canaries score after each sync.
 
@@ -44,6 +45,8 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ftkit.tasks.stops import Stops
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -65,12 +68,14 @@ def prompt_task(
     max_prompt_len: int,
     response_len: int,
     eval_path: Path | None = None,
+    stop: tuple[str, ...] = (),
+    ignore_eos: bool = False,
 ) -> PromptTask:
     """The ``PromptTask`` of the JSONL file ``path`` through the tokenizer of ``model_dir``
     (a model of ``vocab_size`` tokens), with the eval set ``eval_path`` (``--eval-prompts``) read
     and checked the same way; ``ConfigError`` (exit 2) for a malformed line, an empty file, a
     prompt over ``max_prompt_len`` tokens, a tokenizer without ``eos_token`` or a token id outside
-    the model's vocabulary."""
+    the model's vocabulary. ``stop`` / ``ignore_eos``: what ends a response (``ftkit.tasks.stops``)."""
     from ftkit.errors import ConfigError
     from ftkit.tasks.tokenizer import load_tokenizer
 
@@ -98,7 +103,8 @@ def prompt_task(
         return encoded
 
     held = read(eval_path) if eval_path is not None else []
-    return PromptTask(read(path), tok, vocab_size, max_prompt_len, response_len, held)
+    task = PromptTask(read(path), tok, vocab_size, max_prompt_len, response_len, held)
+    return task.ending(stop, ignore_eos) if stop or ignore_eos else task
 
 
 class PromptTask:
@@ -127,6 +133,7 @@ class PromptTask:
         self.response_tokens = tuple(range(vocab_size))
         self.eos = int(tokenizer.eos_token_id)
         self.stop_token: int | None = self.eos
+        self.stops = Stops(tokenizer, self.eos)
         pad = tokenizer.pad_token_id
         self.pad_token = self.eos if pad is None else int(pad)
         self._table = torch.from_numpy(pad_prompts([e.ids for e in encoded], prompt_len, self.pad_token).ids)
@@ -144,6 +151,15 @@ class PromptTask:
         #: eval prompts that are also training prompts (the same tokens after the chat template)
         self.eval_overlap = sum(tuple(e.ids) in seen for e in held)
         self._eval = PromptTask(held, tokenizer, vocab_size, prompt_len, response_len) if held else None
+
+    def ending(self, strings: tuple[str, ...], ignore_eos: bool) -> PromptTask:
+        """This task, its responses (and its eval set's) ending at the stop ``strings`` and, unless
+        ``ignore_eos``, at ``eos`` (``ftkit.tasks.stops``)."""
+        self.stop_token = None if ignore_eos else self.eos
+        self.stops = Stops(self.tokenizer, self.stop_token, strings)
+        if self._eval is not None:
+            self._eval.ending(strings, ignore_eos)
+        return self
 
     @property
     def seq_len(self) -> int:
@@ -187,12 +203,17 @@ class PromptTask:
         """int64 ``[n, response_len]``: each prompt's label tokens, ``eos``, then padding."""
         return self._answers[self._records(prompts)]
 
+    def response_ends(self, responses: Tensor) -> tuple[Any, Any]:
+        """int64 ``[n]`` lengths and bool ``[n]`` stopped: each response through its end (``eos``
+        or a stop string, ``ftkit.tasks.stops``)."""
+        return self.stops.ends(responses)
+
     def response_mask(self, responses: Tensor) -> Any:
-        """float32 ``[n, response_len]``: 1 up to and including the first ``eos``, 0 after it."""
+        """float32 ``[n, response_len]``: 1 through each response's end, 0 after it."""
         import torch
 
-        stops = torch.eq(responses, self.eos).to(torch.int64)
-        return ((stops.cumsum(dim=1) - stops) == 0).to(torch.float32)
+        lengths, _ = self.response_ends(responses)
+        return (torch.arange(responses.shape[1])[None, :] < lengths[:, None]).to(torch.float32)
 
     def reward_sample(self, prompt: Tensor, response: Tensor) -> RewardSample:
         """One sample as a reward plug-in sees it (see the module docstring)."""
@@ -200,10 +221,10 @@ class PromptTask:
 
         e = self.encoded[self._records(prompt[None, :])[0]]
         r = [int(t) for t in response]
-        r = r[: r.index(self.eos)] if self.eos in r else r
+        n, _ = self.stops.end(r)
+        r = r[: n - 1] if self.stop_token is not None and n and r[n - 1] == self.stop_token else r[:n]
         r = [t for t in r if t >= 0]  # -1: a greedy position with non-finite logits
-        text = str(self.tokenizer.decode(r, skip_special_tokens=True))
-        return RewardSample(e.text, text, e.record.label, list(e.ids), r)
+        return RewardSample(e.text, self.stops.text(r), e.record.label, list(e.ids), r)
 
     def decode(self, tokens: Tensor) -> str:
         """The tokenizer's decoding of a token sequence (negative ids dropped)."""

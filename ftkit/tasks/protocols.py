@@ -110,6 +110,9 @@ class RlTask(Protocol):
       evaluation set, unless the task has its own); ``eval_set(seed)``: ``(task, prompts)``, the
       prompts ``eval_reward`` scores and the task that scores them (``--eval-prompts``);
     * ``correct_responses(prompts)``: int64 ``[n, response_len]``, a right answer per prompt;
+    * ``response_ends(responses)``: int64 ``[n]`` lengths and bool ``[n]`` stopped: each
+      response's tokens through its end (``eos``, a stop string), ``response_len`` and False
+      for one cut at the limit (a fixed-length task's responses all end where they should: True);
     * ``response_mask(responses)``: float32 ``[n, response_len]``, 1 on the response tokens
       that are learned;
     * ``reward_sample(prompt, response)``: one sample as a reward plug-in sees it;
@@ -137,6 +140,8 @@ class RlTask(Protocol):
     def eval_set(self, seed: int) -> tuple[RlTask, Any]: ...
 
     def correct_responses(self, prompts: Tensor) -> Any: ...
+
+    def response_ends(self, responses: Tensor) -> tuple[Any, Any]: ...
 
     def response_mask(self, responses: Tensor) -> Any: ...
 

@@ -20,7 +20,9 @@ from ftkit.engines.policy import allowed_index, policy_logprobs, policy_logprobs
 from ftkit.train.rank.step_metrics import StepMetrics
 from ftkit.train.rl.grpo import GrpoConfig, token_loss
 from ftkit.train.rl.logprob_stats import compare_logprobs
-from ftkit.train.rl.rollout_stats import idle_warning, response_lengths, rollout_metrics
+from ftkit.tasks.addition import AdditionTask
+from ftkit.tasks.stops import Stops
+from ftkit.train.rl.rollout_stats import idle_warning, rollout_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--rollouts", "2", "--samples-per-rollout", "32", "--group-size", "4", "--micro-shards", "4"]
@@ -42,7 +44,9 @@ ROLLOUT_NAMES = {
 
 class _Task:
     response_len = 4
-    stop_token: int | None = 9
+
+    def response_ends(self, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return Stops(None, eos=9).ends(responses)  # no stop strings: nothing to decode
 
 
 def test_rollout_metrics_of_a_batch() -> None:
@@ -59,8 +63,8 @@ def test_rollout_metrics_of_a_batch() -> None:
     assert (values["response_length_mean"], values["response_length_max"]) == (2.75, 4.0)  # 2, 4, 1, 4
     assert values["truncated_fraction"] == 0.25  # only the second never reached the stop token
     assert values["gen_tokens_per_s"] == 11 / 2.0
-    lengths, cut = response_lengths(responses, None, 4)  # no stop token: fixed length, never cut
-    assert lengths.tolist() == [4] * 4 and not cut.any()
+    lengths, stopped = AdditionTask(response_len=4).response_ends(responses)  # fixed length, never cut
+    assert lengths.tolist() == [4] * 4 and stopped.all()
     assert idle_warning(0, values) is None
     message = idle_warning(3, {"reward": 0.5, "zero_advantage_groups": 1.0})
     assert message is not None and message.startswith("rollout 3 learns nothing")

@@ -59,6 +59,7 @@ class TrainConfig(BaseModel):
     schedule: s.ScheduleSection = s.ScheduleSection()
     objective: s.ObjectiveSection = s.ObjectiveSection()
     generation: s.GenerationSection = s.GenerationSection()
+    sampling: s.SamplingSection = s.SamplingSection()
     reduction: s.ReductionSection = s.ReductionSection()
     compute: s.ComputeSection = s.ComputeSection()
     precision: s.PrecisionSection = s.PrecisionSection()
@@ -92,6 +93,7 @@ class TrainConfig(BaseModel):
             # bookkeeping off means the plain float path; say so rather than silently ignore.
             raise ValueError("bookkeeping=false needs reduce='float' (exact reduction is bookkeeping)")
         self._check_objective()
+        self._check_sampling()
         self._check_eval()
         etp = self.generation.tp
         if etp != 1 and self.generation.kind != "vllm":
@@ -110,6 +112,19 @@ class TrainConfig(BaseModel):
         for name in ("clip_low", "clip_high", "kl_coef", "aggregation"):
             if getattr(obj, name) != getattr(default, name):
                 raise ValueError(f"{name} applies to loss='grpo' only (this run's loss is {obj.loss!r})")
+
+    def _check_sampling(self) -> None:
+        """A temperature other than 0 and 1 only with GRPO (REINFORCE learns the model's own
+        cross-entropy, of temperature 1); stop strings and ``ignore_eos`` only with a prompt task."""
+        smp = self.sampling
+        if smp.temperature not in (0.0, 1.0) and self.objective.loss != "grpo":
+            raise ValueError(
+                f"temperature {smp.temperature} needs loss='grpo' (reinforce learns the log-probs of temperature 1; "
+                "its only other setting is 0: greedy)"
+            )
+        if (smp.stop or smp.ignore_eos) and self.task.prompts is None:
+            what = "stop" if smp.stop else "ignore_eos"
+            raise ValueError(f"{what} needs prompts (--prompts FILE): the built-in addition task has no text or eos")
 
     def _check_eval(self) -> None:
         """``eval_prompts`` are text prompts of a prompt task, scored at each publication."""

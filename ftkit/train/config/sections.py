@@ -245,6 +245,48 @@ class GenerationSection(Section):
     )
 
 
+class SamplingSection(Section):
+    """How the engines sample the rollouts' responses, as vLLM and TRL name it (it decides the
+    samples: fixed on resume). The log-probs, the engines' and the trainer's, are of the
+    temperature-scaled distribution before top-k / top-p (``ftkit.engines.policy``; docs/rl.md,
+    "Sampling"). Stop strings and ``ignore_eos`` need a prompt task (``--prompts``): the built-in
+    addition task has no text."""
+
+    PLACE = Place("fixed", pairs_dumps=False)
+    temperature: float = Field(
+        1.0,
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="Sampling temperature; 0: greedy (the most likely token; log-probs of temperature 1). "
+        "Other than 0 and 1 needs --loss grpo.",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Nucleus sampling: draw from the most likely tokens whose mass reaches P (1: off).",
+    )
+    top_k: int = Field(0, ge=0, description="Draw from the K most likely tokens only (0: off).")
+    stop: tuple[str, ...] = Field(
+        (),
+        max_length=16,
+        description="A string that ends a response (repeatable; the response keeps its tokens, the reward's "
+        "text ends before it, as vLLM's stop).",
+    )
+    ignore_eos: bool = Field(
+        False, description="Do not end a response at the tokenizer's eos token (vLLM's ignore_eos)."
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if any(not v for v in value):
+            raise ValueError("an empty stop string would end every response at once")
+        return value
+
+
 class ReductionSection(Section):
     """How gradients are summed across micro-shards and cells."""
 

@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TaskSpec:
     """What builds a run's task (``build``): the prompt dataset ``prompts`` through the tokenizer
-    of ``model_dir``, else the built-in addition task, over the synthetic vocabulary for a
-    preset (``model_dir`` None), over the model's tokenizer for a model path."""
+    of ``model_dir`` (its responses ending as ``stop`` / ``ignore_eos`` say), else the built-in
+    addition task, over the synthetic vocabulary for a preset (``model_dir`` None), over the
+    model's tokenizer for a model path."""
 
     response_len: int
     model_dir: Path | None = None
@@ -53,6 +54,8 @@ class TaskSpec:
     label_key: str | None = None
     max_prompt_len: int = 0
     eval_prompts: Path | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
 
     def build(self) -> RlTask:
         """The task; ``ConfigError`` (exit 2) for a ``response_len`` the addition task refuses,
@@ -72,6 +75,8 @@ class TaskSpec:
                 max_prompt_len=self.max_prompt_len,
                 response_len=self.response_len,
                 eval_path=self.eval_prompts,
+                stop=self.stop,
+                ignore_eos=self.ignore_eos,
             )
         try:
             return task_for(self.response_len, self.model_dir, self.vocab_size)
@@ -241,6 +246,8 @@ def task_spec(cfg: TrainConfig, model: ModelSpec) -> TaskSpec:
         t.label_key or None,
         t.max_prompt_len,
         None if cfg.eval.eval_prompts is None else Path(cfg.eval.eval_prompts),
+        cfg.sampling.stop,
+        cfg.sampling.ignore_eos,
     )
 
 

@@ -257,12 +257,13 @@ class StepCompute:
         allowed, index = self._policy()
         learned = part["loss_mask"].to(self.ctx.device)
         logits = self._logits(self.ctx.model, tokens, pos, mask, emb)
-        logp, entropy = policy_logprobs_entropy(logits, tokens, allowed, index, learned > 0)
+        temperature = self.cfg.sampling.temperature  # the engines' (ftkit.engines.policy)
+        logp, entropy = policy_logprobs_entropy(logits, tokens, allowed, index, learned > 0, temperature)
         ref = None
         if self.ctx.reference is not None:
             with torch.no_grad():
                 ref_logits = self._logits(self.ctx.reference, tokens, pos, mask, None)
-                ref = policy_logprobs(ref_logits, tokens, allowed, index)
+                ref = policy_logprobs(ref_logits, tokens, allowed, index, temperature)
         behaviour = part["logprobs"].to(logp.device)
         loss, terms = grpo_loss(logp, behaviour, part["advantages"], learned, norm, self.cfg.objective.grpo(), ref)
         if self._metrics is not None:
@@ -352,7 +353,7 @@ class StepCompute:
                 attention = sequence_mask(self._task(), tokens)
                 with torch.no_grad():
                     logits = self._logits(self.ctx.model, tokens, pos, attention, None)
-                    lp = policy_logprobs(logits, tokens, allowed, index)
+                    lp = policy_logprobs(logits, tokens, allowed, index, cfg.sampling.temperature)
                 checks.append((lp.cpu(), batch["logprobs"][rows], batch["loss_mask"][rows], batch["witness_ids"][rows]))
 
     def _emit_check(self, task: StepTask) -> None:

@@ -36,9 +36,13 @@ Contract:
   dataset: ``eos``) stops a response at it: the positions after it hold the task's
   ``pad_token`` with log-prob 0 (the driver's ``loss_mask`` leaves them out). A prompt's left
   padding (``RlTask.prompt_pads``) is handed to the engine, which masks it out (megatron) or
-  drops it (vLLM). ``greedy``: temperature 0, the most likely allowed token, no random stream
-  drawn (the evaluation of ``--best-metric eval_reward``); a position whose logits are not all
-  finite gets the token ``-1`` and log-prob NaN with the megatron engine.
+  drops it (vLLM). The run's sampling settings (``--temperature``, ``--top-p``, ``--top-k``:
+  ``ftkit.engines.policy``) go to the engine; ``--stop`` strings are found afterwards on the
+  text (``ftkit.tasks.stops``): the tokens after the one that completes a stop string become
+  ``pad_token`` with log-prob 0, as after ``eos``. ``greedy``: temperature 0, the most likely
+  allowed token, no random stream drawn (the evaluation of ``--best-metric eval_reward``); a
+  position whose logits are not all finite gets the token ``-1`` and log-prob NaN with the
+  megatron engine.
 
 vLLM's sampler is not ftkit's inverse-CDF one, so a vLLM run's samples differ from a megatron
 run's, and its log-probs differ from the trainer's by vLLM's arithmetic: FT114 holds them to
@@ -231,15 +235,18 @@ class EngineActor:
         from ftkit.tensors.seeds import derive_seed
 
         n, r, stop = prompts.shape[0], self.task.response_len, self.task.stop_token
+        smp = self.cfg.sampling
         seeds = [derive_seed("sample", self.cfg.rng.seed, rollout, first_index + i) for i in range(n)]
         gens = self.llm.generate(
             prompts.tolist(),
             r,
             seeds,
-            temperature=0.0 if greedy else 1.0,
+            temperature=0.0 if greedy else smp.temperature,
             allowed=self.allowed,
             stop=None if stop is None else [stop],
             pads=self._pads(prompts),
+            top_p=smp.top_p,
+            top_k=smp.top_k,
         )
         out = torch.full((n, r), self.task.pad_token, dtype=torch.int64)  # after a stop: pad, log-prob 0
         logprobs = torch.zeros((n, r), dtype=torch.float32)
@@ -247,6 +254,10 @@ class EngineActor:
             m = len(g.tokens)
             out[i, :m] = torch.from_numpy(g.tokens)
             logprobs[i, :m] = torch.from_numpy(g.logprobs)
+        if smp.stop:  # cut after the token that completes a stop string (ftkit.tasks.stops)
+            lengths, _ = self.task.response_ends(out)
+            after = torch.arange(r)[None, :] >= lengths[:, None]
+            out, logprobs = out.masked_fill(after, self.task.pad_token), logprobs.masked_fill(after, 0.0)
         return out, logprobs
 
     def _pads(self, prompts: Tensor) -> list[int] | None:

@@ -9,10 +9,10 @@ live view shows them):
 * ``zero_advantage_groups``: the share of groups (``group_size`` consecutive samples) whose
   advantages are all 0, so they carry no learning signal (a group of equal rewards); at 1.0 the
   rollout trains nothing (``idle_warning``: the driver warns, rule FT116 reports it);
-* ``response_length_mean`` / ``response_length_max``: generated tokens per response, up to and
-  including the task's ``stop_token`` (``response_len`` for a task without one);
-  ``truncated_fraction``: the share of responses cut at ``response_len`` without reaching the
-  stop token (0 for a task without one: its responses are fixed-length by design);
+* ``response_length_mean`` / ``response_length_max``: generated tokens per response, through
+  its end (``RlTask.response_ends``: the ``eos``, a stop string; ``response_len`` for a
+  fixed-length task); ``truncated_fraction``: the share of responses cut at ``response_len``
+  without reaching an end (0 for a fixed-length task: its responses end there by design);
 * ``gen_tokens_per_s``: generated tokens (the lengths above, summed) per second of the
   rollout's ``generation`` phase (a speed: compare-runs never compares it).
 
@@ -31,19 +31,6 @@ if TYPE_CHECKING:
     from ftkit.tasks.protocols import RlTask
 
 
-def response_lengths(responses: Tensor, stop_token: int | None, response_len: int) -> tuple[Tensor, Tensor]:
-    """int64 ``[n]`` lengths (through the first ``stop_token``) and bool ``[n]``: cut at the limit."""
-    import torch
-
-    n = responses.shape[0]
-    if stop_token is None:
-        return torch.full((n,), response_len, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
-    stops = responses == stop_token
-    reached = stops.any(dim=1)
-    first = stops.to(torch.int64).argmax(dim=1)  # the first stop's position (0 when none)
-    return torch.where(reached, first + 1, torch.full_like(first, response_len)), ~reached
-
-
 def zero_advantage_share(advantages: Tensor, group_size: int) -> float:
     """The share of groups whose advantages are all exactly 0."""
     groups = advantages.reshape(-1, group_size)
@@ -59,7 +46,8 @@ def rollout_metrics(
 
     r = batch["rewards"].to(torch.float64)
     responses = batch["tokens"][:, batch["tokens"].shape[1] - task.response_len :]
-    lengths, cut = response_lengths(responses, task.stop_token, task.response_len)
+    lengths, stopped = task.response_ends(responses)
+    cut = ~stopped
     generated = int(lengths.sum())
     some = r.numel() > 0
     return {
