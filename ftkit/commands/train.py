@@ -333,11 +333,14 @@ def register(app: typer.Typer) -> None:
         from ftkit.train.control.driver import run_training
 
         if output.human:
+            sampling = cfg.sampling.describe()
             output.info(
                 f"training {cfg.cluster.cells} cell(s) x tp {cfg.layout.tp} x pp {cfg.layout.pp}, "
                 f"{cfg.engine.count} engine(s), {cfg.schedule.rollouts} rollout(s) x "
                 f"{cfg.batch.steps_per_rollout} step(s), model {cfg.model.preset}, "
-                f"precision {plan.precision}, reduce {cfg.reduction.reduce} -> {cfg.output.out}"
+                f"precision {plan.precision}, reduce {cfg.reduction.reduce}"
+                + (f", sampling {sampling}" if sampling else "")
+                + f" -> {cfg.output.out}"
             )
         from ftkit.integrations.tracking import TrackingFeed, open_trackers
         from ftkit.report.live import live_view

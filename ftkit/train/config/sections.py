@@ -279,6 +279,17 @@ class SamplingSection(Section):
         False, description="Do not end a response at the tokenizer's eos token (vLLM's ignore_eos)."
     )
 
+    def describe(self) -> str:
+        """The settings that differ from plain sampling at temperature 1, for the run header
+        (``""`` when none does): ``temperature 0.7, top-p 0.9, stop ('\\n\\n',)``."""
+        default = SamplingSection()
+        changed = [
+            n
+            for n in ("temperature", "top_p", "top_k", "stop", "ignore_eos")
+            if getattr(self, n) != getattr(default, n)
+        ]
+        return ", ".join(f"{n.replace('_', '-')} {getattr(self, n)!r}" for n in changed)
+
     @field_validator("stop")
     @classmethod
     def _no_empty_stop(cls, value: tuple[str, ...]) -> tuple[str, ...]:

@@ -363,7 +363,7 @@ class Driver:
             gen_s = clock.pending.get("generation", 0.0)  # this rollout's: the last step's close reset it
             values = {"reward": reward, **rollout_metrics(tensors, self.task, cfg.task.group_size, gen_s)}
             emit.metric(self.events, rollout=rollout, step=None, values=values)
-            if (idle := idle_warning(rollout, values)) is not None:
+            if (idle := idle_warning(rollout, values, cfg.sampling.temperature == 0)) is not None:
                 self.on_warning(idle)
             batch_ref = ray.put(tensors)
         dump = cfg.dumps_rollout(rollout) and bool(cfg.dumps.what)

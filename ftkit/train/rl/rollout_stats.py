@@ -62,12 +62,19 @@ def rollout_metrics(
     }
 
 
-def idle_warning(rollout: int, values: Mapping[str, float | None]) -> str | None:
+def idle_warning(rollout: int, values: Mapping[str, float | None], greedy: bool = False) -> str | None:
     """The warning for a rollout in which every group's advantages are 0 (it trains nothing:
-    loss and gradient are 0), else None."""
+    loss and gradient are 0), else None; ``greedy``: the run samples at temperature 0, so every
+    sample of a group is the same response (the likely cause, named instead of the reward)."""
     if values.get("zero_advantage_groups") != 1.0:
         return None
+    cause = (
+        "greedy sampling (--temperature 0) gives every sample of a group the same response: sample at a "
+        "temperature above 0"
+        if greedy
+        else "check the reward plug-in"
+    )
     return (
         f"rollout {rollout} learns nothing: every group's advantages are 0 (the rewards within each group "
-        f"are all equal, mean {values.get('reward')}), so its loss and gradient are 0; check the reward plug-in"
+        f"are all equal, mean {values.get('reward')}), so its loss and gradient are 0; {cause}"
     )
