@@ -156,3 +156,41 @@ def test_a_tp2_engine_proves_its_sync_and_its_workers_end_with_it(model_dir: str
             eng.generate([[5, 6, 7]], max_tokens=4, seeds=[1])
     finally:
         eng.close()  # after a death with a request unflushed: no error
+
+
+def test_sampling_controls_and_the_log_prob_convention(model_dir: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--temperature`` / ``--top-k`` / ``--top-p`` on vLLM, as ``ftkit train`` starts it
+    (processed log-probs): top-k 1 is greedy; the reported log-probs are of the temperature-scaled
+    distribution before truncation (``ftkit.engines.policy``: the server re-scores truncated
+    samples), greedy ones of temperature 1, each checked against transformers in float32."""
+    from transformers import LlamaForCausalLM
+
+    eng = VllmEngine(
+        model_dir,
+        dtype="float32",
+        max_model_len=128,
+        logprobs_mode="processed_logprobs",
+        max_logprobs=-1,
+        log_path=str(tmp_path / "engine.log"),
+    )
+    hf = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+
+    def reference(prompt: list[int], response: np.ndarray, temperature: float) -> np.ndarray:
+        tokens = torch.tensor([prompt + response.tolist()])
+        with torch.no_grad():
+            logits = hf(tokens).logits[0, len(prompt) - 1 : -1]
+        lp = (logits / temperature).log_softmax(-1)
+        return lp.gather(-1, torch.from_numpy(response)[:, None]).squeeze(-1).numpy()
+
+    try:
+        prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+        greedy = eng.generate(prompts, 6, [1, 2], temperature=0.0)
+        top1 = eng.generate(prompts, 6, [3, 4], temperature=1.0, top_k=1)
+        assert [g.tokens.tolist() for g in top1] == [g.tokens.tolist() for g in greedy]
+        for p, g in zip(prompts, greedy):
+            np.testing.assert_allclose(g.logprobs, reference(p, g.tokens, 1.0), atol=1e-3)
+        for settings in ({"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.8, "top_k": 50}):
+            for p, g in zip(prompts, eng.generate(prompts, 8, [1, 2], **settings)):
+                np.testing.assert_allclose(g.logprobs, reference(p, g.tokens, 0.7), atol=1e-3)
+    finally:
+        eng.close()
