@@ -274,19 +274,34 @@ class EventHandlers(Watermark):
     def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
         if rec is not None:
-            self._witness_at(rec, ev["cell"], ev["ids"], ev["counts"], fi, line)
+            self._witness_at(rec, ev["cell"], ev["ids"], ev["counts"], ev["contributions"], fi, line)
 
     def _witness_counts_c(self, c: tuple[Any, ...], fi: int, line: int) -> None:
         rec = self._record_at(fi, line, "witness_counts", (c[4], c[5], c[6]), c[7], c[8], c[1], c[9])
         if rec is not None:
-            self._witness_at(rec, c[7], c[10], c[11], fi, line)
+            self._witness_at(rec, c[7], c[10], c[11], c[12], fi, line)
 
-    def _witness_at(self, rec: StepRecord, cell: int, ids: list[int], counts: list[int], fi: int, line: int) -> None:
+    def _witness_at(
+        self, rec: StepRecord, cell: int, ids: list[int], counts: list[int], contribs: list[float], fi: int, line: int
+    ) -> None:
+        """One cell's witness counts of a step attempt. Every cell (every incarnation: a healed or
+        restarted one too) reads them from the same reduced gradient, so ids, counts and
+        contributions must equal the first report's bit for bit; a report that differs is a
+        conflict (FT101). A line whose lists are not aligned, or whose counts and contributions
+        are values no gradient gives (a count below 1, a negative contribution),
+        is damaged (FT111)."""
         rec.witness_cells.add(cell)
+        problem = _witness_problem(ids, counts, contribs)
+        if problem is not None:
+            self.report(
+                "FT111", f"witness_counts of step {rec.step} from cell {cell}: {problem}", where=self.where(fi, line)
+            )
         if rec.witness is None:
-            rec.witness = (ids, counts, cell, self.locate(fi, line))
+            rec.witness = (ids, counts, cell, self.locate(fi, line), contribs)
         elif ids != rec.witness[0] or counts != rec.witness[1]:
-            rec.witness_conflicts.append((cell, self.locate(fi, line)))
+            rec.witness_conflicts.append((cell, self.locate(fi, line), "counts"))
+        elif contribs != rec.witness[4]:
+            rec.witness_conflicts.append((cell, self.locate(fi, line), "contributions"))
 
     def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
         ro = self.rollouts.get(ev["rollout"])
@@ -361,4 +376,23 @@ def _recorded_profile_problem(ev: dict[str, Any], log: str) -> str | None:
             f"evidence_profile ({ev['producer']}: {ev['kinds']}) is not the one run.json records "
             f"({record.get('producer')}: {record.get('evidence_profile')})"
         )
+    return None
+
+
+def _witness_problem(ids: list[int], counts: list[int], contribs: list[float]) -> str | None:
+    """Why a ``witness_counts`` line cannot be what a reduced witness gradient gave, or None: one
+    count and one contribution per id, every count at least 1 (ids with a zero count are not
+    logged), no contribution negative (a sum of gradient norms; 1.0 per occurrence from the
+    evidence API's sample ids). A non-finite contribution is a non-finite gradient, not a damaged
+    line (the guard's and FT106's business). One pass at C speed over each list."""
+    if not len(ids) == len(counts) == len(contribs):
+        return (
+            f"{len(ids)} ids, {len(counts)} counts and {len(contribs)} contributions (one each per id): a damaged line"
+        )
+    if counts and min(counts) < 1:
+        return "a count below 1 (only ids with a non-zero count are logged): a damaged or forged line"
+    if contribs:
+        least = min(contribs)  # NaN first in the list hides the rest from min: look then
+        if least < 0 or (least != least and any(c < 0 for c in contribs)):
+            return "a negative contribution (a sum of gradient norms): a damaged or forged line"
     return None
