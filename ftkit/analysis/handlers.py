@@ -289,19 +289,22 @@ class EventHandlers(Watermark):
         contributions must equal the first report's bit for bit; a report that differs is a
         conflict (FT101). A line whose lists are not aligned, or whose counts and contributions
         are values no gradient gives (a count below 1, a negative contribution),
-        is damaged (FT111)."""
+        is damaged (FT111); a report equal to the first was checked with it (one check per step,
+        not per cell)."""
         rec.witness_cells.add(cell)
+        first = rec.witness
+        if first is not None and ids == first[0] and counts == first[1] and _same_values(contribs, first[4]):
+            return
         problem = _witness_problem(ids, counts, contribs)
         if problem is not None:
             self.report(
                 "FT111", f"witness_counts of step {rec.step} from cell {cell}: {problem}", where=self.where(fi, line)
             )
-        if rec.witness is None:
+        if first is None:
             rec.witness = (ids, counts, cell, self.locate(fi, line), contribs)
-        elif ids != rec.witness[0] or counts != rec.witness[1]:
-            rec.witness_conflicts.append((cell, self.locate(fi, line), "counts"))
-        elif contribs != rec.witness[4]:
-            rec.witness_conflicts.append((cell, self.locate(fi, line), "contributions"))
+        else:
+            what = "counts" if ids != first[0] or counts != first[1] else "contributions"
+            rec.witness_conflicts.append((cell, self.locate(fi, line), what))
 
     def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
         ro = self.rollouts.get(ev["rollout"])
@@ -377,6 +380,11 @@ def _recorded_profile_problem(ev: dict[str, Any], log: str) -> str | None:
             f"({record.get('producer')}: {record.get('evidence_profile')})"
         )
     return None
+
+
+def _same_values(a: list[float], b: list[float]) -> bool:
+    """``a == b``, NaN equal to NaN (a non-finite gradient gives NaN on every cell alike)."""
+    return a == b or (len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b)))
 
 
 def _witness_problem(ids: list[int], counts: list[int], contribs: list[float]) -> str | None:
