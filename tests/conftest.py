@@ -7,13 +7,14 @@ wrong field type, so a broken call site fails a fast test instead of a slow one.
 before any writer or Ray instance exists; a test that needs the production behaviour (never
 raise) removes it with ``monkeypatch.delenv``.
 
-``real_train_run`` (``tests/tamper_run.py``): one small real run per session, for the suites
-that copy and tamper with a real run; registered here so it is made once, not once per module.
+``real_train_run`` and ``real_fault_run`` (``tests/tamper_run.py``): small real runs, one each per
+session, for the suites that copy and tamper with a real run; registered here so each is made
+once, not once per module.
 """
 
 import os
 
-from tamper_run import real_train_run  # noqa: F401  (a session fixture, registered once)
+from tamper_run import real_fault_run, real_train_run  # noqa: F401  (session fixtures, registered once)
 
 os.environ["FTKIT_STRICT_EVENTS"] = "1"
 

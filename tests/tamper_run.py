@@ -5,6 +5,11 @@
 megatron-core started in a subprocess), made once per test session. ``FTKIT_TEST_RUN`` names an
 existing run made by ``ftkit train`` to use instead (it is never modified). Tests take a copy
 with ``copy_run`` and tamper with the copy; tests using it are marked slow.
+
+``real_fault_run`` (session fixture): the same with a fault, so that it holds a later
+incarnation's evidence: cell 1's rank is SIGKILLed in its first step's reduction, restarted and
+healed, and its second incarnation (``trainer-c1-r0-i1.jsonl``) commits the later steps
+(4 rollouts). ``FTKIT_TEST_FAULT_RUN`` names an existing one instead.
 """
 
 from __future__ import annotations
@@ -20,22 +25,35 @@ from typing import Any
 import pytest
 
 
-@pytest.fixture(scope="session")
-def real_train_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    reuse = os.environ.get("FTKIT_TEST_RUN")
-    if reuse:
-        return Path(reuse)
-    out = tmp_path_factory.mktemp("real_train") / "run"
+def _train(out: Path, *args: str) -> Path:
+    """A real ``ftkit train`` run into ``out`` (this checkout's ftkit, in a subprocess)."""
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
-        [sys.executable, "-m", "ftkit", "train", "--rollouts", "3", "--out", str(out), "--format", "json"],
+        [sys.executable, "-m", "ftkit", "train", *args, "--out", str(out), "--format", "json"],
         capture_output=True,
         env=env,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def real_train_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    reuse = os.environ.get("FTKIT_TEST_RUN")
+    if reuse:
+        return Path(reuse)
+    return _train(tmp_path_factory.mktemp("real_train") / "run", "--rollouts", "3")
+
+
+@pytest.fixture(scope="session")
+def real_fault_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    reuse = os.environ.get("FTKIT_TEST_FAULT_RUN")
+    if reuse:
+        return Path(reuse)
+    kill = "kind=sigkill,point=during_reduce,cell=1,step=0"
+    return _train(tmp_path_factory.mktemp("real_fault") / "run", "--rollouts", "4", "--inject", kill)
 
 
 def copy_run(run: Path, dst: Path) -> Path:

@@ -274,19 +274,37 @@ class EventHandlers(Watermark):
     def _witness_counts(self, ev: dict[str, Any], fi: int, line: int) -> None:
         rec = self._record(ev, fi, line)
         if rec is not None:
-            self._witness_at(rec, ev["cell"], ev["ids"], ev["counts"], fi, line)
+            self._witness_at(rec, ev["cell"], ev["ids"], ev["counts"], ev["contributions"], fi, line)
 
     def _witness_counts_c(self, c: tuple[Any, ...], fi: int, line: int) -> None:
         rec = self._record_at(fi, line, "witness_counts", (c[4], c[5], c[6]), c[7], c[8], c[1], c[9])
         if rec is not None:
-            self._witness_at(rec, c[7], c[10], c[11], fi, line)
+            self._witness_at(rec, c[7], c[10], c[11], c[12], fi, line)
 
-    def _witness_at(self, rec: StepRecord, cell: int, ids: list[int], counts: list[int], fi: int, line: int) -> None:
+    def _witness_at(
+        self, rec: StepRecord, cell: int, ids: list[int], counts: list[int], contribs: list[float], fi: int, line: int
+    ) -> None:
+        """One cell's witness counts of a step attempt. Every cell (every incarnation: a healed or
+        restarted one too) reads them from the same reduced gradient, so ids, counts and
+        contributions must equal the first report's bit for bit; a report that differs is a
+        conflict (FT101). A line whose lists are not aligned, or whose counts and contributions
+        are values no gradient gives (a count below 1, a negative contribution),
+        is damaged (FT111); a report equal to the first was checked with it (one check per step,
+        not per cell)."""
         rec.witness_cells.add(cell)
-        if rec.witness is None:
-            rec.witness = (ids, counts, cell, self.locate(fi, line))
-        elif ids != rec.witness[0] or counts != rec.witness[1]:
-            rec.witness_conflicts.append((cell, self.locate(fi, line)))
+        first = rec.witness
+        if first is not None and ids == first[0] and counts == first[1] and _same_values(contribs, first[4]):
+            return
+        problem = _witness_problem(ids, counts, contribs)
+        if problem is not None:
+            self.report(
+                "FT111", f"witness_counts of step {rec.step} from cell {cell}: {problem}", where=self.where(fi, line)
+            )
+        if first is None:
+            rec.witness = (ids, counts, cell, self.locate(fi, line), contribs)
+        else:
+            what = "counts" if ids != first[0] or counts != first[1] else "contributions"
+            rec.witness_conflicts.append((cell, self.locate(fi, line), what))
 
     def _witness_allocated(self, ev: dict[str, Any], fi: int, line: int) -> None:
         ro = self.rollouts.get(ev["rollout"])
@@ -361,4 +379,28 @@ def _recorded_profile_problem(ev: dict[str, Any], log: str) -> str | None:
             f"evidence_profile ({ev['producer']}: {ev['kinds']}) is not the one run.json records "
             f"({record.get('producer')}: {record.get('evidence_profile')})"
         )
+    return None
+
+
+def _same_values(a: list[float], b: list[float]) -> bool:
+    """``a == b``, NaN equal to NaN (a non-finite gradient gives NaN on every cell alike)."""
+    return a == b or (len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b)))
+
+
+def _witness_problem(ids: list[int], counts: list[int], contribs: list[float]) -> str | None:
+    """Why a ``witness_counts`` line cannot be what a reduced witness gradient gave, or None: one
+    count and one contribution per id, every count at least 1 (ids with a zero count are not
+    logged), no contribution negative (a sum of gradient norms; 1.0 per occurrence from the
+    evidence API's sample ids). A non-finite contribution is a non-finite gradient, not a damaged
+    line (the guard's and FT106's business). One pass at C speed over each list."""
+    if not len(ids) == len(counts) == len(contribs):
+        return (
+            f"{len(ids)} ids, {len(counts)} counts and {len(contribs)} contributions (one each per id): a damaged line"
+        )
+    if counts and min(counts) < 1:
+        return "a count below 1 (only ids with a non-zero count are logged): a damaged or forged line"
+    if contribs:
+        least = min(contribs)  # NaN first in the list hides the rest from min: look then
+        if least < 0 or (least != least and any(c < 0 for c in contribs)):
+            return "a negative contribution (a sum of gradient norms): a damaged or forged line"
     return None

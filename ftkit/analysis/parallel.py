@@ -35,7 +35,7 @@ are shared with the merged input's worker (``ftkit.analysis.demux_worker``).
 
 Compact record layout (``C_*`` indices): ``(code, time, line, seq, rollout, step, attempt, cell,
 rank, has_rank, ...)`` then, by code: ``OUTCOME``: ``outcome, epoch``; ``FINGERPRINT``: ``total``
-(as logged), ``orjson`` bytes of ``[params, optimizer]``; ``WITNESS``: ``ids, counts``.
+(as logged), ``orjson`` bytes of ``[params, optimizer]``; ``WITNESS``: ``ids, counts, contributions``.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def _record(code: int, ev: dict[str, Any], line: int, time: Any, seq: int) -> tu
                 ev["outcome"], ev["epoch"])  # fmt: skip
     if code == WITNESS:
         return (code, time, line, seq, ev["rollout"], ev["step"], ev["attempt"], ev["cell"], rank, has_rank,
-                ev["ids"], ev["counts"])  # fmt: skip
+                ev["ids"], ev["counts"], ev["contributions"])  # fmt: skip
     return (code, time, line, seq, ev["rollout"], ev["step"], ev["attempt"], ev["cell"], rank, has_rank,
             ev["total"], orjson.dumps([ev["params"], ev["optimizer"]]))  # fmt: skip
 

@@ -36,6 +36,7 @@ class RuleHooks(Protocol):
     def found(self) -> int: ...
 
     def report(self, message: str, severity: Severity | None = None, **evidence: Any) -> None: ...
+    def hint(self) -> str: ...
     def on_event(self, event: dict[str, Any], fi: int, line: int) -> None: ...
     def on_step(self, record: StepRecord) -> None: ...
     def on_rollout(self, record: RolloutRecord) -> None: ...
@@ -73,8 +74,10 @@ class StepRecord:
         self.fp_detail: dict[tuple[int | None, str], tuple[dict[str, str], dict[str, str], int, Where]] = {}
         self.fp_blobs: dict[tuple[int | None, str], bytes] = {}  # a compact group's parts, as a worker encoded them
         self.fp_weights: dict[tuple[int | None, str], dict[str, str]] = {}  # bf16: the weights cast from params
-        self.witness: tuple[list[int], list[int], int, Where] | None = None
-        self.witness_conflicts: list[tuple[int, Where]] = []
+        # the first report of the step's witness counts: ids, counts, its cell, where, contributions
+        self.witness: tuple[list[int], list[int], int, Where, list[float]] | None = None
+        # later reports that differ from it: cell, where, what differs ("counts" or "contributions")
+        self.witness_conflicts: list[tuple[int, Where, str]] = []
         self.witness_cells: set[int] = set()  # cells that reported witness counts
         self.alive_snapshot = alive_snapshot
         self.live: frozenset[int] = frozenset()

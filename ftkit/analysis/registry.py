@@ -14,7 +14,8 @@ It observes the replay through hooks, all optional:
 - ``finish()``: the log ended.
 
 It calls ``self.check(n)`` for what it checked and ``self.report(message, severity=None,
-**evidence)`` for each finding; the finding carries the rule's ``fix``.
+**evidence)`` for each finding; the finding carries the rule's ``hint()``: its ``fix``, unless the
+rule words it for the producer that wrote the log (``ftkit train`` or the evidence API).
 Rules read shared state (membership, run info) from ``self.replay``; they keep only state that
 is bounded by open steps / rollouts, so memory does not grow with the log.
 """
@@ -56,6 +57,12 @@ class Rule:
         """Record a finding; ``where=(file, line)`` in ``evidence`` becomes ``file``/``line``."""
         self.found += 1
         self.replay.add_finding(self, message, severity or self.severity, evidence)
+
+    def hint(self) -> str:
+        """The fix a finding carries: ``fix`` (the rules table's, for any producer), or a rule's
+        own wording for the log's producer (``Replay.profile`` is set for a log of the evidence
+        API, None for ``ftkit train``'s); called when a finding is stored."""
+        return self.fix
 
     def on_event(self, event: dict[str, Any], fi: int, line: int) -> None:  # pragma: no cover
         raise NotImplementedError(f"{self.code} subscribes to {self.events} but has no on_event")

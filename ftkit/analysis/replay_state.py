@@ -115,7 +115,7 @@ class ReplayState:
                 severity=severity,
                 message=message,
                 evidence={k: v for k, v in evidence.items() if v is not None},
-                fix=rule.fix,
+                fix=rule.hint(),
             )
         )
 

@@ -42,3 +42,4 @@ class VerifyResult:
     rows: list[FileRow] = field(default_factory=list)
     checkpoints: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    rule_seconds: dict[str, float] = field(default_factory=dict)  # by code: the seconds of its checks (Collector.timed)

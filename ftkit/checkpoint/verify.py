@@ -83,22 +83,27 @@ def verify_path(
     col = Collector()
     rows: list[FileRow] = []
     dropped = _dropped(root) if root is not None else set()
-    results = [_load(d, col) for d in dirs if d.name not in dropped]
+    with col.timed():
+        results = [_load(d, col) for d in dirs if d.name not in dropped]
     if on_start is not None:
         on_start(sum(f.size for r in results if r.manifest for f in r.manifest.files.values()))
     for r in results:
-        mine = check_files(r, col, progress)
+        with col.timed():
+            mine = check_files(r, col, progress)
         rows += mine
         if r.manifest is not None and r.shards_ok and all(row.status == "ok" for row in mine):
-            check_rank_totals(r.name, r.path, r.manifest, col)  # per-rank shards of the stored state
+            with col.timed():
+                check_rank_totals(r.name, r.path, r.manifest, col)  # per-rank shards of the stored state
     records, policy = None, None
     if root is not None:
-        records, policy = check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
+        with col.timed():
+            records, policy = check_bookkeeping(root, results, col, sorted(dropped & {d.name for d in dirs}))
     if log is not None:
-        view = read_log(log)
-        check_events(log, results, col, view)
-        if root is not None:
-            check_log_bookkeeping(root, view, records, policy, col)
+        with col.timed():
+            view = read_log(log)
+            check_events(log, results, col, view)
+            if root is not None:
+                check_log_bookkeeping(root, view, records, policy, col)
     if kind == "run":
         col.check("FT211")
         if (Path(path) / "checkpoints").is_symlink():
@@ -112,6 +117,7 @@ def verify_path(
         rules=col.summaries(),
         rows=rows,
         checkpoints=[r.name for r in results],
+        rule_seconds=col.seconds,
         stats={
             "path": str(path),
             "kind": kind,

@@ -10,7 +10,6 @@ from ftkit.report.analysis_text import RECOVERY_COLUMNS, recovery_cell, verdict_
 from ftkit.report.emit import Report
 from ftkit.report.escaping import md_text
 from ftkit.report.github import markdown_table
-from ftkit.report.junit import rule_cases
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.console import Console
@@ -47,8 +46,8 @@ def report(result: AnalysisResult, outcome: str) -> Report:
         document=lambda: json_document(result, outcome),
         human=human,
         step_summary=lambda: step_summary(result, outcome),
-        junit_cases=lambda: rule_cases("ftkit.analyze-events", result.rules, result.findings, result.rule_seconds),
         seconds=result.seconds,
+        rule_seconds=result.rule_seconds,
     )
 
 

@@ -16,17 +16,18 @@ are its own) and calls ``emit`` once::
   of the rest) and the one-line ``summary`` as the verdict line; ``report.step_summary()`` is
   appended to ``$GITHUB_STEP_SUMMARY`` when that is set;
 
-then the JUnit XML (``report.junit_cases()``, default one case per rule) and the HTML report
-(``report.html()``, commands that have one) when their paths are given, and returns the exit
-code: 1 when ``exit_fail`` (the findings under ``--fail-on``; ``verdict == "fail"`` when not
-set), else 0. The verdict shown (``ftkit.findings.shown_verdict``) stays FAIL for error findings
-whatever ``--fail-on`` says: it sets the exit code only.
+then the JUnit XML (``report.junit_cases()``, default one case per rule, its time the rule's
+``rule_seconds``) and the HTML report (``report.html()``, commands that have one) when their
+paths are given, and returns the exit code: 1 when ``exit_fail`` (the findings under
+``--fail-on``; ``verdict == "fail"`` when not set), else 0. The verdict shown
+(``ftkit.findings.shown_verdict``) stays FAIL for error findings whatever ``--fail-on`` says: it
+sets the exit code only.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class Report:
     html: Callable[[Path | None], str] | None = None  # the page, its links relative to the directory given
     exit_fail: bool | None = None  # the exit code's verdict under --fail-on (None: ``verdict``)
     seconds: float | None = None  # the work's wall seconds: the JUnit suite's time (None: its cases' sum)
+    rule_seconds: Mapping[str, float] | None = None  # by code: each rule's seconds, its JUnit case's time
 
     @property
     def suite(self) -> str:
@@ -81,7 +83,11 @@ def emit(out: Output, report: Report, *, junit_xml: Path | None = None, html: Pa
     else:
         report.human(out.out)
     if junit_xml is not None:
-        cases = report.junit_cases() if report.junit_cases else rule_cases(report.suite, report.rules, report.findings)
+        cases = (
+            report.junit_cases()
+            if report.junit_cases
+            else rule_cases(report.suite, report.rules, report.findings, report.rule_seconds)
+        )
         write_junit(junit_xml, report.suite, cases, report.seconds)
     if html is not None and report.html is not None:
         from ftkit.report.html_page import page_dir

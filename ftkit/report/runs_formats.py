@@ -75,6 +75,7 @@ def report(result: RunsResult) -> Report:
         human=human,
         step_summary=lambda: step_summary(result, verdict),
         html=html,
+        rule_seconds=result.rule_seconds,
     )
 
 

@@ -54,6 +54,7 @@ def report(result: VerifyResult, outcome: str) -> Report:
         human=lambda console: render_human(console, result, outcome),
         step_summary=lambda: step_summary(result, outcome),
         seconds=result.stats.get("seconds"),
+        rule_seconds=result.rule_seconds,
     )
 
 

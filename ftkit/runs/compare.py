@@ -5,6 +5,7 @@
                               # step, rollout, what, tensor, message, also, differing_steps
     result.findings           # CR001-CR008 (ftkit.runs.codes), most severe first
     result.verdict            # "pass" | "fail"
+    result.rule_seconds       # by code: the seconds its comparisons took (reading the logs is shared)
 
 Both logs are read in step with each other (``Side.advance`` of the side that is behind), each
 through the reader, demultiplexer, replay and integrity rules of ``analyze-events``; only the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import Any
 
 from ftkit.analysis.parallel import WorkerLost, default_workers
@@ -61,6 +63,7 @@ class RunsResult:
     divergent: list[dict[str, Any]]
     sides: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    rule_seconds: dict[str, float] = field(default_factory=dict)  # by code: its comparisons' seconds
 
     @property
     def verdict(self) -> str:
@@ -130,15 +133,23 @@ def _fail_closed(sides: list[AnySide]) -> None:
 
 
 def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides: list[AnySide]) -> RunsResult:
+    """The comparison of what both sides read; ``rule_seconds``: each code's own comparisons,
+    timed (the evidence of a kind, the configs, the steps' coverage), the shared reading not."""
+    seconds = dict.fromkeys(codes.CODES, 0.0)
+    t0 = perf_counter()
     steps_a, steps_b = m.steps
     common = sorted(set(steps_a) & set(steps_b))
+    coverage = _coverage(common, steps_a, steps_b, options)
+    seconds["CR006"] = seconds["CR008"] = (perf_counter() - t0) / 2  # one pass checks both
     rollout_of = {**steps_b, **steps_a}
     first_of_rollout: dict[int, int] = {}
     for s in sorted(rollout_of, reverse=True):
         first_of_rollout[rollout_of[s]] = s
     la, lb = sides[0].ledger, sides[1].ledger
+    t0 = perf_counter()
     rows = config_diff(la.config, lb.config, la.layout, lb.layout)
     cause = describe(rows)
+    seconds["CR007"] = perf_counter() - t0
     notes: list[str] = []
     state_ok = (la.layout.get("tp"), la.layout.get("pp")) == (lb.layout.get("tp"), lb.layout.get("pp"))
     if not state_ok:
@@ -153,9 +164,11 @@ def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides:
             continue
         if pos[1] >= 0 and pos[1] not in common_set or kind == "state" and not state_ok:
             continue
+        t0 = perf_counter()
         got = compare_item(
             key[0], va, vb, m.detail(key, 0), m.detail(key, 1), options.tolerance, options.ignore_metrics
         )
+        seconds[codes.KIND_CODES[kind]] += perf_counter() - t0
         if got is None:
             continue
         kinds[kind]["compared"] += 1
@@ -177,7 +190,7 @@ def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides:
             if d.kind not in whats:
                 whats.append(d.kind)
     first = _first(diffs, by_step, common)
-    findings = _findings(diffs, kinds, first, cause, rows, common, steps_a, steps_b, options)
+    findings = _findings(diffs, kinds, first, cause, rows) + coverage
     checked = {codes.KIND_CODES[k]: v["compared"] for k, v in kinds.items()}
     checked.update({"CR006": 1, "CR007": 1, "CR008": 1})
     union = sorted(set(steps_a) | set(steps_b))
@@ -202,6 +215,7 @@ def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides:
         divergent=[{"step": s, "rollout": rollout_of[s], "what": w} for s, w in sorted(by_step.items())][:MAX_LISTED],
         sides=[s.stats() for s in sides],
         notes=notes + [f"{s.label}: {f.code} {f.message}" for s in sides for f in s.warnings()],
+        rule_seconds=seconds,
     )
 
 
@@ -232,11 +246,8 @@ def _findings(
     first: dict[str, Any] | None,
     cause: str,
     rows: list[dict[str, Any]],
-    common: list[int],
-    steps_a: dict[int, int],
-    steps_b: dict[int, int],
-    options: RunsOptions,
 ) -> list[Finding]:
+    """The first divergence of each kind (CR001-CR005) and the configs' differences (CR007)."""
     out: list[Finding] = []
     because = f"; the configs differ: {cause}" if cause else ""
     seen: set[str] = set()
@@ -262,16 +273,19 @@ def _findings(
     if rows:
         text = "; ".join(f"{r['field']} {r['a']!r} vs {r['b']!r} ({r['kind']})" for r in rows[:12])
         out.append(codes.finding("CR007", f"the configs differ: {text}", fields=[r["field"] for r in rows]))
-    if not common:
-        out.append(
-            codes.finding(
-                "CR008",
-                f"no committed step in common (A: {len(steps_a)}, B: {len(steps_b)}): nothing was compared",
-            )
-        )
-    elif len(steps_a) != len(common) or len(steps_b) != len(common):
-        out.append(_length(common, steps_a, steps_b, options))
     return out
+
+
+def _coverage(
+    common: list[int], steps_a: dict[int, int], steps_b: dict[int, int], options: RunsOptions
+) -> list[Finding]:
+    """No committed step in common (CR008), or steps one run committed and the other did not (CR006)."""
+    if not common:
+        text = f"no committed step in common (A: {len(steps_a)}, B: {len(steps_b)}): nothing was compared"
+        return [codes.finding("CR008", text)]
+    if len(steps_a) != len(common) or len(steps_b) != len(common):
+        return [_length(common, steps_a, steps_b, options)]
+    return []
 
 
 def _length(common: list[int], steps_a: dict[int, int], steps_b: dict[int, int], options: RunsOptions) -> Finding:

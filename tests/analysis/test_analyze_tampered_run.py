@@ -128,3 +128,39 @@ def test_a_forged_evidence_profile_does_not_downgrade_a_train_run(run: Path, cap
     codes = {f["code"] for f in doc["findings"]}
     assert {"FT111", "FT112"} <= codes, doc["findings"]
     assert any("ftkit train wrote" in f["message"] for f in doc["findings"] if f["code"] == "FT111")
+
+
+def _later_incarnation_counts(run: Path) -> tuple[Path, list[dict], dict]:
+    """The log of cell 1's second incarnation (restarted and healed), its events and its first
+    ``witness_counts`` line."""
+    path = run / "events" / "trainer-c1-r0-i1.jsonl"
+    evs = read_log(path)
+    counts = [e for e in evs if e["type"] == "witness_counts"]
+    assert counts, "the healed incarnation committed no step before the run ended: nothing to tamper with"
+    return path, evs, counts[0]
+
+
+@pytest.mark.parametrize("value", [2.0, "negative"])
+def test_a_later_incarnations_witness_contributions_are_checked(
+    real_fault_run: Path, tmp_path: Path, capsys, value: float | str
+) -> None:
+    """Item 5: one sample's contribution in the witness counts of a later incarnation (cell 1
+    restarted and healed after a SIGKILL) changed -- doubled, or made negative -- was a PASS:
+    contributions were never compared. Every cell reads them from the same reduced gradient, so
+    they are equal bit for bit in a real log (the untampered copy passes)."""
+    run = copy_run(real_fault_run, tmp_path / "run")
+    code, out, _ = _cli(capsys, "analyze-events", run, "--format", "json")
+    assert code == 0, json.loads(out)["findings"]
+    path, evs, line = _later_incarnation_counts(run)
+    c = line["contributions"]
+    c[0] = c[0] * 2 if value == 2.0 else -c[0] or -1.0
+    write_log(path, evs)
+    code, out, _ = _cli(capsys, "analyze-events", run, "--format", "json")
+    found = json.loads(out)["findings"]
+    assert code == 1, found
+    ft101 = [f for f in found if f["code"] == "FT101"]
+    assert len(ft101) == 1 and ft101[0]["evidence"]["differs"] == "contributions", found
+    assert ft101[0]["evidence"]["step"] == line["step"] and 1 in ft101[0]["evidence"]["cells"]
+    assert ft101[0]["evidence"]["file"].endswith("trainer-c1-r0-i1.jsonl")
+    if value == "negative":  # no gradient gives that, whoever else reported the step
+        assert any(f["code"] == "FT111" and "negative" in f["message"] for f in found), found

@@ -60,4 +60,7 @@ def test_witness_lines_name_the_ids_and_their_counts(tmp_path: Path, code: str) 
     (f,) = [f for f in analyze_paths([events]).findings if f.code == code]
     first = f.evidence["ids"][0]
     assert f"ids {first['id']} (counted {first['counted']} of {first['expected']})" in f.message
-    assert "committed step(s)" in f.message and "evidence API" in f.fix
+    assert "committed step(s)" in f.message
+    # an ftkit train log: the hint names its internals, not a DDP job's data loading (the evidence
+    # API's wording: tests/evidence/test_api_messages.py)
+    assert "micro-shard" in f.fix and "sampler" not in f.fix

@@ -84,6 +84,8 @@ def test_a_dropped_and_a_duplicated_sample_are_ft103_and_ft104(tmp_path, capsys)
     assert set(found) == {"FT103", "FT104"}
     assert [i["id"] for i in found["FT103"][0]["evidence"]["ids"]] == [5]
     assert [(i["id"], i["counted"]) for i in found["FT104"][0]["evidence"]["ids"]] == [(9, 2)]
+    # the hints speak of a DDP job's data loading, not of ftkit train's micro-shards (issue 38 item 16)
+    assert all("micro-shard" not in fs[0]["fix"] and "sampler" in fs[0]["fix"] for fs in found.values())
 
 
 def test_a_nan_gradient_at_a_save_makes_the_guard_refuse_the_publication(tmp_path, capsys):

@@ -46,12 +46,45 @@ def test_analyze_events_times_each_rule(tmp_path: Path, monkeypatch: pytest.Monk
     assert total > 0 and round(total * 1000) >= sum(round(t * 1000) for t, _ in cases.values())
 
 
-def test_compare_runs_suite_time(tmp_path: Path) -> None:
+def _every_case_timed(path: Path, least: int) -> None:
+    """At least ``least`` cases ran, each with a positive time; the suite's covers them all."""
+    total, cases = _times(path)
+    ran = {name: t for name, (t, skipped) in cases.items() if not skipped}
+    assert len(ran) >= least and all(t > 0 for t in ran.values()), cases
+    assert round(total * 1000) >= sum(round(t * 1000) for t, _ in cases.values())
+
+
+def test_compare_runs_times_each_comparison(tmp_path: Path) -> None:
+    """compare-runs: each code's case carries the seconds of its own comparisons (was 0 on every
+    case); the suite's time is the whole work, reading both logs included."""
     a, b = _run(tmp_path, "a"), _run(tmp_path, "b")
     path = tmp_path / "r.xml"
-    cli.main(["compare-runs", str(a.parent), str(b.parent), "--junit-xml", str(path), "-f", "json"])
-    total, _ = _times(path)
-    assert total > 0
+    assert cli.main(["compare-runs", str(a.parent), str(b.parent), "--junit-xml", str(path), "-f", "json"]) == 0
+    _every_case_timed(path, least=6)
+
+
+def test_verify_checkpoint_times_each_rule(tmp_path: Path) -> None:
+    """verify-checkpoint of a run written through the evidence API (checkpoints every 2 steps):
+    every rule that ran has a positive time (its share of the passes that checked it)."""
+    torch = pytest.importorskip("torch")
+    from ftkit.evidence import EvidenceProfile, EvidenceRun
+
+    run_dir = tmp_path / "run"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with EvidenceRun(run_dir, EvidenceProfile(checkpoint_every=2)) as run:
+        run.allocate(0, range(6))
+        for step in range(6):
+            opt.zero_grad()
+            model(torch.ones(1, 4)).sum().backward()
+            opt.step()
+            run.step(step, model=model, optimizer=opt, samples=[step], metrics={"loss": 1.0})
+            if run.profile.due("checkpoint", step):
+                run.publish_checkpoint(step, model, opt)
+    path = tmp_path / "r.xml"
+    assert cli.main(["verify-checkpoint", str(run_dir), "--junit-xml", str(path), "-f", "json"]) == 0
+    _every_case_timed(path, least=12)
 
 
 def test_compare_dumps_times_each_tensor(tmp_path: Path) -> None:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
 
 MAX_NAMES = 5
 KEEP_VERSIONS = 8
+_WITNESS_WHAT = {
+    "counts": "counts (ids or counts)",
+    "contributions": "contributions (each sample's share of the reduced gradient)",
+}
 
 
 def differing_tensors(
@@ -45,7 +49,8 @@ class ReplicaDivergence(Rule):
     name = "replica-divergence"
     description = (
         "state_fingerprint.total differs between cells for the same (rollout, step, attempt, rank), "
-        "or cells report different witness counts for the same reduced gradient"
+        "or cells (any incarnation) report different witness ids, counts or contributions for the same "
+        "reduced gradient"
     )
     fix = (
         "the replicas are no longer identical: look at the first differing tensors of the outlier cell; "
@@ -105,13 +110,17 @@ class ReplicaDivergence(Rule):
             )
         if rec.witness is not None and rec.committed:
             self.check()
-            if rec.witness_conflicts:
-                cells = sorted({c for c, _ in rec.witness_conflicts})
+            for what in ("counts", "contributions"):
+                conflicts = [(c, where) for c, where, w in rec.witness_conflicts if w == what]
+                if not conflicts:
+                    continue
+                cells = sorted({c for c, _ in conflicts})
                 self.report(
-                    f"cells disagree on the witness counts of step {rec.step} (rollout {rec.rollout}, "
-                    f"attempt {rec.attempt}): cell {rec.witness[2]} vs cell(s) {cells}",
+                    f"cells disagree on the witness {_WITNESS_WHAT[what]} of step {rec.step} (rollout "
+                    f"{rec.rollout}, attempt {rec.attempt}): cell {rec.witness[2]} vs cell(s) {cells}",
                     cells=[rec.witness[2], *cells],
-                    where=rec.witness_conflicts[0][1],
+                    differs=what,
+                    where=conflicts[0][1],
                     **rec.evidence(),
                 )
 

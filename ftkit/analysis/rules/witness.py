@@ -26,6 +26,12 @@ def _steps(ro: RolloutRecord) -> str:
     return f"over its {ro.committed_steps} committed step(s)"
 
 
+def _for_producer(rule: Rule, train: str, evidence: str) -> str:
+    """``evidence`` for a log written through the evidence API (its ``evidence_profile`` was
+    taken), ``train`` for ``ftkit train``'s: a hint speaks of what its reader controls."""
+    return evidence if rule.replay.profile is not None else train
+
+
 @register
 class WitnessMissing(Rule):
     code = "FT103"
@@ -36,6 +42,16 @@ class WitnessMissing(Rule):
         "the micro-shards redistributed after a reconfigure, or a discarded step's retry; with the evidence "
         "API: a rank's data loader skipped or dropped samples, e.g. drop_last or a sampler not set to the epoch)"
     )
+
+    def hint(self) -> str:
+        return _for_producer(
+            self,
+            "samples were lost: a committed step did not train every sample it was given (the micro-shards "
+            "redistributed after a reconfigure, or a discarded step's retry)",
+            "samples were lost: a rank's data loader skipped or dropped samples of the rollout (drop_last, a "
+            "sampler not set to the epoch, a filtered batch), or step(samples=) left out ids the rank trained; "
+            "every id given to allocate() must reach step(samples=) as often as expected",
+        )
 
     def on_rollout(self, ro: RolloutRecord) -> None:
         if ro.ids is None:
@@ -64,6 +80,15 @@ class WitnessDuplicate(Rule):
         "overlap; with the evidence API, two ranks were given the same samples (a sampler without the rank or "
         "world size) or a step was repeated after a restart without the rollout being allocated again"
     )
+
+    def hint(self) -> str:
+        return _for_producer(
+            self,
+            "samples were trained twice: a discarded attempt leaked into a commit, or micro-shards overlap",
+            "samples were trained twice: two ranks were given the same samples (a sampler without the rank or "
+            "world size), a batch was trained again, or a step was repeated after a restart without the "
+            "rollout being allocated again",
+        )
 
     def on_rollout(self, ro: RolloutRecord) -> None:
         if ro.ids is None:
