@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from ftkit.engines.policy import allowed_index, policy_logprobs, policy_logprobs_entropy
+from ftkit.tasks.addition import AdditionTask
+from ftkit.tasks.stops import Stops
 from ftkit.train.rank.step_metrics import StepMetrics
 from ftkit.train.rl.grpo import GrpoConfig, token_loss
 from ftkit.train.rl.logprob_stats import compare_logprobs
-from ftkit.tasks.addition import AdditionTask
-from ftkit.tasks.stops import Stops
 from ftkit.train.rl.rollout_stats import idle_warning, rollout_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
