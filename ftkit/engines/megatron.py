@@ -19,7 +19,9 @@ Contract (what the protocol leaves to the engine):
   seed (a token of probability 0, cut by top-k / top-p or underflowed, is never drawn), so a
   response depends only on (weights, prompt, seed, sampling settings): the model runs on fixed
   chunks of ``chunk`` sequences of fixed length (short chunks padded with filler rows), never on
-  how the prompts were batched. A ``stop`` token ends a response (the rest of the row is padding
+  how the prompts were batched. A sampling pass computes the output layer at the one position it
+  samples (``_logits_at``: over a large vocabulary the output layer at every position is most of
+  a small model's forward). A ``stop`` token ends a response (the rest of the row is padding
   for the model; a chunk whose rows have all stopped runs no further forward pass). Greedy takes
   the most likely allowed token (ties: the first); a position whose logits are not all finite
   gets the token ``-1`` and log-prob NaN. Prompts keep their left padding (``pads``): the model
@@ -31,7 +33,8 @@ Contract (what the protocol leaves to the engine):
   micro-shard: short passes filled with filler rows), through ``policy.policy_logprobs`` on the
   device, as the trainer scores a micro-shard. cuBLAS picks its kernels by shape, so only the
   same shapes through the same kernels give the trainer's bits on CUDA (rule FT114 is bitwise at
-  TP=1); on CPU the two were already equal. Positions after a stop token stay 0. The cost is one
+  TP=1); on CPU the sampling pass's were equal already (one position through the output layer or
+  all of them). Positions after a stop token stay 0. The cost is one
   forward pass over the call's rows per ``max_tokens`` sampling passes (``bench/engine_rescore.py``).
   Greedy responses are re-scored too (a ``-1`` token keeps its NaN).
 * ``score_rows`` runs the rows in one forward pass (the canary's shape, the trainer's too), with
@@ -41,8 +44,9 @@ Contract (what the protocol leaves to the engine):
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -273,8 +277,9 @@ class MegatronEngine:
             for j in range(r):
                 if bool(done.all()):  # every row stopped: the rest of the chunk is padding
                     break
-                logits = self.model(tokens.to(self.device), positions.to(self.device), attention)
-                at = logits[:k, p - 1 + j].to("cpu")
+                with _logits_at(self.model, p - 1 + j):
+                    logits = self.model(tokens.to(self.device), positions.to(self.device), attention)
+                at = logits[:k, 0].to("cpu")
                 step = at.to(torch.float64)[:, allowed]
                 if uniforms is None:  # greedy; ties go to the first allowed token
                     pick = step.argmax(dim=-1, keepdim=True)
@@ -299,6 +304,22 @@ class MegatronEngine:
 
     def close(self) -> None:
         """Nothing to release: the model goes with the process."""
+
+
+@contextlib.contextmanager
+def _logits_at(model: Any, position: int) -> Iterator[None]:
+    """While open, ``model``'s output layer computes the logits of sequence position
+    ``position`` only (``[b, 1, V]``): a sampling pass reads one position, and the output layer
+    over the whole vocabulary at every position is most of a small model's forward pass."""
+
+    def one_position(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return (args[0][position : position + 1], *args[1:]), kwargs  # hidden states [s, b, h]
+
+    handle = model.output_layer.register_forward_pre_hook(one_position, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @dataclass(frozen=True)
