@@ -45,6 +45,12 @@ def torch_dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def precision_dtype(precision: str) -> str:
+    """The dtype name of the weights a model computes with in ``precision`` (``fp32``, ``bf16``:
+    ``--precision`` of ``ftkit train`` and ``ftkit check-model``)."""
+    return {"fp32": "float32", "bf16": "bfloat16"}[precision]
+
+
 def _te_available() -> bool:
     try:
         import transformer_engine  # noqa: F401

@@ -4,7 +4,7 @@ gradient reaches the float32 rows of the exact reduction (docs/training.md, "Pre
 Contract:
 
 * ``split_masters(model, precision) -> (weights, masters)``, called once on the freshly built
-  model (``build_gpt(..., dtype_name(precision))``: float32, or bf16 where a bf16 checkpoint was
+  model (``build_gpt(..., precision_dtype(precision))``: float32, or bf16 where a bf16 checkpoint was
   read as stored). ``fp32``: both are the model's own ``named_parameters()`` (the same list:
   nothing is copied, nothing changes). ``bf16``: ``masters`` are float32 parameters made of the
   built weights (same names, carrying megatron's tensor-parallel attributes, so TP sharding,
@@ -40,17 +40,12 @@ if TYPE_CHECKING:
 Named = list[tuple[str, "Tensor"]]
 
 
-def dtype_name(precision: str) -> str:
-    """The dtype name (``ftkit.model.hf_build.torch_dtype``'s) of the weights in ``precision``:
-    what ``build_gpt`` is asked to build in."""
-    return {"fp32": "float32", "bf16": "bfloat16"}[precision]
-
-
 def torch_dtype(precision: str) -> Any:
     """The torch dtype of the weights the model computes with in ``precision``."""
+    from ftkit.model.hf_build import precision_dtype
     from ftkit.model.hf_build import torch_dtype as named
 
-    return named(dtype_name(precision))
+    return named(precision_dtype(precision))
 
 
 def split_masters(model: Any, precision: str) -> tuple[Named, Named]:

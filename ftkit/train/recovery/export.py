@@ -152,9 +152,9 @@ def export_checkpoint(
 
 def _written(plan: RunPlan, dtype: str) -> str:
     """The dtype name the export writes: ``dtype`` (``fp32``, ``bf16``), or for ``auto`` the run's precision."""
-    from ftkit.train.rank.precision import dtype_name
+    from ftkit.model.hf_build import precision_dtype
 
-    return dtype_name(plan.precision if dtype == "auto" else dtype)
+    return precision_dtype(plan.precision if dtype == "auto" else dtype)
 
 
 def _hf_plan(values: dict[str, Any], where: Path) -> RunPlan:
