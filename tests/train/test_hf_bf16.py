@@ -6,7 +6,9 @@ random-init untied GQA Llama saved by transformers in bf16, trained through ``--
   and its checkpoints verify. PP=2 is bitwise the PP=1 run
   (dumps, engine weights, losses, checkpoint bits): the activations cross the stages in bf16, as
   they pass between layers in one stage. At TP=2, one cell and two cells end bitwise equal
-  (membership invariance at TP > 1 in bf16).
+  (membership invariance at TP > 1 in bf16), training GRPO with a KL term.
+- **KL reference.** The GRPO runs' frozen reference model is built as the policy is (bf16, the
+  checkpoint's bits): the KL of step 0, before any update, is exactly 0, and positive after.
 - **Export.** ``ftkit export`` of the bf16 run writes bf16 (``--dtype auto``): every tensor is the
   final float32 master cast once to bfloat16 (round to nearest even), and transformers loads it
   with exactly those values; ``--dtype fp32`` writes the masters themselves.
@@ -35,11 +37,12 @@ from tests.model.hf_models import make_model
 
 pytestmark = pytest.mark.slow
 
+GRPO_KL = dict(loss="grpo", kl_coef=0.05)  # the frozen reference model in bf16 too
 RUNS = {
     "base": dict(cells=2),
     "pp2": dict(cells=1, pp=2),
-    "tp2": dict(cells=1, tp=2),
-    "tp2c2": dict(cells=2, tp=2),
+    "tp2": dict(cells=1, tp=2, **GRPO_KL),
+    "tp2c2": dict(cells=2, tp=2, **GRPO_KL),
 }
 # FT114 at TP = 2: the engine (TP = 1) and the trainer round the row-parallel sums differently, in
 # bf16 by up to 0.008 here (2.4e-7 in fp32), over the default tolerance of 1e-3 (docs/training.md)
@@ -94,6 +97,13 @@ def test_bf16_tp2_one_cell_equals_two_cells_bitwise(runs) -> None:
     assert sorted(got) == sorted(want) and all(
         torch.equal(got[f][k], t) for f, ts in want.items() for k, t in ts.items()
     )
+
+
+def test_the_bf16_kl_reference_is_the_initial_bf16_policy(runs) -> None:
+    for name in ("tp2", "tp2c2"):
+        kl = step_metrics(runs[name].run_dir, "kl")
+        assert len(kl) == runs[name].steps_total and kl[0] == 0.0 and all(k > 0 for k in kl[1:]), (name, kl)
+    assert step_metrics(runs["tp2"].run_dir, "kl") == step_metrics(runs["tp2c2"].run_dir, "kl")
 
 
 def test_export_of_a_bf16_run_is_its_masters_cast_once_to_bf16(runs, model: Path, tmp_path: Path) -> None:
