@@ -11,9 +11,11 @@ random-init untied GQA Llama saved by transformers in bf16, trained through ``--
   checkpoint's bits): the KL of step 0, before any update, is exactly 0, and positive after.
 - **Export.** ``ftkit export`` of the bf16 run writes bf16 (``--dtype auto``): every tensor is the
   final float32 master cast once to bfloat16 (round to nearest even), and transformers loads it
-  with exactly those values; ``--dtype fp32`` writes the masters themselves.
+  with exactly those values; ``--dtype fp32`` writes the masters themselves. After ``--lr 0`` the
+  export is the source checkpoint byte for byte: imported without upcast, the masters its exact
+  upcast, cast back once.
 
-The runs are shared by the module (about 20-40 s each on two cores).
+The five runs are shared by the module (100-180 s together on two shared cores).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ RUNS = {
     "pp2": dict(cells=1, pp=2),
     "tp2": dict(cells=1, tp=2, **GRPO_KL),
     "tp2c2": dict(cells=2, tp=2, **GRPO_KL),
+    "lr0": dict(cells=1, lr=0.0),
 }
 # FT114 at TP = 2: the engine (TP = 1) and the trainer round the row-parallel sums differently, in
 # bf16 by up to 0.008 here (2.4e-7 in fp32), over the default tolerance of 1e-3 (docs/training.md)
@@ -131,3 +134,17 @@ def test_export_of_a_bf16_run_is_its_masters_cast_once_to_bf16(runs, model: Path
         loaded = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch_dtype).state_dict()
         assert all(torch.equal(loaded[n], t) for n, t in written.items())
     assert any(not torch.equal(m, m.to(torch.bfloat16).float()) for m in masters.values())  # trained off the grid
+
+
+def test_lr_zero_then_export_is_the_bf16_source_byte_for_byte(runs, model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "exported"
+    assert main(["export", str(runs["lr0"].run_dir), "--hf", str(out)]) == 0
+    source = load_file(str(model / "model.safetensors"))
+    written: dict[str, torch.Tensor] = {}
+    for shard in out.glob("model-*.safetensors"):
+        written.update(load_file(str(shard)))
+    assert set(written) == set(source)
+    for name, tensor in source.items():
+        assert written[name].dtype == torch.bfloat16 and torch.equal(
+            written[name].view(torch.int16), tensor.view(torch.int16)
+        )
