@@ -1,8 +1,8 @@
 """Step time and peak memory of one rank, bf16 (fp32 masters) vs fp32 (issue 37).
 
 For each model and precision, a fresh process (so its peak memory is its own) builds the model
-as a rank does (``build_gpt`` in a world of one, ``split_masters``: bf16 weights and float32
-masters, or the float32 model alone) and runs ``--steps`` training steps after ``--warmup``: one
+as a rank does (``build_gpt`` in a world of one in the precision's dtype, ``split_masters``: bf16
+weights and float32 masters, or the float32 model alone) and runs ``--steps`` training steps after ``--warmup``: one
 forward and backward of ``--batch`` x ``--seq`` random tokens into the float32 gradient row
 (``GradStage``: bf16 staged and landed exactly), AdamW on the masters (``foreach=False``, as
 ftkit), the bf16 weights re-cast. It prints the median step and the peak memory (CPU: the
@@ -43,6 +43,7 @@ def one(model: str, precision: str, device: str, batch: int, seq: int, steps: in
     import torch
 
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+    from ftkit.model.hf_build import precision_dtype
     from ftkit.model.spec import resolve_model
     from ftkit.train.rank.precision import GradStage, recast, split_masters
     from ftkit.train.rank.reducer import GradLayout
@@ -50,7 +51,7 @@ def one(model: str, precision: str, device: str, batch: int, seq: int, steps: in
     configure_determinism(1)
     init_local_parallel(device)
     spec = resolve_model(model, "")
-    net = build_gpt(spec, 0, device)
+    net = build_gpt(spec, 0, device, precision_dtype(precision))  # as a rank builds it
     weights, masters = split_masters(net, precision)
     layout = GradLayout.of([(n, tuple(p.shape)) for n, p in masters])
     stage, row = GradStage(layout, precision, device), torch.zeros(layout.numel, device=device)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ftkit.findings import sort_findings
+from ftkit.model.hf_build import precision_dtype
 from ftkit.model.parity import ParityResult
 from ftkit.report import github
 from ftkit.report.emit import Report
@@ -43,7 +44,7 @@ def _row(p: Any) -> tuple[str, ...]:
 
 
 def verdict_line(result: ParityResult, outcome: str) -> str:
-    within = sum(p.within and p.next_ftkit == p.next_reference for p in result.prompts)
+    within = sum(p.within and p.next_agrees for p in result.prompts)
     what = "PARITY" if outcome == "pass" else "MISMATCH"
     worst = max((p.max_abs for p in result.prompts), default=0.0)
     line = f"{what}: {within}/{len(result.prompts)} prompt(s) within tolerance, max abs logit difference {worst:.3g}"
@@ -57,6 +58,7 @@ def document(result: ParityResult) -> dict[str, Any]:
         "command": "check-model",
         "model": result.model,
         "family": result.family,
+        "precision": result.precision,
         "tolerance": {"atol": result.atol, "rtol": result.rtol},
         "prompts": [p.to_dict() for p in result.prompts],
         "first_divergence": result.first_divergence,
@@ -67,11 +69,12 @@ def document(result: ParityResult) -> dict[str, Any]:
 
 def render_human(console: Console, result: ParityResult, outcome: str) -> None:
     console.print(f"[bold]check-model[/bold] {escape(result.model)} [dim]({result.family})[/dim]")
-    table = Table(title="Logit parity vs transformers (CPU, float32)", title_justify="left")
+    dtype = precision_dtype(result.precision)
+    table = Table(title=f"Logit parity vs transformers (CPU, {dtype})", title_justify="left")
     for col in HEADER:
         table.add_column(col, overflow="fold")
     for p in result.prompts:
-        style = "green" if p.within and p.next_ftkit == p.next_reference else "bold red"
+        style = "green" if p.within and p.next_agrees else "bold red"
         cells = [escape(c) for c in _row(p)]
         table.add_row(*cells[:-2], f"[{style}]{cells[-2]}[/{style}]", cells[-1])
     console.print(table)

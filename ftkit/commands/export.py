@@ -9,6 +9,7 @@ an existing non-empty OUT), nothing written to OUT.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -24,9 +25,17 @@ checkpoint is verified first, as `ftkit verify-checkpoint RUN` verifies it (file
 fingerprints, retention record, the event log's committed fingerprint): one that does not verify
 is exit 2, nothing written. OUT gets config.json, sharded safetensors with
 model.safetensors.index.json and the tokenizer files of the source model;
-`transformers.AutoModelForCausalLM.from_pretrained(OUT)` loads it. The tensors are the weights
-in the source checkpoint's dtype (after `--lr 0`, bitwise the source's).
+`transformers.AutoModelForCausalLM.from_pretrained(OUT)` loads it. The tensors are written in
+--dtype: auto is the run's own precision (bf16 from a bf16 run: its float32 master weights cast
+once, round to nearest even, exactly the bf16 weights it trained with; fp32 from an fp32 run),
+fp32 or bf16 force one. After `--lr 0` in the source's precision, bitwise the source's.
 """
+
+
+class ExportDtype(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +55,14 @@ def register(app: typer.Typer) -> None:
                 "--hf", metavar="OUT", help="The Hugging Face directory to write (new or empty).", show_default=False
             ),
         ],
+        dtype: Annotated[
+            ExportDtype,
+            typer.Option(
+                "--dtype",
+                help="The dtype written: auto (the run's precision), fp32, or bf16 (float32 cast once, "
+                "round to nearest even).",
+            ),
+        ] = ExportDtype.auto,
     ) -> None:
         from ftkit.extras import require
 
@@ -53,7 +70,7 @@ def register(app: typer.Typer) -> None:
         from ftkit.train.recovery.export import export
 
         out = Output()
-        paths = export(run_or_checkpoint, hf, on_warning=out.warn)
+        paths = export(run_or_checkpoint, hf, on_warning=out.warn, dtype=dtype.value)
         out.info(f"exported {run_or_checkpoint} -> {hf} ({len(paths)} shard(s))")
 
     export.__doc__ = HELP

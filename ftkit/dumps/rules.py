@@ -87,6 +87,13 @@ class RuleSet:
         return next((r for r in self.rules if r.pattern.search(item_id)), None)
 
 
+def rule_set(rules: list[tuple[str, str]], source: str) -> RuleSet:
+    """A ``RuleSet`` of ``(match, require)`` pairs made in code (``source`` names them in
+    findings), checked exactly as a file's rules are (``ConfigError`` for a malformed one)."""
+    where = Path(source)
+    return RuleSet(where, tuple(_rule(where, i, {"match": m, "require": r}) for i, (m, r) in enumerate(rules, 1)))
+
+
 def load_rules(path: str | Path) -> RuleSet:
     """Parse and check a rules file; ``ConfigError`` (exit 2) for anything malformed, however
     large or deeply nested (bounded: ``MAX_FILE`` bytes, ``MAX_TEXT`` characters per regex or

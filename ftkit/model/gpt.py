@@ -6,10 +6,13 @@ Contract:
   (a private ``HashStore``; gloo on CPU, nccl on CUDA) and initialises megatron's parallel
   state with TP = PP = 1. Engines, the plain baseline loop and tests use it. It is a no-op
   when a world already exists.
-* ``build_gpt(model, seed, device)`` builds the ``GPTModel`` of a ``ModelSpec``
+* ``build_gpt(model, seed, device, dtype="float32")`` builds the ``GPTModel`` of a ``ModelSpec``
   (``ftkit.model.spec``) for the TP/PP layout of megatron's *already initialised* parallel
   state: a Hugging Face model is built and loaded by ``ftkit.model.hf_build.build_loaded``; a
-  preset is drawn from ``seed``, deterministically: the weights depend on ``seed`` only. On CPU
+  preset is drawn from ``seed``, deterministically: the weights depend on ``seed`` only.
+  ``dtype`` is the one the caller computes in: a Hugging Face checkpoint stored in it is built
+  in it (its bits, no float32 copy); a preset (drawn in float32) and any other checkpoint are
+  built in float32, and the caller casts (``.to(dtype)``, a no-op where the build already is). On CPU
   every weight is initialised through megatron's CPU path (``use_cpu_initialization``), which
   draws the full master weight from the torch generator and keeps this rank's slice, so a TP=2
   cell holds exactly the slices of the TP=1 model of the same seed. On CUDA with Transformer
@@ -112,7 +115,7 @@ def transformer_config(model: str, tp: int, pp: int, device: str) -> Any:
     )
 
 
-def build_gpt(model: ModelSpec, seed: int, device: str) -> Any:
+def build_gpt(model: ModelSpec, seed: int, device: str, dtype: str = "float32") -> Any:
     """The deterministic ``GPTModel`` of ``model`` on ``device`` (module contract).
 
     Megatron's parallel state must be initialised (by the cell's world or
@@ -125,7 +128,7 @@ def build_gpt(model: ModelSpec, seed: int, device: str) -> Any:
     if not model.is_preset:
         from ftkit.model.hf_build import build_loaded
 
-        return build_loaded(model.hf, model.hf_dir, device)
+        return build_loaded(model.hf, model.hf_dir, device, dtype)
     p = get_preset(model.name)
     tp = parallel_state.get_tensor_model_parallel_world_size()
     pp = parallel_state.get_pipeline_model_parallel_world_size()

@@ -6,19 +6,26 @@ Contract:
   (``gated_linear_unit`` + silu), grouped-query attention (``num_query_groups``,
   ``kv_channels=head_dim``), no linear biases except Qwen2's QKV bias, Qwen3's QK-norm, dropout
   off, the deterministic and unfused paths ftkit's presets use; ``perform_initialization`` is off
-  (the weights are loaded next, ``ftkit.model.hf_import``).
+  (the weights are loaded next, ``ftkit.model.hf_import``). ``dtype`` is the parameters' storage
+  (``params_dtype``) and nothing else: every other field (``bf16``, ``pipeline_dtype``) is the
+  float32 build's, so a model built in bf16 computes exactly as one built in float32 and cast.
 * ``layer_spec(arch, device)``: Transformer Engine's spec on CUDA where installed, else
   megatron's local spec with ftkit's causal, GQA-capable ``SDPAttention`` (``attention.py``).
-* ``build_hf_gpt(arch, device, dtype)``: the model of megatron's *already initialised* parallel
-  state (``ftkit.model.gpt.init_local_parallel`` for a world of one): this rank's pipeline stage
-  with ``pre_process`` / ``post_process``, the vocabulary padded to ``arch.padded_vocab``,
-  RoPE with ``rope_theta`` (and Llama-3 scaling), tied embeddings when the config ties them.
+* ``build_hf_gpt(arch, device, dtype)``: the model, every parameter in ``dtype``, of megatron's
+  *already initialised* parallel state (``ftkit.model.gpt.init_local_parallel`` for a world of
+  one): this rank's pipeline stage with ``pre_process`` / ``post_process``, the vocabulary
+  padded to ``arch.padded_vocab``, RoPE with ``rope_theta`` (and Llama-3 scaling), tied
+  embeddings when the config ties them.
   On CPU the rotary embedding is ``ftkit.model.rope``'s (megatron's moves itself to CUDA).
   ``uses_te(device)`` says whether the TE names apply (``hf_layout.entries(te=...)``); the
   preset build (``ftkit.model.gpt``) asks it too.
-* ``build_loaded(arch, model_dir, device)``: ``build_hf_gpt`` in float32, its weights loaded
+* ``build_loaded(arch, model_dir, device, dtype)``: ``build_hf_gpt``, its weights loaded
   (``ftkit.model.hf_import.load_into``) and its padded vocabulary masked in the loss
-  (``mask_padded_vocab``): what a run trains and its engines sample from.
+  (``mask_padded_vocab``): what a run trains and its engines sample from. ``dtype`` is the one
+  the caller computes in: a checkpoint stored wholly in it is built in it, so its parameters are
+  the file's bits read straight into place (a bf16 checkpoint for a bf16 run: no float32 copy of
+  the model); anything else (a float32 or float16 checkpoint, a mixed one, a float32 run) is
+  built in float32, loaded with an exact upcast, and the caller casts it.
 
 Heavy imports (torch, megatron) stay inside the functions.
 """
@@ -38,6 +45,12 @@ def torch_dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def precision_dtype(precision: str) -> str:
+    """The dtype name of the weights a model computes with in ``precision`` (``fp32``, ``bf16``:
+    ``--precision`` of ``ftkit train`` and ``ftkit check-model``)."""
+    return {"fp32": "float32", "bf16": "bfloat16"}[precision]
+
+
 def _te_available() -> bool:
     try:
         import transformer_engine  # noqa: F401
@@ -53,6 +66,7 @@ def uses_te(device: str) -> bool:
 
 def transformer_config(arch: HFArch, tp: int, pp: int, device: str, dtype: str = "float32") -> Any:
     """The megatron ``TransformerConfig`` of ``arch`` for a TP x PP layout (module contract)."""
+    import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -78,9 +92,7 @@ def transformer_config(arch: HFArch, tp: int, pp: int, device: str, dtype: str =
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=td,
-        bf16=dtype == "bfloat16",
-        fp16=dtype == "float16",
-        pipeline_dtype=td,
+        pipeline_dtype=torch.float32,
         use_cpu_initialization=not uses_te(device),
         perform_initialization=False,
         bias_dropout_fusion=False,
@@ -133,16 +145,18 @@ def build_hf_gpt(arch: HFArch, device: str, dtype: str = "float32", parallel_out
         from ftkit.model.rope import cpu_rotary
 
         cpu_rotary(model)
-    return model.to(device)
+    return model.to(device=device, dtype=torch_dtype(dtype))  # megatron builds its torch norms in float32
 
 
-def build_loaded(arch: HFArch, model_dir: Path, device: str) -> Any:
-    """This rank's float32 ``GPTModel`` of the Hugging Face model in ``model_dir`` (of
-    architecture ``arch``), its weights loaded and its padded vocabulary masked (module
-    contract), for megatron's already initialised parallel state."""
-    from ftkit.model.hf_import import load_into
+def build_loaded(arch: HFArch, model_dir: Path, device: str, dtype: str = "float32") -> Any:
+    """This rank's ``GPTModel`` of the Hugging Face model in ``model_dir`` (of architecture
+    ``arch``), its weights loaded and its padded vocabulary masked (module contract), for
+    megatron's already initialised parallel state: in ``dtype`` when the checkpoint is stored
+    wholly in it, else in float32."""
+    from ftkit.model.hf_import import load_into, stored_dtype
 
-    model = build_hf_gpt(arch, device, "float32")
+    built = dtype if stored_dtype(Path(model_dir), arch) == dtype else "float32"
+    model = build_hf_gpt(arch, device, built)
     load_into(model, Path(model_dir), arch, te=uses_te(device))
     mask_padded_vocab(model, arch.vocab_size)
     return model

@@ -1,12 +1,14 @@
 """Export: megatron-core per-rank state -> a Hugging Face model directory.
 
-``export_hf(states, arch, out_dir, source_dir)``: ``states[r]`` is TP rank ``r``'s parameters
-under model-wide megatron names (the union of its pipeline stages, ``hf_layout`` naming).
-Every Hugging Face tensor is merged from the ranks' pieces (``hf_layout.merge``: fused QKV and
-gate/up split, vocabulary padding removed, replicated tensors checked equal across ranks), cast
-to the checkpoint's dtype (``arch.dtype``), assigned in checkpoint order to shards of at most
-``max_shard_bytes`` (``model-00001-of-0000N.safetensors``, tensors sorted by name inside a shard,
-so the same state gives the same bytes) with ``model.safetensors.index.json``. Shards are
+``export_hf(states, arch, out_dir, source_dir, dtype=None)``: ``states[r]`` is TP rank ``r``'s
+parameters under model-wide megatron names (the union of its pipeline stages, ``hf_layout``
+naming). Every Hugging Face tensor is merged from the ranks' pieces (``hf_layout.merge``: fused
+QKV and gate/up split, vocabulary padding removed, replicated tensors checked equal across
+ranks), cast once to ``dtype`` (a name of ``hf_config.DTYPES``; None: the source checkpoint's,
+``arch.dtype``; float32 -> bfloat16 is ``Tensor.to``: round to nearest, ties to even),
+assigned in checkpoint order to shards of at most ``max_shard_bytes``
+(``model-00001-of-0000N.safetensors``, tensors sorted by name inside a shard, so the same state
+gives the same bytes) with ``model.safetensors.index.json``. Shards are
 written straight from the merged tensors (views of the states where the layout allows, no
 serialisation copy: ``stfile.write_plain``) and fsynced, as is the directory.
 ``config.json`` is the source's (its dtype field set to the dtype written) and the tokenizer
@@ -51,9 +53,10 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 DEFAULT_SHARD_BYTES = 2 * 1024**3
 
 
-def shard_plan(arch: HFArch, max_shard_bytes: int) -> list[list[str]]:
-    """The Hugging Face tensor names of each shard, in the order export writes them."""
-    shapes, size = hf_shapes(arch), ITEMSIZE[arch.dtype]
+def shard_plan(arch: HFArch, max_shard_bytes: int, dtype: str | None = None) -> list[list[str]]:
+    """The Hugging Face tensor names of each shard, in the order export writes them in ``dtype``
+    (None: ``arch.dtype``)."""
+    shapes, size = hf_shapes(arch), ITEMSIZE[dtype or arch.dtype]
     order = [n for e in entries(arch) for n in e.hf if n in shapes and n not in _done(e, arch)]
     shards: list[list[str]] = [[]]
     used = 0
@@ -96,6 +99,7 @@ def export_hf(
     out_dir: Path,
     source_dir: Path,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    dtype: str | None = None,
 ) -> list[Path]:
     """Write the Hugging Face directory ``out_dir`` (module contract); returns the shard paths."""
     from ftkit.checkpoint.stfile import fsync_file, layout_st, write_plain
@@ -109,8 +113,9 @@ def export_hf(
     tmp.mkdir(parents=True)
     table = {e.megatron: e for e in entries(arch)}
     owner = {n: e.megatron for e in table.values() for n in e.hf if not _done(e, arch)}
-    plan = shard_plan(arch, max_shard_bytes)
-    dtype, weight_map, total = torch_dtype(arch.dtype), {}, 0
+    written = dtype or arch.dtype
+    plan = shard_plan(arch, max_shard_bytes, written)
+    cast, weight_map, total = torch_dtype(written), {}, 0
     paths = []
     for i, names in enumerate(plan, 1):
         shard: dict[str, torch.Tensor] = {}
@@ -118,7 +123,7 @@ def export_hf(
             if name not in shard:
                 e = table[owner[name]]
                 merged = merge(e, arch, [s[e.megatron] for s in states])
-                shard.update({k: v.to(dtype).contiguous() for k, v in merged.items() if k in names})
+                shard.update({k: v.to(cast).contiguous() for k, v in merged.items() if k in names})
         file = f"model-{i:05d}-of-{len(plan):05d}.safetensors"
         write_plain(tmp / file, layout_st(shard, {"format": "pt"}))
         weight_map.update(dict.fromkeys(shard, file))
@@ -127,7 +132,7 @@ def export_hf(
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     config = read_config(source_dir)
-    config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = arch.dtype
+    config["dtype" if "dtype" in config or "torch_dtype" not in config else "torch_dtype"] = written
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     for name in TOKENIZER_FILES:
         if (Path(source_dir) / name).is_file():

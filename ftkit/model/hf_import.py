@@ -19,6 +19,9 @@ megatron name); ``rank_tensors(files, arch, names, r, t)`` yields ``(megatron na
 freshly allocated in the checkpoint's dtype, one at a time; ``load_into(model, model_dir, arch)``
 fills a built model's parameters (``ftkit.model.hf_build.build_hf_gpt``) in place: one copy per
 byte, as a raw read (a parameter off the CPU or not contiguous goes through one staging tensor).
+``stored_dtype(model_dir, arch)`` is the dtype every tensor the family maps is stored in (its
+name, ``"bfloat16"``), or None for a checkpoint of mixed dtypes: a model built in it is loaded
+without any cast (``ftkit.model.hf_build.build_loaded``).
 
 Memory bound per rank: its own parameters, plus, for a tensor stored in another dtype than the
 parameter's, one part of it in the stored dtype (at most one parameter slice); plus one staging
@@ -244,6 +247,15 @@ def load_rank(
             fill(files, plan, out)
             if not direct:
                 dest.copy_(out)
+
+
+def stored_dtype(model_dir: Path, arch: HFArch) -> str | None:
+    """The dtype name every tensor ``arch`` maps is stored in, or None when they differ (module
+    contract); reads the headers only."""
+    with CheckpointFiles(model_dir) as files:
+        check_tensors(files, arch)
+        found = {str(files.dtype(name)).removeprefix("torch.") for name in hf_shapes(arch)}
+    return found.pop() if len(found) == 1 else None
 
 
 def load_into(model: Any, model_dir: Path, arch: HFArch, te: bool = False) -> None:

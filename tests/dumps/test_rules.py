@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftkit.dumps.rules import load_rules
+from ftkit.dumps.rules import load_rules, rule_set
 from ftkit.errors import ConfigError, InputError
 
 
@@ -79,3 +79,11 @@ def test_malformed_files(tmp_path, text, needle):
 def test_missing_file_is_an_input_error(tmp_path):
     with pytest.raises(InputError):
         load_rules(tmp_path / "nope.toml")
+
+
+def test_rules_made_in_code_are_checked_as_a_file_s() -> None:
+    rs = rule_set([(r":layers\.1\.attention$", "max_abs <= 0.5"), (":logits$", "bitwise_equal")], "in code")
+    assert rs.rule_for("check/forward/rollout_000000/step000000:layers.1.attention").passes({"max_abs": 0.25})
+    assert rs.rule_for("x:layers.11.attention") is None  # anchored: no other layer matches
+    with pytest.raises(ConfigError, match="in code, rule 1: unknown name 'eval'"):
+        rule_set([("x", "eval < 1")], "in code")

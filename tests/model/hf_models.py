@@ -3,7 +3,9 @@
 ``make_model(family, tmp_path, **overrides)`` saves one to ``tmp_path / family`` and returns the
 directory: head_dim 32, 4 query heads over 2 KV heads, 2 layers, a vocabulary of 300 (padded to
 1024 rows, so the padding path runs), norms and biases drawn away from their init values so
-a swapped or missing one changes the output.
+a swapped or missing one changes the output. ``dtype="bfloat16"`` saves it as transformers
+saves a bf16 model (``model.to(torch.bfloat16).save_pretrained``: bf16 tensors, the config's
+dtype ``bfloat16``), what published checkpoints are.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ FAMILIES = {
 }
 
 
-def make_model(family: str, root: Path, seed: int = 0, *, eos: bool = False, **overrides: Any) -> Path:
+def make_model(
+    family: str, root: Path, seed: int = 0, *, eos: bool = False, dtype: str = "float32", **overrides: Any
+) -> Path:
     import torch
     import transformers
 
@@ -47,7 +51,7 @@ def make_model(family: str, root: Path, seed: int = 0, *, eos: bool = False, **o
             elif "bias" in name:
                 p.normal_(0.0, 0.1)
     out = root / family
-    model.save_pretrained(out)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
     save_tokenizer(out, kw["vocab_size"], eos=eos)
     return out
 

@@ -112,3 +112,18 @@ def test_bf16_gradients_land_exactly_in_the_float32_row_beside_the_witness() -> 
     assert torch.equal(landed["witness"], torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     weights[0][1].grad = torch.zeros_like(weights[0][1])  # autograd replaced a .grad: detected
     assert not stage.holds(row, weights, witness)
+
+
+def test_bf16_on_a_gpu_without_native_bf16_is_one_exit_2_line_and_auto_is_fp32_there(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla V100-SXM2-16GB")
+    assert main(["train", "--device", "cuda", "--precision", "bf16", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "Error: precision: bf16, but the CUDA device Tesla V100-SXM2-16GB has no bf16 support" in err
+    assert "--precision fp32" in err and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("Error:")] == [err.splitlines()[0]]
+    assert resolve_precision("auto", "cuda") == "fp32"  # auto: no native bf16 (emulated is slower than fp32)
+    assert resolve_precision("fp32", "cuda") == "fp32" and resolve_precision("bf16", "cpu") == "bf16"

@@ -336,7 +336,8 @@ class PrecisionSection(Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto",
         description="fp32: float32 throughout; bf16: bf16 weights and activations, float32 master weights, "
-        "optimizer state and exact reduction (docs/training.md); auto: bf16 on cuda, fp32 on cpu.",
+        "optimizer state and exact reduction (docs/training.md); auto: bf16 on cuda (fp32 on a GPU without "
+        "native bf16), fp32 on cpu.",
     )
 
 

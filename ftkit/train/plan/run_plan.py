@@ -5,8 +5,9 @@ that reads the world for it: it resolves ``--model`` (``ftkit.model.spec.resolve
 directory read and digested once), checks what needs the model's shapes (the layout, the
 sequence length, prompts and vLLM against a preset, ``engine_tp`` against the heads), parses
 the fault specs against the run's bounds and picks the device and, with it, the precision
-(``auto``: bf16 on CUDA, fp32 on CPU; recorded resolved, so a resumed session keeps it). The command builds the plan
-(``ftkit train``, ``--resume``, ``--print-config``) and hands it down: the driver, the cells'
+(``auto``: bf16 on CUDA with native bf16, else fp32; recorded resolved, so a resumed session
+keeps it). The command builds the plan (``ftkit train``, ``--resume``, ``--print-config``) and
+hands it down: the driver, the cells'
 rank workers and the engine actors take a ``RunPlan`` and derive nothing from the config
 again. A ``RunPlan`` is a frozen value that pickles cheaply (Ray actors receive it by value):
 the task travels as the ``TaskSpec`` that builds it, not as the task (a tokenizer and a
@@ -279,17 +280,19 @@ def resolve_device(cfg: TrainConfig) -> str:
 
 
 def resolve_precision(precision: str, device: str) -> str:
-    """``fp32`` or ``bf16``: ``auto`` is bf16 on cuda, fp32 on cpu. ``ConfigError`` (exit 2) for
-    bf16 on a CUDA device without bf16 support (before Ampere); CPU torch computes bf16
-    everywhere (slower than fp32 on most CPUs: docs/training.md, "Precision")."""
-    if precision == "auto":
-        return "bf16" if device == "cuda" else "fp32"
-    if precision == "bf16" and device == "cuda":
-        import torch
+    """``fp32`` or ``bf16``: ``auto`` is bf16 on cuda (fp32 on a visible GPU without native bf16,
+    before Ampere), fp32 on cpu. ``ConfigError`` (exit 2) for bf16 on a CUDA device without
+    native bf16 (torch would emulate it, slower than fp32); CPU torch computes bf16 everywhere
+    (slower than fp32 on most CPUs: docs/training.md, "Precision")."""
+    if device != "cuda" or precision == "fp32":
+        return "fp32" if precision == "auto" else precision
+    import torch
 
-        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-            raise ConfigError(
-                f"precision: bf16, but the CUDA device {torch.cuda.get_device_name()} has no bf16 support",
-                hint="use --precision fp32 on this GPU (bf16 needs compute capability 8.0 or newer)",
-            )
-    return precision
+    if not torch.cuda.is_available() or torch.cuda.is_bf16_supported(including_emulation=False):
+        return "bf16"  # (a driver without a GPU decides for a cluster's: bf16)
+    if precision == "auto":
+        return "fp32"
+    raise ConfigError(
+        f"precision: bf16, but the CUDA device {torch.cuda.get_device_name()} has no bf16 support",
+        hint="use --precision fp32 on this GPU (bf16 needs compute capability 8.0 or newer)",
+    )

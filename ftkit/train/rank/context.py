@@ -105,9 +105,10 @@ def open_context(
         timeout=startup,
     )
     ps.initialize_model_parallel(cfg.layout.tp, cfg.layout.pp, create_gloo_process_groups=False)
+    from ftkit.model.hf_build import precision_dtype
     from ftkit.train.rank.precision import split_masters, torch_dtype
 
-    model = build_gpt(plan.model, cfg.rng.seed, device)
+    model = build_gpt(plan.model, cfg.rng.seed, device, precision_dtype(plan.precision))
     weights, params = split_masters(model, plan.precision)
     optimizer = torch.optim.AdamW([p for _, p in params], lr=cfg.objective.lr, weight_decay=0.0, foreach=False)
     has_witness = cfg.reduction.bookkeeping and ps.is_pipeline_first_stage()
@@ -123,7 +124,8 @@ def open_context(
     if cfg.objective.loss == "grpo" and cfg.objective.kl_coef > 0:
         # KL to the initial model: built from the spec again (the same bits as ``model`` at
         # step 0 on every rank, a healed or resumed one too), never trained
-        reference = build_gpt(plan.model, cfg.rng.seed, device).eval().requires_grad_(False)
+        reference = build_gpt(plan.model, cfg.rng.seed, device, precision_dtype(plan.precision))
+        reference.eval().requires_grad_(False)
         reference.to(torch_dtype(plan.precision))
     return RankContext(
         plan,

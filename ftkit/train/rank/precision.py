@@ -4,13 +4,17 @@ gradient reaches the float32 rows of the exact reduction (docs/training.md, "Pre
 Contract:
 
 * ``split_masters(model, precision) -> (weights, masters)``, called once on the freshly built
-  float32 model. ``fp32``: both are the model's own ``named_parameters()`` (the same list:
-  nothing is copied, nothing changes). ``bf16``: ``masters`` are float32 ``Parameter`` copies
-  of the built weights (same names, carrying megatron's tensor-parallel attributes, so TP
-  sharding, grad norms and checkpoints read them as they read the model's), then the model is
-  cast to bf16 in place (round-to-nearest-even, ``Tensor.to``) and ``weights`` are its bf16
-  parameters. The masters and the optimizer state on them are the rank's state of record:
-  fingerprints, heal, checkpoints, the final state and dumps of weights read them.
+  model (``build_gpt(..., precision_dtype(precision))``: float32, or bf16 where a bf16 checkpoint was
+  read as stored). ``fp32``: both are the model's own ``named_parameters()`` (the same list:
+  nothing is copied, nothing changes). ``bf16``: ``masters`` are float32 parameters made of the
+  built weights (same names, carrying megatron's tensor-parallel attributes, so TP sharding,
+  grad norms and checkpoints read them as they read the model's): a float32 weight's master
+  takes over its storage (no copy), a bf16 weight's is its exact upcast. Then the model is cast
+  to bf16 in place (round-to-nearest-even, ``Module.to``; a no-op for a weight already bf16)
+  and ``weights`` are its bf16 parameters. So the rank holds at most the masters plus the bf16
+  weights (6 bytes a parameter), and a bf16 checkpoint's weights stay its bits. The masters and
+  the optimizer state on them are the rank's state of record: fingerprints, heal, checkpoints,
+  the final state and dumps of weights read them.
 * ``recast(weights, masters)``: the bf16 weights re-cast from the masters (after every
   optimizer step and every restore of the masters: heal, resume); a no-op in fp32, where
   they are the same tensors. The bf16 weights are thus a function of the masters alone.
@@ -38,26 +42,29 @@ Named = list[tuple[str, "Tensor"]]
 
 def torch_dtype(precision: str) -> Any:
     """The torch dtype of the weights the model computes with in ``precision``."""
-    import torch
+    from ftkit.model.hf_build import precision_dtype
+    from ftkit.model.hf_build import torch_dtype as named
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    return named(precision_dtype(precision))
 
 
 def split_masters(model: Any, precision: str) -> tuple[Named, Named]:
-    """``(weights, masters)`` of a freshly built float32 ``model`` (module contract)."""
+    """``(weights, masters)`` of a freshly built ``model`` (module contract)."""
     import torch
 
     weights: Named = list(model.named_parameters())
     if precision == "fp32":
         return weights, weights
+    dtype = torch_dtype(precision)
     masters: Named = []
     for name, p in weights:
-        if p.dtype != torch.float32:
-            raise ValueError(f"{name}: the model was built in {p.dtype}, masters are taken from float32")
-        master = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+        if p.dtype not in (torch.float32, dtype):
+            raise ValueError(f"{name}: the model was built in {p.dtype}, masters are taken from float32 or {dtype}")
+        data = p.detach() if p.dtype == torch.float32 else p.detach().float()  # the storage, or the exact upcast
+        master = torch.nn.Parameter(data, requires_grad=p.requires_grad)
         master.__dict__.update(p.__dict__)  # tensor_model_parallel, partition_dim, ...
         masters.append((name, master))
-    model.to(torch_dtype(precision))
+    model.to(dtype)  # a float32 weight gets new bf16 storage; its master keeps the old one
     return list(model.named_parameters()), masters
 
 

@@ -1,10 +1,18 @@
 """Export a run's final state, or one of its checkpoints, as a Hugging Face model directory
 (``ftkit export RUN_OR_CHECKPOINT --hf OUT``).
 
-``export(path, out_dir)`` dispatches on ``path``: a checkpoint directory (``step_NNNNNN/`` or a
-directory holding ``MANIFEST.json``) goes to ``export_checkpoint``, anything else to
-``export_run``. Both return the shard paths ``ftkit.model.hf_export.export_hf`` wrote, and both
-check ``out_dir`` (new or empty) before any work, so a refused input writes nothing there.
+``export(path, out_dir, dtype="auto")`` dispatches on ``path``: a checkpoint directory
+(``step_NNNNNN/`` or a directory holding ``MANIFEST.json``) goes to ``export_checkpoint``,
+anything else to ``export_run``. Both return the shard paths ``ftkit.model.hf_export.export_hf``
+wrote, and both check ``out_dir`` (new or empty) before any work, so a refused input writes
+nothing there.
+
+``dtype`` is what the tensors are written in: ``fp32`` (float32) or ``bf16`` (bfloat16), or
+``auto``, the run's own precision as recorded (``fp32`` for a run recorded before ftkit recorded
+it). The state exported is the float32 state of record (the masters of a bf16 run), cast once
+(round to nearest, ties to even): so ``auto`` of a bf16 run writes exactly the bf16 weights the
+run computed with and sent to its engines, and of an fp32 run every float32 bit. A bf16 source
+checkpoint trained in fp32 comes back in float32 unless ``bf16`` is asked for.
 
 ``export_run(run_dir, out_dir)`` reads ``run.json``'s config (validated and planned,
 ``ftkit.train.plan.run_plan.build_plan``: the model at the recorded path must still have the recorded
@@ -26,8 +34,9 @@ parameters are its canonical (TP=1/PP=1) model group, read alone (not the optimi
 the checkpoint's model state plus one shard.
 
 A preset run, a run without a complete final state (it did not finish), an unreadable
-``run.json`` / ``meta.json`` is an ``InputError`` (exit 2). The exported tensors are the
-weights cast to the checkpoint's dtype: after ``--lr 0`` every tensor is bitwise the source's.
+``run.json`` / ``meta.json`` is an ``InputError`` (exit 2). After ``--lr 0`` every tensor is
+bitwise the source's when written in the source's dtype (``auto`` of a run in the source's
+precision), and its exact upcast in float32.
 """
 
 from __future__ import annotations
@@ -47,17 +56,19 @@ if TYPE_CHECKING:
 PREFIX = "model."
 
 
-def export(path: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None) -> list[Path]:
-    """Export the run or checkpoint ``path`` to ``out_dir`` (module contract)."""
+def export(
+    path: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None, dtype: str = "auto"
+) -> list[Path]:
+    """Export the run or checkpoint ``path`` to ``out_dir`` in ``dtype`` (module contract)."""
     from ftkit.checkpoint.layout import MANIFEST, parse_step
 
     path = Path(path)
     if (path / MANIFEST).exists() or parse_step(path.name) is not None:
-        return export_checkpoint(path, out_dir, on_warning)
-    return export_run(path, out_dir)
+        return export_checkpoint(path, out_dir, on_warning, dtype)
+    return export_run(path, out_dir, dtype)
 
 
-def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
+def export_run(run_dir: Path, out_dir: Path, dtype: str = "auto") -> list[Path]:
     """Write the Hugging Face directory of ``run_dir``'s final state to ``out_dir`` (module contract)."""
     from safetensors import safe_open
 
@@ -87,10 +98,12 @@ def export_run(run_dir: Path, out_dir: Path) -> list[Path]:
                     if key.startswith(PREFIX):
                         state[key[len(PREFIX) :]] = f.get_tensor(key)
         states.append(state)
-    return export_hf(states, plan.model.hf, Path(out_dir), plan.model.hf_dir)
+    return export_hf(states, plan.model.hf, Path(out_dir), plan.model.hf_dir, dtype=_written(plan, dtype))
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None) -> list[Path]:
+def export_checkpoint(
+    checkpoint: Path, out_dir: Path, on_warning: Callable[[str], None] | None = None, dtype: str = "auto"
+) -> list[Path]:
     """Write the Hugging Face directory of the verified ``checkpoint`` to ``out_dir`` (module contract)."""
     from ftkit.checkpoint.layout import MODEL
     from ftkit.checkpoint.restore import read_groups
@@ -134,15 +147,24 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, on_warning: Callable[[str
     for message in general:
         (on_warning or (lambda m: None))(f"verify-checkpoint finds in {run_dir}: {message}")
     params = read_groups(checkpoint, only={MODEL})[MODEL]
-    return export_hf([params], plan.model.hf, Path(out_dir), plan.model.hf_dir)
+    return export_hf([params], plan.model.hf, Path(out_dir), plan.model.hf_dir, dtype=_written(plan, dtype))
+
+
+def _written(plan: RunPlan, dtype: str) -> str:
+    """The dtype name the export writes: ``dtype`` (``fp32``, ``bf16``), or for ``auto`` the run's precision."""
+    from ftkit.model.hf_build import precision_dtype
+
+    return precision_dtype(plan.precision if dtype == "auto" else dtype)
 
 
 def _hf_plan(values: dict[str, Any], where: Path) -> RunPlan:
-    """The plan of a ``--model PATH`` run's recorded config (``InputError`` for a preset's)."""
+    """The plan of a ``--model PATH`` run's recorded config (``InputError`` for a preset's); a
+    record without ``precision`` (before ftkit recorded it) trained in fp32, whatever the device
+    (``ftkit.train.recovery.resume_plan.recorded_config``'s rule)."""
     from ftkit.train.config import load_config
     from ftkit.train.plan.run_plan import build_plan
 
-    plan = build_plan(load_config(values))
+    plan = build_plan(load_config({"precision": "fp32", **values}))
     if plan.model.is_preset:
         raise InputError(
             f"{where} trained the preset {plan.model.name!r}, not a Hugging Face model",
