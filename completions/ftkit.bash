@@ -83,16 +83,18 @@ _ftkit() {
             if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--events --no-events --format -f --junit-xml --fail-on --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         check-model)
             case "$prev" in
+                --precision) COMPREPLY=( $(compgen -W "fp32 bf16" -- "$cur") ); return;;
                 --format|-f) COMPREPLY=( $(compgen -W "human json github" -- "$cur") ); return;;
                 --junit-xml) _ftkit_files "$cur"; return;;
                 --prompt|--atol|--rtol) COMPREPLY=(); return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--prompt --atol --rtol --format -f --junit-xml --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--prompt --precision --atol --rtol --format -f --junit-xml --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
         export)
             case "$prev" in
+                --dtype) COMPREPLY=( $(compgen -W "auto fp32 bf16" -- "$cur") ); return;;
                 --hf) _ftkit_files "$cur"; return;;
             esac
-            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--hf --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
+            if [[ "$cur" == -* ]]; then COMPREPLY=( $(compgen -W "--hf --dtype --help -h" -- "$cur") ); else _ftkit_files "$cur"; fi; return;;
     esac
 }
 complete -o filenames -F _ftkit ftkit

@@ -51,7 +51,7 @@ complete -c ftkit -n '__fish_seen_subcommand_from train' -l max-prompt-len -x -d
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l eval-prompts -x -d 'Held-out eval set: a JSONL file with the keys of --prompts, never trained on, scored greedily (eval_reward, logged) at each checkpoint publication (needs --prompts; docs/rl.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l max-response-len -x -d 'Tokens per response: the addition task generates exactly this many; with --prompts the most a response may have (it stops at eos; the rest is padding, not learned)'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l device -x -a 'auto cpu cuda' -d 'auto picks cuda when available'
-complete -c ftkit -n '__fish_seen_subcommand_from train' -l precision -x -a 'auto fp32 bf16' -d 'fp32: float32 throughout; bf16: bf16 weights and activations, float32 master weights, optimizer state and exact reduction (docs/training.md); auto: bf16 on cuda, fp32 on cpu'
+complete -c ftkit -n '__fish_seen_subcommand_from train' -l precision -x -a 'auto fp32 bf16' -d 'fp32: float32 throughout; bf16: bf16 weights and activations, float32 master weights, optimizer state and exact reduction (docs/training.md); auto: bf16 on cuda (fp32 on a GPU without native bf16), fp32 on cpu'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l ray-address -x -d 'Join this Ray cluster (host:port of its head) instead of starting a local one; cells and engines are spread over its nodes (docs/clusters.md).'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-rollouts -x -d 'Rollouts to dump: \'none\', \'all\', or a comma list of \'first\', \'last\' and rollout indices'
 complete -c ftkit -n '__fish_seen_subcommand_from train' -l dump-what -x -d 'Comma list of activations, grads, weights; or none'
@@ -136,13 +136,15 @@ complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l format -
 complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'
 complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l fail-on -x -a 'error warning never' -d 'Exit 1 when a finding at or above this severity exists.'
 complete -c ftkit -n '__fish_seen_subcommand_from verify-checkpoint' -l help -s h -d 'Show this message and exit.'
-complete -c ftkit -n '__fish_seen_subcommand_from check-model; and not __ftkit_prev_in --prompt --atol --rtol --format -f --junit-xml' -F
+complete -c ftkit -n '__fish_seen_subcommand_from check-model; and not __ftkit_prev_in --prompt --precision --atol --rtol --format -f --junit-xml' -F
 complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l prompt -x -d 'A prompt to check (repeatable) [default: built-in prompts].'
-complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l atol -x -d 'Absolute logit tolerance.'
-complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l rtol -x -d 'Tolerance relative to the largest reference logit.'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l precision -x -a 'fp32 bf16' -d 'fp32: both models in float32; bf16: both in bfloat16.'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l atol -x -d 'Absolute logit tolerance [default: 0.0001 in fp32, 0.01 in bf16].'
+complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l rtol -x -d 'Tolerance relative to the largest reference logit [default: 0.0001 in fp32, 0.1 in bf16].'
 complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l format -s f -x -a 'human json github' -d 'Output format: human (Rich tables), json (strict JSON, carries schema_version) or github (escaped workflow annotations, at most 10, and a step summary).'
 complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l junit-xml -r -F -d 'Also write a JUnit XML report to PATH (its directory must exist).'
 complete -c ftkit -n '__fish_seen_subcommand_from check-model' -l help -s h -d 'Show this message and exit.'
-complete -c ftkit -n '__fish_seen_subcommand_from export; and not __ftkit_prev_in --hf' -F
+complete -c ftkit -n '__fish_seen_subcommand_from export; and not __ftkit_prev_in --hf --dtype' -F
 complete -c ftkit -n '__fish_seen_subcommand_from export' -l hf -r -F -d 'The Hugging Face directory to write (new or empty).'
+complete -c ftkit -n '__fish_seen_subcommand_from export' -l dtype -x -a 'auto fp32 bf16' -d 'The dtype written: auto (the run\'s precision), fp32, or bf16 (float32 cast once, round to nearest even).'
 complete -c ftkit -n '__fish_seen_subcommand_from export' -l help -s h -d 'Show this message and exit.'

@@ -86,13 +86,15 @@ def _megatron(plan: RunPlan, task: RlTask, run_dir: str, engine: int) -> Engine:
     precision (bf16: the weights the cells send, computed with the trainer's kernels)."""
     from ftkit.engines.megatron import MegatronEngine
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
+    from ftkit.model.hf_build import precision_dtype
     from ftkit.train.rank.precision import torch_dtype
 
     cfg = plan.config
     configure_determinism(cfg.compute.threads_per_rank)
     index = plan.placement.engine_device(engine)  # cells sharing GPUs: the placement's device
     init_local_parallel(plan.device, 0 if index is None else index)
-    model = build_gpt(plan.model, cfg.rng.seed, plan.device).eval().to(torch_dtype(plan.precision))
+    dtype = precision_dtype(plan.precision)  # a bf16 checkpoint read as it is stored (docs/training.md)
+    model = build_gpt(plan.model, cfg.rng.seed, plan.device, dtype).eval().to(torch_dtype(plan.precision))
     return MegatronEngine(
         model,
         plan.device,
