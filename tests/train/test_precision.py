@@ -27,6 +27,16 @@ def test_precision_has_its_own_resume_place_and_is_resolved_by_the_plan() -> Non
     assert plan.precision == "bf16" and plan.config.model_dump()["precision"] == "bf16"
 
 
+def test_the_default_logprob_tolerance_is_the_precisions_and_a_given_one_wins() -> None:
+    """bf16 moves a TP=2 trainer's log-probs up to 0.008 from a TP=1 engine's: fp32's 1e-3 would
+    make FT114 warn on every such run (docs/training.md)."""
+    tolerance = {p: build_plan(TrainConfig(device="cpu", precision=p)).config.model_dump()["logprob_tolerance"]
+                 for p in ("fp32", "bf16")}  # fmt: skip
+    assert tolerance == {"fp32": 1e-3, "bf16": 5e-2}  # recorded resolved, as run.json holds it
+    given = build_plan(TrainConfig(device="cpu", precision="bf16", logprob_tolerance=0.2)).config
+    assert given.generation.logprob_tolerance == 0.2
+
+
 def _run_dir(tmp_path: Path, **kw: object) -> Path:
     from ftkit.tasks.addition import AdditionTask
     from ftkit.train.control.rundir import write_run_json

@@ -236,13 +236,19 @@ class GenerationSection(Section):
         description="Tensor-parallel ranks of each vLLM engine (one vLLM worker process per rank; "
         "must split the model's heads); megatron engines run at 1.",
     )
-    logprob_tolerance: float = Field(
-        1e-3,
+    logprob_tolerance: float | None = Field(
+        None,
         gt=0,
         allow_inf_nan=False,
         description="FT114: largest |engine - trainer| token log-prob difference tolerated where they are "
-        "not bitwise equal by construction (vllm engines, or tp > 1); above it, a warning.",
+        "not bitwise equal by construction (vllm engines, or tp > 1); above it, a warning. Default: 1e-3 in "
+        "fp32, 5e-2 in bf16 (resolved with the precision, recorded in run.json).",
     )
+
+    #: The default ``logprob_tolerance`` of each precision (``ftkit.train.plan.run_plan``): bf16's
+    #: 8-bit mantissa moves a TP=2 trainer's log-probs up to 0.008 from a TP=1 engine's where
+    #: fp32's move 2.4e-7 (docs/training.md, "Precision").
+    TOLERANCE: ClassVar[dict[str, float]] = {"fp32": 1e-3, "bf16": 5e-2}
 
 
 class SamplingSection(Section):

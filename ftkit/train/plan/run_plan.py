@@ -122,6 +122,9 @@ def build_plan(cfg: TrainConfig) -> RunPlan:
     precision = resolve_precision(cfg.precision.precision, device)
     if precision != cfg.precision.precision:
         cfg = cfg.model_copy(update={"precision": cfg.precision.model_copy(update={"precision": precision})})
+    if cfg.generation.logprob_tolerance is None:  # the precision's (GenerationSection.TOLERANCE)
+        tolerance = cfg.generation.TOLERANCE[precision]
+        cfg = cfg.model_copy(update={"generation": cfg.generation.model_copy(update={"logprob_tolerance": tolerance})})
     try:
         check_model_fit(cfg, model)
         faults = tuple(parse_specs(cfg.faults.inject, cfg.faults.chaos, fault_bounds(cfg)))
