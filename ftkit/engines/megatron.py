@@ -19,9 +19,10 @@ Contract (what the protocol leaves to the engine):
   seed (a token of probability 0, cut by top-k / top-p or underflowed, is never drawn), so a
   response depends only on (weights, prompt, seed, sampling settings): the model runs on fixed
   chunks of ``chunk`` sequences of fixed length (short chunks padded with filler rows), never on
-  how the prompts were batched. A sampling pass computes the output layer at the one position it
-  samples (``_logits_at``: over a large vocabulary the output layer at every position is most of
-  a small model's forward). A ``stop`` token ends a response (the rest of the row is padding
+  how the prompts were batched. A sampling pass runs the model on the tokens so far (causal: the
+  rest cannot change the next token's logits) and computes the output layer at the one position
+  it samples (``_logits_at``: over a large vocabulary the output layer at every position is most
+  of a small model's forward). A ``stop`` token ends a response (the rest of the row is padding
   for the model; a chunk whose rows have all stopped runs no further forward pass). Greedy takes
   the most likely allowed token (ties: the first); a position whose logits are not all finite
   gets the token ``-1`` and log-prob NaN. Prompts keep their left padding (``pads``): the model
@@ -32,9 +33,10 @@ Contract (what the protocol leaves to the engine):
   rows are scored again in forward passes of exactly ``score_chunk`` rows (the trainer's
   micro-shard: short passes filled with filler rows), through ``policy.policy_logprobs`` on the
   device, as the trainer scores a micro-shard. cuBLAS picks its kernels by shape, so only the
-  same shapes through the same kernels give the trainer's bits on CUDA (rule FT114 is bitwise at
-  TP=1); on CPU the sampling pass's were equal already (one position through the output layer or
-  all of them). Positions after a stop token stay 0. The cost is one
+  same shapes through the same kernels give the trainer's bits (rule FT114 is bitwise at TP=1);
+  the sampling pass runs other shapes (the tokens so far, one output position), so its own
+  log-probs are close to the trainer's, not equal, on CPU as on CUDA. Positions after a stop
+  token stay 0. The cost is one
   forward pass over the call's rows per ``max_tokens`` sampling passes (``bench/engine_rescore.py``).
   Greedy responses are re-scored too (a ``-1`` token keeps its NaN).
 * ``score_rows`` runs the rows in one forward pass (the canary's shape, the trainer's too), with
@@ -277,8 +279,10 @@ class MegatronEngine:
             for j in range(r):
                 if bool(done.all()):  # every row stopped: the rest of the chunk is padding
                     break
-                with _logits_at(self.model, p - 1 + j):
-                    logits = self.model(tokens.to(self.device), positions.to(self.device), attention)
+                n = p + j  # causal: the next token's logits see the first `n` tokens only
+                mask = None if attention is None else attention[..., :n, :n]
+                with _logits_at(self.model, n - 1):
+                    logits = self.model(tokens[:, :n].to(self.device), positions[:, :n].to(self.device), mask)
                 at = logits[:k, 0].to("cpu")
                 step = at.to(torch.float64)[:, allowed]
                 if uniforms is None:  # greedy; ties go to the first allowed token

@@ -1,9 +1,10 @@
 """The megatron engine scores in the trainer's shapes (FT114 bitwise at TP=1, CUDA included):
 the log-probs it reports for sampled responses are the trainer's micro-shard computation bit for
 bit, whatever pass a sample falls in (a short last pass is filled to the micro-shard's rows), and
-the canary scores are the trainer's canary computation. On CPU the sampling pass's own log-probs
-already equal them (what the baseline runs rely on); on CUDA only the shared shapes do
-(tests/train/test_cuda_paths.py runs this same check on a GPU)."""
+the canary scores are the trainer's canary computation. The sampling pass runs its own shapes
+(the tokens so far, the output layer at one position), so its log-probs are close to the
+trainer's, not equal, on any device; only the shared shapes are (tests/train/test_cuda_paths.py
+runs this same check on a GPU)."""
 
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ SCORING_CHECK = textwrap.dedent(
     out = {
         "same_samples": [g.tokens.tolist() for g in gens] == [g.tokens.tolist() for g in sampled],
         "reported_is_trainer": bool(torch.equal(reported.view(torch.int32), by_shard.view(torch.int32))),
-        "sampling_pass_is_trainer": bool(torch.equal(
-            torch.tensor([g.logprobs.tolist() for g in sampled]).view(torch.int32), by_shard.view(torch.int32))),
+        "sampling_pass_is_close": bool(torch.allclose(
+            torch.tensor([g.logprobs.tolist() for g in sampled]), by_shard, rtol=0, atol=1e-4)),
         "canary_is_trainer": bool(torch.equal(canary_engine.view(torch.int32), trainer(canary, 1.0).view(torch.int32))),
         "kept": kept,
         "short_pass": bool(torch.equal(
@@ -103,7 +104,7 @@ def test_the_engine_reports_the_trainers_log_probs_bit_for_bit_on_cpu():
     assert run_scoring_check("cpu") == {
         "same_samples": True,  # scoring again changes no sample
         "reported_is_trainer": True,  # micro-shard shapes: the trainer's bits
-        "sampling_pass_is_trainer": True,  # on CPU the sampling pass was equal already
+        "sampling_pass_is_close": True,  # its own shapes (the tokens so far, one output position): close, not equal
         "canary_is_trainer": True,  # on the device, in the trainer's canary shape
         "kept": True,
         "short_pass": True,  # a sample's log-probs do not depend on the pass it falls in

@@ -87,23 +87,20 @@ def test_a_chat_template_is_applied_where_the_tokenizer_has_one(llama, tmp_path)
 def test_an_engine_stops_a_response_at_eos_and_pads_the_rest(llama, tmp_path):
     from ftkit.engines.megatron import MegatronEngine
     from ftkit.train.rl.engines import GEN_CHUNK, EngineActor
+    from tests.train.fake_lm import FakeLM
 
     task = config(llama, write_prompts(tmp_path / "p.jsonl")).task.build()
     eos, seven = task.stop_token, 7
 
-    class Model:  # eos is the only likely token after the second response position
-        def __call__(self, tokens, positions, mask):
-            logits = torch.zeros((*tokens.shape, task.vocab_size))
-            logits[:, :, seven] = 50.0
-            logits[:, task.prompt_len + 1 :, eos] = 100.0
-            return logits
-
-        def parameters(self):
-            return iter([torch.zeros(1)])
+    def fill(logits):  # eos is the only likely token after the second response position
+        logits[:, :, seven] = 50.0
+        logits[task.prompt_len + 1 :, :, eos] = 100.0
 
     engine = EngineActor.__new__(EngineActor)  # the generation loop only: no model build, no events
     engine.cfg, engine.task, engine.allowed = config(llama, tmp_path / "p.jsonl").config, task, None
-    engine.llm = MegatronEngine(Model(), "cpu", pad_token=task.pad_token, chunk=GEN_CHUNK, vocab_size=task.vocab_size)
+    engine.llm = MegatronEngine(
+        FakeLM(task.vocab_size, fill), "cpu", pad_token=task.pad_token, chunk=GEN_CHUNK, vocab_size=task.vocab_size
+    )
     responses, logprobs = engine.generate(task.prompts(0, 0, GEN_CHUNK + 2), rollout=0, first_index=0)
     pad = task.pad_token
     assert responses.tolist() == [[seven, seven, eos, pad, pad, pad]] * (GEN_CHUNK + 2)

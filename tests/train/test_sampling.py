@@ -65,6 +65,7 @@ def test_ignore_eos_lets_a_response_run_past_eos(llama, tmp_path):
 def test_the_engine_actor_cuts_a_response_after_a_stop_string(llama, tmp_path):
     from ftkit.engines.megatron import MegatronEngine
     from ftkit.train.rl.engines import GEN_CHUNK, EngineActor
+    from tests.train.fake_lm import FakeLM
 
     plain = config(llama, write_prompts(tmp_path / "p.jsonl")).task.build()
     seven = 7
@@ -72,18 +73,14 @@ def test_the_engine_actor_cuts_a_response_after_a_stop_string(llama, tmp_path):
     plan = config(llama, tmp_path / "p.jsonl", stop=(stop,))
     task = plan.task.build()
 
-    class Model:  # token 7 is the only likely token
-        def __call__(self, tokens, positions, mask):
-            logits = torch.zeros((*tokens.shape, task.vocab_size))
-            logits[:, :, seven] = 50.0
-            return logits
-
-        def parameters(self):
-            return iter([torch.zeros(1)])
+    def fill(logits):  # token 7 is the only likely token
+        logits[:, :, seven] = 50.0
 
     engine = EngineActor.__new__(EngineActor)  # the generation loop only: no model build, no events
     engine.cfg, engine.task, engine.allowed = plan.config, task, None
-    engine.llm = MegatronEngine(Model(), "cpu", pad_token=task.pad_token, chunk=GEN_CHUNK, vocab_size=task.vocab_size)
+    engine.llm = MegatronEngine(
+        FakeLM(task.vocab_size, fill), "cpu", pad_token=task.pad_token, chunk=GEN_CHUNK, vocab_size=task.vocab_size
+    )
     responses, logprobs = engine.generate(task.prompts(0, 0, 3), rollout=0, first_index=0)
     pad = task.pad_token
     assert responses.tolist() == [[seven, seven] + [pad] * 4] * 3
