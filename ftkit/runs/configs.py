@@ -82,9 +82,18 @@ NEUTRAL = frozenset(
     }
 )
 #: What a field means when a run's config does not hold it: it was added later, and runs
-#: recorded before it had this value (an older ``ftkit train`` trained in float32, and had no
-#: eval prompt file).
-ABSENT_MEANS: dict[str, Any] = {"precision": "fp32", "eval_prompts": None, "eval_prompts_digest": ""}
+#: recorded before it had this value (an older ``ftkit train`` trained in float32, had no eval
+#: prompt file, and sampled at temperature 1 without truncation or stop strings).
+ABSENT_MEANS: dict[str, Any] = {
+    "precision": "fp32",
+    "eval_prompts": None,
+    "eval_prompts_digest": "",
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "stop": [],
+    "ignore_eos": False,
+}
 
 
 def flatten(config: dict[str, Any] | None, prefix: str = "") -> dict[str, Any]:

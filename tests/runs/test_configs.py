@@ -12,6 +12,14 @@ def test_a_precision_an_older_run_did_not_record_is_fp32() -> None:
     assert rows == [{"field": "precision", "a": "fp32", "b": "bf16", "kind": "result"}]
 
 
+def test_sampling_an_older_run_did_not_record_is_plain_sampling() -> None:
+    """A run of 5d41eb0 (before --temperature existed) against the same run now: equal configs."""
+    now = {"seed": 0, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop": [], "ignore_eos": False}
+    assert config_diff({"seed": 0}, now) == []
+    rows = config_diff({"seed": 0}, {**now, "temperature": 0.7, "stop": ["\n"]})
+    assert {(r["field"], r["kind"]) for r in rows} == {("temperature", "result"), ("stop", "result")}
+
+
 def test_engine_placement_is_neutral() -> None:
     rows = config_diff({"engine_placement": "separate"}, {"engine_placement": "colocate"})
     assert [r["kind"] for r in rows] == ["neutral"]
