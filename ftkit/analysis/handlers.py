@@ -337,6 +337,9 @@ class EventHandlers(Watermark):
                 where=self.where(fi, line),
             )
         self.closed[fi] = True
+        peak, role = ev.get("peak_rss_bytes"), ev["source"].get("role")
+        if type(peak) is int and peak > 0 and isinstance(role, str):
+            self.peak_rss[role] = max(self.peak_rss.get(role, 0), peak)
 
     def _fault(self, ev: dict[str, Any], fi: int, line: int) -> None:
         self.closure.fault(fi, ev["kind"])

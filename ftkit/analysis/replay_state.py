@@ -59,6 +59,7 @@ class ReplayState:
         self.declared_step = -1  # the last step the driver declared trained (its metric) in this session
         self.step_phases = StepPhases()  # where the steps' time went (their metrics' phases)
         self.placement: dict[tuple[str, int, int], dict[str, Any]] = {}  # (role, cell|engine, rank) -> latest
+        self.peak_rss: dict[str, int] = {}  # role -> the largest peak RSS a closed log of that role reported
         # open steps and rollouts
         self.pending: dict[tuple[int, int, int], StepRecord] = {}
         self.rollouts: dict[int, RolloutRecord] = {}

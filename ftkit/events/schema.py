@@ -292,6 +292,9 @@ class LogClosed(Envelope):
     type: Literal["log_closed"]
     lines: int = Field(description="lines this writer emitted before this one (equals this line's seq)")
     dropped: int = Field(description="of those, lines that could not be written")
+    peak_rss_bytes: int | None = Field(
+        default=None, description="the writing process's peak resident memory so far (ru_maxrss); absent: not known"
+    )
 
 
 class PlacementEvent(Envelope):

@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -233,7 +234,7 @@ class EventWriter:
         self._wait_pending()  # a background fsync's failure belongs in the count below
         if self.dropped:
             self.emit("events_dropped", count=self.dropped, last_error=self.last_error or "")
-        self.emit("log_closed", lines=self._seq, dropped=self.dropped)
+        self.emit("log_closed", lines=self._seq, dropped=self.dropped, peak_rss_bytes=peak_rss_bytes())
         self.sync()
         with self._pending_lock:
             helper, self._helper = self._helper, None
@@ -278,3 +279,14 @@ def _ends_unterminated(path: Path) -> bool:
             return False
         fh.seek(-1, os.SEEK_END)
         return fh.read(1) != b"\n"
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory so far (``getrusage``'s ``ru_maxrss``: KiB on Linux,
+    bytes on macOS), None where the platform has no ``resource`` module."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024

@@ -72,6 +72,10 @@ def render_human(console: Console, result: AnalysisResult, outcome: str) -> None
         f"{plural(s['events'], 'event')} in {plural(s['files'], 'file')}; "
         f"{duration} logged"
     )
+    peaks = s.get("peak_rss_bytes")
+    if peaks:
+        shown = ", ".join(f"{role} {peak / 2**20:,.0f} MiB" for role, peak in peaks.items())
+        console.print(f"[bold]Peak memory[/bold] (resident, the largest process of each role): {literal(shown)}")
     placed = s.get("placement")
     if placed:
         where = [f"cell {c} on {', '.join(sorted(set(ns)))}" for c, ns in placed["cells"].items()]

@@ -168,3 +168,17 @@ def test_close_waits_for_a_background_sync_and_counts_its_failure(tmp_path, monk
     w.close()  # joins the helper: its failure is counted and reported
     assert w.dropped >= 1 and "I/O error" in w.last_error
     assert [e["type"] for e in _read(w.path)] == ["step_outcome", "events_dropped", "log_closed"]
+
+
+def test_log_closed_reports_the_process_peak_memory(tmp_path):
+    import resource
+
+    ballast = bytearray(64 * 2**20)  # the peak is at least this process's after touching 64 MiB
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    w = EventWriter(tmp_path, "r", "engine", rank=0)
+    w.close()
+    closed = _read(w.path)[-1]
+    assert closed["type"] == "log_closed" and is_valid(closed)
+    peak = closed["peak_rss_bytes"]
+    assert 64 * 2**20 <= peak <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    del ballast
