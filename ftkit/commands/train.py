@@ -304,8 +304,8 @@ def register(app: typer.Typer) -> None:
             cfg = load_config(values)
         plan = build_plan(cfg)  # the model resolved and digested once, for the whole run
         output = Output(fmt)
-        if print_config:  # precision as given (``auto`` stays portable, like ``device``), the model as recorded
-            recorded = plan.config.model_copy(update={"precision": cfg.precision})
+        if print_config:  # precision (and the tolerance that follows it) as given: ``auto`` stays portable
+            recorded = plan.config.model_copy(update={"precision": cfg.precision, "generation": cfg.generation})
             output.data(json.dumps(recorded.model_dump(mode="json"), indent=2))
             raise typer.Exit(0)
         cfg = plan.config

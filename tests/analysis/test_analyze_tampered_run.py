@@ -160,7 +160,9 @@ def test_a_later_incarnations_witness_contributions_are_checked(
     assert code == 1, found
     ft101 = [f for f in found if f["code"] == "FT101"]
     assert len(ft101) == 1 and ft101[0]["evidence"]["differs"] == "contributions", found
-    assert ft101[0]["evidence"]["step"] == line["step"] and 1 in ft101[0]["evidence"]["cells"]
-    assert ft101[0]["evidence"]["file"].endswith("trainer-c1-r0-i1.jsonl")
+    assert ft101[0]["evidence"]["step"] == line["step"] and set(ft101[0]["evidence"]["cells"]) == {0, 1}
+    # two cells, two reports: which one is "first" (and which file `where` names) is the order the
+    # replay met them in, which the processes' timing decides
+    assert ft101[0]["evidence"]["file"].rsplit("/", 1)[-1] in {path.name, "trainer-c0-r0-i0.jsonl"}
     if value == "negative":  # no gradient gives that, whoever else reported the step
         assert any(f["code"] == "FT111" and "negative" in f["message"] for f in found), found
