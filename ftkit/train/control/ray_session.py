@@ -167,8 +167,25 @@ def _stop_half_started() -> None:
         return
     from ftkit import hard_exit
 
+    _silence_ray_threads()
     stop_spawned(grace_s=2.0)
     hard_exit.request()
+
+
+def _silence_ray_threads() -> None:
+    """From now on, an exception in one of Ray's own background threads (``ray_listen_error_messages``,
+    ``ray_print_logs``: they lose their GCS when ``stop_spawned`` stops it under a half-done
+    ``ray.init``) is not printed: its traceback would be noise on the user's stderr next to the
+    one line that says why the run stopped. Every other thread's exception still is."""
+    import threading
+
+    previous = threading.excepthook
+
+    def hook(args: Any) -> None:
+        if args.thread is None or not args.thread.name.startswith("ray_"):
+            previous(args)
+
+    threading.excepthook = hook
 
 
 def stop_spawned(grace_s: float = 5.0) -> None:
