@@ -64,6 +64,8 @@ def main() -> None:
     )  # fmt: skip
     callbacks = [Perturb(a.plant_divergence), PlantNan(a.plant_nan), ftkit_cb]
     Trainer(model=model, args=args, train_dataset=ds, data_collator=ftkit_cb.collator(), callbacks=callbacks).train()
+    if torch.distributed.is_initialized():  # under torchrun: Trainer made the group; gloo's threads end before exit
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
