@@ -74,7 +74,7 @@ def _proc(index: int, jobs: list) -> None:
         results.append({"committed": True, "loss": reduced.loss, "grad_norm": done.grad_norm, "total": done.total})
     out = Path(run_dir) / f"cell{cell}"
     w.save_final(str(out))
-    weights = w.export_weights(1)
+    _, weights = w.export_weights(1)
     if weights:
         write_safetensors_atomic(out / "export.safetensors", weights)
     (out / f"results-r{rank}.json").write_text(json.dumps(results))

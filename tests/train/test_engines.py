@@ -1,6 +1,7 @@
 """Inference engines as real Ray actors holding a real megatron-core GPTModel."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -199,3 +200,63 @@ def test_an_engine_dead_after_its_last_use_is_declared_at_shutdown(ray_session, 
     assert failed[0]["reason"].startswith("at shutdown: ")
     closed = [json.loads(x)["type"] for x in (run_dir / "events" / "engine-r0-i0.jsonl").read_text().splitlines()]
     assert closed[-1] == "log_closed"
+
+
+@pytest.mark.slow
+def test_weights_whose_object_was_lost_are_exported_again_not_the_engine_restarted(ray_session, tmp_path):
+    """``EnginePool.load`` of a weights object that is gone (here: its owner died, as the
+    exporting cell's node would take it) asks ``reexport`` for the same version once and
+    loads that, without restarting the engine; a re-export with another fingerprint total than
+    the one sent fails the run."""
+    from ftkit.engines.protocol import expected_weights
+    from ftkit.events.writer import EventWriter
+    from ftkit.train.control.engine_pool import EnginePool
+    from ftkit.train.control.run_end import RunFailed
+
+    ray = ray_session
+    state = _states(tmp_path)[0]
+
+    @ray.remote(num_cpus=0)
+    class Owner:
+        def put(self, tensors):
+            return [ray.put(tensors)]  # in a list: the ref stays this actor's, not the caller's
+
+    def lost_weights():
+        owner = Owner.remote()
+        (ref,) = ray.get(owner.put.remote(state))
+        ray.kill(owner, no_restart=True)
+        for _ in range(200):  # ray.kill returns before the owner is gone
+            try:
+                ray.get(ref, timeout=30)
+            except ray.exceptions.ObjectLostError:
+                return ref
+            time.sleep(0.05)
+        raise AssertionError("the weights object outlived its owner")
+
+    run_dir = tmp_path / "run"
+    driver = EventWriter(run_dir / "events", run="run", role="driver")
+    asked: list[int] = []
+    again = {"total": None}
+
+    def reexport(version):
+        asked.append(version)
+        return ray.put(state), again["total"]
+
+    pool = EnginePool(_cfg(0), str(run_dir), events=driver, reexport=reexport)
+    try:
+        pool.ready()
+        fmt = pool.weights_format
+        total = again["total"] = expected_weights(state, fmt.dtype, fmt.signed_zeros)[0]
+        assert pool.load(lost_weights(), 3, total) == [total]
+        assert asked == [3] and pool.restarts == 0 and pool.weights[1:] == (3, total)
+        again["total"] = "0" * 32  # the cells would hold other weights than the ones sent
+        with pytest.raises(RunFailed, match="exported again have fingerprint total 0{32}, not the"):
+            pool.load(lost_weights(), 4, total)
+        assert asked == [3, 4] and pool.restarts == 0
+    finally:
+        pool.shutdown(30.0)
+        driver.close()
+    lines = [json.loads(x) for x in (run_dir / "events" / "engine-r0-i0.jsonl").read_text().splitlines()]
+    assert [e["version"] for e in lines if e["type"] == "engine_weights"] == [3]
+    drv = [json.loads(x)["type"] for x in (run_dir / "events" / "driver-i0.jsonl").read_text().splitlines()]
+    assert "engine_failed" not in drv

@@ -29,6 +29,7 @@ from ftkit.errors import ConfigError
 from ftkit.train.rank.step_types import StepTask
 
 if TYPE_CHECKING:
+    from ftkit.engines.protocol import WeightsFormat
     from ftkit.train.plan.placement import Placement
     from ftkit.train.plan.run_plan import RunPlan
 
@@ -133,8 +134,12 @@ class Cell:
         """Heal recipient: rank ``r`` receives the state served under ``keys[r]``."""
         return [w.load_state.remote(k, donor, epoch, step, attempt) for w, k in zip(self.workers, keys)]
 
-    def export_weights(self, version: int) -> list[Any]:
-        return [w.export_weights.remote(version) for w in self.workers]
+    def export_weights(self, version: int, fmt: WeightsFormat) -> tuple[list[Any], Any]:
+        """``(sent refs, tensors ref)``: every rank's ``sent`` (``RankWorker.export_weights``:
+        rank 0's holds the fingerprints) to wait on, and rank 0's tensors, left in Ray's object
+        store (the driver owns the object and never fetches it; the engines do)."""
+        pairs = [w.export_weights.options(num_returns=2).remote(version, fmt) for w in self.workers]
+        return [sent for sent, _ in pairs], pairs[0][1]
 
     def save_final(self, run_dir: str) -> list[Any]:
         return [w.save_final.remote(run_dir) for w in self.workers]

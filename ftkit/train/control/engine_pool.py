@@ -3,8 +3,10 @@
 ``EnginePool(plan, run_dir)`` starts ``plan.config.engine.count`` engine actors
 (``ftkit.train.rl.engines.EngineActor``, whatever the engine kind). ``ready()`` waits for them
 and learns what they take (``weights_format``: the names, dtype and signed zeros the driver
-sends and fingerprints the weights in). ``load(state, version)`` puts the weights in Ray's
-object store once and has every engine load them (each emits ``engine_weights``);
+sends and fingerprints the weights in). ``load(weights, version, total)`` has every engine load
+the weights, an object in Ray's object store (a cell's ``export_weights`` return, which never
+passes through the driver; tensors given instead are put there once), each emitting
+``engine_weights``;
 ``generate(prompts, rollout)`` gives each engine its contiguous range of whole chunks
 (``engines.split``) and concatenates the answers.
 
@@ -15,6 +17,12 @@ the same version, fingerprinted like the first) and, in ``generate``, asked agai
 the samples it owed. A sample's response depends only on (weights, prompt, seed, rollout,
 sample index), so the rollout's data does not depend on the fault. Each engine is restarted
 at most ``MAX_RESTARTS`` times per call; beyond that the run fails (``RunFailed``).
+
+The weights object lives on the exporting cell's node. If that node is lost before an engine
+fetched it (``ObjectLostError``), the pool exports the same version again through ``reexport``
+(the cells still hold it: weights are loaded between a rollout's last step and the next
+rollout's first) and retries, without restarting the engine; the new export must have the
+fingerprint total the first one was sent with, or the run fails.
 
 An engine that does not answer is as failed as one that died: every call waits at most
 ``--step-timeout`` seconds (a ``hang``, a ``SIGSTOP``ped process), plus ``--heal-timeout`` for
@@ -37,6 +45,8 @@ import ftkit.evidence.emit as emit
 from ftkit.train.control.run_end import RunFailed
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from torch import Tensor
 
     from ftkit.engines.protocol import WeightsFormat
@@ -58,7 +68,10 @@ class EnginePool:
         placer: Placer | None = None,
         targets: dict[int, str | None] | None = None,
         events: EventWriter | None = None,
+        reexport: Callable[[int], tuple[Any, str]] | None = None,
     ) -> None:
+        """``reexport(version)``: ``(object ref, fingerprint total)`` of weights ``version`` exported
+        again (the module docstring), or None: a lost weights object fails the engine like any error."""
         import ray
 
         from ftkit.train.control.cells import actor_options
@@ -66,10 +79,11 @@ class EnginePool:
 
         cfg = plan.config
         self.plan, self.cfg, self.run_dir, self.placer, self.events = plan, cfg, run_dir, placer, events
+        self.reexport = reexport
         options = actor_options(plan.placement.engine_resources(), plan.placement)
         self.cls: Any = ray.remote(**options, max_restarts=0)(EngineActor)
         self.actors: list[Any] = [self._spawn(e, (targets or {}).get(e)) for e in range(cfg.engine.count)]
-        self.weights: tuple[Any, int] | None = None  # (object ref, version) the engines hold
+        self.weights: tuple[Any, int, str | None] | None = None  # (object ref, version, total) the engines hold
         self.weights_format: WeightsFormat | None = None  # what the engines take (``ready``)
         self.sends: dict[tuple[int, int], int] = {}  # (engine, version) -> times sent
         self.restarts = 0
@@ -126,12 +140,21 @@ class EnginePool:
             self.unplaced.discard(e)
             self.placer.placed_engine(e, self.engine_restarts.get(e, 0), node)
 
-    def load(self, state: dict[str, Tensor], version: int) -> list[str]:
-        """Every engine loads ``state`` as ``version``; their fingerprint totals, in engine order."""
+    def forget_weights(self) -> None:
+        """Drop the reference to the weights the engines hold, so that Ray frees their object
+        before the next version is exported (an engine restarted before the next ``load`` would
+        get no weights: call it right before exporting them)."""
+        self.weights = None
+
+    def load(self, weights: Any, version: int, total: str | None = None) -> list[str]:
+        """Every engine loads ``weights`` (an object ref of the tensors, or the tensors) as
+        ``version``; their fingerprint totals, in engine order. ``total``: the fingerprint total
+        the weights were sent with (``weights_sent``), which a re-export must match."""
         import ray
 
         self.weights = None  # the previous version's object is freed before the new one is stored
-        self.weights = (ray.put(state), version)
+        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+        self.weights = (ref, version, total)
         return [self._call(e, "load") for e in range(len(self.actors))]
 
     def generate(self, prompts: Tensor, rollout: int, greedy: bool = False) -> tuple[Any, Any]:
@@ -161,25 +184,50 @@ class EnginePool:
         import ray
 
         reload = reload or what == "load"
+        renewed = False
         for _ in range(MAX_RESTARTS + 1):
+            loading = False
             try:
                 total = None
                 if reload and self.weights is not None:
-                    ref, version = self.weights
+                    ref, version, _ = self.weights
                     attempt = self.sends.get((e, version), 0)
                     self.sends[(e, version)] = attempt + 1
+                    loading = True
                     total = self._get(e, self.actors[e].load_weights.remote(ref, version, version, attempt))
+                    loading = False
                 reload = False
                 out = total if what == "load" else self._get(e, self.actors[e].generate.remote(*args))
                 self._placed(e)
                 return out
             except ray.exceptions.RayError as exc:
-                self._restart(e, exc, what)
+                if loading and not renewed and _lost(exc) and self._renew_weights():
+                    renewed = True  # the engine is fine: its weights' object was lost
+                else:
+                    self._restart(e, exc, what)
                 reload = True
         raise RunFailed(
             f"engine {e} failed {MAX_RESTARTS + 1} times in a row during {what}",
             hint="the engine's event files and `ray logs` say why it dies",
         )
+
+    def _renew_weights(self) -> bool:
+        """Export the current weights again after their object was lost (the module
+        docstring); False without ``reexport``."""
+        if self.reexport is None or self.weights is None:
+            return False
+        _, version, total = self.weights
+        self.weights = None
+        ref, again = self.reexport(version)
+        if total is not None and again != total:
+            raise RunFailed(
+                f"weights version {version} exported again have fingerprint total {again}, "
+                f"not the {total} they were sent with",
+                hint="the cells changed between the export and the engines' load: a bug; the event log has both totals",
+            )
+        self.weights = (ref, version, again)
+        sys.stderr.write(f"the object of weights version {version} was lost with its node; exported it again\n")
+        return True
 
     def _restart(self, e: int, exc: BaseException, during: str) -> None:
         """Replace engine ``e`` by a new actor (the caller reloads the weights); the new engine
@@ -228,3 +276,12 @@ class EnginePool:
             with contextlib.suppress(Exception):  # already gone is fine
                 ray.kill(a, no_restart=True)
         self.actors = []
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether a failed engine call failed because an object it takes was lost (its node died,
+    or its owner), not because of the engine."""
+    import ray
+
+    lost = ray.exceptions.ObjectLostError
+    return isinstance(exc, lost) or isinstance(getattr(exc, "cause", None), lost)
