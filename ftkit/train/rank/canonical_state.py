@@ -69,13 +69,16 @@ def _owner(key: str) -> str:
     return key.rsplit(".", 1)[0]
 
 
-def gather(named: Named, optimizer: dict[str, Any], offset: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def gather(
+    named: Named, optimizer: dict[str, Any], offset: int, copy: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The cell's canonical ``(params, optimizer)`` on its rank 0, ``({}, {})`` elsewhere.
 
     ``named``: this rank's ``(local name, parameter)``; ``optimizer``: its entries
     ``{"<local param>.<key>": tensor}`` (``state_codec.capture``). Collective inside the cell:
     every rank calls it with the same structure per stage (see the module docstring). Returns
-    CPU tensors that share nothing with the live state.
+    CPU tensors that share nothing with the live state; with ``copy=False`` a CPU tensor that is
+    not split over TP ranks is returned as it is (the caller reads it before the state changes).
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -87,9 +90,11 @@ def gather(named: Named, optimizer: dict[str, Any], offset: int) -> tuple[dict[s
     tp_size = ps.get_tensor_model_parallel_world_size()
     shard = {n: param_sharding(p, tp_rank, tp_size) for n, p in named}
     shapes = {n: tuple(p.shape) for n, p in named}
-    params = {global_param_name(n, offset): _full(p, shard[n]) for n, p in named}
+    params = {global_param_name(n, offset): _full(p, shard[n], copy) for n, p in named}
     optim = {
-        global_param_name(k, offset): _full(t, entry_sharding(shard[_owner(k)], shapes[_owner(k)], tuple(t.shape)))
+        global_param_name(k, offset): _full(
+            t, entry_sharding(shard[_owner(k)], shapes[_owner(k)], tuple(t.shape)), copy
+        )
         for k, t in optimizer.items()
     }
     if ps.get_pipeline_model_parallel_world_size() == 1:
@@ -114,8 +119,9 @@ def gather(named: Named, optimizer: dict[str, Any], offset: int) -> tuple[dict[s
     return merged
 
 
-def _full(t: Tensor, sh: Sharding) -> Any:
-    """The canonical tensor of this rank's ``t`` (all-gather over the TP group when split)."""
+def _full(t: Tensor, sh: Sharding, copy: bool = True) -> Any:
+    """The canonical tensor of this rank's ``t`` (all-gather over the TP group when split);
+    ``copy=False``: an unsplit CPU tensor is ``t`` itself, detached."""
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
@@ -123,7 +129,8 @@ def _full(t: Tensor, sh: Sharding) -> Any:
     from ftkit.tensors.sharding import assemble
 
     if not sh.is_split:
-        return t.detach().cpu().clone()
+        whole = t.detach().cpu()  # a device tensor's host copy already shares nothing
+        return whole.clone() if copy and whole.data_ptr() == t.data_ptr() else whole
     assert sh.dim is not None  # a split sharding has a dim
     local = t.detach().contiguous()
     parts = [torch.empty_like(local) for _ in range(sh.tp_size)]

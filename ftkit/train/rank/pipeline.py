@@ -104,10 +104,12 @@ class StagePipeline:
         losses.copy_(buf.cpu())
 
 
-def export_cell(model: Any) -> dict[str, Any]:
-    """The cell's weights in the TP=1/PP=1 layout (see the module doc); rank 0 gets them."""
+def export_cell(model: Any, copy: bool = True) -> dict[str, Any]:
+    """The cell's weights in the TP=1/PP=1 layout (see the module doc); rank 0 gets them.
+    ``copy=False``: a CPU parameter that needs no gathering is returned as it is, not copied
+    (``canonical_state.gather``)."""
     from ftkit.model.stages import stage_position
     from ftkit.train.rank.canonical_state import gather
 
-    params, _ = gather(list(model.named_parameters()), {}, stage_position(model)[0])
+    params, _ = gather(list(model.named_parameters()), {}, stage_position(model)[0], copy)
     return params

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ftkit.engines.protocol import WeightsFormat
+    from ftkit.tensors.transfer import PackedTensors
     from ftkit.train.plan.run_plan import RunPlan
     from ftkit.train.rank.compute import Pending
 
@@ -260,13 +261,14 @@ class RankWorker(RankCheckpoints):
     # --- state -------------------------------------------------------------------------
     def export_weights(
         self, version: int, fmt: WeightsFormat | None = None
-    ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | PackedTensors]:
         """Weights version ``version`` (the state after ``version`` rollouts) in the TP=1/PP=1
-        layout (TP shards and pipeline stages gathered, no witness): ``(sent, tensors)``. With
-        ``fmt`` (what the engines take) the tensors are in the engines' names
-        (``ftkit.train.rl.engines.engine_tensors``) and ``sent`` is ``{"total", "params"}``, their
-        fingerprints as the engines must hold them (``expected_weights``); without, the
-        megatron-core names and ``sent`` None. Rank 0 returns them, others ``(None, {})``.
+        layout (TP shards and pipeline stages gathered, no witness): ``(sent, tensors)``, on
+        rank 0; others ``(None, {})``. With ``fmt`` (what the engines take) the tensors are in
+        the engines' names (``ftkit.train.rl.engines.engine_tensors``), packed for Ray's object
+        store without a copy of the parameters (``ftkit.tensors.transfer.PackedTensors``), and
+        ``sent`` is ``{"total", "params"}``, their fingerprints as the engines must hold them
+        (``expected_weights``); without, copies in the megatron-core names and ``sent`` None.
         The driver calls it with two returns (``Cell.export_weights``), so the tensors go to
         the engines through Ray's object store without passing through the driver. Collective
         inside the cell. Fault point ``during_weight_sync`` with
@@ -274,15 +276,18 @@ class RankWorker(RankCheckpoints):
         from ftkit.train.rank.pipeline import export_cell
 
         self.ctx.faults.at("during_weight_sync", step=version * self.cfg.batch.steps_per_rollout, rollout=version)
-        tensors = export_cell(self.ctx.model)
-        if not tensors or fmt is None:
-            return None, tensors
+        if fmt is None:
+            return None, export_cell(self.ctx.model)
+        tensors = export_cell(self.ctx.model, copy=False)  # packed and stored by Ray before the next call
+        if not tensors:
+            return None, {}
         from ftkit.engines.protocol import expected_weights
+        from ftkit.tensors.transfer import PackedTensors
         from ftkit.train.rl.engines import engine_tensors
 
         tensors = engine_tensors(tensors, fmt, self.ctx.plan.model)
         total, params = expected_weights(tensors, fmt.dtype, fmt.signed_zeros)
-        return {"total": total, "params": params}, tensors
+        return {"total": total, "params": params}, PackedTensors.of(tensors)
 
     def donor_state(self) -> tuple[dict[str, Any], dict[str, str], str]:
         """``(tensors, meta, total)``: this rank's complete state through the codec

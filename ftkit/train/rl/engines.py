@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from ftkit.engines.protocol import Engine, WeightsFormat
     from ftkit.model.spec import ModelSpec
     from ftkit.tasks.protocols import RlTask
+    from ftkit.tensors.transfer import PackedTensors
     from ftkit.train.plan.run_plan import RunPlan
 
 #: Sequences per forward pass of an engine; a fixed shape keeps results batch independent.
@@ -193,10 +194,17 @@ class EngineActor:
 
         return WeightsFormat(self.llm.names, self.llm.dtype, self.llm.signed_zeros)
 
-    def load_weights(self, state: dict[str, Tensor], version: int, rollout: int, attempt: int = 0) -> str:
+    def load_weights(
+        self, state: dict[str, Tensor] | PackedTensors, version: int, rollout: int, attempt: int = 0
+    ) -> str:
         """Load ``state`` as weights version ``version`` (to generate rollout ``rollout``);
         emit ``engine_weights`` and ``canary_logprobs``; return the fingerprint total of what
-        the engine holds (the module docstring)."""
+        the engine holds (the module docstring). ``state``: tensors, or the cell's
+        ``PackedTensors`` (views of Ray's object store, only read)."""
+        from ftkit.tensors.transfer import PackedTensors
+
+        if isinstance(state, PackedTensors):
+            state = state.unpack()
         sync_step = version * self.cfg.batch.steps_per_rollout
         fault = self.faults.at("during_weight_sync", step=sync_step, attempt=attempt, rollout=rollout)
         if fault == "stale-weights":
