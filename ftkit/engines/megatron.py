@@ -21,8 +21,8 @@ Contract (what the protocol leaves to the engine):
   chunks of ``chunk`` sequences of fixed length (short chunks padded with filler rows), never on
   how the prompts were batched. A sampling pass runs the model on the tokens so far (causal: the
   rest cannot change the next token's logits) and computes the output layer at the one position
-  it samples (``_logits_at``: over a large vocabulary the output layer at every position is most
-  of a small model's forward). A ``stop`` token ends a response (the rest of the row is padding
+  it samples (``ftkit.model.output_positions``: over a large vocabulary the output layer at every
+  position is most of a small model's forward). A ``stop`` token ends a response (the rest of the row is padding
   for the model; a chunk whose rows have all stopped runs no further forward pass). Greedy takes
   the most likely allowed token (ties: the first); a position whose logits are not all finite
   gets the token ``-1`` and log-prob NaN. Prompts keep their left padding (``pads``): the model
@@ -46,9 +46,8 @@ Contract (what the protocol leaves to the engine):
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -136,20 +135,29 @@ class MegatronEngine:
         return self.score_rows([tokens], allowed)[0, :-1]
 
     def score_rows(
-        self, rows: Sequence[Sequence[int]], allowed: Sequence[int] | None = None, pads: Sequence[int] | None = None
+        self,
+        rows: Sequence[Sequence[int]],
+        allowed: Sequence[int] | None = None,
+        pads: Sequence[int] | None = None,
+        scored: int | None = None,
     ) -> np.ndarray:
         """float32 ``[n, S]`` of rows of equal length ``S``: position ``t`` holds the log-prob of
-        ``rows[:, t+1]``, the last position 0 (a row's left padding, ``pads``, is masked out)."""
+        ``rows[:, t+1]``, the last position 0 (a row's left padding, ``pads``, is masked out);
+        ``scored``: only each row's last ``scored`` tokens are scored (the output layer runs at
+        their positions only, as the trainer's does: ``ftkit.model.output_positions``), the
+        other positions hold 0."""
         import torch
 
         from ftkit.engines.policy import allowed_index, padding_mask, policy_logprobs
+        from ftkit.model.output_positions import output_positions
+        from ftkit.model.output_positions import scored as scored_positions
 
         tokens = torch.tensor([list(r) for r in rows], dtype=torch.int64)
         support = self._allowed(allowed)
         positions = torch.arange(tokens.shape[1], dtype=torch.int64).unsqueeze(0).expand_as(tokens)
         attention = None if pads is None else padding_mask(torch.tensor(list(pads)), tokens.shape[1]).to(self.device)
         tokens = tokens.to(self.device)
-        with torch.no_grad():
+        with torch.no_grad(), output_positions(self.model, scored_positions(scored)):
             logits = self.model(tokens, positions.to(self.device), attention)
             index = allowed_index(support.tolist(), logits.shape[-1])
             return policy_logprobs(logits, tokens, support, index).cpu().numpy()
@@ -222,6 +230,7 @@ class MegatronEngine:
         import torch
 
         from ftkit.engines.policy import allowed_index, padding_mask, policy_logprobs
+        from ftkit.model.output_positions import output_positions, scored
 
         n, p = prompts.shape
         r, k = responses.shape[1], self.score_chunk
@@ -230,7 +239,7 @@ class MegatronEngine:
         positions = torch.arange(s, dtype=torch.int64, device=self.device).unsqueeze(0).expand(k, s)
         index = allowed_index(allowed.tolist(), max(self.vocab_size, int(rows.max()) + 1))
         out = torch.empty((n, r), dtype=torch.float32)
-        with torch.no_grad():
+        with torch.no_grad(), output_positions(self.model, scored(r)):  # the trainer's positions too
             for a in range(0, n, k):
                 b = min(n, a + k)
                 tokens = torch.zeros((k, s), dtype=torch.int64)  # a short pass filled to `k` rows
@@ -258,6 +267,7 @@ class MegatronEngine:
         import torch
 
         from ftkit.engines.policy import padding_mask, sampled_logprobs, truncate
+        from ftkit.model.output_positions import output_positions
 
         k, p = prompts.shape
         s = p + r
@@ -281,7 +291,7 @@ class MegatronEngine:
                     break
                 n = p + j  # causal: the next token's logits see the first `n` tokens only
                 mask = None if attention is None else attention[..., :n, :n]
-                with _logits_at(self.model, n - 1):
+                with output_positions(self.model, slice(n - 1, n)):
                     logits = self.model(tokens[:, :n].to(self.device), positions[:, :n].to(self.device), mask)
                 at = logits[:k, 0].to("cpu")
                 step = at.to(torch.float64)[:, allowed]
@@ -308,22 +318,6 @@ class MegatronEngine:
 
     def close(self) -> None:
         """Nothing to release: the model goes with the process."""
-
-
-@contextlib.contextmanager
-def _logits_at(model: Any, position: int) -> Iterator[None]:
-    """While open, ``model``'s output layer computes the logits of sequence position
-    ``position`` only (``[b, 1, V]``): a sampling pass reads one position, and the output layer
-    over the whole vocabulary at every position is most of a small model's forward pass."""
-
-    def one_position(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return (args[0][position : position + 1], *args[1:]), kwargs  # hidden states [s, b, h]
-
-    handle = model.output_layer.register_forward_pre_hook(one_position, with_kwargs=True)
-    try:
-        yield
-    finally:
-        handle.remove()
 
 
 @dataclass(frozen=True)

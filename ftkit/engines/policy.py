@@ -53,9 +53,16 @@ def _gathered(logp: Tensor, targets: Tensor) -> Tensor:
 
 
 def _next_token(logp: Tensor, tokens: Tensor) -> Tensor:
-    """``logp`` (``[n, s, V]`` log-probs) at the next tokens: position ``t`` at ``tokens[t+1]``, the last 0."""
+    """``logp`` (``[n, s, V]`` log-probs, or ``[n, w, V]`` of the positions that predict the last
+    ``w`` tokens: ``ftkit.model.output_positions.scored``) at the next tokens, ``[n, s]``:
+    position ``t`` at ``tokens[t+1]``; the last position, and those without log-probs, 0."""
     import torch
 
+    from ftkit.model.output_positions import widen
+
+    w = logp.shape[1]
+    if w < tokens.shape[1]:
+        return widen(_gathered(logp, tokens[:, tokens.shape[1] - w :]), tokens.shape[1])
     targets = torch.zeros_like(tokens)
     targets[:, :-1] = tokens[:, 1:]
     out = _gathered(logp, targets)
@@ -64,7 +71,8 @@ def _next_token(logp: Tensor, tokens: Tensor) -> Tensor:
 
 def next_token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0) -> Tensor:
     """float32 ``[n, s]``: position ``t`` holds ``log p(tokens[t+1] | tokens[<=t])`` from
-    ``scaled(logits[:, t])``; the last position (no next token) is 0."""
+    ``scaled(logits[:, t])``; the last position (no next token) is 0. ``logits`` may hold the
+    positions that predict the last ``w`` tokens only (``[n, w, V]``): the others are 0 then."""
     return _next_token(scaled(logits, temperature).log_softmax(dim=-1), tokens)
 
 
@@ -87,7 +95,8 @@ def sampled_logprobs(logits: Tensor, allowed: Tensor, picks: Tensor, temperature
 
 def policy_logprobs(logits: Tensor, tokens: Tensor, allowed: Tensor, index: Tensor, temperature: float = 1.0) -> Tensor:
     """float32 ``[b, s]``: position ``t`` holds the policy's log-prob (at ``temperature``) of
-    ``tokens[:, t+1]`` from ``logits[:, t]`` (``[b, s, V]``); the last position is 0."""
+    ``tokens[:, t+1]`` from ``logits[:, t]`` (``[b, s, V]``, or ``[b, w, V]`` of the positions that
+    predict the last ``w`` tokens: ``next_token_logprobs``); the last position is 0."""
     return next_token_logprobs(logits[..., allowed.to(logits.device)], index.to(tokens.device)[tokens], temperature)
 
 
@@ -101,6 +110,8 @@ def policy_logprobs_entropy(
 
     logp = scaled(logits[..., allowed.to(logits.device)], temperature).log_softmax(dim=-1)
     with torch.no_grad():
+        w = logp.shape[1]  # the positions with logits: every one, or those predicting the last w tokens
+        at = at if w == at.shape[1] else at[:, at.shape[1] - 1 - w : at.shape[1] - 1]
         kept = logp.detach()[at.to(logp.device)]
         entropy = kept.exp().mul_(kept).sum(dim=-1).neg_()
     return _next_token(logp, index.to(tokens.device)[tokens]), entropy

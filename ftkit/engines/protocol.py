@@ -21,9 +21,11 @@ drives it like this (the contract):
 4. ``engine.skip_next_load()`` arms the ``stale-weights`` fault: the next ``load_weights`` is
    answered as if done, but the engine keeps the weights it held (one-shot).
 5. ``engine.score(tokens, allowed)``: log-probs of one token sequence, float32
-   ``[len(tokens) - 1]``; ``engine.score_rows(rows, allowed, pads)``: float32 ``[n, S]`` for
-   rows of equal length ``S``, position ``t`` the log-prob of ``rows[:, t+1]``, the last
-   position 0, positions inside a row's left padding (``pads[i]`` tokens) meaningless. The
+   ``[len(tokens) - 1]``; ``engine.score_rows(rows, allowed, pads, scored)``: float32 ``[n, S]``
+   for rows of equal length ``S``, position ``t`` the log-prob of ``rows[:, t+1]``, the last
+   position 0, positions inside a row's left padding (``pads[i]`` tokens) meaningless; with
+   ``scored`` (an int) only the log-probs of each row's last ``scored`` tokens are asked for
+   (``ftkit.model.output_positions``): the other positions may hold 0. The
    canary (a fixed set of rows) is re-scored after every sync: a canary that did not move
    after an update that should move it is a stale engine even when the fingerprint cannot see
    the kernels' own copy (``HeldWeights.source`` says what it saw).
@@ -106,7 +108,11 @@ class Engine(Protocol):
     def score(self, tokens: Sequence[int], allowed: Sequence[int] | None = None) -> np.ndarray: ...
 
     def score_rows(
-        self, rows: Sequence[Sequence[int]], allowed: Sequence[int] | None = None, pads: Sequence[int] | None = None
+        self,
+        rows: Sequence[Sequence[int]],
+        allowed: Sequence[int] | None = None,
+        pads: Sequence[int] | None = None,
+        scored: int | None = None,
     ) -> np.ndarray: ...
 
     def generate(

@@ -223,10 +223,15 @@ class VllmEngine:
         return out["logprobs"].numpy()
 
     def score_rows(
-        self, rows: Sequence[Sequence[int]], allowed: Sequence[int] | None = None, pads: Sequence[int] | None = None
+        self,
+        rows: Sequence[Sequence[int]],
+        allowed: Sequence[int] | None = None,
+        pads: Sequence[int] | None = None,
+        scored: int | None = None,
     ) -> np.ndarray:
         """float32 ``[n, S]``: ``score`` of each row (given to vLLM without its left padding,
-        ``pads``), placed where it scores; the padding and the last position hold 0."""
+        ``pads``), placed where it scores; the padding and the last position hold 0. ``scored``
+        is not used: vLLM scores every position of a prompt."""
         import numpy as np
 
         width = len(rows[0]) if rows else 0

@@ -213,13 +213,15 @@ class StepCompute:
         0-d tensor on the device (0.0 on a pipeline stage that computes none), never read here."""
         import torch
 
+        from ftkit.model.output_positions import output_positions, widen
         from ftkit.train.rank.loss import pg_loss, targets
         from ftkit.train.rl.masks import sequence_mask
 
         tokens = part["tokens"].to(self.ctx.device)
         pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
         mask = sequence_mask(self._task(), tokens)
-        labels = targets(tokens)
+        window = self._window()  # the output layer at the responses' positions only
+        labels = targets(tokens) if window is None else targets(tokens)[:, window]
         emb = None
         if self.ctx.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
             emb = self.ctx.model.embedding(input_ids=tokens, position_ids=pos)
@@ -227,12 +229,20 @@ class StepCompute:
         if self.cfg.objective.loss == "grpo":  # pp == 1 (TrainConfig)
             loss = self._grpo_loss(part, tokens, pos, mask, emb, norm, m)
         elif self.pipe is not None:
+            s = tokens.shape[1]
             return self.pipe.forward_backward(
-                tokens, pos, mask, labels, emb, lambda nll: pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+                tokens,
+                pos,
+                mask,
+                labels,
+                emb,
+                lambda nll: pg_loss(widen(nll, s), part["loss_mask"], part["advantages"], norm),
+                window,
             )
         else:
-            nll = self.ctx.model(tokens, pos, mask, decoder_input=emb, labels=labels)
-            loss = pg_loss(nll, part["loss_mask"], part["advantages"], norm)
+            with output_positions(self.ctx.model, window):
+                nll = self.ctx.model(tokens, pos, mask, decoder_input=emb, labels=labels)
+            loss = pg_loss(widen(nll, tokens.shape[1]), part["loss_mask"], part["advantages"], norm)
         loss.backward()
         return loss.detach()
 
@@ -273,14 +283,26 @@ class StepCompute:
         return loss
 
     def _logits(self, model: Any, tokens: Tensor, pos: Tensor, mask: Tensor | None, emb: Tensor | None) -> Any:
-        """``[b, s, V]`` logits of the whole (padded) vocabulary, gathered over TP ranks;
-        ``mask``: the attention mask of the rows (``ftkit.train.rl.masks``) or None."""
-        logits = model(tokens, pos, mask, decoder_input=emb)
+        """``[b, r, V]`` logits of the whole (padded) vocabulary at the ``r`` positions that predict
+        the response tokens (``_window``), gathered over TP ranks; ``mask``: the attention mask of
+        the rows (``ftkit.train.rl.masks``) or None."""
+        from ftkit.model.output_positions import output_positions
+
+        with output_positions(model, self._window()):
+            logits = model(tokens, pos, mask, decoder_input=emb)
         if self.cfg.layout.tp > 1:
             from ftkit.train.rank.tp_gather import gather_vocab
 
             logits = gather_vocab(logits)
         return logits
+
+    def _window(self) -> slice | None:
+        """The positions whose logits are read (``ftkit.model.output_positions.scored``): those
+        that predict a row's ``response_len`` response tokens, where every loss, log-prob check
+        and canary reads; the engines' scoring keeps the same ones."""
+        from ftkit.model.output_positions import scored
+
+        return scored(self._task().response_len)
 
     def _policy(self) -> tuple[Any, Any]:
         """The task's response tokens and their index (``ftkit.engines.policy``), built once."""

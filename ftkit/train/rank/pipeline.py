@@ -63,9 +63,12 @@ class StagePipeline:
         labels: Tensor,
         decoder_input: Any,
         loss_fn: Callable[[Tensor], Tensor],
+        positions: slice | None = None,
     ) -> Any:
         """Forward and backward of one micro-shard through every stage (see the module doc);
-        ``mask``: its attention mask (``ftkit.train.rl.masks``, the same on every stage) or None.
+        ``mask``: its attention mask (``ftkit.train.rl.masks``, the same on every stage) or None;
+        ``positions``: the positions the last stage's output layer computes (``labels`` are
+        theirs; ``ftkit.model.output_positions``), None: every one.
         Returns the loss as a detached 0-d tensor on the last stage (not read: no host sync), 0.0
         on the others."""
         import torch
@@ -78,7 +81,10 @@ class StagePipeline:
             dist.recv(inp, src=self.prev)
             inp.requires_grad_()
             self.model.set_input_tensor(inp)
-        out = self.model(tokens, pos, mask, decoder_input=decoder_input, labels=labels if self.last else None)
+        from ftkit.model.output_positions import output_positions
+
+        with output_positions(self.model, positions if self.last else None):
+            out = self.model(tokens, pos, mask, decoder_input=decoder_input, labels=labels if self.last else None)
         value: Any = 0.0
         if self.last:
             loss = loss_fn(out)

@@ -233,7 +233,8 @@ class EngineActor:
 
         tokens, mask = canary_tokens(self.task, self.cfg.rng.seed, GEN_CHUNK)
         pads = self._pads(tokens[:, : self.task.prompt_len])
-        lp = torch.from_numpy(self.llm.score_rows(tokens.tolist(), self.allowed, pads))
+        # the responses' positions only, as the trainer scores them (ftkit.model.output_positions)
+        lp = torch.from_numpy(self.llm.score_rows(tokens.tolist(), self.allowed, pads, self.task.response_len))
         fields = canary_fields(lp, mask)
         emit.canary_logprobs(self.events, rollout=rollout, version=version, engine=self.engine, **fields)
 
