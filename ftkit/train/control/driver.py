@@ -396,34 +396,17 @@ class Driver:
             self.on_step(StepReport.of(out, self.cfg, rollout_values, tps))
 
     def _push_weights(self, version: int) -> None:
-        """Export the first live cell's weights in the names the engines take, fingerprinted by
-        the cell as the engines must hold them (``RankWorker.export_weights``: the
-        ``expected_weights`` of the engines' ``weights_format``); log ``weights_sent`` and load
-        them on every engine. The tensors go from the cell to the engines through Ray's object
-        store: the driver holds their reference, never a copy."""
+        """Export the first live cell's weights, fingerprinted by the cell as the engines must
+        hold them (``CellSession.export_weights``); log ``weights_sent`` and load them on every
+        engine. The tensors go from the cell to the engines: the driver never holds a copy."""
         self.engines.forget_weights()  # the previous version's object is freed first
-        ref, total, params = self._export(version)
+        ref, total, params = self._session().export_weights(version, self.engines.weights_format)
         emit.weights_sent(self.events, rollout=version, version=version, total=total, params=params)
         self.engine_totals.append(self.engines.load(ref, version, total))
 
-    def _export(self, version: int) -> tuple[Any, str, dict[str, str]]:
-        """``(object ref, total, {name: fingerprint})`` of weights ``version`` exported by the
-        first live cell (failing over to the next one when it dies)."""
-        fmt = self.engines.weights_format
-        assert fmt is not None, "the engines are not ready"
-        tensors: list[Any] = []
-
-        def export(cell: Any) -> list[Any]:
-            sent, ref = cell.export_weights(version, fmt)
-            tensors[:] = [ref]  # the answering cell's (on_first_cell returns after the last call)
-            return sent
-
-        sent = self._session().roster.on_first_cell("the weights export", export)[0]
-        return tensors[0], sent["total"], sent["params"]
-
     def _export_weights(self, version: int) -> tuple[Any, str]:
         """``EnginePool``'s ``reexport``: ``(object ref, total)`` of weights ``version`` again."""
-        ref, total, _ = self._export(version)
+        ref, total, _ = self._session().export_weights(version, self.engines.weights_format)
         return ref, total
 
     def _save_final(self) -> list[str]:

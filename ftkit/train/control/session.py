@@ -6,7 +6,8 @@ session, ``ftkit.train.control.roster``), and the session's ``StepCoordinator`` 
 actors (``incarnation``, on ``targets``), the coordinator and the healer (none with
 ``--no-heal``), each given what it uses at construction; ``join(cells)`` runs ``init_cell`` on
 every cell and forms the session's first membership; ``stop(reason, flush_s)`` flushes the live
-cells' logs and kills every cell. A recovery after every cell was lost (``Driver._recover``)
+cells' logs and kills every cell; ``export_weights(version, fmt)`` has the first live cell export
+the weights for the engines (their fingerprints fetched, the tensors left in Ray's object store). A recovery after every cell was lost (``Driver._recover``)
 spawns and joins again: the roster starts a new session of cells, coordinator and healer are
 new (their attempt counts start over, as in a new process).
 """
@@ -16,11 +17,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ftkit.train.config import STARTUP_TIMEOUT_S
 
 if TYPE_CHECKING:
+    from ftkit.engines.protocol import WeightsFormat
     from ftkit.events.writer import EventWriter
     from ftkit.evidence.emit import EventSink
     from ftkit.train.control.cells import Cell
@@ -61,6 +63,22 @@ class CellSession:
     def coord(self) -> StepCoordinator:
         assert self._coord is not None, "no cells spawned yet"
         return self._coord
+
+    def export_weights(self, version: int, fmt: WeightsFormat | None) -> tuple[Any, str, dict[str, str]]:
+        """``(object ref, total, {name: fingerprint})`` of weights ``version`` exported by the first
+        live cell in the engines' format ``fmt`` (``RankWorker.export_weights``), failing over to
+        the next live cell when it dies. The tensors stay in Ray's object store, owned by the
+        driver, which fetches only the fingerprints (docs/engines.md, "The weight sync's path")."""
+        assert fmt is not None, "the engines are not ready"
+        tensors: list[Any] = []
+
+        def export(cell: Cell) -> list[Any]:
+            sent, ref = cell.export_weights(version, fmt)
+            tensors[:] = [ref]  # the answering cell's: on_first_cell returns after its last call
+            return sent
+
+        sent = self.roster.on_first_cell("the weights export", export)[0]
+        return tensors[0], sent["total"], sent["params"]
 
     def spawn(self, targets: dict[int, str | None], epoch: int, incarnation: int) -> list[Cell]:
         """A new cell book, the cells' actors, the coordinator and the healer; returns the

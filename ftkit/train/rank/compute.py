@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import ftkit.evidence.emit as emit
 from ftkit.evidence.phases import PhaseTimer
 from ftkit.train.rank.precision import GradStage
+from ftkit.train.rank.scoring import PolicyScoring
 from ftkit.train.rank.shard_cache import ShardCache
 from ftkit.train.rank.step_metrics import StepMetrics
 from ftkit.train.rank.step_types import Reduced, StepTask
@@ -68,8 +69,7 @@ class StepCompute:
         self._shards = ShardCache()  # a discarded attempt's micro-shard rows, for its retry
         self._stage = GradStage(layout, ctx.plan.precision, ctx.device)
         self._rows_buf: Any = None
-        self._policy_tokens: tuple[Any, Any] | None = None
-        self._task_obj: Any = None
+        self.scoring = PolicyScoring(ctx)
         # GRPO at a rollout's first step: (trainer log-probs, recorded, mask, ids) per micro-shard
         self._checks: list[tuple[Any, Any, Any, Any]] | None = None
         self._metrics: StepMetrics | None = None  # GRPO: this attempt's metric tables
@@ -105,7 +105,7 @@ class StepCompute:
         self._checks = [] if grpo and rollout_start else None
         self._metrics = StepMetrics.of(cfg, rollout_start, ctx.reference is not None, ctx.device)
         if rollout_start and cfg.layout.pp == 1:  # every attempt: a killed first attempt may have logged nothing
-            self._score_canaries(task)
+            self.scoring.score_canaries(task)
         if self.ctx.witness is not None:
             data["witness_rows"] = self.ctx.witness.rows(data["witness_ids"])
         slices = shard_slices(cfg.batch.step_samples, cfg.batch.micro_shards)
@@ -146,7 +146,7 @@ class StepCompute:
         losses = losses.cpu()  # the step's one wait for the device (docstring of ftkit.evidence.phases)
         clock.lap("forward_backward")
         if self._checks is not None:
-            self._check_rest(batch, mine, slices, set(reuse) & set(mine))
+            self._checks.extend(self.scoring.score_rest(batch, mine, slices, set(reuse) & set(mine)))
             self._emit_check(task)
             clock.lap("logprob_check")
         poison = poison or faults.at("before_reduce", **at)
@@ -219,8 +219,8 @@ class StepCompute:
 
         tokens = part["tokens"].to(self.ctx.device)
         pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
-        mask = sequence_mask(self._task(), tokens)
-        window = self._window()  # the output layer at the responses' positions only
+        mask = sequence_mask(self.scoring.task(), tokens)
+        window = self.scoring.window()  # the output layer at the responses' positions only
         labels = targets(tokens) if window is None else targets(tokens)[:, window]
         emb = None
         if self.ctx.witness is not None:  # with PP > 1 only the first stage has one (and the embedding)
@@ -264,15 +264,15 @@ class StepCompute:
         from ftkit.engines.policy import policy_logprobs, policy_logprobs_entropy
         from ftkit.train.rl.grpo import grpo_loss
 
-        allowed, index = self._policy()
+        allowed, index = self.scoring.policy()
         learned = part["loss_mask"].to(self.ctx.device)
-        logits = self._logits(self.ctx.model, tokens, pos, mask, emb)
+        logits = self.scoring.logits(self.ctx.model, tokens, pos, mask, emb)
         temperature = self.cfg.sampling.temperature  # the engines' (ftkit.engines.policy)
         logp, entropy = policy_logprobs_entropy(logits, tokens, allowed, index, learned > 0, temperature)
         ref = None
         if self.ctx.reference is not None:
             with torch.no_grad():
-                ref_logits = self._logits(self.ctx.reference, tokens, pos, mask, None)
+                ref_logits = self.scoring.logits(self.ctx.reference, tokens, pos, mask, None)
                 ref = policy_logprobs(ref_logits, tokens, allowed, index, temperature)
         behaviour = part["logprobs"].to(logp.device)
         loss, terms = grpo_loss(logp, behaviour, part["advantages"], learned, norm, self.cfg.objective.grpo(), ref)
@@ -281,102 +281,6 @@ class StepCompute:
         if self._checks is not None:
             self._checks.append((logp.detach().cpu(), part["logprobs"], part["loss_mask"], part["witness_ids"]))
         return loss
-
-    def _logits(self, model: Any, tokens: Tensor, pos: Tensor, mask: Tensor | None, emb: Tensor | None) -> Any:
-        """``[b, r, V]`` logits of the whole (padded) vocabulary at the ``r`` positions that predict
-        the response tokens (``_window``), gathered over TP ranks; ``mask``: the attention mask of
-        the rows (``ftkit.train.rl.masks``) or None."""
-        from ftkit.model.output_positions import output_positions
-
-        with output_positions(model, self._window()):
-            logits = model(tokens, pos, mask, decoder_input=emb)
-        if self.cfg.layout.tp > 1:
-            from ftkit.train.rank.tp_gather import gather_vocab
-
-            logits = gather_vocab(logits)
-        return logits
-
-    def _window(self) -> slice | None:
-        """The positions whose logits are read (``ftkit.model.output_positions.scored``): those
-        that predict a row's ``response_len`` response tokens, where every loss, log-prob check
-        and canary reads; the engines' scoring keeps the same ones."""
-        from ftkit.model.output_positions import scored
-
-        return scored(self._task().response_len)
-
-    def _policy(self) -> tuple[Any, Any]:
-        """The task's response tokens and their index (``ftkit.engines.policy``), built once."""
-        if self._policy_tokens is None:
-            import torch
-
-            from ftkit.engines.policy import allowed_index
-
-            allowed = self._task().response_tokens
-            vocab = self.ctx.model.vocab_size
-            self._policy_tokens = (torch.tensor(allowed, dtype=torch.int64), allowed_index(allowed, vocab))
-        return self._policy_tokens
-
-    def _task(self) -> Any:
-        """The run's task (through the model's tokenizer for a model path), built once."""
-        if self._task_obj is None:
-            self._task_obj = self.ctx.plan.task.build()
-        return self._task_obj
-
-    def _score_canaries(self, task: StepTask) -> None:
-        """``canary_logprobs`` of this cell at a rollout's first step: the canary set scored
-        under the weights the engines generated the rollout with (``ftkit.train.rl.canary``).
-        Collective over the TP group (the logits are gathered), so every TP rank calls it."""
-        import torch
-
-        from ftkit.engines.policy import policy_logprobs
-        from ftkit.train.rl.canary import canary_fields, canary_tokens
-        from ftkit.train.rl.engines import GEN_CHUNK
-        from ftkit.train.rl.masks import sequence_mask
-
-        allowed, index = self._policy()
-        tokens, mask = canary_tokens(self._task(), self.cfg.rng.seed, GEN_CHUNK)
-        tokens = tokens.to(self.ctx.device)
-        pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
-        attention = sequence_mask(self._task(), tokens)
-        with torch.no_grad():
-            lp = policy_logprobs(self._logits(self.ctx.model, tokens, pos, attention, None), tokens, allowed, index)
-        if self.ctx.tp_rank == 0:
-            emit.canary_logprobs(
-                self.ctx.events,
-                rollout=task.rollout,
-                version=task.rollout,
-                cell=self.ctx.cell,
-                rank=self.ctx.rank,
-                **canary_fields(lp, mask),
-            )
-
-    def _check_rest(self, batch: dict[str, Tensor], mine: list[int], slices: list[slice], reused: set[int]) -> None:
-        """At a rollout's first step, also score (no gradient, no witness: nothing is trained)
-        this step's micro-shards reused from a discarded attempt (their forward did not run) and
-        this rank's micro-shards of the rollout's later steps (unless the batch holds one step
-        only): the weights are still the ones the engines sampled with, so every sample of the
-        rollout is compared once the cells' shares are put together."""
-        import torch
-
-        from ftkit.engines.policy import policy_logprobs
-        from ftkit.train.rl.masks import sequence_mask
-
-        cfg, checks = self.cfg, self._checks
-        if checks is None:
-            return
-        whole = batch["tokens"].shape[0] == cfg.batch.samples_per_rollout
-        allowed, index = self._policy()
-        n = cfg.batch.step_samples
-        for k in range(cfg.batch.steps_per_rollout if whole else 1):
-            for m in mine if k else sorted(reused):
-                rows = slice(k * n + slices[m].start, k * n + slices[m].stop)
-                tokens = batch["tokens"][rows].to(self.ctx.device)
-                pos = torch.arange(tokens.shape[1], device=self.ctx.device).unsqueeze(0).expand_as(tokens)
-                attention = sequence_mask(self._task(), tokens)
-                with torch.no_grad():
-                    logits = self._logits(self.ctx.model, tokens, pos, attention, None)
-                    lp = policy_logprobs(logits, tokens, allowed, index, cfg.sampling.temperature)
-                checks.append((lp.cpu(), batch["logprobs"][rows], batch["loss_mask"][rows], batch["witness_ids"][rows]))
 
     def _emit_check(self, task: StepTask) -> None:
         """``logprob_check``: this rank's recomputed log-probs of its micro-shards' samples (of
