@@ -6,10 +6,11 @@ session, ``ftkit.train.control.roster``), and the session's ``StepCoordinator`` 
 actors (``incarnation``, on ``targets``), the coordinator and the healer (none with
 ``--no-heal``), each given what it uses at construction; ``join(cells)`` runs ``init_cell`` on
 every cell and forms the session's first membership; ``stop(reason, flush_s)`` flushes the live
-cells' logs and kills every cell; ``export_weights(version, fmt)`` has the first live cell export
-the weights for the engines (their fingerprints fetched, the tensors left in Ray's object store). A recovery after every cell was lost (``Driver._recover``)
-spawns and joins again: the roster starts a new session of cells, coordinator and healer are
-new (their attempt counts start over, as in a new process).
+cells' logs and kills every cell; ``export_weights(version, fmt)`` has the first live cell
+export the weights for the engines (their fingerprints fetched, the tensors left in Ray's object
+store). A recovery after every cell was lost (``Driver._recover``) spawns and joins again: the
+roster starts a new session of cells, coordinator and healer are new (their attempt counts start
+over, as in a new process).
 """
 
 from __future__ import annotations
