@@ -120,7 +120,7 @@ class Cell:
 
     def checkpoint_state(self) -> list[Any]:
         """The cell's state for a checkpoint: collective, every rank; rank 0's ref holds it."""
-        return [w.checkpoint_state.remote(packed=True) for w in self.workers]
+        return [w.checkpoint_state.remote() for w in self.workers]
 
     def restore_checkpoint(self, files: Any, meta: dict[str, Any]) -> list[Any]:
         """Every rank loads the checkpoint ``files`` (an object ref, passed unresolved)."""

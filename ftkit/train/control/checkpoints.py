@@ -159,8 +159,7 @@ class RunCheckpoints:
             "model": cfg.model.preset,
             "config": cfg.model_dump(mode="json"),
         }
-        params, optimizer = state["params"].unpack(), state["optimizer"].unpack()  # views of the object store
-        payload = state_payload(params, optimizer, state["extra"], meta, state["rank_totals"])
+        payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, state["rank_totals"])
         return self._note(self.publisher.publish(step, payload, guard, agreed, metric=metric, rollout=rollout))
 
     def _note(self, out: Outcome) -> Outcome:

@@ -58,7 +58,7 @@ class RankCheckpoints:
         )
         return verdict, guard
 
-    def checkpoint_state(self, packed: bool = False) -> dict[str, Any]:
+    def checkpoint_state(self) -> dict[str, Any]:
         """The state a checkpoint holds, in the TP=1/PP=1 layout, for any ``--tp`` / ``--pp``.
 
         Collective inside the cell (``canonical_state.gather``): every rank calls it. Rank 0
@@ -69,12 +69,7 @@ class RankCheckpoints:
         of this state (``{rank: total}``, what the rank logged at this step) and ``ranks`` every
         rank's ``canonical_state.rank_spec`` (how to slice its shard back out). Every other rank
         returns ``{}``. The RNG is not saved: every micro-shard reseeds it from (seed, rollout,
-        step, micro-shard), and its leftover state depends on which cell ran the last micro-shard.
-
-        ``packed`` (the driver's call through Ray): ``params`` and ``optimizer`` are
-        ``ftkit.tensors.transfer.PackedTensors`` viewing the live state where it needs no
-        gathering (no copy: Ray stores the bytes once, before this actor's next call, and the
-        driver reads views of the object store); otherwise copies that share nothing with it."""
+        step, micro-shard), and its leftover state depends on which cell ran the last micro-shard."""
         import torch
         import torch.distributed as dist
 
@@ -87,7 +82,7 @@ class RankCheckpoints:
         witness = self.ctx.witness_param
         state = capture(self.ctx.params, self.ctx.optimizer, witness, self.counters)
         total, _, _ = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
-        params, optimizer = gather(self.ctx.params, state.optimizer, offset, copy=not packed)
+        params, optimizer = gather(self.ctx.params, state.optimizer, offset)
         mine = (total, rank_spec(self.ctx.params, self.ctx.tp_rank, self.ctx.pp_rank, self.cfg.layout.tp, offset))
         ranks: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(mine, ranks, dst=0)
@@ -96,14 +91,9 @@ class RankCheckpoints:
         extra = {"counters": torch.tensor([self.counters["step"], self.counters["rollout"]], dtype=torch.int64)}
         if state.witness is not None:
             extra["witness"] = state.witness.detach().cpu().clone()
-        groups: tuple[Any, Any] = (params, optimizer)
-        if packed:
-            from ftkit.tensors.transfer import PackedTensors
-
-            groups = (PackedTensors.of(params), PackedTensors.of(optimizer))
         return {
-            "params": groups[0],
-            "optimizer": groups[1],
+            "params": params,
+            "optimizer": optimizer,
             "extra": extra,
             "rank_totals": {str(r): t for r, (t, _) in enumerate(ranks)},
             "ranks": {str(r): spec for r, (_, spec) in enumerate(ranks)},
