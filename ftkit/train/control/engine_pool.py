@@ -5,8 +5,7 @@
 and learns what they take (``weights_format``: the names, dtype and signed zeros the driver
 sends and fingerprints the weights in). ``load(weights, version, total)`` has every engine load
 the weights, an object in Ray's object store (a cell's ``export_weights`` return, which never
-passes through the driver; tensors given instead are put there once), each emitting
-``engine_weights``;
+passes through the driver), each emitting ``engine_weights``;
 ``generate(prompts, rollout)`` gives each engine its contiguous range of whole chunks
 (``engines.split``) and concatenates the answers.
 
@@ -146,14 +145,10 @@ class EnginePool:
         get no weights: call it right before exporting them)."""
         self.weights = None
 
-    def load(self, weights: Any, version: int, total: str | None = None) -> list[str]:
-        """Every engine loads ``weights`` (an object ref of the tensors, or the tensors) as
-        ``version``; their fingerprint totals, in engine order. ``total``: the fingerprint total
-        the weights were sent with (``weights_sent``), which a re-export must match."""
-        import ray
-
-        self.weights = None  # the previous version's object is freed before the new one is stored
-        ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+    def load(self, ref: Any, version: int, total: str | None = None) -> list[str]:
+        """Every engine loads the weights of object ref ``ref`` as ``version``; their fingerprint
+        totals, in engine order. ``total``: the fingerprint total the weights were sent with
+        (``weights_sent``), which a re-export must match."""
         self.weights = (ref, version, total)
         return [self._call(e, "load") for e in range(len(self.actors))]
 
