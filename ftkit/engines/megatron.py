@@ -19,10 +19,10 @@ Contract (what the protocol leaves to the engine):
   seed (a token of probability 0, cut by top-k / top-p or underflowed, is never drawn), so a
   response depends only on (weights, prompt, seed, sampling settings): the model runs on fixed
   chunks of ``chunk`` sequences of fixed length (short chunks padded with filler rows), never on
-  how the prompts were batched. A sampling pass runs the model on the tokens so far (causal: the
-  rest cannot change the next token's logits) and computes the output layer at the one position
-  it samples (``ftkit.model.output_positions``: over a large vocabulary the output layer at every
-  position is most of a small model's forward). A ``stop`` token ends a response (the rest of the row is padding
+  how the prompts were batched. The sampling passes keep each layer's keys and values
+  (``ftkit.model.kv_cache.DecodeCache``): the first runs the model over the prompts, each next
+  one over the token drawn last only, and each computes the output layer at the one position it
+  samples. A ``stop`` token ends a response (the rest of the row is padding
   for the model; a chunk whose rows have all stopped runs no further forward pass). Greedy takes
   the most likely allowed token (ties: the first); a position whose logits are not all finite
   gets the token ``-1`` and log-prob NaN. Prompts keep their left padding (``pads``): the model
@@ -34,7 +34,7 @@ Contract (what the protocol leaves to the engine):
   micro-shard: short passes filled with filler rows), through ``policy.policy_logprobs`` on the
   device, as the trainer scores a micro-shard. cuBLAS picks its kernels by shape, so only the
   same shapes through the same kernels give the trainer's bits (rule FT114 is bitwise at TP=1);
-  the sampling pass runs other shapes (the tokens so far, one output position), so its own
+  the sampling pass runs other shapes (one query against the cached keys, one output position), so its own
   log-probs are close to the trainer's, not equal, on CPU as on CUDA. Positions after a stop
   token stay 0. The cost is one
   forward pass over the call's rows per ``max_tokens`` sampling passes (``bench/engine_rescore.py``).
@@ -267,7 +267,7 @@ class MegatronEngine:
         import torch
 
         from ftkit.engines.policy import padding_mask, sampled_logprobs, truncate
-        from ftkit.model.output_positions import output_positions
+        from ftkit.model.kv_cache import DecodeCache
 
         k, p = prompts.shape
         s = p + r
@@ -285,14 +285,15 @@ class MegatronEngine:
         done = torch.zeros(k, dtype=torch.bool)
         if stops is not None:  # positions after a row's stop token hold the pad token (log-prob 0)
             tokens[:k, p:] = self.pad_token
+        cache = DecodeCache(self.model, self.chunk, s)
         with torch.no_grad():
             for j in range(r):
                 if bool(done.all()):  # every row stopped: the rest of the chunk is padding
                     break
                 n = p + j  # causal: the next token's logits see the first `n` tokens only
-                mask = None if attention is None else attention[..., :n, :n]
-                with output_positions(self.model, slice(n - 1, n)):
-                    logits = self.model(tokens[:, :n].to(self.device), positions[:, :n].to(self.device), mask)
+                fed = slice(0 if j == 0 else n - 1, n)  # the prompt, then the token drawn last
+                mask = None if attention is None else attention[..., fed, :n]
+                logits = cache.next_logits(tokens[:, fed].to(self.device), positions[:, fed].to(self.device), mask)
                 at = logits[:k, 0].to("cpu")
                 step = at.to(torch.float64)[:, allowed]
                 if uniforms is None:  # greedy; ties go to the first allowed token

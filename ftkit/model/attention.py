@@ -6,7 +6,9 @@ process. ``SDPAttention`` has the same constructor and ``forward`` signature and
 causal attention with ``torch.nn.functional.scaled_dot_product_attention``; an
 ``attention_mask`` (megatron's convention: bool, broadcastable to ``[b, 1, s, s]``, ``True`` where a
 query must not attend to a key) replaces the causal mask and must include it (callers pass one
-for left-padded prompts: ``ftkit.train.rl.masks``). Attention
+for left-padded prompts: ``ftkit.train.rl.masks``). Fewer queries than keys (a key-value cache's
+decoding step: megatron's static inference context hands the cached keys over) are the last
+queries of the sequence: without a mask, each attends to every key up to its own position. Attention
 dropout is not supported (every ftkit preset has it off), so the module consumes no random
 numbers and its output depends on its inputs only.
 
@@ -80,10 +82,14 @@ class SDPAttention(MegatronModule):
             value = value.repeat_interleave(rep, dim=2)
         # [s, b, n, d] -> [b, n, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        if attention_mask is None:
+        sq, sk = q.shape[2], k.shape[2]
+        if attention_mask is None and sq == sk:
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
         else:
-            allowed = ~attention_mask.to(device=q.device, dtype=torch.bool)
+            if attention_mask is None:  # queries are the last `sq` of `sk` positions (a key-value cache)
+                allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+            else:
+                allowed = ~attention_mask.to(device=q.device, dtype=torch.bool)
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.softmax_scale)
         # [b, n, s, d] -> [s, b, n * d]
         s, b = query.shape[0], query.shape[1]
