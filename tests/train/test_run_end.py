@@ -1,6 +1,7 @@
 """How a run ends: exit codes of the non-bug failures, status.json, signals raise RunInterrupted."""
 
 import json
+import logging
 import os
 import signal
 
@@ -51,6 +52,33 @@ def test_an_interruption_wrapped_by_a_c_extension_is_still_one():
     except SystemError as wrapped:
         assert interruption(wrapped) is stop
     assert interruption(ValueError("x")) is None
+
+
+def _logged_like_rays_deserialiser(first: BaseException) -> None:
+    """What ``ray._private.serialization.deserialize_objects`` does when an exception (here
+    ``first``, e.g. the signal handler's) is raised inside it: another exception during the
+    handling, caught there and logged with ``logger.exception``."""
+    try:
+        try:
+            raise first
+        except BaseException:
+            raise RuntimeError("DeserializationError")  # noqa: B904 - its context is `first`, as in Ray
+    except RuntimeError as e:
+        logging.getLogger("ray._private.serialization").exception(e)
+
+
+def test_rays_log_of_the_handlers_interruption_is_dropped_inside_the_block(caplog):
+    """A signal that lands inside Ray's deserialiser must not print Ray's traceback next to the
+    run's one ``Error:`` line (tests/train/test_signals.py checks the whole run)."""
+    caplog.set_level(logging.ERROR)
+    with signals_interrupt():
+        _logged_like_rays_deserialiser(RunInterrupted(signal.SIGTERM))
+        assert caplog.records == []
+        _logged_like_rays_deserialiser(ValueError("a real deserialisation failure"))
+        assert len(caplog.records) == 1  # anything else is still Ray's to log
+    caplog.clear()
+    _logged_like_rays_deserialiser(RunInterrupted(signal.SIGTERM))
+    assert len(caplog.records) == 1  # outside the block the filter is gone
 
 
 def test_a_failure_of_ray_itself_is_a_run_failure_not_a_bug():

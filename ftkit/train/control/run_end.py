@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -75,14 +76,32 @@ def interruption(exc: BaseException) -> RunInterrupted | None:
     result with an exception set") whose ``__cause__`` it is; Ray's deserialiser wraps it in a
     ``RaySystemError`` that keeps no link to it, so a recorded signal (``pending_interruption``)
     counts too."""
+    return _in_chain(exc) or pending_interruption()
+
+
+def _in_chain(exc: BaseException | None) -> RunInterrupted | None:
+    """The ``RunInterrupted`` that ``exc`` is, or was raised from or during, else ``None``."""
     seen: set[int] = set()
-    cur: BaseException | None = exc
+    cur = exc
     while cur is not None and id(cur) not in seen:
         if isinstance(cur, RunInterrupted):
             return cur
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
-    return pending_interruption()
+    return None
+
+
+class _QuietInterruptions(logging.Filter):
+    """Drops a log record of an exception raised from or during a ``RunInterrupted``: Ray's
+    deserialiser logs, with its traceback, any exception raised while it runs, the signal
+    handler's too; the run reports the interruption itself, in its one ``Error:`` line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _in_chain(record.exc_info[1] if record.exc_info else None) is None
+
+
+#: The loggers that log an exception the signal handler raised inside them.
+_RAISED_INSIDE = ("ray._private.serialization",)
 
 
 def ray_failure(exc: BaseException) -> RunFailed | None:
@@ -223,7 +242,10 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
     (``pending_interruption``; inside ``signals_deferred`` they are only recorded). The block gets
     ``arm()``, which installs the handlers again: call it after anything that installs its
     own (``ray.init`` sets a SIGTERM handler that exits). The previous handlers come back
-    afterwards. Outside the main thread this does nothing."""
+    afterwards. Ray's deserialiser logs an exception raised inside it with its traceback: inside
+    the block, that log of the handler's ``RunInterrupted`` is dropped (``_QuietInterruptions``),
+    so an interrupted run prints its ``Error:`` line and no traceback. Outside the main thread
+    this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: None
         return
@@ -238,15 +260,20 @@ def signals_interrupt() -> Iterator[Callable[[], None]]:
 
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {s: signal.getsignal(s) for s in signals}
+    quiet = _QuietInterruptions()
 
     def arm() -> None:
         for s in signals:
             signal.signal(s, handler)
 
     arm()
+    for name in _RAISED_INSIDE:
+        logging.getLogger(name).addFilter(quiet)
     try:
         yield arm
     finally:
+        for name in _RAISED_INSIDE:
+            logging.getLogger(name).removeFilter(quiet)
         for s, h in previous.items():
             signal.signal(s, h)
         _Signals.fired, _Signals.deferring = None, 0
