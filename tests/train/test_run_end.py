@@ -67,18 +67,25 @@ def _logged_like_rays_deserialiser(first: BaseException) -> None:
         logging.getLogger("ray._private.serialization").exception(e)
 
 
-def test_rays_log_of_the_handlers_interruption_is_dropped_inside_the_block(caplog):
+def test_rays_log_of_the_handlers_interruption_is_dropped_inside_the_block():
     """A signal that lands inside Ray's deserialiser must not print Ray's traceback next to the
-    run's one ``Error:`` line (tests/train/test_signals.py checks the whole run)."""
-    caplog.set_level(logging.ERROR)
-    with signals_interrupt():
+    run's one ``Error:`` line (tests/train/test_signals.py checks the whole run). The records are
+    read on Ray's logger itself: once Ray ran in this process, its loggers do not propagate."""
+    records: list[logging.LogRecord] = []
+    collect = logging.Handler(logging.ERROR)
+    collect.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("ray._private.serialization")
+    logger.addHandler(collect)
+    try:
+        with signals_interrupt():
+            _logged_like_rays_deserialiser(RunInterrupted(signal.SIGTERM))
+            assert records == []
+            _logged_like_rays_deserialiser(ValueError("a real deserialisation failure"))
+            assert len(records) == 1  # anything else is still Ray's to log
         _logged_like_rays_deserialiser(RunInterrupted(signal.SIGTERM))
-        assert caplog.records == []
-        _logged_like_rays_deserialiser(ValueError("a real deserialisation failure"))
-        assert len(caplog.records) == 1  # anything else is still Ray's to log
-    caplog.clear()
-    _logged_like_rays_deserialiser(RunInterrupted(signal.SIGTERM))
-    assert len(caplog.records) == 1  # outside the block the filter is gone
+        assert len(records) == 2  # outside the block the filter is gone
+    finally:
+        logger.removeHandler(collect)
 
 
 def test_a_failure_of_ray_itself_is_a_run_failure_not_a_bug():
