@@ -12,7 +12,7 @@ Contract:
   ``max_len`` tokens through ``model`` (a TP=1, PP=1 ``GPTModel`` in eval mode; its core
   attention ``ftkit.model.attention.SDPAttention`` or megatron's). megatron-core allocates
   the buffers with ``torch.cuda.current_device()`` whatever the model's device; the model's
-  attention modules are given an allocation on the device of the keys they store (an
+  attention modules are given an allocation on the device of their own parameters (an
   instance attribute, idempotent), so the same code runs on CPU.
 * ``next_logits(tokens, positions, mask)``: feed the next positions of every row (``[batch,
   t]``: the prompt at the first call, then one token a call) and get the logits at the last
