@@ -2,7 +2,10 @@
 
 The caller (one process, after every rank's ``preflight`` verdict was gathered and
 ``agree``d) hands ``Publisher.publish`` a ``Payload``: files of ``{name: tensor}`` in the
-TP=1/PP=1 layout plus ``meta``. Phases, in order, each with its fault point:
+TP=1/PP=1 layout plus ``meta``; or a ``StageWriter``, a function that writes the payload into
+the staging directory somewhere else and returns what it wrote (``Staged``: ``ftkit train``'s
+driver has a rank write the state it holds, ``write_payload``, so the tensors never reach the
+driver). Phases, in order, each with its fault point:
 
 ``publish_write``    stage ``checkpoints/.step_N.tmp-*`` (same file system) and write the
                      safetensors files (each payload group cut into shard files of at most
@@ -28,6 +31,7 @@ through ``on_event(type, fields)``: ``checkpoint_published``, ``checkpoint_rejec
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import shutil
 import time
@@ -75,6 +79,69 @@ class Payload:
         """Bytes the checkpoint will take: tensor data plus an allowance per tensor for its
         safetensors header and manifest entries (what preflight asks free space for)."""
         return sum(payload_nbytes(t) + TENSOR_OVERHEAD * len(t) for t in self.files.values())
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What ``write_payload`` left in a staging directory: every payload file's record (by file
+    name: sha256, size, each tensor's fingerprint and NaN/Inf count), each shard's fingerprint
+    prefix, the payload's ``meta`` (``meta.json`` is written by the publisher) and rank totals."""
+
+    records: dict[str, FileRecord]
+    prefixes: dict[str, str]
+    meta: dict[str, Any]
+    rank_totals: dict[str, str]
+
+
+@dataclass(frozen=True)
+class WriteFailure:
+    """An ``OSError`` of a ``write_payload`` run in another process, sent back as a value (so the
+    process's caller can tell a failed write from a failed process) and raised again there."""
+
+    errno: int | None
+    strerror: str
+    filename: str | None
+
+    @classmethod
+    def of(cls, exc: OSError) -> WriteFailure:
+        return cls(exc.errno, exc.strerror or str(exc), None if exc.filename is None else str(exc.filename))
+
+    def error(self) -> OSError:
+        """The ``OSError`` again (``Publisher`` rejects the publication with its reason)."""
+        if self.filename is None:
+            return OSError(self.errno, self.strerror)
+        return OSError(self.errno, self.strerror, self.filename)
+
+
+StageWriter = Callable[[Path], Staged]  # writes the payload files into the staging directory
+
+
+def write_payload(stage: Path, step: int, payload: Payload, shard_bytes: int = DEFAULT_SHARD_BYTES) -> Staged:
+    """Write ``payload``'s safetensors files (each group cut into shards of at most
+    ``shard_bytes`` of tensor data) into the existing directory ``stage``; every file's sha256
+    and every tensor's fingerprint and NaN/Inf count are computed in the same pass
+    (``stfile.write_files``), each file fsynced. ``ValueError`` for a file name that is not a
+    plain ``*.safetensors`` name; ``OSError`` as the writes raise it. Runs wherever the tensors
+    are (``ftkit train``: in a rank)."""
+    _check_names(payload)
+    files, prefixes = _shard(payload, shard_bytes)
+    meta_st = {"protocol": PROTOCOL, "step": str(step)}
+    layouts = {stage / f: layout_st(tensors, meta_st) for f, tensors in files.items()}
+    records = {p.name: r for p, r in write_files(layouts).items()}
+    return Staged(records, prefixes, dict(payload.meta), dict(payload.rank_totals))
+
+
+def _shard(payload: Payload, shard_bytes: int) -> tuple[dict[str, Mapping[str, Any]], dict[str, str]]:
+    """The payload's files after sharding, and the fingerprint prefix of each shard (its group's)."""
+    files: dict[str, Mapping[str, Any]] = {}
+    prefixes: dict[str, str] = {}
+    for group, tensors in payload.files.items():
+        sizes = {n: tensor_nbytes(t) for n, t in tensors.items()}
+        for fname, part in split(group, tensors, sizes, shard_bytes).items():
+            files[fname] = part
+            if group in payload.fingerprint_prefixes:
+                prefixes[fname] = payload.fingerprint_prefixes[group]
+    return files, prefixes
 
 
 @dataclass
@@ -125,13 +192,15 @@ class Publisher:
     def publish(
         self,
         step: int,
-        payload: Payload,
+        payload: Payload | StageWriter,
         guard: GuardVerdict,
         agreed: PreflightVerdict,
         metric: float | None = None,
         rollout: int | None = None,
     ) -> Outcome:
-        """Run the phases for ``step`` (see the module docstring); never raises an ``OSError``."""
+        """Run the phases for ``step`` (see the module docstring); never raises an ``OSError``.
+        ``payload``: the state, or a ``StageWriter`` that writes it into the staging directory
+        (called once, in the ``publish_write`` phase; an ``OSError`` it raises rejects)."""
         clock: dict[str, float] = {}
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -142,15 +211,20 @@ class Publisher:
             return self._reject(step, f"preflight: {agreed.reason}", clock)
         if guard.tainted:
             return self._reject(step, f"guard: steps [{guard.from_step}, {guard.to_step}] tainted", clock)
-        _check_names(payload)
-        files, prefixes = self._shard(payload)
+        if isinstance(payload, Payload):
+            _check_names(payload)
+            payload = functools.partial(write_payload, step=step, payload=payload, shard_bytes=self.shard_bytes)
         target = self.dir / step_name(step)
         stage = temp_path(target)
         try:
             t0 = time.perf_counter()
             fire(self.at, "publish_write")
             stage.mkdir()
-            records = self._write(stage, step, rollout, files, payload.meta)
+            staged = payload(stage)
+            records = dict(staged.records)
+            records[META] = write_json(
+                stage / META, {**staged.meta, "protocol": PROTOCOL, "step": step, "rollout": rollout}
+            )
             clock["write"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             fire(self.at, "publish_scan")
@@ -167,8 +241,8 @@ class Publisher:
                 guard=guard.to_json(),
                 metric_name=self.policy.best_metric,
                 metric=metric,
-                prefixes=prefixes,
-                rank_totals=dict(payload.rank_totals),
+                prefixes=staged.prefixes,
+                rank_totals=staged.rank_totals,
             )
             raw = mf.dumps(man)
             with open(stage / MANIFEST, "wb") as fh:
@@ -228,34 +302,6 @@ class Publisher:
             dropped=out.dropped,
         )
         return out
-
-    def _shard(self, payload: Payload) -> tuple[dict[str, Mapping[str, Any]], dict[str, str]]:
-        """The payload's files after sharding, and the fingerprint prefix of each shard (its group's)."""
-        files: dict[str, Mapping[str, Any]] = {}
-        prefixes: dict[str, str] = {}
-        for group, tensors in payload.files.items():
-            sizes = {n: tensor_nbytes(t) for n, t in tensors.items()}
-            for fname, part in split(group, tensors, sizes, self.shard_bytes).items():
-                files[fname] = part
-                if group in payload.fingerprint_prefixes:
-                    prefixes[fname] = payload.fingerprint_prefixes[group]
-        return files, prefixes
-
-    def _write(
-        self,
-        stage: Path,
-        step: int,
-        rollout: int | None,
-        files: Mapping[str, Mapping[str, Any]],
-        meta: Mapping[str, Any],
-    ) -> dict[str, FileRecord]:
-        """Write the payload files and ``meta.json``; every file's sha256 and every tensor's
-        fingerprint and NaN/Inf count are computed in the same pass (``stfile.write_files``)."""
-        meta_st = {"protocol": PROTOCOL, "step": str(step)}
-        layouts = {stage / f: layout_st(tensors, meta_st) for f, tensors in files.items()}
-        records = {p.name: r for p, r in write_files(layouts).items()}
-        records[META] = write_json(stage / META, {**meta, "protocol": PROTOCOL, "step": step, "rollout": rollout})
-        return records
 
     @staticmethod
     def _scan(records: dict[str, FileRecord]) -> None:

@@ -118,9 +118,10 @@ class Cell:
     def checkpoint_preflight(self, step: int, checkpoints_dir: str) -> list[Any]:
         return [w.checkpoint_preflight.remote(step, checkpoints_dir) for w in self.workers]
 
-    def checkpoint_state(self) -> list[Any]:
-        """The cell's state for a checkpoint: collective, every rank; rank 0's ref holds it."""
-        return [w.checkpoint_state.remote() for w in self.workers]
+    def write_checkpoint(self, stage: str, step: int, meta: dict[str, Any], shard_bytes: int) -> list[Any]:
+        """Write the cell's checkpoint state into ``stage``: collective, every rank; rank 0's ref
+        holds the ``Staged`` record (or a ``WriteFailure``)."""
+        return [w.write_checkpoint.remote(stage, step, meta, shard_bytes) for w in self.workers]
 
     def restore_checkpoint(self, files: Any, meta: dict[str, Any]) -> list[Any]:
         """Every rank loads the checkpoint ``files`` (an object ref, passed unresolved)."""

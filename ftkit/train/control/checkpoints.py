@@ -8,10 +8,14 @@ At the end of every ``checkpoint_every``-th rollout (``due``), ``publish``:
    failure) and counts as a failed verdict;
 2. ``agree``: one failing rank means nobody serialises; the publication is rejected with every
    reason (``checkpoint_rejected``) and training goes on;
-3. otherwise fetches the state of the first live cell (``checkpoint_state``, collective inside
-   the cell: parameters, optimizer moments and steps gathered to the TP=1/PP=1 layout, counters,
-   witness table, every rank's logged fingerprint total and its ``rank_spec``) and publishes it
-   in this process (``Publisher``: write, scan, manifest, rename, journal, retention, ``latest``).
+3. otherwise publishes (``Publisher``: write, scan, manifest, rename, journal, retention,
+   ``latest``), its write phase done by rank 0 of the first live cell (``write_checkpoint``,
+   collective inside the cell: parameters, optimizer moments and steps gathered to the TP=1/PP=1
+   layout, counters, witness table, every rank's logged fingerprint total and its
+   ``rank_spec``, written straight into the staging directory), which sends back only the files'
+   records: the state never reaches this process. A write error (ENOSPC) comes back as a value
+   and rejects the publication; a cell that dies while it writes is failed and the next live
+   cell writes the same state again (it is the same on every cell).
 
 The checkpoint's step is the rollout's last step. Its metric (``--best-metric``) is the
 rollout's mean reward, or with ``eval_reward`` the mean reward of the run's eval set
@@ -19,8 +23,9 @@ rollout's mean reward, or with ``eval_reward`` the mean reward of the run's eval
 answered by greedy decoding on the engines, which hold exactly the checkpoint's weights at that
 moment; it is computed at every boundary (also with ``--eval-prompts`` and ``--best-metric
 reward``: logged, not ranked) and logged as a ``metric`` event (``values: {"eval_reward": ...}``);
-a non-finite logit makes it NaN, which retention never ranks best. The publication fault points run here (the writer is
-the driver), except ``publish_preflight``, which every rank runs. Any layout is checkpointed:
+a non-finite logit makes it NaN, which retention never ranks best. The publication fault points
+run here (the publisher is the driver; ``publish_write`` fires before the rank is asked to write),
+except ``publish_preflight``, which every rank runs. Any layout is checkpointed:
 the checkpoint holds the TP=1/PP=1 state, its manifest ``rank_totals`` every rank's total
 (``{rank: total}``) and ``meta.json`` ``ranks`` every rank's spec, from which
 ``verify-checkpoint`` recomputes each total from the stored tensors
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ftkit.evidence.emit as emit
 from ftkit.checkpoint.publish import Outcome
@@ -124,8 +129,7 @@ class RunCheckpoints:
         ``reward`` is the rollout's mean reward (the metric unless ``--best-metric eval_reward``)."""
         from ftkit.checkpoint.guard import GuardVerdict, merge
         from ftkit.checkpoint.preflight import PreflightVerdict, agree
-        from ftkit.checkpoint.publish import Payload
-        from ftkit.checkpoint.restore import state_payload
+        from ftkit.checkpoint.publish import Payload, Staged, WriteFailure
 
         cfg, roster = self.cfg, self.roster
         self.step = step = (rollout + 1) * cfg.batch.steps_per_rollout - 1
@@ -149,18 +153,25 @@ class RunCheckpoints:
             return self._note(
                 self.publisher.publish(step, Payload(files={}), guard, agreed, metric=metric, rollout=rollout)
             )
-        state = roster.on_first_cell("the checkpoint state", lambda cell: cell.checkpoint_state())[0]
         meta = {
             "run": self.run,
             "cells": len(alive),
             "layout": {"tp": cfg.layout.tp, "pp": cfg.layout.pp},
-            "ranks": state["ranks"],
             "seed": cfg.rng.seed,
             "model": cfg.model.preset,
             "config": cfg.model_dump(mode="json"),
         }
-        payload = state_payload(state["params"], state["optimizer"], state["extra"], meta, state["rank_totals"])
-        return self._note(self.publisher.publish(step, payload, guard, agreed, metric=metric, rollout=rollout))
+
+        def write(stage: Path) -> Staged:  # in the first live cell's rank 0 (failing over like any cell work)
+            shard_bytes = self.publisher.shard_bytes
+            staged = roster.on_first_cell(
+                "the checkpoint write", lambda cell: cell.write_checkpoint(str(stage), step, meta, shard_bytes)
+            )[0]
+            if isinstance(staged, WriteFailure):
+                raise staged.error()
+            return cast(Staged, staged)
+
+        return self._note(self.publisher.publish(step, write, guard, agreed, metric=metric, rollout=rollout))
 
     def _note(self, out: Outcome) -> Outcome:
         self.summary.append(

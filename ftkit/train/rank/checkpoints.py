@@ -99,6 +99,29 @@ class RankCheckpoints:
             "ranks": {str(r): spec for r, (_, spec) in enumerate(ranks)},
         }
 
+    def write_checkpoint(self, stage: str, step: int, meta: dict[str, Any], shard_bytes: int) -> Any:
+        """Write this cell's checkpoint state into the staging directory ``stage`` (the driver's
+        ``Publisher`` made it; ``publish.write_payload``: the safetensors files, each file's
+        sha256 and each tensor's fingerprint and NaN/Inf count in one pass), so the state never
+        travels to the driver. Collective inside the cell like ``checkpoint_state``: every rank
+        calls it; rank 0 writes and returns the ``Staged`` record (``meta`` with every rank's
+        ``ranks`` spec added, the ranks' totals), every other rank ``None``. An ``OSError`` of
+        the write (ENOSPC, EIO) is returned as a ``WriteFailure``, not raised: it rejects the
+        publication, it is no failure of the cell."""
+        from ftkit.checkpoint.publish import WriteFailure, write_payload
+        from ftkit.checkpoint.restore import state_payload
+
+        state = self.checkpoint_state()
+        if not state:
+            return None
+        payload = state_payload(
+            state["params"], state["optimizer"], state["extra"], {**meta, "ranks": state["ranks"]}, state["rank_totals"]
+        )
+        try:
+            return write_payload(Path(stage), step, payload, shard_bytes)
+        except OSError as exc:
+            return WriteFailure.of(exc)
+
     def restore_checkpoint(self, files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         """Load a checkpoint (the TP=1/PP=1 state, any layout it was trained in) into this rank.
 
