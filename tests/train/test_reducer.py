@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ftkit.train.rank.crosscell import CrossCellLink
-from ftkit.train.rank.reducer import ExactReducer, GradLayout, reduce_float
+from ftkit.train.rank.reducer import ZERO_EXPONENT, ExactReducer, GradLayout, reduce_float
 from ftkit.train.rl.microshards import assign
 
 M = 6
@@ -145,18 +145,22 @@ def _kernel_rows(k: int, layout: GradLayout) -> torch.Tensor:
     return rows
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_numpy_and_torch_kernels_give_the_same_bits(k):
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_numpy_and_fused_kernels_give_the_same_bits(k):
+    """The fused kernels (``exact_kernels``, what CUDA runs; compiled once, for every k) and the
+    numpy ones give the same bits, and neither writes the rows: small tensors sharing a window,
+    one spanning several windows, an all-zero one, an empty one, subnormal gradients, ties."""
     from ftkit.train.rank.reducer import WINDOW
 
-    # small tensors sharing a window, one spanning several windows, an all-zero one
     shapes = [(f"t{i}", (3, 7)) for i in range(8)] + [("big", (3 * WINDOW + 5,)), ("zero", (4,)), ("last", (9,))]
-    layout = GradLayout.of(shapes)
+    layout = GradLayout.of([*shapes[:3], ("empty", (0,)), ("sub", (64,)), *shapes[3:]])
     rows = _kernel_rows(k, layout)
-    layout.unflatten(rows[0])["zero"].zero_()
-    if k > 1:
-        layout.unflatten(rows[1])["zero"].zero_()
-        layout.unflatten(rows[2 if k > 2 else 1])["zero"].zero_()
+    for i, row in enumerate(rows):
+        named = layout.unflatten(row)
+        named["zero"].zero_()
+        named["sub"].copy_(torch.randn(64, generator=torch.Generator().manual_seed(i)) * 1e-42)  # subnormal
+        # the tensor's top 3.5 * 2**-60 sets its scale to 2**107 (M = 8): the others become ties
+        named["t5"][0, :4] = torch.tensor([0.5, 1.5, -2.5, 3.5 * 2.0**47]) * 2.0**-107
     side = torch.arange(M, dtype=torch.float64) - 2.5
     outs = []
     for numpy_kernels in (True, False):
@@ -164,25 +168,52 @@ def test_numpy_and_torch_kernels_give_the_same_bits(k):
         s = side.clone()
         src = rows.clone()
         outs.append((red.reduce(src, lambda t, op: None, side=s).clone(), s))
-        if numpy_kernels:
-            assert torch.equal(src, rows)  # the numpy kernels only read the rows
+        assert src.numpy().tobytes() == rows.numpy().tobytes()  # both kernel sets only read the rows
     (a, sa), (b, sb) = outs
     assert a.numpy().tobytes() == b.numpy().tobytes()
     assert sa.numpy().tobytes() == sb.numpy().tobytes() == side.numpy().tobytes()
-    exact = rows.double().sum(0)
+    exact = layout.unflatten(rows.double().sum(0))
+    got = layout.unflatten(a.double())
+    # ties round half to even in every row: 0.5 -> 0, 1.5 -> 2, -2.5 -> -2 quanta of 2**-107
+    assert got["t5"][0, :3].tolist() == [0.0, 2 * k * 2.0**-107, -2 * k * 2.0**-107]
+    got["t5"][0, :3] = exact["t5"][0, :3]
     # the 1e-38 tensors sit below the clamped scale: quantised at 2**-127 absolute per row
-    assert torch.allclose(a.double(), exact, rtol=1e-6, atol=k * 2.0**-127)
-    assert torch.count_nonzero(layout.unflatten(a)["zero"]) == 0
+    for name in layout.names:
+        assert torch.allclose(got[name], exact[name], rtol=1e-6, atol=k * 2.0**-127), name
+    assert torch.count_nonzero(got["zero"]) == 0
 
 
-def test_numpy_kernels_see_a_nan_in_any_window():
+def test_warmed_up_fused_kernels_never_compile_in_a_step():
+    """After ``warm_up`` (what a CUDA rank runs when it starts), reductions of any micro-shard
+    count, with and without the side vector, compile nothing more: no step waits for the
+    compiler (a late cell would miss its peers' collectives)."""
+    from torch._dynamo.utils import counters
+
+    from ftkit.train.rank.exact_kernels import warm_up
+
+    warm_up(torch.device("cpu"))
+    compiled = counters["stats"]["unique_graphs"]
+    layout = GradLayout.of([("a", (3, 5)), ("b", (1000,))])
+    for k in (1, 2, 4, 7):
+        red = ExactReducer(layout, 8, numpy_kernels=False)
+        rows = _kernel_rows(k, layout)
+        red.reduce(rows, lambda t, op: None)
+        red.reduce(rows, lambda t, op: None, side=torch.zeros(M, dtype=torch.float64))
+    assert counters["stats"]["unique_graphs"] == compiled
+
+
+@pytest.mark.parametrize("numpy_kernels", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_both_kernel_sets_see_a_nonfinite_value_in_any_window(numpy_kernels, bad):
     from ftkit.train.rank.reducer import WINDOW
 
-    layout = GradLayout.of([("a", (5,)), ("big", (2 * WINDOW + 3,))])
+    layout = GradLayout.of([("a", (5,)), ("empty", (0,)), ("big", (2 * WINDOW + 3,))])
     rows = torch.ones(2, layout.numel)
-    rows[1, -2] = float("nan")
-    exps, finite = ExactReducer(layout, 2).exponents(rows)
-    assert not finite and exps[0] == 1
+    rows[1, -2] = bad
+    red = ExactReducer(layout, 2, numpy_kernels=numpy_kernels)
+    exps, finite = red.exponents(rows)
+    assert not finite and exps[:2] == [1, ZERO_EXPONENT]
+    assert red.reduce(rows, lambda t, op: None) is None
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -152,7 +152,7 @@ class StepCompute:
         poison = poison or faults.at("before_reduce", **at)
         if poison == "nan-grad":  # that micro-shard's gradient turns non-finite
             rows[0, 0] = math.nan
-        elif reusable and self.reducer.keeps_rows(rows):
+        elif reusable:
             stats = None if self._metrics is None else self._metrics.shards
             self._shards.computed(task.step, mine, rows, losses, stats)
         if self.pipe is not None:  # only the last stage computed the losses

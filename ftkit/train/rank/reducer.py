@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ftkit.train.rank.exact_kernels import column_tops, dequantize, per_element, quantize_sum
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -96,23 +98,22 @@ class ExactReducer:
     ``reduce(shards, allreduce)`` returns the exact sum over all ``total_shards``
     micro-shards of the step (float32 ``[numel]`` on the rows' device), or ``None`` on every
     cell together when a gradient is non-finite or the sum overflows float32. ``shards`` is
-    this cell's ``[k, numel]`` float32 buffer (k >= 1; the torch kernels use it as scratch
-    and overwrite it, the numpy ones only read it). The result is a workspace
-    buffer: valid until the next ``reduce``. Collective: every cell of the group calls it for
-    the same step with the same layout.
+    this cell's ``[k, numel]`` float32 buffer (k >= 1), only read. The result is valid until the
+    next ``reduce`` (on CPU it is a workspace buffer). Collective: every cell of the group calls
+    it for the same step with the same layout.
 
     Cost: one read pass over the rows for the exponents, one read of the rows and one write
-    of the int64 sums for the quantisation, one pass over the sums for the result; every
-    large buffer is allocated once (a fresh one per step would page-fault it in again). On CPU
-    the integer sums are all-reduced a chunk of at most ``CHUNK`` elements at a time, so the
-    int64 workspace and each collective are 64 MiB whatever the model's size (the float32
-    result is the only model-sized buffer); the torch kernels use one collective.
-    On CPU the kernels are numpy ufuncs applied window by window (at most ``WINDOW``
-    elements; the exponents take one ``reduceat`` per window, the scaling one multiply per
-    tensor piece), so the scaled, rounded and accumulated rows of a window stay in the
-    core's cache between the operations instead of making a memory pass each; on other
-    devices they are per-tensor torch operations. Both kernel sets compute the same bits
-    (``numpy_kernels=False`` selects the torch ones on CPU; a test compares them).
+    of the int64 sums for the quantisation, one pass over the sums for the result. On CPU the
+    kernels are numpy ufuncs applied window by window (at most ``WINDOW`` elements; the
+    exponents take one ``reduceat`` per window, the scaling one multiply per tensor piece), so
+    the scaled, rounded and accumulated rows of a window stay in the core's cache between the
+    operations instead of making a memory pass each; every large buffer is allocated once (a
+    fresh one per step would page-fault it in again), and the integer sums are all-reduced a
+    chunk of at most ``CHUNK`` elements at a time, so the int64 workspace and each collective
+    are 64 MiB whatever the model's size (the float32 result is the only model-sized buffer).
+    On other devices each pass is one fused kernel (``ftkit.train.rank.exact_kernels``) and the
+    sums take one collective. Both kernel sets compute the same bits (``numpy_kernels=False``
+    selects the fused ones on CPU; a test compares them).
     """
 
     def __init__(self, layout: GradLayout, total_shards: int, numpy_kernels: bool = True) -> None:
@@ -134,10 +135,15 @@ class ExactReducer:
     def _numpy(self, shards: Tensor) -> bool:
         return self.numpy_kernels and shards.device.type == "cpu"
 
-    def keeps_rows(self, shards: Tensor) -> bool:
-        """Whether ``reduce`` leaves ``shards`` unchanged (the CPU kernels write only their own
-        buffers; the torch kernels scale the rows in place)."""
-        return self._numpy(shards)
+    def _lengths(self, device: torch.device) -> Tensor:
+        """The tensors' element counts, an int64 vector on ``device`` (made once per device)."""
+        import torch
+
+        key = f"lengths:{device}"
+        if key not in self._work:
+            self._work[key] = torch.tensor([b - a for a, b in self.segs], dtype=torch.int64, device=device)
+        lengths: Tensor = self._work[key]
+        return lengths
 
     def exponents(self, shards: Tensor) -> tuple[list[int], bool]:
         """Per tensor, ``e`` with every ``|g| < 2**e`` over the rows (``ZERO_EXPONENT`` for an
@@ -147,9 +153,8 @@ class ExactReducer:
         if self._numpy(shards):
             tops = torch.from_numpy(_np_tops(shards.numpy(), self.windows, len(self.segs)))
         else:
-            tops = torch.stack(
-                [torch.maximum(shards[:, a:b].amax(), shards[:, a:b].amin().neg()) for a, b in self.segs]
-            )  # amax/amin propagate NaN
+            # one fused pass over the rows, then one segmented max (both propagate NaN)
+            tops = torch.segment_reduce(column_tops(shards), "max", lengths=self._lengths(shards.device), initial=0)
         finite = bool(torch.isfinite(tops).all())
         # frexp: top = mant * 2**exp with mant in [0.5, 1), so every |g| < 2**exp.
         exps = torch.frexp(tops).exponent.to(torch.int64)
@@ -179,27 +184,21 @@ class ExactReducer:
             0 if e == ZERO_EXPONENT else min(MAX_SHIFT, max(MIN_SHIFT, INT_BITS - log_m - e)) for e in agreed[:-1]
         ]
         n = self.layout.numel
-        extra = 0 if side is None else side.numel()
-        out = self._buf("out", torch.float32, dev, n)
         # g * 2**shift is exact in float32 (only the exponent moves) and round() is exact: every
         # row becomes integers of magnitude <= 2**INT_BITS / M. Their sums over any subset of the
         # M micro-shards are integers of magnitude <= 2**52, so float64 adds them exactly, in
         # any order; and integer sums do not depend on how the elements are cut into collectives.
         if self._numpy(shards):
+            out = self._buf("out", torch.float32, dev, n)
             self._np_reduce(shards.numpy(), shifts, allreduce, out.numpy(), side)
         else:
-            qbuf = self._buf("q", torch.int64, dev, n + extra)
-            q = qbuf[:n]
-            self._torch_quantize(shards, shifts, q)
-            if side is not None:
-                qbuf[n:].copy_(side.view(torch.int64))
+            lengths = self._lengths(dev)
+            tail = torch.zeros(0, dtype=torch.int64, device=dev) if side is None else side.view(torch.int64).to(dev)
+            qbuf = quantize_sum(shards, per_element([2.0**k for k in shifts], lengths, n), tail)
             allreduce(qbuf, "sum")
             if side is not None:
                 side.view(torch.int64).copy_(qbuf[n:])
-            out.copy_(q)  # one correctly rounded conversion, then an exact power of two
-            for (a, b), k in zip(self.segs, shifts):
-                if k:
-                    out[a:b].mul_(2.0**-k)
+            out = dequantize(qbuf[:n], per_element([2.0**-k for k in shifts], lengths, n))
         for (a, b), e in zip(self.segs, agreed[:-1]):
             # |sum| < M * 2**e: only a tensor that close to float32's limit can overflow
             if e != ZERO_EXPONENT and e + log_m > 127 and not bool(torch.isfinite(out[a:b]).all()):
@@ -228,23 +227,6 @@ class ExactReducer:
             if buf is not q:
                 side.view(torch.int64).copy_(buf[end - base :])  # type: ignore[union-attr]  # side is set
             _np_dequantize(q.numpy(), shifts, windows, out, base)
-
-    def _torch_quantize(self, shards: Tensor, shifts: list[int], q: Tensor) -> None:
-        """Per-tensor torch kernels (any device), in place in ``shards``: scale, round,
-        float64 sum, int64."""
-        import torch
-
-        for (a, b), k in zip(self.segs, shifts):
-            if k:
-                shards[:, a:b].mul_(2.0**k)
-        shards.round_()
-        acc = self._buf("acc", torch.float64, shards.device, self.layout.numel)
-        acc.copy_(shards[0])
-        if shards.shape[0] > 1:
-            tmp = self._buf("tmp", torch.float64, shards.device, self.layout.numel)
-            for row in shards[1:]:
-                acc.add_(tmp.copy_(row))
-        q.copy_(acc)
 
 
 # Elements per window of the CPU kernels: k float32 rows, a float64 and an int64 row of one

@@ -81,6 +81,10 @@ class RankWorker(RankCheckpoints):
             shapes.append(("witness", tuple(self.ctx.witness.param.shape)))
         self.layout = GradLayout.of(shapes)
         self.reducer = ExactReducer(self.layout, cfg.batch.micro_shards)
+        if ctx.device != "cpu" and cfg.reduction.reduce == "exact":
+            from ftkit.train.rank.exact_kernels import warm_up
+
+            warm_up(ctx.device)  # the fused kernels compiled before the first step, not in it
         from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
 
         segments = zip(self.layout.segments(), ctx.params)
