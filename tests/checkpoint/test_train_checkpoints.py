@@ -110,6 +110,32 @@ def test_train_killed_while_publishing_leaves_nothing_partial(tmp_path, point) -
     assert events.returncode == 0, events.stdout[-3000:]
 
 
+def test_the_writing_rank_killed_after_its_files_the_next_cell_writes_them_again(tmp_path) -> None:
+    """The files of a checkpoint are written by rank 0 of the first live cell (the state never
+    reaches the driver). ``kind=sigkill,point=publish_write,cell=0`` kills that rank, a real
+    SIGKILL, once its files are in the staging directory and before it reports them: cell 0 is
+    failed and later healed, cell 1 writes the same state again over them, the checkpoint is
+    published and verifies against the event log, and the run passes (the fault recovered by
+    the publication)."""
+    run = tmp_path / "run"
+    config = list(CONFIG)
+    config[config.index("--rollouts") + 1] = "2"
+    args = ["train", "--out", str(run), "--cells", "2", *config, "--format", "json"]
+    proc = _ftkit(*args, "--inject", "kind=sigkill,point=publish_write,cell=0,step=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["verdict"] == "pass"
+    assert [e["step"] for e in _events(run, "checkpoint_published")] == [1, 3]
+    assert not _events(run, "checkpoint_rejected")
+    lines = [json.loads(x) for p in sorted((run / "events").glob("*.jsonl")) for x in p.read_text().splitlines()]
+    fired = [e for e in lines if e["type"] == "fault_injected"]
+    assert [(e["point"], e["cell"], e["source"]["role"]) for e in fired] == [("publish_write", 0, "trainer")]
+    moves = [(e["cell"], e["new"]) for e in lines if e["type"] == "cell_state"]
+    assert (0, "failed") in moves and moves.index((0, "failed")) < len(moves) - 1 - moves[::-1].index((0, "alive"))
+    verify = _ftkit("verify-checkpoint", str(run), "--format", "json")
+    assert verify.returncode == 0, verify.stdout[-3000:]
+    assert {r["code"]: r["checked"] for r in json.loads(verify.stdout)["rules"]}["FT214"] == 2
+
+
 def test_best_metric_eval_reward_keeps_the_best_by_eval_reward(tmp_path) -> None:
     """``--best-metric eval_reward``: every boundary logs the held-out set's greedy reward as a
     ``metric`` event; each checkpoint carries that value (not the rollout's reward) in its

@@ -42,6 +42,10 @@ def test_the_issue_example_parses():
     assert parse_spec("kind=corrupt-transfer,point=during_heal,cell=1").step is None  # any heal
     export = parse_spec("kind=exit,point=during_weight_sync,cell=1,step=2")  # a rank exporting weights
     assert (export.role, export.cell, export.rank, export.engine) == ("trainer", 1, 0, None)
+    # publish_write strikes the driver, or with cell= the rank that writes the checkpoint's files
+    assert parse_spec("kind=sigkill,point=publish_write,step=1").role == "driver"
+    writer = parse_spec("kind=sigkill,point=publish_write,cell=1,step=1")
+    assert (writer.role, writer.cell, writer.rank) == ("trainer", 1, 0)
 
 
 @st.composite
@@ -49,12 +53,13 @@ def specs_strategy(draw: st.DrawFn) -> FaultSpec:
     kind, point = draw(st.sampled_from(sorted((k, p) for k, ps in KIND_POINTS.items() for p in ps)))
     engine_ok, rank_ok = point == "during_weight_sync", kind not in ("corrupt-engine", "stale-weights")
     on_engine = engine_ok and (not rank_ok or draw(st.booleans()))
-    on_writer = point in WRITER_POINTS  # the checkpoint writer (the driver): no cell
+    writing_rank = point == "publish_write" and draw(st.booleans())  # rank 0 of a cell: cell=
+    on_writer = point in WRITER_POINTS and not writing_rank  # the checkpoint publisher (the driver): no cell
     return FaultSpec(
         kind,
         point,
         cell=None if on_engine or on_writer else draw(st.integers(0, 63)),
-        rank=None if on_engine or on_writer else draw(st.integers(0, 7)),
+        rank=None if on_engine or on_writer else 0 if writing_rank else draw(st.integers(0, 7)),
         engine=draw(st.integers(0, 15)) if on_engine else None,
         step=draw(st.none() | st.integers(0, 10**6)) if point == "during_heal" else draw(st.integers(0, 10**6)),
         attempt=draw(st.integers(0, 9)),
@@ -82,6 +87,8 @@ def test_every_spec_round_trips_through_its_text(spec):
         ("kind=corrupt-engine,point=during_weight_sync,cell=0,step=0", "corrupt-engine strikes an engine"),
         ("kind=stale-weights,point=during_weight_sync,cell=0,step=0", "stale-weights strikes an engine"),
         ("kind=sigkill,point=before_forward,engine=0,step=0", "engine= needs point=during_weight_sync"),
+        ("kind=sigkill,point=publish_scan,cell=0,step=1", "strikes the checkpoint publisher (the driver): no cell="),
+        ("kind=sigkill,point=publish_write,cell=0,rank=1,step=1", "strikes the rank that writes the files"),
         ("kind=sigkill,point=before_forward,cell=0", "step= is required for point=before_forward"),
         ("kind=sigkill,point=before_forward,cell=-1,step=0", "cell must be an integer >= 0, not '-1'"),
         ("kind=sigkill,point=before_forward,cell=0,step=x", "step must be an integer >= 0, not 'x'"),

@@ -15,7 +15,10 @@ Where each point is (docs/faults.md has the recovery of each):
   collectives), ``after_reduce``: ``RankWorker.compute_reduce``;
 * ``during_weight_sync``: ``RankWorker.export_weights`` and ``EngineActor.load_weights`` (``ftkit.train.rl.engines``);
 * ``during_dump_write``: a rank writing a dump;
-* ``during_heal``: a restarted rank loading its donor's state (``RankWorker.load_state``).
+* ``during_heal``: a restarted rank loading its donor's state (``RankWorker.load_state``);
+* ``publish_preflight``: every rank's checkpoint preflight; ``publish_write`` with ``cell=``: the
+  rank that wrote a checkpoint's files (``RankWorker.write_checkpoint``); the other publication
+  points are the driver's (``ftkit.train.control.checkpoints``).
 """
 
 from __future__ import annotations

@@ -33,9 +33,11 @@ KINDS = (
 )
 TRAINER_POINTS = ("before_forward", "mid_backward", "before_reduce", "during_reduce", "after_reduce")
 # Checkpoint publication (docs/checkpoints.md): every rank runs publish_preflight; the other
-# phases run in the checkpoint writer, the driver (their specs name no cell).
+# phases run in the checkpoint publisher, the driver (their specs name no cell), and
+# publish_write also in the rank that writes the files (rank 0 of the writing cell: cell=).
 PUBLISH_POINTS = PUBLISH_FAULT_POINTS
 WRITER_POINTS = tuple(p for p in PUBLISH_POINTS if p != "publish_preflight")
+RANK_WRITE_POINT = "publish_write"  # with cell=: rank 0 of that cell, once it wrote the files
 POINTS = (*TRAINER_POINTS, "during_weight_sync", "during_dump_write", "during_heal", *PUBLISH_POINTS)
 # Where each kind applies. during_weight_sync is where a rank exports (cell=) or an engine
 # loads (engine=) a weights version; engines have no other point.
@@ -86,7 +88,7 @@ class FaultSpec:
         """Which kind of process the spec strikes."""
         if self.engine is not None:
             return "engine"
-        return "driver" if self.point in WRITER_POINTS else "trainer"
+        return "driver" if self.point in WRITER_POINTS and self.cell is None else "trainer"
 
     def text(self) -> str:
         """The spec in the ``--inject`` grammar (round-trips through ``parse_spec``)."""
@@ -145,8 +147,13 @@ def parse_spec(spec: str, bounds: FaultBounds | None = None) -> FaultSpec:
         raise ValueError(f"inject spec {spec!r}: give engine= (an engine) or cell= (a rank), not both")
     if "engine" in num and point != "during_weight_sync":
         raise ValueError(f"inject spec {spec!r}: engine= needs point=during_weight_sync (the engines' fault point)")
-    if point in WRITER_POINTS and ("cell" in num or "rank" in num or "engine" in num):
-        raise ValueError(f"inject spec {spec!r}: point={point} strikes the checkpoint writer (the driver): no cell=")
+    if point in WRITER_POINTS and point != RANK_WRITE_POINT and ("cell" in num or "rank" in num):
+        raise ValueError(f"inject spec {spec!r}: point={point} strikes the checkpoint publisher (the driver): no cell=")
+    if point == RANK_WRITE_POINT and num.get("rank", 0) != 0:
+        raise ValueError(
+            f"inject spec {spec!r}: point={point} with cell= strikes the rank that writes the files, rank 0 of the "
+            "cell: no rank="
+        )
     if "engine" not in num and "cell" not in num and point not in WRITER_POINTS:
         raise ValueError(f"inject spec {spec!r}: point={point} strikes a rank: give cell= (and rank=, default 0)")
     if kind in ("corrupt-engine", "stale-weights") and "engine" not in num:

@@ -107,9 +107,15 @@ class RankCheckpoints:
         calls it; rank 0 writes and returns the ``Staged`` record (``meta`` with every rank's
         ``ranks`` spec added, the ranks' totals), every other rank ``None``. An ``OSError`` of
         the write (ENOSPC, EIO) is returned as a ``WriteFailure``, not raised: it rejects the
-        publication, it is no failure of the cell."""
+        publication, it is no failure of the cell. The ``publish_write`` fault point of a spec
+        naming this cell fires in rank 0 once the files are written, before their records are
+        sent (an injected ``exception`` is an EIO of the write, as in the driver)."""
+        import errno
+
+        from ftkit.checkpoint.preflight import fire
         from ftkit.checkpoint.publish import WriteFailure, write_payload
         from ftkit.checkpoint.restore import state_payload
+        from ftkit.train.faults.injector import InjectedFault
 
         state = self.checkpoint_state()
         if not state:
@@ -118,9 +124,13 @@ class RankCheckpoints:
             state["params"], state["optimizer"], state["extra"], {**meta, "ranks": state["ranks"]}, state["rank_totals"]
         )
         try:
-            return write_payload(Path(stage), step, payload, shard_bytes)
+            staged = write_payload(Path(stage), step, payload, shard_bytes)
+            fire(lambda point: self.ctx.faults.at(point, step=step, rollout=self.counters["rollout"]), "publish_write")
         except OSError as exc:
             return WriteFailure.of(exc)
+        except InjectedFault as exc:
+            return WriteFailure(errno.EIO, str(exc), None)
+        return staged
 
     def restore_checkpoint(self, files: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         """Load a checkpoint (the TP=1/PP=1 state, any layout it was trained in) into this rank.
