@@ -58,7 +58,7 @@ class RankCheckpoints:
         )
         return verdict, guard
 
-    def checkpoint_state(self) -> dict[str, Any]:
+    def checkpoint_state(self, copy: bool = True) -> dict[str, Any]:
         """The state a checkpoint holds, in the TP=1/PP=1 layout, for any ``--tp`` / ``--pp``.
 
         Collective inside the cell (``canonical_state.gather``): every rank calls it. Rank 0
@@ -69,7 +69,9 @@ class RankCheckpoints:
         of this state (``{rank: total}``, what the rank logged at this step) and ``ranks`` every
         rank's ``canonical_state.rank_spec`` (how to slice its shard back out). Every other rank
         returns ``{}``. The RNG is not saved: every micro-shard reseeds it from (seed, rollout,
-        step, micro-shard), and its leftover state depends on which cell ran the last micro-shard."""
+        step, micro-shard), and its leftover state depends on which cell ran the last micro-shard.
+        ``copy=False``: a CPU tensor that needs no assembling is the live one, not a copy (for a
+        caller that is done with it before the state changes: ``write_checkpoint``)."""
         import torch
         import torch.distributed as dist
 
@@ -82,7 +84,7 @@ class RankCheckpoints:
         witness = self.ctx.witness_param
         state = capture(self.ctx.params, self.ctx.optimizer, witness, self.counters)
         total, _, _ = fingerprint_state(self.ctx.model, self.ctx.optimizer, self.ctx.params)
-        params, optimizer = gather(self.ctx.params, state.optimizer, offset)
+        params, optimizer = gather(self.ctx.params, state.optimizer, offset, copy=copy)
         mine = (total, rank_spec(self.ctx.params, self.ctx.tp_rank, self.ctx.pp_rank, self.cfg.layout.tp, offset))
         ranks: list[Any] | None = [None] * dist.get_world_size() if self.rank == 0 else None
         dist.gather_object(mine, ranks, dst=0)
@@ -117,7 +119,7 @@ class RankCheckpoints:
         from ftkit.checkpoint.restore import state_payload
         from ftkit.train.faults.injector import InjectedFault
 
-        state = self.checkpoint_state()
+        state = self.checkpoint_state(copy=False)  # written before this call returns: no copy
         if not state:
             return None
         payload = state_payload(
