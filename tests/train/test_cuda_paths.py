@@ -21,16 +21,25 @@ import torch.multiprocessing as mp
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def test_exact_reducer_cuda_kernels_equal_the_cpu_kernels() -> None:
+@pytest.mark.parametrize("k", [1, 4])
+def test_exact_reducer_cuda_kernels_equal_the_cpu_kernels(k: int) -> None:
+    """The fused CUDA kernels (Triton through torch.compile) give the numpy kernels' bits,
+    subnormal gradients included (no flush to zero), for one row and several."""
+    from ftkit.train.rank.exact_kernels import warm_up
     from ftkit.train.rank.reducer import ExactReducer, GradLayout
 
+    warm_up(torch.device("cuda"))
     g = torch.Generator().manual_seed(0)
-    layout = GradLayout.of([("a", (64, 33)), ("b", (1000,)), ("z", (17,)), ("c", (5, 7, 3))])
-    rows = torch.randn(4, layout.numel, generator=g) * torch.logspace(-8, 3, layout.numel)
+    layout = GradLayout.of([("a", (64, 33)), ("b", (1000,)), ("z", (17,)), ("c", (5, 7, 3)), ("s", (99,))])
+    rows = torch.randn(k, layout.numel, generator=g) * torch.logspace(-8, 3, layout.numel)
     rows[:, layout.offsets[2] : layout.offsets[2] + 17] = 0.0
-    cpu = ExactReducer(layout, 8).reduce(rows.clone(), lambda t, op: None)
-    gpu = ExactReducer(layout, 8).reduce(rows.clone().cuda(), lambda t, op: None)
+    rows[:, layout.offsets[4] :] = torch.randn(k, 99, generator=g) * 3e-39  # subnormal: quantised to a few units
+    side = torch.arange(8, dtype=torch.float64)
+    cpu_side, gpu_side = side.clone(), side.clone()
+    cpu = ExactReducer(layout, 8).reduce(rows.clone(), lambda t, op: None, side=cpu_side)
+    gpu = ExactReducer(layout, 8).reduce(rows.clone().cuda(), lambda t, op: None, side=gpu_side)
     assert torch.equal(cpu.view(torch.int32), gpu.cpu().view(torch.int32))
+    assert torch.equal(cpu_side, gpu_side)
 
 
 def _proc(index: int, jobs: list[Any]) -> None:

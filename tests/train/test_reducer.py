@@ -158,7 +158,8 @@ def test_numpy_and_fused_kernels_give_the_same_bits(k):
     for i, row in enumerate(rows):
         named = layout.unflatten(row)
         named["zero"].zero_()
-        named["sub"].copy_(torch.randn(64, generator=torch.Generator().manual_seed(i)) * 1e-42)  # subnormal
+        # subnormal values, a few quanta of 2**-127 each
+        named["sub"].copy_(torch.randn(64, generator=torch.Generator().manual_seed(i)) * 3e-39)
         # the tensor's top 3.5 * 2**-60 sets its scale to 2**107 (M = 8): the others become ties
         named["t5"][0, :4] = torch.tensor([0.5, 1.5, -2.5, 3.5 * 2.0**47]) * 2.0**-107
     side = torch.arange(M, dtype=torch.float64) - 2.5
