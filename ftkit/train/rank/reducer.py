@@ -186,8 +186,9 @@ class ExactReducer:
         n = self.layout.numel
         # g * 2**shift is exact in float32 (only the exponent moves) and round() is exact: every
         # row becomes integers of magnitude <= 2**INT_BITS / M. Their sums over any subset of the
-        # M micro-shards are integers of magnitude <= 2**52, so float64 adds them exactly, in
-        # any order; and integer sums do not depend on how the elements are cut into collectives.
+        # M micro-shards are integers of magnitude <= 2**52, so float64 (numpy kernels) and int64
+        # (fused kernels) add them exactly, in any order; and integer sums do not depend on how
+        # the elements are cut into collectives.
         if self._numpy(shards):
             out = self._buf("out", torch.float32, dev, n)
             self._np_reduce(shards.numpy(), shifts, allreduce, out.numpy(), side)
