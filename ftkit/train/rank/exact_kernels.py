@@ -53,6 +53,10 @@ def _dequantize(q: Tensor, inverse: Tensor) -> Tensor:
 @functools.cache
 def _compiled(name: str) -> Any:
     import torch
+    import torch._inductor.config
+
+    # compile in this process: a pool of compile workers would outlive a rank killed by a fault
+    torch._inductor.config.compile_threads = 1
 
     fns: dict[str, Callable[..., Tensor]] = {"tops": _column_tops, "quantize": _quantize_sum, "dequantize": _dequantize}
     return torch.compile(fns[name], dynamic=True)
