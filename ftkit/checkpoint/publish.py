@@ -25,7 +25,8 @@ everything staged or renamed and returns a rejected ``Outcome`` with the reason 
 exception before the rename, e.g. a signal's, removes the staging directory and is raised); after it the
 checkpoint is published and any leftover is finished by the next ``publish`` or by
 ``journal.reconcile``. Deletion failures are recorded, reported, never fatal. Events go
-through ``on_event(type, fields)``: ``checkpoint_published``, ``checkpoint_rejected``,
+through ``on_event(type, fields)``: ``checkpoint_published`` (at the commit point, before the
+cleanup), ``checkpoint_rejected``,
 ``checkpoint_cleanup_failed``.
 """
 
@@ -280,14 +281,8 @@ class Publisher:
             return self._reject(step, reason, clock)
         out = Outcome(True, step, target, manifest_sha256=digest, bytes=sum(r.size for r in records.values()))
         out.kept, out.dropped = [r.name for r in retained.kept], retained.dropped
-        try:
-            out.cleanup_failures = journal.apply(
-                self.dir, doc, self._cleanup_failed(step), lambda: _cleanup_hook(self.at)
-            )
-        except OSError as exc:  # committed: the pending journal is finished next time
-            out.reason = f"published; bookkeeping left pending ({_reason(exc)})"
-        clock["journal"] = time.perf_counter() - t0
-        out.seconds = clock
+        # logged at the commit point, before the cleanup: a process killed in the cleanup leaves a
+        # published checkpoint that its log records too (reconcile finishes the cleanup)
         self._emit(
             "checkpoint_published",
             step=step,
@@ -301,6 +296,14 @@ class Publisher:
             kept=out.kept,
             dropped=out.dropped,
         )
+        try:
+            out.cleanup_failures = journal.apply(
+                self.dir, doc, self._cleanup_failed(step), lambda: _cleanup_hook(self.at)
+            )
+        except OSError as exc:  # committed: the pending journal is finished next time
+            out.reason = f"published; bookkeeping left pending ({_reason(exc)})"
+        clock["journal"] = time.perf_counter() - t0
+        out.seconds = clock
         return out
 
     @staticmethod

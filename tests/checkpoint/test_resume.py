@@ -195,7 +195,9 @@ def test_a_completed_run_extended_by_resume_equals_the_uninterrupted_run(
 def test_sigkill_in_a_publication_phase_then_resume(uninterrupted: Path, tmp_path: Path, phase: str) -> None:
     """The driver-side phases kill ``ftkit train`` itself. ``publish_preflight`` runs in the
     ranks: there a rank dies, the run heals and completes (step 3 rejected), and the resume
-    starts from the final checkpoint with nothing left to train."""
+    starts from the final checkpoint with nothing left to train. Killed in ``publish_cleanup``,
+    after the commit point and its ``checkpoint_published`` line, step 3 is published: the
+    resume rolls its cleanup forward and starts from it."""
     run = tmp_path / "B"
     cell = "cell=0," if phase == "publish_preflight" else ""
     proc = _start("--out", str(run), "--rollouts", "4", *CONFIG, "--inject", f"kind=sigkill,point={phase},{cell}step=3")
@@ -204,10 +206,12 @@ def test_sigkill_in_a_publication_phase_then_resume(uninterrupted: Path, tmp_pat
     if phase == "publish_preflight":
         assert code == 0 and published == {1, 5, 7}
         expected = 7
+    elif phase == "publish_cleanup":  # after the commit point: published, its cleanup rolled forward
+        assert code == -signal.SIGKILL and published == {1, 3}
+        expected = 3
     else:
-        assert code == -signal.SIGKILL and published == {1}  # step 3's publication never finished
-        # killed after the journal's commit point (cleanup), step 3 is published by the roll-forward
-        expected = 3 if phase == "publish_cleanup" else 1
+        assert code == -signal.SIGKILL and published == {1}  # step 3's publication never committed
+        expected = 1
 
     resumed = _ftkit("train", "--resume", str(run), "--format", "json")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
