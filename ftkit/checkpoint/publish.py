@@ -212,8 +212,7 @@ class Publisher:
             return self._reject(step, f"preflight: {agreed.reason}", clock)
         if guard.tainted:
             return self._reject(step, f"guard: steps [{guard.from_step}, {guard.to_step}] tainted", clock)
-        if isinstance(payload, Payload):
-            _check_names(payload)
+        if isinstance(payload, Payload):  # (write_payload checks its names: nothing stays staged)
             payload = functools.partial(write_payload, step=step, payload=payload, shard_bytes=self.shard_bytes)
         target = self.dir / step_name(step)
         stage = temp_path(target)
