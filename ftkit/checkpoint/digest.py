@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ftkit.checkpoint.scan import count_nonfinite, dtype_of
-from ftkit.tensors.fingerprint import fingerprint_hasher
+from ftkit.tensors.fingerprint import SCHEME, fingerprint_hasher
 
 THREADS = 2 * max(1, min(16, os.cpu_count() or 1))  # one may wait on the disk while another hashes
 Job = tuple[int, Callable[[], None]]  # (bytes it covers, work)
@@ -81,10 +81,11 @@ class FileRecord:
 
 
 class Recorder:
-    """A file's record, fed in order: ``header(bytes)``, then each tensor's pieces."""
+    """A file's record, fed in order: ``header(bytes)``, then each tensor's pieces; tensor
+    fingerprints in ``scheme`` (a manifest's ``fingerprint_scheme``)."""
 
-    def __init__(self, size: int, safetensors: bool) -> None:
-        self.size = size
+    def __init__(self, size: int, safetensors: bool, scheme: str = SCHEME) -> None:
+        self.size, self._scheme = size, scheme
         self._sha = hashlib.sha256()
         self._found: dict[str, TensorRecord] | None = {} if safetensors else None
 
@@ -94,7 +95,7 @@ class Recorder:
 
     def tensor(self, name: str, code: str, shape: tuple[int, ...], pieces: Iterable[Any]) -> None:
         """One tensor's bytes, in order, in pieces whose sizes are multiples of its item size."""
-        h, bad = fingerprint_hasher(dtype_of(code), shape), 0
+        h, bad = fingerprint_hasher(dtype_of(code), shape, self._scheme), 0
         for piece in pieces:
             sha_update(self._sha, piece)
             h.update(piece)
@@ -157,11 +158,11 @@ class FileReader:
     ``tensors`` is the validated safetensors header's tensors (``TensorInfo``: absolute
     ``start`` / ``end``, contiguous, covering the file after the header) or None for a file
     that is not safetensors. An ``OSError`` while reading (e.g. the file changed under us) is
-    kept and raised by ``record``.
+    kept and raised by ``record``. Tensor fingerprints are computed in ``scheme``.
     """
 
-    def __init__(self, path: Path, size: int, tensors: Sequence[Any] | None) -> None:
-        self.path, self.size, self._tensors = path, size, tensors
+    def __init__(self, path: Path, size: int, tensors: Sequence[Any] | None, scheme: str = SCHEME) -> None:
+        self.path, self.size, self._tensors, self._scheme = path, size, tensors, scheme
         self._record: FileRecord | None = None
         self._error: OSError | None = None
 
@@ -175,7 +176,7 @@ class FileReader:
             self._error = exc
 
     def _read(self) -> FileRecord:
-        rec = Recorder(self.size, self._tensors is not None)
+        rec = Recorder(self.size, self._tensors is not None, self._scheme)
         buf = memoryview(bytearray(PIECE))
         with open(self.path, "rb", buffering=0) as fh:
             fd = fh.fileno()

@@ -5,7 +5,9 @@ files every tensor's dtype, shape, fingerprint and non-finite count; the scan re
 guard interval; the ranking metric and its value; the state fingerprint (``combine`` of the
 per-tensor fingerprints of the files named in ``fingerprint_prefixes``, each name prefixed,
 so it equals the ``total`` a rank logs in ``state_fingerprint`` for a TP=1/PP=1 layout);
-the per-rank totals the ranks logged at that step; and the protocol version. Anything not
+the per-rank totals the ranks logged at that step; the fingerprint scheme of all of these
+(``fingerprint_scheme``; a manifest without it is ``ftkit-fp1``, what versions before it
+wrote); and the protocol version. Anything not
 in it is not part of the checkpoint. Schema in docs/checkpoints.md.
 """
 
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftkit.checkpoint.layout import PROTOCOL
 from ftkit.checkpoint.stfile import FileRecord
+from ftkit.tensors.fingerprint import SCHEME
 from ftkit.tensors.untrusted import NotRegular, load_json, read_regular
 
 _HEX64 = r"^[0-9a-f]{64}$"
@@ -73,6 +76,7 @@ class Manifest(_Strict):
     metric: MetricEntry
     state_fingerprint: str | None
     fingerprint_prefixes: dict[str, str]
+    fingerprint_scheme: Literal["ftkit-fp1", "ftkit-fp2"] = "ftkit-fp1"
     rank_totals: dict[str, str]
 
     @property
@@ -139,6 +143,7 @@ def build(
         metric=MetricEntry(name=metric_name, value=metric),
         state_fingerprint=state_fingerprint(files, prefixes),
         fingerprint_prefixes=dict(prefixes),
+        fingerprint_scheme=SCHEME,
         rank_totals=dict(rank_totals),
     )
 

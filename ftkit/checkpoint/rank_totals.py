@@ -41,7 +41,7 @@ def check_rank_totals(name: str, path: Path, manifest: Any, col: Collector) -> N
     where = {"checkpoint": name, "file": str(path / META)}
     try:
         specs = _specs(load_json((path / META).read_bytes()), set(manifest.rank_totals))
-        totals = _recompute(path, manifest.fingerprint_prefixes, specs)
+        totals = _recompute(path, manifest.fingerprint_prefixes, specs, manifest.fingerprint_scheme)
     except (OSError, ValueError, KeyError, TypeError, InputError) as exc:
         message = exc.message if isinstance(exc, InputError) else str(exc)
         col.add("FT202", f"{name}: the rank totals cannot be recomputed from the checkpoint: {message}", **where)
@@ -73,8 +73,10 @@ def _specs(meta: Any, ranks: set[str]) -> dict[str, dict[str, tuple[str, Any]]]:
     return out
 
 
-def _recompute(path: Path, prefixes: dict[str, str], specs: dict[str, dict[str, tuple[str, Any]]]) -> dict[str, str]:
-    """``{rank: total}`` of every rank's shard of the stored state."""
+def _recompute(
+    path: Path, prefixes: dict[str, str], specs: dict[str, dict[str, tuple[str, Any]]], scheme: str
+) -> dict[str, str]:
+    """``{rank: total}`` of every rank's shard of the stored state (fingerprints in ``scheme``)."""
     from ftkit.tensors.arrays import MappedFile
     from ftkit.tensors.fingerprint import combine, fingerprint_array
     from ftkit.tensors.sharding import entry_sharding, shard_of
@@ -101,9 +103,10 @@ def _recompute(path: Path, prefixes: dict[str, str], specs: dict[str, dict[str, 
             if canonical not in params:
                 raise ValueError(f"rank {rank}'s {local!r} is {canonical!r}, which the checkpoint does not hold")
             full = params[canonical]
-            named[f"param/{local}"] = fingerprint_array(shard_of(full, sh))
+            named[f"param/{local}"] = fingerprint_array(shard_of(full, sh), scheme)
             for key in entries.get(canonical, []):
                 entry = entry_sharding(sh, full.shape, optim[key].shape)
-                named[f"optimizer/{local}.{key[len(canonical) + 1 :]}"] = fingerprint_array(shard_of(optim[key], entry))
+                moment = shard_of(optim[key], entry)
+                named[f"optimizer/{local}.{key[len(canonical) + 1 :]}"] = fingerprint_array(moment, scheme)
         totals[rank] = combine(named)
     return totals

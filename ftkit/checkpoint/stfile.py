@@ -28,6 +28,7 @@ import numpy as np
 from ftkit.checkpoint.digest import FileReader, FileRecord, FileWriter, TensorRecord, run_digests
 from ftkit.checkpoint.scan import CHUNK_BYTES, host_bytes
 from ftkit.errors import InputError
+from ftkit.tensors.fingerprint import SCHEME
 
 __all__ = [
     "FileRecord",
@@ -138,8 +139,11 @@ def sha256_file(path: Path) -> str:
     return sha.hexdigest()
 
 
-def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, FileRecord | InputError]]:
-    """Re-derive the records of ``(path, is_safetensors)`` files from disk, yielding each as it
+def digest_files(
+    files: Sequence[tuple[Path, bool]], scheme: str = SCHEME
+) -> Iterator[tuple[Path, FileRecord | InputError]]:
+    """Re-derive the records of ``(path, is_safetensors)`` files from disk (tensor fingerprints
+    in ``scheme``, the manifest's ``fingerprint_scheme``), yielding each as it
     is done: a safetensors file's header is validated first (``read_header`` fails closed on
     every structural error; its ``InputError`` is yielded instead of a record); then each file
     is read once (``digest.FileReader``), all files at once, the largest
@@ -160,7 +164,7 @@ def digest_files(files: Sequence[tuple[Path, bool]]) -> Iterator[tuple[Path, Fil
         if header is not None and header.size != size:
             yield path, InputError(f"{path} changed while it was read", "verify again")
             continue
-        todo.append(FileReader(path, size, None if header is None else list(header.tensors.values())))
+        todo.append(FileReader(path, size, None if header is None else list(header.tensors.values()), scheme))
     for i in run_digests(todo):
         try:
             yield todo[i].path, todo[i].record()

@@ -223,7 +223,8 @@ def check_files(r: CheckpointResult, col: Collector, progress: Progress | None) 
 
     readable = {on_disk[f]: f for f in listed if f in on_disk and on_disk[f].is_file() and not on_disk[f].is_symlink()}
     digests: dict[str, FileRecord | InputError] = {}
-    for path, rec in digest_files([(path, listed[f].tensors is not None) for path, f in readable.items()]):
+    todo = [(path, listed[f].tensors is not None) for path, f in readable.items()]
+    for path, rec in digest_files(todo, r.manifest.fingerprint_scheme):
         digests[readable[path]] = rec  # all files hashed at once, largest first
         if progress is not None:
             progress(listed[readable[path]].size)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ftkit.dumps.codes import finding, summaries
+from ftkit.dumps.layout import DUMP_SCHEME
 from ftkit.dumps.loader import TensorLoader, check_fingerprint
 from ftkit.dumps.metrics import Metrics, diff_metrics, nonfinite_counts
 from ftkit.dumps.pairing import Item, pair, rollout_label
@@ -313,7 +314,7 @@ def _fused_pass(
     ):
         return None
     arrays = [loader.load(pa.ref), loader.load(pb.ref)]
-    hashers = [fingerprint_hasher(p.ref.info.dtype, p.ref.info.shape) for p in (pa, pb)]
+    hashers = [fingerprint_hasher(p.ref.info.dtype, p.ref.info.shape, DUMP_SCHEME) for p in (pa, pb)]
     metrics = diff_metrics(arrays[0], arrays[1], *opt.tolerances(), hashers)
     fps = [h.hexdigest() for h in hashers]
     for p, fp in zip((pa, pb), fps):

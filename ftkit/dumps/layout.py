@@ -6,7 +6,8 @@ dumps/<prefix>/<phase>/rollout_<id:06d>/<writer>.index.json
 ```
 The index is written after the safetensors file and is the commit marker of a writer's
 dump. Its schema (``INDEX_SCHEMA``, version ``INDEX_VERSION``) is documented in
-docs/dumps.md; readers reject other versions.
+docs/dumps.md; readers reject other versions. Its fingerprints are ``DUMP_SCHEME``
+(``ftkit-fp1``), the format version 1 was defined with, whatever scheme event logs use.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 INDEX_SCHEMA = "ftkit.dump-index"
 INDEX_VERSION = 1
+# Index fingerprints stay ftkit-fp1: index version 1 pins that format (docs/dumps.md).
+DUMP_SCHEME = "ftkit-fp1"
 INDEX_SUFFIX = ".index.json"
 DATA_SUFFIX = ".safetensors"
 ROLLOUT_RE = re.compile(r"^rollout_(\d{6,})$")

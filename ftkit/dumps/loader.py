@@ -67,9 +67,10 @@ class TensorLoader:
 def fingerprint_verified(ref: TensorRef, loader: TensorLoader) -> str:
     """The stored tensor's fingerprint from its bytes; ``InputError`` if ``ref`` carries an
     index fingerprint that differs."""
+    from ftkit.dumps.layout import DUMP_SCHEME
     from ftkit.tensors.fingerprint import fingerprint_array
 
-    return check_fingerprint(ref, fingerprint_array(loader.load(ref)))
+    return check_fingerprint(ref, fingerprint_array(loader.load(ref), DUMP_SCHEME))
 
 
 def fingerprint_all(refs: list[TensorRef], loader: TensorLoader) -> list[str]:

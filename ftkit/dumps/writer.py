@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftkit.dumps.layout import (
     DATA_SUFFIX,
+    DUMP_SCHEME,
     INDEX_SCHEMA,
     INDEX_SUFFIX,
     INDEX_VERSION,
@@ -126,7 +127,7 @@ class DumpWriter:
                 "micro_shard": None if micro_shard is None else int(micro_shard),
                 "dtype": dtype_name(t.dtype),
                 "shape": list(t.shape),
-                "fingerprint": fingerprint(t),
+                "fingerprint": fingerprint(t, scheme=DUMP_SCHEME),
                 "sharding": sharding.to_dict(),
                 "nan": nan,
                 "inf": inf,

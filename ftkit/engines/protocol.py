@@ -149,10 +149,10 @@ def fingerprint_held(tensors: Mapping[str, torch.Tensor], signed_zeros: bool) ->
     (the one routine both sides of an engine's check use)."""
     import torch
 
-    from ftkit.tensors.fingerprint import combine, fingerprint
+    from ftkit.tensors.fingerprint import combine, fingerprint, fingerprints
 
     if signed_zeros:
-        per_name = {n: fingerprint(t) for n, t in tensors.items()}
+        per_name = fingerprints(tensors)
     else:  # folded one tensor at a time: a model's weights are never held twice
         per_name = {n: fingerprint(torch.where(t == 0, torch.zeros_like(t), t)) for n, t in tensors.items()}
     return combine(per_name), per_name

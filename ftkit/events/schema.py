@@ -34,6 +34,11 @@ class RunStarted(Envelope):
     pp: int = Field(description="pipeline-parallel size inside a cell")
     num_engines: int = Field(description="inference engines")
     ftkit_version: str = Field(description="version of ftkit that wrote the run")
+    fingerprint_scheme: Literal["ftkit-fp1", "ftkit-fp2"] = Field(
+        default="ftkit-fp1",
+        description="how every fingerprint of the run is computed (docs/fingerprints.md); absent: "
+        "`ftkit-fp1`, what versions before the field wrote",
+    )
 
 
 class RunResumed(RunStarted):

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from ftkit.tensors.fingerprint import SCHEME
+
 if TYPE_CHECKING:
     from ftkit.events.envelope import CellStatus
 
@@ -67,6 +69,7 @@ def run_started(
     pp: int,
     num_engines: int,
     ftkit_version: str,
+    fingerprint_scheme: str = SCHEME,
 ) -> bool:
     """The driver started a run."""
     return log.emit(
@@ -77,6 +80,7 @@ def run_started(
         pp=pp,
         num_engines=num_engines,
         ftkit_version=ftkit_version,
+        fingerprint_scheme=fingerprint_scheme,
     )
 
 
@@ -89,6 +93,7 @@ def run_resumed(
     pp: int,
     num_engines: int,
     ftkit_version: str,
+    fingerprint_scheme: str = SCHEME,
     checkpoint: str | None,
     checkpoint_step: int,
     checkpoint_rollout: int,
@@ -106,6 +111,7 @@ def run_resumed(
         pp=pp,
         num_engines=num_engines,
         ftkit_version=ftkit_version,
+        fingerprint_scheme=fingerprint_scheme,
         checkpoint=checkpoint,
         checkpoint_step=checkpoint_step,
         checkpoint_rollout=checkpoint_rollout,

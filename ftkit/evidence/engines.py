@@ -28,10 +28,10 @@ def weights_fingerprint(weights: Weights) -> tuple[str, dict[str, str]]:
     """``(total, {name: fingerprint})`` of a module's parameters (wrappers removed) or of a
     ``{name: tensor}`` mapping (an engine's weights under the trainer's names)."""
     from ftkit.evidence.fingerprint import unwrap
-    from ftkit.tensors.fingerprint import combine, fingerprint
+    from ftkit.tensors.fingerprint import combine, fingerprints
 
     named = weights.items() if isinstance(weights, Mapping) else unwrap(weights).named_parameters()
-    params = {name: fingerprint(t) for name, t in named}
+    params = fingerprints(dict(named))
     return combine(params), params
 
 

@@ -41,16 +41,21 @@ def fingerprint_state(
     """
     import torch
 
-    from ftkit.tensors.fingerprint import fingerprint, state_total
+    from ftkit.tensors.fingerprint import fingerprints, state_total
 
-    params: dict[str, str] = {}
-    optim: dict[str, str] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    optim_tensors: dict[str, torch.Tensor] = {}
     state = optimizer.state if optimizer is not None else {}
     for name, p in model.named_parameters() if named is None else named:
-        params[name] = fingerprint(p)
+        tensors[name] = p
         for key, value in sorted(state.get(p, {}).items()):
             if isinstance(value, torch.Tensor):
-                optim[f"{name}.{key}"] = fingerprint(value)
+                optim_tensors[f"{name}.{key}"] = value
+    # one batch for both maps: on a GPU, one copy of the chunk digests for the whole state
+    keyed = {("p", n): t for n, t in tensors.items()} | {("o", n): t for n, t in optim_tensors.items()}
+    both = fingerprints(keyed)
+    params = {n: both[("p", n)] for n in tensors}
+    optim = {n: both[("o", n)] for n in optim_tensors}
     return state_total(params, optim), params, optim
 
 

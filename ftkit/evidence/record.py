@@ -2,8 +2,10 @@
 
 Both producers write it: ``ftkit train`` (``ftkit.train.control.rundir``: ``seed`` and ``task``
 besides the config and layout) and ``ftkit.evidence`` (``producer`` and ``evidence_profile``).
-The keys are written in one order (``schema, run, ftkit_version, created, producer, seed, config,
-layout, task, evidence_profile``); the optional ones only when set. Also here: the membership
+The keys are written in one order (``schema, run, ftkit_version, fingerprint_scheme, created,
+producer, seed, config, layout, task, evidence_profile``); the optional ones only when set.
+``fingerprint_scheme`` says how the run's fingerprints are computed (docs/fingerprints.md); a
+record without it is ``ftkit-fp1``. Also here: the membership
 epoch a resumed session goes on from, which both producers read from their drivers' logs.
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ftkit.tensors.fingerprint import SCHEME
 from ftkit.version import __version__
 
 RUN_SCHEMA = "ftkit.run/1"
@@ -38,6 +41,7 @@ class RunRecord:
     task: dict[str, Any] | None = None  # ftkit train
     evidence_profile: dict[str, int] | None = None  # ftkit.evidence
     ftkit_version: str = __version__
+    fingerprint_scheme: str = SCHEME  # absent in a record: ftkit-fp1 (written before the field)
     created: float = field(default_factory=time.time)
     schema: str = RUN_SCHEMA
 
@@ -47,6 +51,7 @@ class RunRecord:
             "schema": self.schema,
             "run": self.run,
             "ftkit_version": self.ftkit_version,
+            "fingerprint_scheme": self.fingerprint_scheme,
             "created": self.created,
         }
         optional: dict[str, Any] = {"producer": self.producer, "seed": self.seed}
@@ -83,6 +88,7 @@ class RunRecord:
             task=doc.get("task"),
             evidence_profile=doc.get("evidence_profile"),
             ftkit_version=doc["ftkit_version"],
+            fingerprint_scheme=str(doc.get("fingerprint_scheme", "ftkit-fp1")),
             created=doc.get("created", 0.0),
             schema=doc["schema"],
         )

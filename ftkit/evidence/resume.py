@@ -93,6 +93,25 @@ def check_profile(run_dir: Path, profile: EvidenceProfile) -> None:
         )
 
 
+def scheme_mismatch(run_dir: Path) -> str | None:
+    """Why a session of this ftkit cannot go on with ``run_dir``: its ``run.json`` records another
+    fingerprint scheme (a run begun before ``ftkit-fp2``), so the sessions' fingerprints could
+    not be checked against each other; ``None`` when they agree or nothing is recorded."""
+    from ftkit.evidence.record import RunRecord
+    from ftkit.tensors.fingerprint import SCHEME
+
+    try:
+        recorded = RunRecord.read(run_dir).fingerprint_scheme
+    except (OSError, ValueError, RecursionError):
+        return None
+    if recorded == SCHEME:
+        return None
+    return (
+        f"{run_dir} fingerprints its state as {recorded}, this ftkit as {SCHEME}: the resumed sessions "
+        "could not be checked against the earlier ones"
+    )
+
+
 def plan(run_dir: Path, profile: EvidenceProfile) -> ResumePoint:
     """Rank 0's choice of the checkpoint to resume from (steps 1 of the module docstring).
     ``ValueError`` when the checkpoints cannot be reconciled or verified."""

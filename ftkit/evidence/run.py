@@ -118,7 +118,7 @@ class EvidenceRun:
         """Rank 0: ``run.json``, the driver log and its opening lines (a new run, or a resumed
         one: ``ftkit.evidence.resume``); returns what every rank needs of it."""
         from ftkit.evidence.record import last_epoch
-        from ftkit.evidence.resume import check_profile, earlier_session, plan
+        from ftkit.evidence.resume import check_profile, earlier_session, plan, scheme_mismatch
 
         start, epoch = ResumePoint(), 0
         if earlier_session(self.dir):
@@ -128,6 +128,9 @@ class EvidenceRun:
                     "that run, or use another run directory"
                 )
             check_profile(self.dir, self.profile)
+            mismatch = scheme_mismatch(self.dir)
+            if mismatch is not None:
+                raise ValueError(mismatch + ": finish the run with the ftkit version that started it")
             start, epoch = plan(self.dir, self.profile), last_epoch(self.dir / "events") + 1
         recorded = recorded_name(self.dir)
         if recorded is None:  # a new run directory (a resumed session keeps the record)

@@ -1,29 +1,40 @@
 """128-bit tensor fingerprints and order-independent state fingerprints.
 
-``fingerprint(t)`` is xxh3-128 over a small header (format tag, dtype name, shape) followed by
-the tensor's bytes in logical row-major order. Consequences (the contract):
+``fingerprint(t)`` hashes a small header (the scheme tag, dtype name, shape) and the tensor's
+bytes in logical row-major order. Two schemes (docs/fingerprints.md):
+
+- ``ftkit-fp2`` (``SCHEME``, what event logs and checkpoint manifests get): XXH3-64 of each
+  256 KiB chunk of the bytes, then xxh3-128 over the header and the chunk digests. The chunks
+  are independent, so a GPU hashes a tensor where it is (``ftkit.tensors.device_fingerprint``)
+  and the host hashes them with the C library (``ftkit.tensors.chunked``): same digest.
+- ``ftkit-fp1``: xxh3-128 over the header and the bytes. Dump indexes keep it (``DUMP_SCHEME``
+  in ``ftkit.dumps.layout``), and files that name no scheme (checkpoints of earlier versions)
+  are read with it.
+
+Either way (the contract):
 
 - a tensor and its contiguous copy have the same fingerprint, whatever the strides;
-- the same values on CPU and on CUDA have the same fingerprint; a CUDA tensor is streamed to
-  host memory in bounded chunks (``CHUNK_BYTES``), never copied whole;
+- the same values on CPU and on CUDA have the same fingerprint;
 - dtype and shape are part of the digest (``zeros(4, int32)`` differs from ``zeros(2, int64)``
   and from ``zeros(2, 2, int32)``); 0-d and empty tensors are covered;
-- every flipped bit of the data changes it (up to xxh3-128 collisions);
-- it is a pure function of (dtype name, shape, little-endian bytes), so a file reader can
-  compute it from raw safetensors bytes without torch (``fingerprint_buffers``).
+- every flipped bit of the data changes it (up to hash collisions);
+- it is a pure function of (scheme, dtype name, shape, little-endian bytes), so a file reader
+  can compute it from raw safetensors bytes without torch (``fingerprint_hasher``).
 
 ``combine`` folds ``{name: fingerprint}`` into one state fingerprint that does not depend on
-the dict's insertion order; ``fingerprint_tensors`` does both at once. ``fingerprint_array``
-hashes a numpy array (the forensic commands read dumps without torch).
+the dict's insertion order; ``fingerprints`` hashes many tensors at once (one batch per device)
+and ``fingerprint_tensors`` also combines them. ``fingerprint_array`` hashes a numpy array (the
+forensic commands read dumps without torch).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import struct
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _json_str
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import xxhash
 
@@ -34,8 +45,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from ftkit.tensors.xxh3 import Hasher
 
 CHUNK_BYTES = 64 << 20  # host staging size for non-contiguous pieces and device copies
-_FORMAT = b"ftkit-fp1"
+SCHEME = "ftkit-fp2"  # what this version writes into event logs and checkpoint manifests
+SCHEMES = ("ftkit-fp1", "ftkit-fp2")
 _COMBINE_FORMAT = b"ftkit-state-fp1\n"
+K = TypeVar("K", bound=Hashable)
+_FP2_CHUNK = 256 << 10  # ftkit.tensors.xxh3_torch.CHUNK_BYTES (tests hold them equal)
+_LE64 = struct.Struct("<Q")
 _STR = frozenset({str})
 
 
@@ -44,54 +59,68 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
-def _header(dtype: str, shape: Sequence[int]) -> bytes:
-    return b"\0".join([_FORMAT, dtype.encode(), ",".join(str(int(d)) for d in shape).encode(), b""])
+def check_scheme(scheme: object) -> str:
+    """``scheme`` if this version can compute it; ``ValueError`` naming the known ones."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown fingerprint scheme {scheme!r}: this ftkit computes {', '.join(SCHEMES)}")
+    return str(scheme)
 
 
-def fingerprint_hasher(dtype: str, shape: Sequence[int]) -> Hasher:
+def _header(dtype: str, shape: Sequence[int], scheme: str = SCHEME) -> bytes:
+    tag = check_scheme(scheme).encode()
+    return b"\0".join([tag, dtype.encode(), ",".join(str(int(d)) for d in shape).encode(), b""])
+
+
+def fingerprint_hasher(dtype: str, shape: Sequence[int], scheme: str = SCHEME) -> Hasher:
     """A streaming hasher that has consumed the header of (dtype name, shape): feed it the
-    tensor's logical bytes in order and ``hexdigest()`` is the fingerprint. It releases the
-    GIL while hashing (``ftkit.tensors.xxh3``), so threads hash in parallel."""
+    tensor's logical bytes in order, in pieces of any size, and ``hexdigest()`` is the
+    fingerprint. It releases the GIL while hashing (``ftkit.tensors.xxh3``), so threads hash in
+    parallel."""
     from ftkit.tensors import xxh3
+    from ftkit.tensors.chunked import ChunkedHasher
 
-    return xxh3.new(_header(dtype, shape))
+    header = _header(dtype, shape, scheme)
+    return ChunkedHasher(header) if scheme == "ftkit-fp2" else xxh3.new(header)
 
 
-def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[object]) -> str:
+def fingerprint_buffers(dtype: str, shape: Sequence[int], buffers: Iterable[object], scheme: str = SCHEME) -> str:
     """Fingerprint from a dtype name, a shape and the logical bytes given as buffers in order.
 
     ``buffers`` are objects supporting the buffer protocol (bytes, memoryview, numpy arrays);
     their concatenation must be the tensor's row-major little-endian bytes.
     """
-    h = fingerprint_hasher(dtype, shape)
+    h = fingerprint_hasher(dtype, shape, scheme)
     for buf in buffers:
         h.update(buf)
     return h.hexdigest()
 
 
-def fingerprint_array(a: np.ndarray) -> str:
+def fingerprint_array(a: np.ndarray, scheme: str = SCHEME) -> str:
     """The fingerprint of a numpy array (no torch): equals ``fingerprint`` of the torch tensor
     with the same dtype, shape and values. bfloat16 and float8 arrays are ``ml_dtypes``
     arrays; numpy's dtype names are the torch names used in the digest."""
     import numpy as np
 
-    h = fingerprint_hasher(a.dtype.name, a.shape)
+    h = fingerprint_hasher(a.dtype.name, a.shape, scheme)
     if a.size:  # (ascontiguousarray would turn a 0-d array into a 1-d one: keep the shape above)
         h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.hexdigest()
 
 
-def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> str:
+def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES, scheme: str = SCHEME) -> str:
     """32 lowercase hex chars (128 bit) of ``t``'s dtype, shape and logical bytes.
 
     Works for every dense strided dtype whose elements are whole bytes (floats including
     bfloat16 and float8, ints, uints, bool, complex). Raises ``TypeError`` for sparse,
     quantized or sub-byte tensors. Does not modify ``t`` and does not synchronise more than
-    needed to read it.
+    needed to read it. Under ``ftkit-fp2`` a tensor on a GPU is hashed there; under
+    ``ftkit-fp1`` it is streamed to the host in ``chunk_bytes`` pieces.
     """
     import torch
 
     t = t.detach()
+    if t.device.type != "cpu" and scheme == "ftkit-fp2":
+        return fingerprints({"": t}, scheme)[""]
     if (
         t.device.type == "cpu"
         and t.dtype in _numpy_dtypes(torch)
@@ -101,11 +130,66 @@ def fingerprint(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> str:
     ):
         # fast path (per-step state fingerprints hash ~100 small tensors): the bytes of a
         # contiguous CPU tensor straight from its numpy view, the header cached
-        h = xxhash.xxh3_128(_cached_header(t.dtype, tuple(t.shape)))
+        header = _cached_header(t.dtype, tuple(t.shape), scheme)
+        if scheme == "ftkit-fp2":
+            if t.numel() * t.element_size() <= _FP2_CHUNK:  # one chunk (most tensors): two C calls
+                chunk = _LE64.pack(xxhash.xxh3_64_intdigest(t.numpy())) if t.numel() else b""  # type: ignore[arg-type]
+                return xxhash.xxh3_128(header + chunk).hexdigest()
+            from ftkit.tensors.chunked import hash_contiguous
+
+            return hash_contiguous(header, t.reshape(-1).numpy())
+        h = xxhash.xxh3_128(header)
         if t.numel():
             h.update(t.numpy())  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ only on 3.12+
         return h.hexdigest()
-    return fingerprint_buffers(dtype_name(t.dtype), tuple(t.shape), logical_bytes(t, chunk_bytes))
+    return fingerprint_buffers(dtype_name(t.dtype), tuple(t.shape), logical_bytes(t, chunk_bytes), scheme)
+
+
+def fingerprints(tensors: Mapping[K, torch.Tensor], scheme: str = SCHEME) -> dict[K, str]:
+    """``{name: fingerprint(t)}``. Under ``ftkit-fp2`` the tensors on each non-CPU device are
+    hashed there in one batch (``fingerprints_on_device``: one copy of the chunk digests to
+    the host for all of them). ``fingerprints_through_device_path`` sends CPU tensors through
+    that code too (what the tests use to hold the device path to the host's digests)."""
+    return _fingerprints(tensors, scheme, on_device=False)
+
+
+def _fingerprints(tensors: Mapping[K, torch.Tensor], scheme: str, on_device: bool) -> dict[K, str]:
+    check_scheme(scheme)
+    out: dict[K, str] = {}
+    batches: dict[Any, list[K]] = {}
+    for name, t in tensors.items():
+        if scheme == "ftkit-fp2" and (on_device or t.device.type != "cpu"):
+            batches.setdefault(t.device, []).append(name)
+        else:
+            out[name] = fingerprint(t, scheme=scheme)
+    if batches:
+        from ftkit.tensors.device_fingerprint import fingerprints_on_device
+
+        for names in batches.values():
+            items = [(_header(dtype_name(tensors[n].dtype), tuple(tensors[n].shape), scheme), _device_bytes(tensors[n]))
+                     for n in names]  # fmt: skip
+            out.update(zip(names, fingerprints_on_device(items)))
+    return {name: out[name] for name in tensors}
+
+
+def fingerprints_through_device_path(tensors: Mapping[K, torch.Tensor]) -> dict[K, str]:
+    """``fingerprints`` with every tensor (CPU ones too) hashed by the device code path."""
+    return _fingerprints(tensors, "ftkit-fp2", on_device=True)
+
+
+def _device_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s logical bytes as a contiguous flat uint8 tensor on its device (a copy only when
+    ``t`` is not contiguous or is a lazy conjugate / negative view)."""
+    import torch
+
+    if t.layout != torch.strided or t.is_quantized:
+        raise TypeError(f"cannot fingerprint a {t.layout} / quantized tensor of dtype {t.dtype}")
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    return _flat_bytes(t.contiguous())
 
 
 @functools.lru_cache(maxsize=1)
@@ -127,8 +211,8 @@ def _numpy_dtypes(torch: Any) -> frozenset[Any]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached_header(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
-    return _header(dtype_name(dtype), shape)
+def _cached_header(dtype: torch.dtype, shape: tuple[int, ...], scheme: str) -> bytes:
+    return _header(dtype_name(dtype), shape, scheme)
 
 
 def combine(fingerprints: Mapping[str, str]) -> str:
@@ -158,9 +242,9 @@ def state_total(params: Mapping[str, str], optimizer: Mapping[str, str]) -> str:
     return combine(named)
 
 
-def fingerprint_tensors(tensors: Mapping[str, torch.Tensor]) -> tuple[str, dict[str, str]]:
+def fingerprint_tensors(tensors: Mapping[str, torch.Tensor], scheme: str = SCHEME) -> tuple[str, dict[str, str]]:
     """``(total, {name: fingerprint})`` for a dict of tensors; ``total = combine(per_name)``."""
-    per_name = {name: fingerprint(t) for name, t in tensors.items()}
+    per_name = fingerprints(tensors, scheme)
     return combine(per_name), per_name
 
 

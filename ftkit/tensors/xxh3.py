@@ -10,6 +10,11 @@ parallelism differs.
 
 ``update`` takes bytes or a numpy array (any dtype, C-contiguous; read-only arrays over file
 mappings included); ``hexdigest`` gives the canonical (big-endian) 32 hex chars.
+
+``chunk_digests(flat, chunk)`` is ``XXH3_64bits`` of each ``chunk``-byte piece of a flat uint8
+array (the last piece may be shorter), as a uint64 array, through the same library without the
+GIL (``xxhash.xxh3_64_intdigest`` where the symbols are missing): the host half of the
+``ftkit-fp2`` fingerprint.
 """
 
 from __future__ import annotations
@@ -77,10 +82,14 @@ def _library() -> Any | None:
         lib.XXH3_128bits_update_dispatch.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
         lib.XXH3_128bits_digest.argtypes = [ctypes.c_void_p]
         lib.XXH3_128bits_digest.restype = _Hash128
+        lib.XXH3_64bits.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        lib.XXH3_64bits.restype = ctypes.c_uint64
         probe = b"ftkit xxh3 known answer" * 7
         h = _CHasher(lib, probe[:5])
         h.update(np.frombuffer(probe[5:], np.uint8))
         if h.hexdigest() != xxhash.xxh3_128(probe).hexdigest():
+            return None
+        if lib.XXH3_64bits(probe, len(probe)) != xxhash.xxh3_64_intdigest(probe):
             return None
         return lib
     except (OSError, AttributeError, ImportError, MemoryError):  # pragma: no cover - other builds
@@ -98,3 +107,20 @@ def new(seed: bytes = b"") -> Hasher:
 def parallel_capable() -> bool:
     """Whether hashing threads run in parallel (the GIL-free path is in use)."""
     return _library() is not None
+
+
+def chunk_digests(flat: np.ndarray, chunk: int) -> np.ndarray:
+    """``XXH3_64bits`` of each ``chunk``-byte piece of ``flat`` (a C-contiguous uint8 array; the
+    last piece may be shorter) as a uint64 array of ``ceil(len / chunk)`` entries."""
+    n = flat.nbytes
+    out = np.empty((n + chunk - 1) // chunk, dtype=np.uint64)
+    lib = _library()
+    if lib is None:  # pragma: no cover - python-xxhash without exported symbols
+        view = memoryview(flat.data).cast("B")
+        for k, i in enumerate(range(0, n, chunk)):
+            out[k] = xxhash.xxh3_64_intdigest(view[i : i + chunk])
+        return out
+    fn, base = lib.XXH3_64bits, flat.ctypes.data
+    for k, i in enumerate(range(0, n, chunk)):
+        out[k] = fn(base + i, min(chunk, n - i))
+    return out

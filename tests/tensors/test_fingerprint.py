@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftkit.tensors.fingerprint import (
+    SCHEME,
     _device_chunks,
     combine,
     fingerprint,
@@ -51,11 +52,15 @@ def _sample(dtype: torch.dtype, shape=(5, 7), seed=0) -> torch.Tensor:
 
 
 def test_known_answer_pins_the_format():
-    """Dumps store fingerprints: the digest format must never change silently."""
+    """Dumps (ftkit-fp1) and logs and checkpoints (ftkit-fp2) store fingerprints: neither
+    format may change silently."""
     t = torch.arange(4, dtype=torch.int32).reshape(2, 2)
-    expected = xxhash.xxh3_128(b"ftkit-fp1\0int32\x002,2\0" + struct.pack("<4i", 0, 1, 2, 3)).hexdigest()
-    assert fingerprint(t) == expected
-    assert len(expected) == 32 and expected == expected.lower()
+    data = struct.pack("<4i", 0, 1, 2, 3)
+    fp1 = xxhash.xxh3_128(b"ftkit-fp1\0int32\x002,2\0" + data).hexdigest()
+    fp2 = xxhash.xxh3_128(b"ftkit-fp2\0int32\x002,2\0" + struct.pack("<Q", xxhash.xxh3_64_intdigest(data))).hexdigest()
+    assert fingerprint(t, scheme="ftkit-fp1") == fp1
+    assert fingerprint(t) == fp2 and SCHEME == "ftkit-fp2"
+    assert len(fp1) == len(fp2) == 32 and fp2 == fp2.lower()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -130,10 +135,11 @@ def test_device_streaming_path_matches_host_path():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_equals_cpu():  # pragma: no cover - runs where a GPU is
+@pytest.mark.parametrize("scheme", ["ftkit-fp1", "ftkit-fp2"])
+def test_cuda_equals_cpu(scheme):  # pragma: no cover - runs where a GPU is
     t = torch.randn(1 << 20, 3)
-    for v in (t, t.t(), t[::5]):
-        assert fingerprint(v.cuda(), chunk_bytes=1 << 20) == fingerprint(v)
+    for v in (t, t.t(), t[::5], t.to(torch.bfloat16)[1:]):
+        assert fingerprint(v.cuda(), chunk_bytes=1 << 20, scheme=scheme) == fingerprint(v, scheme=scheme)
 
 
 def test_conjugate_and_negative_views_hash_their_values():

@@ -192,7 +192,7 @@ class RankCheckpoints:
         ``state_fingerprint`` for a cell of one rank; the total this rank position logged when
         the checkpoint was taken in the same layout (``rank_totals``); else (another layout) the
         total of the shard sliced out of the verified checkpoint, which checks the copy."""
-        from ftkit.tensors.fingerprint import combine, fingerprint
+        from ftkit.tensors.fingerprint import combine, fingerprints
 
         if self.cfg.layout.ranks == 1:
             return str(meta["state_fingerprint"])
@@ -200,9 +200,8 @@ class RankCheckpoints:
         logged = (meta.get("rank_totals") or {}).get(str(self.rank))
         if logged is not None and (layout.get("tp"), layout.get("pp")) == (self.cfg.layout.tp, self.cfg.layout.pp):
             return str(logged)
-        named = {f"param/{n}": fingerprint(t) for n, t in params.items()}
-        named |= {f"optimizer/{n}": fingerprint(t) for n, t in optim.items()}
-        return combine(named)
+        named = {f"param/{n}": t for n, t in params.items()} | {f"optimizer/{n}": t for n, t in optim.items()}
+        return combine(fingerprints(named))
 
     def save_final(self, run_dir: str) -> list[str]:
         """Write ``final/tp{t}-pp{p}.safetensors`` (model and optimizer state of this rank,

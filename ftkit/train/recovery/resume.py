@@ -65,6 +65,7 @@ def read_checkpoint(checkpoint: Path, verified: bool = False) -> CheckpointState
     from ftkit.checkpoint.layout import MANIFEST
     from ftkit.checkpoint.manifest import load as load_manifest
     from ftkit.checkpoint.restore import load
+    from ftkit.tensors.fingerprint import SCHEME
 
     files, meta = load(checkpoint, verified=verified)
     man, _ = load_manifest(checkpoint / MANIFEST)
@@ -72,6 +73,11 @@ def read_checkpoint(checkpoint: Path, verified: bool = False) -> CheckpointState
         raise RestoreFailed(
             f"checkpoint {checkpoint} has no rollout or no state fingerprint: it is not a training checkpoint",
             hint="resume from a checkpoint that `ftkit train` published",
+        )
+    if man.fingerprint_scheme != SCHEME:  # the ranks check what they load in this version's scheme
+        raise RestoreFailed(
+            f"checkpoint {checkpoint} records {man.fingerprint_scheme} fingerprints, this ftkit computes {SCHEME}",
+            hint="load it with the ftkit version that wrote it",
         )
     layout: dict[str, Any] = meta["layout"] if isinstance(meta.get("layout"), dict) else {}
     return CheckpointState(

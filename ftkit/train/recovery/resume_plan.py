@@ -179,6 +179,19 @@ def retire_newer(checkpoints: Path, step: int, cfg: TrainConfig) -> list[str]:
     return newer
 
 
+def check_scheme(run_dir: Path) -> None:
+    """``ConfigError`` unless ``run_dir`` computes its fingerprints as this version does: the
+    sessions of one run must log comparable fingerprints (a run from before ``ftkit-fp2``)."""
+    from ftkit.evidence.resume import scheme_mismatch
+
+    mismatch = scheme_mismatch(run_dir)
+    if mismatch is not None:
+        raise ConfigError(
+            f"--resume: {mismatch}",
+            hint="finish the run with the ftkit version that started it, or start a new run with --out",
+        )
+
+
 def recorded_config(run_dir: Path) -> dict[str, Any]:
     """The ``config`` of ``run_dir/run.json`` as written (the flat record; older runs wrote
     the same form). A run whose record has no ``precision`` (before ftkit recorded it) trained
@@ -205,6 +218,7 @@ def resume_config(
     from ftkit.train.config import load_config
 
     check_resume_dir(run_dir)
+    check_scheme(run_dir)
     recorded = recorded_config(run_dir)
     if "model" in given and not is_preset(str(given["model"])):  # a path, recorded absolute
         given = {**given, "model": str(Path(given["model"]).absolute())}
