@@ -4,7 +4,12 @@ On one float32 tensor of ``--size`` MiB (default 1024 = 1 GiB), measured in the 
 (best of ``--repeat``):
 
 - ``memcpy``: ``numpy.copyto`` of the same bytes into a preallocated array;
-- ``fingerprint``: ``fingerprint(t)`` of the contiguous tensor;
+- ``fingerprint``: ``fingerprint(t)`` of the contiguous tensor (scheme ``ftkit-fp2``, what logs
+  and checkpoints get); ``fingerprint fp1``: the same in ``ftkit-fp1`` (one xxh3-128 stream, the
+  scheme before it and still the dumps'); ``fp2 / fp1`` is their throughput ratio (the issue:
+  no slower than before on CPU);
+- ``state`` / ``state fp1``: ``fingerprints`` of a model-like state of ``--state-tensors``
+  tensors of the same total size (a rank's per-step state fingerprint), in each scheme;
 - ``fingerprint (strided)``: of its transpose-like strided view (pieces made contiguous);
 - ``sha256``: ``hashlib.sha256`` over the same bytes (what others use);
 - ``file, 1 thread`` / ``file, all cores``: the same bytes as a safetensors file of ``--tensors``
@@ -12,10 +17,16 @@ On one float32 tensor of ``--size`` MiB (default 1024 = 1 GiB), measured in the 
   after the other and then on the shared pool (``ftkit.dumps.loader.fingerprint_all``).
 
 Prints GB/s for each, ``ratio = fingerprint / memcpy`` (target >= 0.8) and the file ratio
-``all cores / one core's memcpy`` (issue 10: target >= 1.5 on 2 cores). Usage::
+``all cores / one core's memcpy`` (issue 10: target >= 1.5 on 2 cores).
+
+``--device cuda`` measures the tensor in GPU memory instead: ``device copy`` (``clone``, the
+memory-bandwidth baseline), ``fingerprint`` (``ftkit-fp2``, hashed on the GPU), ``fingerprint
+fp1`` (streamed to the host) and ``state``; target ``fingerprint`` >= 200 GB/s on an H200 (issue
+36). Usage::
 
     python bench/fingerprint.py              # 1 GiB
     python bench/fingerprint.py --size 128   # smaller
+    python bench/fingerprint.py --device cuda --size 4096
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ftkit.tensors.fingerprint import fingerprint
+from ftkit.tensors.fingerprint import fingerprint, fingerprints
 from ftkit.tensors.parallel import workers
 
 
@@ -62,13 +73,62 @@ def file_fingerprints(t: torch.Tensor, n: int, repeat: int) -> dict[str, float]:
         }
 
 
+def state_of(t: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+    """``t``'s elements as ``n`` tensors of a model's spread of sizes (views, no copy): one in
+    four is a small vector, the rest share the remainder evenly."""
+    small = max(1, t.numel() // (64 * n))
+    big = (t.numel() - small * (n // 4)) // (n - n // 4)
+    out, pos = {}, 0
+    for i in range(n):
+        size = small if i % 4 == 3 else big
+        out[f"t{i}"] = t[pos : pos + size]
+        pos += size
+    return out
+
+
+def device_report(args: argparse.Namespace) -> None:
+    """``--device cuda``: the tensor in GPU memory."""
+    nbytes = args.size << 20
+    t = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(0)).to(args.device)
+    state = state_of(t, args.state_tensors)
+
+    def copy() -> None:
+        t.clone()
+        torch.cuda.synchronize()
+
+    host = fingerprint(t.cpu())
+    assert fingerprint(t) == host, "the device fingerprint differs from the host's"
+    results = {
+        "device copy": best(copy, args.repeat),
+        "fingerprint": best(lambda: fingerprint(t), args.repeat),
+        "fingerprint fp1": best(lambda: fingerprint(t, scheme="ftkit-fp1"), args.repeat),
+        "state": best(lambda: fingerprints(state), args.repeat),
+    }
+    gbps = {k: nbytes / v / 1e9 for k, v in results.items()}
+    report = {"size_mib": args.size, "device": torch.cuda.get_device_name(), "seconds": results, "gb_per_s": gbps,
+              "fp2_vs_fp1": gbps["fingerprint"] / gbps["fingerprint fp1"]}  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"tensor: {args.size} MiB float32 on {report['device']}; state: {args.state_tensors} tensors")
+    for k in results:
+        print(f"  {k:<22} {results[k] * 1e3:9.2f} ms  {gbps[k]:8.1f} GB/s")
+    print(f"fingerprint on the device: {gbps['fingerprint']:.0f} GB/s (target >= 200 on an H200)")
+    print(f"fp2 on the device / fp1 streamed to the host: {report['fp2_vs_fp1']:.1f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=1024, help="tensor size in MiB (default 1024)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--tensors", type=int, default=8, help="tensors in the file of the file measurement")
+    ap.add_argument("--state-tensors", type=int, default=200, help="tensors of the state measurement")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: where the tensor is")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = ap.parse_args()
+    if args.device != "cpu":
+        device_report(args)
+        return
     nbytes = args.size << 20
     t = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(0))
     src = t.numpy()
@@ -78,6 +138,9 @@ def main() -> None:
     results = {
         "memcpy": best(lambda: np.copyto(dst, src), args.repeat),
         "fingerprint": best(lambda: fingerprint(t), args.repeat),
+        "fingerprint fp1": best(lambda: fingerprint(t, scheme="ftkit-fp1"), args.repeat),
+        "state": best(lambda: fingerprints(state_of(t, args.state_tensors)), args.repeat),
+        "state fp1": best(lambda: fingerprints(state_of(t, args.state_tensors), "ftkit-fp1"), args.repeat),
         "fingerprint_strided": best(lambda: fingerprint(strided), args.repeat),
         "sha256": best(lambda: hashlib.sha256(src).digest(), args.repeat),
         **file_fingerprints(t, args.tensors, args.repeat),
@@ -90,6 +153,7 @@ def main() -> None:
         "seconds": results,
         "gb_per_s": gbps,
         "ratio_vs_memcpy": gbps["fingerprint"] / gbps["memcpy"],
+        "fp2_vs_fp1": gbps["fingerprint"] / gbps["fingerprint fp1"],
         "file_all_cores_vs_memcpy": gbps["file, all cores"] / gbps["memcpy"],
         "speedup_vs_sha256": gbps["fingerprint"] / gbps["sha256"],
     }
@@ -100,6 +164,7 @@ def main() -> None:
     for k in results:
         print(f"  {k:<22} {results[k] * 1e3:9.1f} ms  {gbps[k]:7.2f} GB/s")
     print(f"fingerprint / memcpy throughput: {report['ratio_vs_memcpy']:.2f} (target >= 0.8)")
+    print(f"ftkit-fp2 / ftkit-fp1 throughput: {report['fp2_vs_fp1']:.2f} (target: no slower, ~1)")
     print(
         f"file of {args.tensors} tensors, all {report['threads_ftkit']} cores / one core's memcpy: "
         f"{report['file_all_cores_vs_memcpy']:.2f} (target >= 1.5 on 2 cores)"

@@ -154,6 +154,12 @@ def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides:
     state_ok = (la.layout.get("tp"), la.layout.get("pp")) == (lb.layout.get("tp"), lb.layout.get("pp"))
     if not state_ok:
         notes.append("state fingerprints not compared: the runs' tp x pp layouts differ (per-rank shards differ)")
+    same_scheme = la.scheme == lb.scheme
+    if not same_scheme:
+        notes.append(
+            f"state and weight fingerprints not compared: A computes them as {la.scheme}, B as {lb.scheme} "
+            "(docs/fingerprints.md)"
+        )
     kinds = {k: {"compared": 0, "differ": 0, "a_only": 0, "b_only": 0} for k in KINDS}
     common_set = set(common)
     diffs: list[tuple[tuple[int, int, int], ItemDiff]] = []
@@ -163,6 +169,8 @@ def _result(a: list[str], b: list[str], options: RunsOptions, m: Matcher, sides:
             kinds[kind]["a_only" if vb is None else "b_only"] += 1
             continue
         if pos[1] >= 0 and pos[1] not in common_set or kind == "state" and not state_ok:
+            continue
+        if kind in ("state", "weights") and not same_scheme:
             continue
         t0 = perf_counter()
         got = compare_item(

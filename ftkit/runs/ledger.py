@@ -38,6 +38,7 @@ class Ledger(Rule):
         self.matcher, self.side = matcher, side
         self.config: dict[str, Any] | None = None
         self.layout: dict[str, Any] = {}
+        self.scheme = "ftkit-fp1"  # how the run's fingerprints are computed (run_started)
         self.layout_changes: list[dict[str, Any]] = []
         self.sessions = 0
         self.producer: str | None = None
@@ -102,4 +103,5 @@ class Ledger(Rule):
     def _session(self, ev: dict[str, Any]) -> None:
         self.config = dict(ev["config"]) if isinstance(ev["config"], dict) else {}
         self.layout = {"cells": ev["num_cells"], "tp": ev["tp"], "pp": ev["pp"], "engines": ev["num_engines"]}
+        self.scheme = str(ev.get("fingerprint_scheme") or "ftkit-fp1")
         self.sessions = 1

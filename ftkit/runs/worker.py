@@ -82,7 +82,7 @@ def _serve(index: int, paths: list[str], chunk: int, conn: Connection) -> None:
             conn.send_bytes(BATCH + marshal.dumps((side.closed_below, side.progress(), recorder.ops)))
             recorder.ops = []
         ledger = side.ledger
-        end = (side.damage(), side.warnings(), side.stats(), ledger.config, ledger.layout)
+        end = (side.damage(), side.warnings(), side.stats(), ledger.config, ledger.layout, ledger.scheme)
         conn.send_bytes(END + pickle.dumps(end))
     except OSError:  # the comparing process stopped reading (it stopped early)
         return
@@ -110,7 +110,7 @@ class RemoteSide:
         self.done = False
         self.closed_below = -1
         self._progress = (0, 0)
-        self._end: tuple[list[Finding], list[Finding], dict[str, Any], Any, dict[str, Any]] | None = None
+        self._end: tuple[list[Finding], list[Finding], dict[str, Any], Any, dict[str, Any], str] | None = None
         ctx = multiprocessing.get_context("fork")
         self.conn, child = ctx.Pipe(duplex=False)
         widen(child)
@@ -162,7 +162,7 @@ class RemoteSide:
             self.proc.kill()
             self.proc.join()
 
-    def _final(self) -> tuple[list[Finding], list[Finding], dict[str, Any], Any, dict[str, Any]]:
+    def _final(self) -> tuple[list[Finding], list[Finding], dict[str, Any], Any, dict[str, Any], str]:
         assert self._end is not None, "the worker has not finished"
         return self._end
 
@@ -177,6 +177,7 @@ class RemoteSide:
 
     @property
     def ledger(self) -> SimpleNamespace:
-        """What ``compare_runs`` reads of the run's ``Ledger``: its ``config`` and ``layout``."""
-        _, _, _, config, layout = self._final()
-        return SimpleNamespace(config=config, layout=layout)
+        """What ``compare_runs`` reads of the run's ``Ledger``: its ``config``, ``layout`` and
+        fingerprint ``scheme``."""
+        _, _, _, config, layout, scheme = self._final()
+        return SimpleNamespace(config=config, layout=layout, scheme=scheme)

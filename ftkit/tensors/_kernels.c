@@ -6,6 +6,7 @@
  *   (enum Fmt); table_*: for FMT_TABLE8, 256 float64 values indexed by the byte (float8
  *   variants, int8, uint8, bool), else None. rtol = atol = 0 counts every numeric difference.
  * nonfinite(a, fmt, table) -> (nan, inf)
+ * chunk_hashes(fn, data, chunk, out): a 64-bit hash function of each chunk of data (see below)
  *
  * Semantics are those of ftkit/dumps/metrics.py's docstring (tests/dumps/metrics_oracle.py is
  * the numpy reference). Work goes in blocks of BLOCK elements: the bits are compared, both sides
@@ -589,9 +590,56 @@ static PyObject *py_nonfinite(PyObject *self, PyObject *args) {
     return Py_BuildValue("(LL)", (long long)nan, (long long)inf);
 }
 
+/* chunk_hashes(fn, data, chunk, out): out[k] = fn(data + k*chunk, min(chunk, len - k*chunk)) for
+ * every chunk of data, without the GIL. fn is the address of XXH3_64bits (uint64 (*)(const void *,
+ * size_t)), which ftkit.tensors.xxh3 takes from python-xxhash's own extension after checking its
+ * known answer; out is a writable buffer of ceil(len / chunk) uint64. The host half of the
+ * ftkit-fp2 fingerprint: one call per buffer instead of one per chunk. */
+typedef uint64_t (*hash64_fn)(const void *, size_t);
+
+static PyObject *py_chunk_hashes(PyObject *self, PyObject *args) {
+    unsigned long long addr;
+    PyObject *od, *oo;
+    Py_ssize_t chunk, n, count, k;
+    Py_buffer vd, vo;
+    hash64_fn fn;
+    uint64_t *out;
+    const char *data;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KOnO", &addr, &od, &chunk, &oo)) return NULL;
+    if (addr == 0 || chunk <= 0) {
+        PyErr_SetString(PyExc_ValueError, "chunk_hashes needs a function address and a positive chunk");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(od, &vd, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(oo, &vo, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&vd);
+        return NULL;
+    }
+    n = vd.len;
+    count = (n + chunk - 1) / chunk;
+    if (vo.len != count * (Py_ssize_t)sizeof(uint64_t)) {
+        PyBuffer_Release(&vd);
+        PyBuffer_Release(&vo);
+        PyErr_SetString(PyExc_ValueError, "chunk_hashes: out must hold one uint64 per chunk");
+        return NULL;
+    }
+    fn = (hash64_fn)(uintptr_t)addr;
+    out = (uint64_t *)vo.buf;
+    data = (const char *)vd.buf;
+    Py_BEGIN_ALLOW_THREADS for (k = 0; k < count; k++) {
+        Py_ssize_t at = k * chunk;
+        out[k] = fn(data + at, (size_t)(n - at < chunk ? n - at : chunk));
+    }
+    Py_END_ALLOW_THREADS PyBuffer_Release(&vd);
+    PyBuffer_Release(&vo);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"diff", py_diff, METH_VARARGS, "diff(a, b, fmt_a, fmt_b, table_a, table_b, rtol, atol) -> stripe partials"},
     {"nonfinite", py_nonfinite, METH_VARARGS, "nonfinite(a, fmt, table) -> (nan, inf)"},
+    {"chunk_hashes", py_chunk_hashes, METH_VARARGS, "chunk_hashes(fn_address, data, chunk, out) -> None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -12,8 +12,9 @@ parallelism differs.
 mappings included); ``hexdigest`` gives the canonical (big-endian) 32 hex chars.
 
 ``chunk_digests(flat, chunk)`` is ``XXH3_64bits`` of each ``chunk``-byte piece of a flat uint8
-array (the last piece may be shorter), as a uint64 array, through the same library without the
-GIL (``xxhash.xxh3_64_intdigest`` where the symbols are missing): the host half of the
+array (the last piece may be shorter), as a uint64 array: the same library's function, called
+chunk after chunk by ftkit's compiled kernels without the GIL (``_kernels.chunk_hashes`` given
+its address; ``xxhash.xxh3_64_intdigest`` where the symbols are missing): the host half of the
 ``ftkit-fp2`` fingerprint.
 """
 
@@ -114,13 +115,22 @@ def chunk_digests(flat: np.ndarray, chunk: int) -> np.ndarray:
     last piece may be shorter) as a uint64 array of ``ceil(len / chunk)`` entries."""
     n = flat.nbytes
     out = np.empty((n + chunk - 1) // chunk, dtype=np.uint64)
+    address = _xxh3_64_address()
+    if address is not None:  # one call, the loop in C without the GIL (ftkit.tensors._kernels)
+        from ftkit.tensors import _kernels
+
+        _kernels.chunk_hashes(address, flat, chunk, out)
+        return out
+    view = memoryview(flat.data).cast("B")  # pragma: no cover - python-xxhash without the symbols
+    for k, i in enumerate(range(0, n, chunk)):  # pragma: no cover
+        out[k] = xxhash.xxh3_64_intdigest(view[i : i + chunk])
+    return out  # pragma: no cover
+
+
+@functools.lru_cache(maxsize=1)
+def _xxh3_64_address() -> int | None:
+    """The address of python-xxhash's ``XXH3_64bits`` (its known answer checked by ``_library``)."""
     lib = _library()
     if lib is None:  # pragma: no cover - python-xxhash without exported symbols
-        view = memoryview(flat.data).cast("B")
-        for k, i in enumerate(range(0, n, chunk)):
-            out[k] = xxhash.xxh3_64_intdigest(view[i : i + chunk])
-        return out
-    fn, base = lib.XXH3_64bits, flat.ctypes.data
-    for k, i in enumerate(range(0, n, chunk)):
-        out[k] = fn(base + i, min(chunk, n - i))
-    return out
+        return None
+    return ctypes.cast(lib.XXH3_64bits, ctypes.c_void_p).value

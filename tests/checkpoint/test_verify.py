@@ -532,3 +532,49 @@ def test_an_interrupted_publication_leaves_nothing_and_verify_says_none_was_publ
     assert cli.main(["verify-checkpoint", str(ck)]) == 2
     err = capsys.readouterr().err
     assert "none was published" in err and ".step_000004.tmp-host-1-abcd" in err and "Traceback" not in err
+
+
+def _as_fp1(d: Path, keep_field: bool) -> None:
+    """Rewrite ``d``'s manifest as a version before ftkit-fp2 wrote it: every tensor fingerprint
+    (and so the state fingerprint) in ftkit-fp1 and, unless ``keep_field``, no
+    ``fingerprint_scheme`` key (the field those versions did not have)."""
+    from ftkit.checkpoint.stfile import digest_files
+
+    man, _ = mf.load(d / "MANIFEST.json")
+    listed = [(d / name, f.tensors is not None) for name, f in man.files.items()]
+    records = {p.name: rec for p, rec in digest_files(listed, "ftkit-fp1")}
+    new = mf.build(step=man.step, rollout=man.rollout, created=man.created, records=records,
+                   guard=man.guard.model_dump(), metric_name=man.metric.name, metric=man.metric.value,
+                   prefixes=man.fingerprint_prefixes, rank_totals=man.rank_totals)  # fmt: skip
+    doc = json.loads(mf.dumps(new))
+    if keep_field:
+        assert doc["fingerprint_scheme"] == "ftkit-fp2"  # what build writes: now a lie
+    else:
+        del doc["fingerprint_scheme"]
+    (d / "MANIFEST.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def test_a_checkpoint_of_an_earlier_version_verifies_in_its_own_scheme(run: Path) -> None:
+    d = ck(run)
+    assert json.loads((d / "MANIFEST.json").read_text())["fingerprint_scheme"] == "ftkit-fp2"
+    assert not any(f.severity.value == "error" for f in verify_path(d).findings)
+    _as_fp1(d, keep_field=False)  # no field: ftkit-fp1, and its fingerprints are fp1's
+    man, _ = mf.load(d / "MANIFEST.json")
+    assert man.fingerprint_scheme == "ftkit-fp1"
+    assert not any(f.severity.value == "error" for f in verify_path(d).findings)
+
+
+def test_fingerprints_of_another_scheme_than_the_manifest_names_fail(run: Path) -> None:
+    d = ck(run)
+    _as_fp1(d, keep_field=True)  # fp1 digests under a manifest that says fp2
+    errors = {f.code for f in verify_path(d).findings if f.severity.value == "error"}
+    assert errors, "a fingerprint recomputed in the named scheme must disagree"
+
+
+def test_an_unknown_fingerprint_scheme_is_a_malformed_manifest(run: Path) -> None:
+    d = ck(run)
+    doc = json.loads((d / "MANIFEST.json").read_text())
+    doc["fingerprint_scheme"] = "ftkit-fp9"
+    (d / "MANIFEST.json").write_text(json.dumps(doc))
+    with pytest.raises(mf.ManifestError):
+        mf.load(d / "MANIFEST.json")

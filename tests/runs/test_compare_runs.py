@@ -231,3 +231,23 @@ def test_config_diff_lists_what_determines_the_result_first() -> None:
 def test_the_codes_table_is_documented() -> None:
     doc = (ROOT / "docs" / "compare-runs.md").read_text()
     assert TABLE.markdown() in doc, "regenerate the table with ftkit.runs.codes.TABLE.markdown()"
+
+
+def test_runs_of_two_fingerprint_schemes_compare_everything_but_fingerprints(ref: Path, tmp_path: Path, capsys) -> None:
+    """A run logged before ftkit-fp2 (no ``fingerprint_scheme``: ftkit-fp1) against one of this
+    version: equal values would give other digests, so state and weights are not compared
+    (a note says why), and a change in them is not reported as a divergence."""
+    b = _copy(ref, tmp_path / "b")
+
+    def edit(ev: dict) -> None:
+        if ev["type"] == "run_started":
+            assert ev["fingerprint_scheme"] == "ftkit-fp2"  # what this version writes
+            del ev["fingerprint_scheme"]
+        if ev["type"] == "weights_sent" and ev["version"] == 2:  # another scheme: other digests
+            ev["params"] = {n: "3" * 32 for n in ev["params"]}
+            ev["total"] = combine(ev["params"])
+
+    _rewrite(b, edit)
+    code, doc, _ = _compare(ref, b, capsys)
+    assert code == 0 and doc["verdict"] == "pass" and doc["first_divergence"] is None
+    assert any("A computes them as ftkit-fp2, B as ftkit-fp1" in n for n in doc["notes"])
