@@ -279,3 +279,23 @@ def test_resume_with_the_checkpoints_deleted_warns(tmp_path: Path) -> None:
     assert plan.checkpoint is None
     assert warnings == [f"{run / 'checkpoints'} holds none of the 1 checkpoint(s) the log records as published "
                         "(newest step_000003): training again from the seed's initial state"]  # fmt: skip
+
+
+def test_a_run_of_another_fingerprint_scheme_is_not_resumed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run begun before ftkit-fp2 (its run.json has no ``fingerprint_scheme``) logged ftkit-fp1
+    fingerprints: a session of this version could not be checked against them, so --resume is
+    exit 2 with one line that says so; the same run.json with the field resumes."""
+    run = _run_dir(tmp_path)
+    doc = json.loads((run / "run.json").read_text())
+    assert doc["fingerprint_scheme"] == "ftkit-fp2"
+    del doc["fingerprint_scheme"]
+    (run / "run.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="fingerprints its state as ftkit-fp1, this ftkit as ftkit-fp2"):
+        resume_config(run, {})
+    assert main(["train", "--resume", str(run), "--print-config"]) == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1 and "ftkit-fp1" in errors[0] and "Traceback" not in captured.err
+    doc["fingerprint_scheme"] = "ftkit-fp2"
+    (run / "run.json").write_text(json.dumps(doc))
+    assert resume_config(run, {}).rng.seed == 5

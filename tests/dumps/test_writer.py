@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from ftkit.dumps.layout import INDEX_SCHEMA, INDEX_VERSION, kind_of, microshard_writer, replicated_writer
+from ftkit.dumps.layout import DUMP_SCHEME, INDEX_SCHEMA, INDEX_VERSION, kind_of, microshard_writer, replicated_writer
 from ftkit.dumps.loader import TensorLoader, fingerprint_verified
 from ftkit.dumps.sources import open_source
 from ftkit.dumps.writer import DumpWriter
@@ -64,7 +64,7 @@ def test_layout_and_index_content(tmp_path):
         "micro_shard": 3,
         "dtype": "bfloat16",
         "shape": [2, 5],
-        "fingerprint": fingerprint(out),
+        "fingerprint": fingerprint(out, scheme="ftkit-fp1"),  # dump indexes stay ftkit-fp1
         "sharding": {"kind": "split", "dim": 1, "tp_rank": 1, "tp_size": 2, "stride": 1},
         "nan": 0,
         "inf": 0,
@@ -233,7 +233,8 @@ def test_fingerprint_read_from_the_file_equals_the_tensor_fingerprint(tmp_path, 
     assert len(entries) == 3
     loader = TensorLoader()
     for e in entries:  # read without torch: numpy arrays hash like the torch tensors written
-        fp = fingerprint(written[e.name])
+        fp = fingerprint(written[e.name], scheme=DUMP_SCHEME)
+        assert DUMP_SCHEME == "ftkit-fp1"  # what index version 1 defines
         assert fingerprint_verified(e.ref, loader) == e.ref.fingerprint == fp
-        assert fingerprint_array(loader.load(e.ref)) == fp
-        assert fingerprint_array(from_torch(written[e.name])) == fp
+        assert fingerprint_array(loader.load(e.ref), DUMP_SCHEME) == fp
+        assert fingerprint_array(from_torch(written[e.name]), DUMP_SCHEME) == fp

@@ -94,3 +94,15 @@ def test_without_resume_an_earlier_session_is_an_error_and_so_is_another_profile
         EvidenceRun(tmp_path, PROFILE)
     with pytest.raises(ValueError, match="evidence profile"):
         EvidenceRun(tmp_path, EvidenceProfile(), resume=True)
+
+
+def test_a_session_of_another_fingerprint_scheme_is_refused(tmp_path):
+    """A run directory begun before ftkit-fp2 (run.json without ``fingerprint_scheme``): this
+    version's fingerprints could not be checked against its earlier session's."""
+    EvidenceRun(tmp_path, PROFILE).close()
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert doc["fingerprint_scheme"] == "ftkit-fp2"
+    del doc["fingerprint_scheme"]
+    (tmp_path / "run.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="fingerprints its state as ftkit-fp1, this ftkit as ftkit-fp2"):
+        EvidenceRun(tmp_path, PROFILE, resume=True)
