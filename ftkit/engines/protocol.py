@@ -131,6 +131,9 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+FOLD_BATCH_BYTES = 1 << 30  # folded copies hashed together (on a GPU: one batch, one copy back)
+
+
 def expected_weights(
     tensors: Mapping[str, torch.Tensor], dtype: str, signed_zeros: bool = True
 ) -> tuple[str, dict[str, str]]:
@@ -149,10 +152,18 @@ def fingerprint_held(tensors: Mapping[str, torch.Tensor], signed_zeros: bool) ->
     (the one routine both sides of an engine's check use)."""
     import torch
 
-    from ftkit.tensors.fingerprint import combine, fingerprint, fingerprints
+    from ftkit.tensors.fingerprint import combine, fingerprints
 
     if signed_zeros:
         per_name = fingerprints(tensors)
-    else:  # folded one tensor at a time: a model's weights are never held twice
-        per_name = {n: fingerprint(torch.where(t == 0, torch.zeros_like(t), t)) for n, t in tensors.items()}
+    else:  # folded copies in batches of about FOLD_BATCH_BYTES: the weights are never held twice
+        per_name, batch, held = {}, {}, 0
+        for n, t in tensors.items():
+            batch[n] = torch.where(t == 0, torch.zeros_like(t), t)
+            held += t.numel() * t.element_size()
+            if held >= FOLD_BATCH_BYTES:
+                per_name |= fingerprints(batch)
+                batch, held = {}, 0
+        per_name |= fingerprints(batch)
+        per_name = {n: per_name[n] for n in tensors}
     return combine(per_name), per_name

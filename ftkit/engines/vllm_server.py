@@ -27,7 +27,9 @@ starts the engine; each later frame has an ``op``:
 
 A failing request is answered ``{"ok": false, "error": "..."}`` and the server goes on; only a
 broken stream ends it. Imports: torch, vLLM, ``ftkit.engines.{ipc,layout,protocol,vllm_worker}``
-and ``ftkit.tensors.fingerprint`` (xxhash): nothing else of ftkit.
+and ``ftkit.tensors.fingerprint`` with the ``ftkit-fp2`` modules it loads (``chunked``, ``xxh3``,
+``xxh3_torch``, ``device_fingerprint``: xxhash, numpy and torch; ftkit's compiled kernels only where
+they are built for the server's interpreter): nothing else of ftkit.
 """
 
 from __future__ import annotations

@@ -115,22 +115,26 @@ def chunk_digests(flat: np.ndarray, chunk: int) -> np.ndarray:
     last piece may be shorter) as a uint64 array of ``ceil(len / chunk)`` entries."""
     n = flat.nbytes
     out = np.empty((n + chunk - 1) // chunk, dtype=np.uint64)
-    address = _xxh3_64_address()
-    if address is not None:  # one call, the loop in C without the GIL (ftkit.tensors._kernels)
-        from ftkit.tensors import _kernels
-
-        _kernels.chunk_hashes(address, flat, chunk, out)
-        return out
-    view = memoryview(flat.data).cast("B")  # pragma: no cover - python-xxhash without the symbols
-    for k, i in enumerate(range(0, n, chunk)):  # pragma: no cover
-        out[k] = xxhash.xxh3_64_intdigest(view[i : i + chunk])
-    return out  # pragma: no cover
+    lib, kernels = _library(), _chunk_kernel()
+    if lib is not None and kernels is not None:  # one call: the loop in C, without the GIL
+        kernels(ctypes.cast(lib.XXH3_64bits, ctypes.c_void_p).value, flat, chunk, out)
+    elif lib is not None:  # a process without ftkit's compiled kernels (another interpreter's venv)
+        fn, base = lib.XXH3_64bits, flat.ctypes.data
+        for k, i in enumerate(range(0, n, chunk)):
+            out[k] = fn(base + i, min(chunk, n - i))
+    else:  # pragma: no cover - python-xxhash without exported symbols
+        view = memoryview(flat.data).cast("B")
+        for k, i in enumerate(range(0, n, chunk)):
+            out[k] = xxhash.xxh3_64_intdigest(view[i : i + chunk])
+    return out
 
 
 @functools.lru_cache(maxsize=1)
-def _xxh3_64_address() -> int | None:
-    """The address of python-xxhash's ``XXH3_64bits`` (its known answer checked by ``_library``)."""
-    lib = _library()
-    if lib is None:  # pragma: no cover - python-xxhash without exported symbols
+def _chunk_kernel() -> Any | None:
+    """``ftkit.tensors._kernels.chunk_hashes``, or ``None`` where the extension is not built for
+    this interpreter (a vLLM server's virtualenv imports this module from the checkout)."""
+    try:
+        from ftkit.tensors import _kernels
+    except ImportError:
         return None
-    return ctypes.cast(lib.XXH3_64bits, ctypes.c_void_p).value
+    return _kernels.chunk_hashes

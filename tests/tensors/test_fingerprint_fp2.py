@@ -149,3 +149,16 @@ def test_one_flipped_bit_in_any_chunk_changes_it_on_both_paths():
         v = flipped.view(torch.float32)
         assert fingerprint(v) != base
         assert fingerprints_through_device_path({"v": v})["v"] == fingerprint(v)
+
+
+def test_every_host_path_of_the_chunk_loop_gives_the_same_digests(monkeypatch):
+    """The compiled loop, and the per-chunk ctypes calls a process without ftkit's extension
+    (a vLLM server's virtualenv) uses, agree with python-xxhash chunk by chunk."""
+    from ftkit.tensors import xxh3
+
+    data = np.random.default_rng(4).integers(0, 256, 5 * C + 123, dtype=np.uint8)
+    expected = [xxhash.xxh3_64_intdigest(data[i : i + C].tobytes()) for i in range(0, data.nbytes, C)]
+    assert xxh3._chunk_kernel() is not None  # the compiled loop is in use here
+    assert xxh3.chunk_digests(data, C).tolist() == expected
+    monkeypatch.setattr(xxh3, "_chunk_kernel", lambda: None)
+    assert xxh3.chunk_digests(data, C).tolist() == expected
