@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -86,6 +87,18 @@ def state_of(t: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def show(args: argparse.Namespace, report: dict[str, Any], title: str) -> bool:
+    """Print ``report`` as JSON (``--json``; returns False) or its title and a row per
+    measurement (returns True: the caller prints its ratios)."""
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return False
+    print(title)
+    for k, seconds in report["seconds"].items():
+        print(f"  {k:<22} {seconds * 1e3:9.2f} ms  {report['gb_per_s'][k]:8.2f} GB/s")
+    return True
+
+
 def device_report(args: argparse.Namespace) -> None:
     """``--device cuda``: the tensor in GPU memory."""
     nbytes = args.size << 20
@@ -107,12 +120,8 @@ def device_report(args: argparse.Namespace) -> None:
     gbps = {k: nbytes / v / 1e9 for k, v in results.items()}
     report = {"size_mib": args.size, "device": torch.cuda.get_device_name(), "seconds": results, "gb_per_s": gbps,
               "fp2_vs_fp1": gbps["fingerprint"] / gbps["fingerprint fp1"]}  # fmt: skip
-    if args.json:
-        print(json.dumps(report, indent=2))
+    if not show(args, report, f"tensor: {args.size} MiB float32 on {report['device']}; state: {args.state_tensors}"):
         return
-    print(f"tensor: {args.size} MiB float32 on {report['device']}; state: {args.state_tensors} tensors")
-    for k in results:
-        print(f"  {k:<22} {results[k] * 1e3:9.2f} ms  {gbps[k]:8.1f} GB/s")
     print(f"fingerprint on the device: {gbps['fingerprint']:.0f} GB/s (target >= 200 on an H200)")
     print(f"fp2 on the device / fp1 streamed to the host: {report['fp2_vs_fp1']:.1f}x")
 
@@ -157,12 +166,8 @@ def main() -> None:
         "file_all_cores_vs_memcpy": gbps["file, all cores"] / gbps["memcpy"],
         "speedup_vs_sha256": gbps["fingerprint"] / gbps["sha256"],
     }
-    if args.json:
-        print(json.dumps(report, indent=2))
+    if not show(args, report, f"tensor: {args.size} MiB float32, torch threads {report['threads']}"):
         return
-    print(f"tensor: {args.size} MiB float32, torch threads {report['threads']}")
-    for k in results:
-        print(f"  {k:<22} {results[k] * 1e3:9.1f} ms  {gbps[k]:7.2f} GB/s")
     print(f"fingerprint / memcpy throughput: {report['ratio_vs_memcpy']:.2f} (target >= 0.8)")
     print(f"ftkit-fp2 / ftkit-fp1 throughput: {report['fp2_vs_fp1']:.2f} (target: no slower, ~1)")
     print(

@@ -180,6 +180,12 @@ def fingerprints_through_device_path(tensors: Mapping[K, torch.Tensor]) -> dict[
 def _device_bytes(t: torch.Tensor) -> torch.Tensor:
     """``t``'s logical bytes as a contiguous flat uint8 tensor on its device (a copy only when
     ``t`` is not contiguous or is a lazy conjugate / negative view)."""
+    return _flat_bytes(_resolved(t).contiguous())
+
+
+def _resolved(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, its lazy conjugate / negative bits applied; ``TypeError`` for a sparse or
+    quantized tensor (no fingerprint)."""
     import torch
 
     if t.layout != torch.strided or t.is_quantized:
@@ -189,7 +195,7 @@ def _device_bytes(t: torch.Tensor) -> torch.Tensor:
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    return _flat_bytes(t.contiguous())
+    return t
 
 
 @functools.lru_cache(maxsize=1)
@@ -259,13 +265,7 @@ def logical_bytes(t: torch.Tensor, chunk_bytes: int = CHUNK_BYTES) -> Iterator[o
     """
     import torch
 
-    if t.layout != torch.strided or t.is_quantized:
-        raise TypeError(f"cannot fingerprint a {t.layout} / quantized tensor of dtype {t.dtype}")
-    t = t.detach()
-    if t.is_conj():
-        t = t.resolve_conj()
-    if t.is_neg():
-        t = t.resolve_neg()
+    t = _resolved(t)
     if t.numel() == 0:
         return
     if t.device.type == "cpu":
