@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import xxhash
 
+from ftkit.tensors.xxh3_torch import CHUNK_BYTES as _FP2_CHUNK  # torch-free at import
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
@@ -49,7 +51,6 @@ SCHEME = "ftkit-fp2"  # what this version writes into event logs and checkpoint 
 SCHEMES = ("ftkit-fp1", "ftkit-fp2")
 _COMBINE_FORMAT = b"ftkit-state-fp1\n"
 K = TypeVar("K", bound=Hashable)
-_FP2_CHUNK = 256 << 10  # ftkit.tensors.xxh3_torch.CHUNK_BYTES (tests hold them equal)
 _LE64 = struct.Struct("<Q")
 _STR = frozenset({str})
 
